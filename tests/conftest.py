@@ -1,0 +1,130 @@
+"""Real parts for every test: PostgreSQL, Spark in local mode, a Kafka-protocol broker.
+
+PostgreSQL is the server the environment names (PGHOST, PGPORT, PGUSER,
+PGPASSWORD; default 127.0.0.1:5432 as postgres), used through pytest-postgresql's
+no-process fixture. Alembic migrates a template database once per session and
+every test gets a fresh copy of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from pytest_postgresql import factories
+
+from txstore.db import connect
+from txstore.migrate import upgrade
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+REPO = Path(__file__).resolve().parent.parent
+PG_HOST = os.environ.get("PGHOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("PGPORT", "5432"))
+PG_USER = os.environ.get("PGUSER", "postgres")
+PG_PASSWORD = os.environ.get("PGPASSWORD", "")
+
+
+def pg_url(dbname: str, user: str = PG_USER, password: str = PG_PASSWORD) -> str:
+    auth = f"{user}:{password}" if password else user
+    return f"postgresql://{auth}@{PG_HOST}:{PG_PORT}/{dbname}"
+
+
+def _migrate_template(host: str, port: int, user: str, dbname: str, password: str | None = None) -> None:
+    upgrade(pg_url(dbname))
+
+
+postgresql_migrated_proc = factories.postgresql_noproc(
+    host=PG_HOST, port=PG_PORT, user=PG_USER, password=PG_PASSWORD, dbname="txstore_test", load=[_migrate_template]
+)
+postgresql_migrated = factories.postgresql("postgresql_migrated_proc")
+
+postgresql_empty_proc = factories.postgresql_noproc(
+    host=PG_HOST, port=PG_PORT, user=PG_USER, password=PG_PASSWORD, dbname="txstore_empty"
+)
+postgresql_empty = factories.postgresql("postgresql_empty_proc")
+
+
+@pytest.fixture
+def database_url(postgresql_migrated: psycopg.Connection) -> str:
+    """A fresh database with the txstore schema applied by Alembic."""
+    return pg_url(postgresql_migrated.info.dbname)
+
+
+@pytest.fixture
+def empty_database_url(postgresql_empty: psycopg.Connection) -> str:
+    """A fresh database with no tables at all."""
+    return pg_url(postgresql_empty.info.dbname)
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection]:
+    with connect(database_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[MockKafkaCluster]:
+    with MockKafkaCluster(brokers=1) as cluster:
+        yield cluster
+
+
+_topic_numbers = itertools.count()
+
+
+@pytest.fixture
+def new_topic(kafka: MockKafkaCluster) -> Callable[..., str]:
+    """Create a uniquely named topic: ``new_topic(partitions=4)``."""
+
+    def create(partitions: int = 4, prefix: str = "t") -> str:
+        name = f"{prefix}-{os.getpid()}-{next(_topic_numbers)}"
+        kafka.create_topic(name, partitions)
+        return name
+
+    return create
+
+
+def produce(bootstrap: str, topic: str, counts: dict[int, int], value: bytes = b"v", key: bytes | None = b"k") -> None:
+    """Produce ``counts[partition]`` messages to each partition; fail unless all are acknowledged."""
+    delivered: list[Any] = []
+    failed: list[Any] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        (failed if err else delivered).append(err or msg)
+
+    for partition, n in counts.items():
+        for i in range(n):
+            producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+            if i % 5000 == 0:
+                producer.poll(0)
+    assert producer.flush(30) == 0
+    assert not failed, failed
+    assert len(delivered) == sum(counts.values())
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """Spark local mode with 2 cores and up to 4 attempts per task (so retries are real)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYTHONPATH", str(REPO))
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("txstore-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

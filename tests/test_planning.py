@@ -1,0 +1,118 @@
+"""The pure core: planning, starting offsets, conflict classification. No servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from txstore.db import libpq_url, redact, sqlalchemy_url
+from txstore.errors import AlreadyCommitted, ConfigError, DataLoss, OffsetGap, OffsetOutOfLog, OffsetOverlap
+from txstore.failpoints import FailPoints, InjectedFailure
+from txstore.ranges import OffsetRange, PartitionWatermarks, plan_ranges
+from txstore.sink import classify_conflict
+from txstore.starting import EARLIEST, LATEST, parse_starting_offsets, resolve_starting_offsets
+
+
+def marks(topic: str, partition: int, low: int, high: int) -> PartitionWatermarks:
+    return PartitionWatermarks(topic, partition, low, high)
+
+
+def test_plans_one_range_per_partition_with_new_data_and_none_for_caught_up_partitions() -> None:
+    committed = {("a", 0): 5, ("a", 1): 10, ("b", 0): 0}
+    ranges = plan_ranges("j", committed, [marks("a", 1, 0, 10), marks("a", 0, 0, 12), marks("b", 0, 0, 3)])
+    assert ranges == [OffsetRange("a", 0, 5, 12), OffsetRange("b", 0, 0, 3)]
+
+
+def test_plans_nothing_when_nothing_is_new() -> None:
+    assert plan_ranges("j", {("a", 0): 7}, [marks("a", 0, 0, 7)]) == []
+
+
+def test_refuses_a_stored_offset_beyond_the_log_end() -> None:
+    with pytest.raises(OffsetOutOfLog, match=r"job 'j' topic 'a' partition 0: stored offset 9 is beyond the log-end offset 4"):
+        plan_ranges("j", {("a", 0): 9}, [marks("a", 0, 0, 4)])
+
+
+def test_refuses_a_stored_offset_below_the_log_start_with_how_many_were_lost() -> None:
+    with pytest.raises(DataLoss, match=r"stored offset 3 is below the log-start offset 10; 7 messages aged out"):
+        plan_ranges("j", {("a", 0): 3}, [marks("a", 0, 10, 20)])
+
+
+def test_refuses_a_committed_partition_kafka_no_longer_reports() -> None:
+    with pytest.raises(OffsetOutOfLog, match=r"partition 3: stored offset 5 but Kafka no longer has this partition"):
+        plan_ranges("j", {("a", 0): 0, ("a", 3): 5}, [marks("a", 0, 0, 1)])
+
+
+def test_offset_range_rejects_backwards_ranges() -> None:
+    with pytest.raises(ValueError, match="invalid offset range"):
+        OffsetRange("a", 0, 5, 4)
+    assert OffsetRange("a", 0, 5, 9).size == 4
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [(20, AlreadyCommitted), (5, OffsetGap), (10 - 1, OffsetGap), (15, OffsetOverlap), (25, OffsetOverlap), (None, OffsetOverlap)],
+)
+def test_classifies_a_failed_conditional_update_from_the_stored_offset(stored: int | None, expected: type) -> None:
+    error = classify_conflict("j", OffsetRange("t", 2, 10, 20), stored)
+    assert type(error) is expected
+    assert "job 'j' topic 't' partition 2 range 10 -> 20" in str(error)
+    assert "\n" not in str(error)
+
+
+def test_starting_offsets_keywords_and_json() -> None:
+    assert parse_starting_offsets("earliest").default == EARLIEST
+    assert parse_starting_offsets(" LATEST ").default == LATEST
+    parsed = parse_starting_offsets('{"t": {"0": 23, "1": -2}, "u": {"3": -1}}')
+    assert parsed.default == EARLIEST
+    assert dict(parsed.specific) == {("t", 0): 23, ("t", 1): -2, ("u", 3): -1}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ("[]", "must be a non-empty object"),
+        ('{"t": 5}', "topic 't' must map to an object"),
+        ('{"t": {"x": 5}}', "partition 'x' of topic 't' is not a number"),
+        ('{"t": {"0": -3}}', "offset -3 must be an offset >= 0, -2 (earliest) or -1 (latest)"),
+        ('{"t": {"0": "5"}}', "must be an offset"),
+    ],
+)
+def test_malformed_starting_offsets_are_refused_with_a_hint(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_starting_offsets(text)
+
+
+def test_partial_json_starts_unnamed_partitions_at_earliest_and_says_why() -> None:
+    starting = parse_starting_offsets('{"t": {"0": 23, "1": -1}}')
+    new = [marks("t", 0, 0, 50), marks("t", 1, 5, 50), marks("t", 2, 7, 50)]
+    decisions = resolve_starting_offsets(starting, new, [m.key for m in new])
+    assert [(d.partition, d.offset) for d in decisions] == [(0, 23), (1, 50), (2, 7)]
+    assert decisions[2].reason == "earliest (not named in --starting-offsets JSON)"
+
+
+def test_json_naming_unknown_partitions_or_offsets_outside_the_log_is_refused() -> None:
+    new = [marks("t", 0, 10, 50)]
+    with pytest.raises(ConfigError, match=r"names 't' partition 9, which Kafka does not report"):
+        resolve_starting_offsets(parse_starting_offsets('{"t": {"9": 1}}'), new, [("t", 0)])
+    with pytest.raises(ConfigError, match=r"offset 3 is outside what Kafka holds \(10 to 50\)"):
+        resolve_starting_offsets(parse_starting_offsets('{"t": {"0": 3}}'), new, [("t", 0)])
+
+
+def test_database_urls_are_converted_and_redacted() -> None:
+    url = "postgresql+psycopg://job:s3cr%40t@db.example:5432/txstore?sslmode=require"
+    assert libpq_url(url).startswith("postgresql://job:")
+    assert sqlalchemy_url("postgres://u:p@h/d").drivername == "postgresql+psycopg"
+    assert "s3cr" not in redact(url)
+    assert redact(url) == "postgresql://job:***@db.example:5432/txstore?sslmode=require"
+
+
+def test_fail_points_parse_and_fire_only_where_enabled() -> None:
+    points = FailPoints.parse("after-commit@first, before-upsert:raise")
+    points.hit("before-commit", attempt=0)
+    points.hit("after-commit", attempt=1)
+    with pytest.raises(InjectedFailure):
+        points.hit("after-commit", attempt=0)
+    with pytest.raises(InjectedFailure):
+        points.hit("before-upsert", attempt=3)
+    with pytest.raises(ValueError):
+        FailPoints.parse("nowhere")

@@ -1,0 +1,124 @@
+"""Named errors, one per broken invariant.
+
+Every message is one line for a human at 3 a.m.: what is wrong, which
+job/topic/partition/offsets are involved, and what to do next. No message
+ever contains a database password (URLs are redacted before they get here).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from txstore.ranges import OffsetRange
+
+
+class TxstoreError(Exception):
+    """Base class: ``str(error)`` is the one-line reason the CLI prints.
+
+    ``transient`` errors may go away by themselves (a server restarting); a
+    continuous job retries its batch after them. Everything else needs a human.
+    """
+
+    transient = False
+
+
+class ConfigError(TxstoreError):
+    """A flag, environment variable or argument is missing or malformed."""
+
+
+class DatabaseUnavailable(TxstoreError):
+    """PostgreSQL could not be reached, refused the login, or dropped the connection."""
+
+    transient = True
+
+
+class SchemaMissing(TxstoreError):
+    """The txstore tables are missing or older than this code."""
+
+
+class KafkaUnavailable(TxstoreError):
+    """Kafka metadata or watermarks could not be fetched in time."""
+
+    transient = True
+
+
+class KafkaReadError(TxstoreError):
+    """Reading an offset range from Kafka failed."""
+
+    transient = True
+
+
+class DataLoss(KafkaReadError):
+    """Offsets the job still has to count are no longer in Kafka (retention)."""
+
+    transient = False
+
+
+class OffsetOutOfLog(TxstoreError):
+    """A stored offset lies beyond a partition's log end, or the partition is gone."""
+
+
+class CommitConflict(TxstoreError):
+    """The conditional offset update matched no row: the range was not committed.
+
+    The transaction was rolled back, so results and offsets are exactly as
+    they were. Subclasses say why, from the offset found in the database.
+    """
+
+    def __init__(self, job: str, offset_range: OffsetRange, stored_offset: int | None) -> None:
+        self.job = job
+        self.offset_range = offset_range
+        self.stored_offset = stored_offset
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def _where(self) -> str:
+        r = self.offset_range
+        return (
+            f"job {self.job!r} topic {r.topic!r} partition {r.partition} "
+            f"range {r.from_offset} -> {r.until_offset}"
+        )
+
+
+class AlreadyCommitted(CommitConflict):
+    """The stored offset already equals ``until``: a retried or speculative task,
+    or a commit whose acknowledgement was lost. Not a failure: nothing changes."""
+
+    def _describe(self) -> str:
+        return f"{self._where}: already committed (stored offset {self.stored_offset}); skipped"
+
+
+class OffsetGap(CommitConflict):
+    """The stored offset is below ``from``: committing would skip messages."""
+
+    def _describe(self) -> str:
+        return (
+            f"{self._where}: gap, stored offset {self.stored_offset} is below "
+            f"{self.offset_range.from_offset}; "
+            "messages in between would be lost, so nothing was written. "
+            "Was the offset reset while the job ran? Rerun the job to plan from the stored offset."
+        )
+
+
+class OffsetOverlap(CommitConflict):
+    """Anything else: the range overlaps what is committed, or the row is missing."""
+
+    def _describe(self) -> str:
+        found = "no offset row" if self.stored_offset is None else f"stored offset {self.stored_offset}"
+        return (
+            f"{self._where}: overlap, {found} does not match the range start; "
+            "committing would count messages twice, so nothing was written. "
+            "Is another instance of this job running? Rerun it to plan from the stored offset."
+        )
+
+
+class BatchFailed(TxstoreError):
+    """A batch did not commit all its ranges (those that committed stay committed)."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient

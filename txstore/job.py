@@ -1,0 +1,226 @@
+"""The driver: plan a batch from the database and Kafka, run it on Spark, repeat.
+
+A batch:
+
+1. read the job's committed offsets from ``txn_offsets`` (never from Spark
+   checkpoints);
+2. ask Kafka for every partition's watermarks;
+3. give partitions without a row their starting offset (``INSERT .. ON
+   CONFLICT DO NOTHING``, then re-read, so concurrent starters agree);
+4. plan one range per partition with new data; none means no Spark job;
+5. run one Spark task per range (read, aggregate, commit in one transaction);
+6. log a line per range and a summary line; a refused range fails the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from txstore import store
+from txstore.db import connect
+from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError
+from txstore.failpoints import FailPoints
+from txstore.kafka import client_config, fetch_watermarks
+from txstore.migrate import check_schema
+from txstore.ranges import OffsetRange, plan_ranges
+from txstore.spark import run_ranges, spark_failure_reason
+from txstore.starting import StartingOffsets, resolve_starting_offsets
+from txstore.task import ALREADY_COMMITTED, REFUSED, Aggregate, RangeReport, RangeTask
+
+log = logging.getLogger("txstore")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Everything a job needs; built from the shared command-line options or by hand."""
+
+    job: str
+    topics: tuple[str, ...]
+    bootstrap_servers: str
+    database_url: str
+    starting_offsets: StartingOffsets = field(default_factory=StartingOffsets)
+    kafka_options: Mapping[str, str] = field(default_factory=dict)
+    interval: float | None = None  # None: one batch (--once)
+    max_batch_failures: int = 3
+
+    @property
+    def kafka_conf(self) -> dict[str, Any]:
+        return client_config(self.bootstrap_servers, self.kafka_options)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    number: int
+    ranges: tuple[RangeReport, ...]
+    plan_ms: float
+    run_ms: float
+
+    @property
+    def messages(self) -> int:
+        return sum(r.messages for r in self.ranges)
+
+
+class TransactionalJob:
+    """Runs an aggregate over Kafka with exactly-once results in PostgreSQL."""
+
+    def __init__(self, spark: Any, settings: JobSettings, aggregate: Aggregate) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.aggregate = aggregate
+        self.failpoints = FailPoints.from_env()
+        self.batches = 0
+        self._conn: psycopg.Connection | None = None
+
+    # -- driver database connection, reused across batches ------------------
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = connect(self.settings.database_url)
+            check_schema(self._conn, self.settings.database_url)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()
+        self._conn = None
+
+    # -- planning ---------------------------------------------------------------
+    def plan(self) -> list[OffsetRange]:
+        """Steps 1-4: the ranges the next batch must commit."""
+        s = self.settings
+        try:
+            conn = self._connection()
+            watermarks = fetch_watermarks(s.kafka_conf, s.topics)
+            committed = store.committed_offsets(conn, s.job, s.topics)
+            new = [w for w in watermarks if w.key not in committed]
+            decisions = resolve_starting_offsets(s.starting_offsets, new, [w.key for w in watermarks])
+            if decisions:
+                created = store.create_start_rows(conn, s.job, decisions)
+                for d in decisions:
+                    if (d.topic, d.partition) in created:
+                        log.info("job %s: %s/%d starts at %s", s.job, d.topic, d.partition, d.reason)
+                    else:
+                        log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
+                committed = store.committed_offsets(conn, s.job, s.topics)
+            return plan_ranges(s.job, committed, watermarks)
+        except psycopg.Error as e:
+            self.close()
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise DatabaseUnavailable(f"planning job {s.job!r} failed in PostgreSQL: {first}") from None
+
+    # -- one batch --------------------------------------------------------------
+    def run_batch(self) -> BatchReport:
+        """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
+        s = self.settings
+        self.batches += 1
+        number = self.batches
+        started = time.perf_counter()
+        ranges = self.plan()
+        planned = time.perf_counter()
+        task = RangeTask(s.job, s.database_url, s.kafka_conf, self.aggregate, self.failpoints)
+        try:
+            reports = run_ranges(self.spark, ranges, task, f"txstore {s.job} batch {number}")
+        except TxstoreError:
+            raise
+        except Exception as e:
+            if type(e).__name__ not in ("Py4JJavaError", "PythonException", "SparkException"):
+                raise
+            # Spark already retried the tasks; a later batch may still succeed.
+            raise BatchFailed(
+                f"job {s.job!r} batch {number} failed: {spark_failure_reason(e)}", transient=True
+            ) from None
+        finished = time.perf_counter()
+        report = BatchReport(number, tuple(reports), (planned - started) * 1000, (finished - planned) * 1000)
+        self._log(report)
+        refused = [r for r in report.ranges if r.outcome == REFUSED]
+        if refused:
+            raise BatchFailed(refused[0].error or f"range {refused[0].range} was refused", transient=False)
+        return report
+
+    def _log(self, report: BatchReport) -> None:
+        for r in report.ranges:
+            log.info(
+                "range %s: %d messages, %.0f ms (read %.0f, commit %.0f), %s",
+                r.range,
+                r.messages,
+                r.read_ms + r.commit_ms,
+                r.read_ms,
+                r.commit_ms,
+                r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
+            )
+        skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
+        log.info(
+            "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f)%s",
+            self.settings.job,
+            report.number,
+            len(report.ranges),
+            report.messages,
+            report.plan_ms + report.run_ms,
+            report.plan_ms,
+            report.run_ms,
+            f", {skipped} already committed" if skipped else "",
+        )
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        """``--once``: one batch. ``--interval``: batches until ``stop`` is set.
+
+        In interval mode a failed batch is retried at the next interval; the job
+        gives up after ``max_batch_failures`` failures in a row. Errors that
+        retrying cannot fix (bad settings, missing schema, refused ranges)
+        stop it at once.
+        """
+        s = self.settings
+        stop = stop or threading.Event()
+        try:
+            if s.interval is None:
+                self.run_batch()
+                return
+            failures = 0
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.run_batch()
+                    failures = 0
+                except TxstoreError as e:
+                    if not e.transient:
+                        raise
+                    failures += 1
+                    if failures >= s.max_batch_failures:
+                        raise
+                    log.warning(
+                        "job %s: batch failed (%d of %d in a row), retrying at the next interval: %s",
+                        s.job,
+                        failures,
+                        s.max_batch_failures,
+                        e,
+                    )
+                stop.wait(max(0.0, s.interval - (time.monotonic() - started)))
+            log.info("job %s: stopped after %d batches", s.job, self.batches)
+        finally:
+            self.close()
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or the first Ctrl-C, so the current batch can finish.
+
+    A second Ctrl-C interrupts at once.
+    """
+    stop = threading.Event()
+
+    def handle(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("received %s: finishing the current batch, then stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    return stop

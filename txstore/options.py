@@ -1,0 +1,105 @@
+"""Job options, defined once and shared by ``jobs/*.py``, the ``txstore`` CLI and the library."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from txstore.db import DATABASE_URL_ENV, resolve_database_url
+from txstore.errors import ConfigError
+from txstore.job import JobSettings
+from txstore.kafka import BOOTSTRAP_ENV
+from txstore.starting import parse_starting_offsets
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value
+
+
+def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
+    """Add the flags every txstore job takes."""
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get(BOOTSTRAP_ENV),
+        help=f"Kafka bootstrap servers, host:port[,host:port] (env {BOOTSTRAP_ENV})",
+    )
+    parser.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        required=True,
+        metavar="TOPIC",
+        help="Kafka topic to read; repeat for several topics",
+    )
+    parser.add_argument(
+        "--database-url",
+        help=f"PostgreSQL URL, postgresql://user:password@host:5432/db (env {DATABASE_URL_ENV})",
+    )
+    parser.add_argument(
+        "--job",
+        default=default_job,
+        help=f"job name: the key of this job's offsets and results (default {default_job})",
+    )
+    parser.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help="where partitions never committed start: earliest (default), latest, or JSON "
+        '{"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest; unnamed partitions: earliest)',
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--once",
+        action="store_true",
+        help="run one batch from the committed offsets to the current end, then exit (default)",
+    )
+    mode.add_argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="run a batch every SECONDS until SIGTERM or Ctrl-C (the current batch finishes first)",
+    )
+    parser.add_argument(
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting for the Kafka clients (TLS, SASL); repeatable",
+    )
+    parser.add_argument(
+        "--max-batch-failures",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --interval: give up after N failed batches in a row (default 3)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
+
+
+def job_settings(args: argparse.Namespace) -> JobSettings:
+    """Validate parsed options into :class:`JobSettings`; raise ConfigError with one line."""
+    if not args.bootstrap_servers:
+        raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
+    if args.interval is not None and not args.interval > 0:
+        raise ConfigError(f"--interval must be a number of seconds above 0, got {args.interval:g}")
+    if args.max_batch_failures < 1:
+        raise ConfigError("--max-batch-failures must be at least 1")
+    topics = tuple(dict.fromkeys(t.strip() for t in args.topics))
+    if any(not t for t in topics):
+        raise ConfigError("--topic must not be empty")
+    if not args.job.strip():
+        raise ConfigError("--job must not be empty")
+    return JobSettings(
+        job=args.job,
+        topics=topics,
+        bootstrap_servers=args.bootstrap_servers,
+        database_url=resolve_database_url(args.database_url),
+        starting_offsets=parse_starting_offsets(args.starting_offsets),
+        kafka_options=dict(args.kafka_options),
+        interval=args.interval,
+        max_batch_failures=args.max_batch_failures,
+    )

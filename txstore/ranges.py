@@ -1,0 +1,115 @@
+"""Offset ranges and the planner that cuts them (the KafkaRDD idea, in Python).
+
+A batch is planned on the driver from two plain inputs: the offsets the
+database says are committed, and the watermarks Kafka reports now. The
+output is one :class:`OffsetRange` per partition that has new data. Each
+range becomes exactly one Spark task, and because a range is fixed before
+any task runs, a retried task reads exactly the same messages.
+
+Everything here is pure: no Kafka, Spark or database is needed to test it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from txstore.errors import DataLoss, OffsetOutOfLog
+
+TopicPartition = tuple[str, int]
+"""``(topic, partition)``: the key of every per-partition mapping."""
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Messages ``[from_offset, until_offset)`` of one Kafka partition.
+
+    ``until_offset`` is exclusive, exactly like ``txn_offsets.off``: after the
+    range is committed, the stored offset equals ``until_offset``.
+    """
+
+    topic: str
+    partition: int
+    from_offset: int
+    until_offset: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.from_offset <= self.until_offset:
+            raise ValueError(
+                f"invalid offset range for {self.topic!r} partition {self.partition}: "
+                f"{self.from_offset} -> {self.until_offset}"
+            )
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        """Offsets spanned; an upper bound on messages (offsets may have holes)."""
+        return self.until_offset - self.from_offset
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition} {self.from_offset} -> {self.until_offset}"
+
+
+@dataclass(frozen=True)
+class PartitionWatermarks:
+    """What Kafka holds for one partition now: offsets ``[low, high)``."""
+
+    topic: str
+    partition: int
+    low: int
+    high: int
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+def plan_ranges(
+    job: str,
+    committed: Mapping[TopicPartition, int],
+    watermarks: Iterable[PartitionWatermarks],
+) -> list[OffsetRange]:
+    """Plan one range per partition with new data, ordered by topic and partition.
+
+    Steps, per partition Kafka reports:
+    1. take the committed offset (every reported partition must have one: the
+       driver creates missing rows before planning);
+    2. refuse offsets Kafka no longer has (below ``low``: aged out) or never
+       had (above ``high``: the topic was recreated), never skipping silently;
+    3. emit ``[committed, high)`` if it is not empty.
+
+    A committed partition that Kafka no longer reports is refused too.
+    """
+    reported: dict[TopicPartition, PartitionWatermarks] = {w.key: w for w in watermarks}
+    for key, stored in sorted(committed.items()):
+        if key not in reported:
+            topic, partition = key
+            raise OffsetOutOfLog(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} but "
+                "Kafka no longer has this partition; was the topic recreated with fewer "
+                "partitions? Delete or fix this row in txn_offsets, then rerun."
+            )
+    ranges = []
+    for key, marks in sorted(reported.items()):
+        if key not in committed:
+            raise KeyError(f"no committed or starting offset for {key[0]!r} partition {key[1]}")
+        stored = committed[key]
+        topic, partition = key
+        if stored > marks.high:
+            raise OffsetOutOfLog(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
+                f"beyond the log-end offset {marks.high}; was the topic deleted and recreated? "
+                "Fix this row in txn_offsets, then rerun."
+            )
+        if stored < marks.low:
+            raise DataLoss(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
+                f"below the log-start offset {marks.low}; {marks.low - stored} messages aged out "
+                "of Kafka before they were counted."
+            )
+        if stored < marks.high:
+            ranges.append(OffsetRange(topic, partition, stored, marks.high))
+    return ranges

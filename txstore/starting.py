@@ -1,0 +1,129 @@
+"""Where a partition starts when the job has never committed it.
+
+``--starting-offsets`` takes Spark's spellings: ``earliest`` (the default),
+``latest``, or JSON ``{"topic": {"0": 23, "1": -2}}`` where -2 means earliest
+and -1 latest. Unlike Spark, the JSON may name only some partitions: every
+other partition starts at earliest, and :func:`resolve_starting_offsets`
+says which start where so the job can log it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from txstore.errors import ConfigError
+from txstore.ranges import PartitionWatermarks, TopicPartition
+
+EARLIEST = -2
+LATEST = -1
+
+
+@dataclass(frozen=True)
+class StartingOffsets:
+    """Parsed ``--starting-offsets``: a default plus per-partition choices."""
+
+    default: int = EARLIEST
+    specific: Mapping[TopicPartition, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if not self.specific:
+            return "earliest" if self.default == EARLIEST else "latest"
+        return json.dumps(
+            {
+                t: {str(p): o for (tt, p), o in sorted(self.specific.items()) if tt == t}
+                for t in sorted({t for t, _ in self.specific})
+            }
+        )
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """Where one new partition starts, and why (for the log line)."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+
+
+def parse_starting_offsets(text: str) -> StartingOffsets:
+    """Parse ``earliest``, ``latest`` or Spark-style JSON; raise ConfigError otherwise."""
+    value = text.strip()
+    if value.lower() == "earliest":
+        return StartingOffsets(EARLIEST)
+    if value.lower() == "latest":
+        return StartingOffsets(LATEST)
+    hint = 'use earliest, latest or JSON like {"mytopic": {"0": 23, "1": -2}}'
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--starting-offsets is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(f"--starting-offsets JSON must be a non-empty object; {hint}")
+    specific: dict[TopicPartition, int] = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, dict):
+            raise ConfigError(f"--starting-offsets: topic {topic!r} must map to an object; {hint}")
+        for part, offset in partitions.items():
+            try:
+                partition = int(part)
+            except ValueError:
+                raise ConfigError(
+                    f"--starting-offsets: partition {part!r} of topic {topic!r} is not a number; {hint}"
+                ) from None
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2 or partition < 0:
+                raise ConfigError(
+                    f"--starting-offsets: topic {topic!r} partition {part}: offset {offset!r} must be "
+                    "an offset >= 0, -2 (earliest) or -1 (latest)"
+                )
+            specific[(topic, partition)] = offset
+    return StartingOffsets(EARLIEST, specific)
+
+
+def resolve_starting_offsets(
+    starting: StartingOffsets,
+    new_partitions: Iterable[PartitionWatermarks],
+    known_partitions: Iterable[TopicPartition],
+) -> list[StartDecision]:
+    """Decide a start offset for each partition that has no committed row.
+
+    ``known_partitions`` is every partition Kafka reports for the job's topics;
+    JSON naming any other partition is refused rather than ignored. An explicit
+    offset outside what Kafka holds is refused too: it would silently skip or
+    invent messages.
+    """
+    known = set(known_partitions)
+    unknown = sorted(k for k in starting.specific if k not in known)
+    if unknown:
+        names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
+        raise ConfigError(
+            f"--starting-offsets names {names}, which Kafka does not report for the job's topics; "
+            "check the topic names (--topic) and partition numbers"
+        )
+    decisions = []
+    for marks in sorted(new_partitions, key=lambda m: m.key):
+        chosen = starting.specific.get(marks.key)
+        source = (
+            "--starting-offsets JSON"
+            if chosen is not None
+            else ("not named in --starting-offsets JSON" if starting.specific else "--starting-offsets")
+        )
+        if chosen is None:
+            chosen = starting.default
+        if chosen == EARLIEST:
+            decisions.append(StartDecision(marks.topic, marks.partition, marks.low, f"earliest ({source})"))
+        elif chosen == LATEST:
+            decisions.append(StartDecision(marks.topic, marks.partition, marks.high, f"latest ({source})"))
+        elif marks.low <= chosen <= marks.high:
+            decisions.append(
+                StartDecision(marks.topic, marks.partition, chosen, f"offset {chosen} ({source})")
+            )
+        else:
+            raise ConfigError(
+                f"--starting-offsets: topic {marks.topic!r} partition {marks.partition} offset {chosen} "
+                f"is outside what Kafka holds ({marks.low} to {marks.high}); pick an offset in that "
+                "range, -2 (earliest) or -1 (latest)"
+            )
+    return decisions

@@ -1,0 +1,64 @@
+"""Driver-side reads and writes of ``txn_offsets`` and ``txn_data``.
+
+Plain SQL over the tables of :mod:`txstore.schema`; one round trip per
+statement group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import psycopg
+
+from txstore.ranges import TopicPartition
+from txstore.starting import StartDecision
+
+
+def committed_offsets(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> dict[TopicPartition, int]:
+    """The job's stored next-offset per partition of ``topics``."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT topic, part, off FROM txn_offsets WHERE job = %s AND topic = ANY(%s)",
+            (job, list(topics)),
+        )
+        rows = cur.fetchall()
+    conn.commit()
+    return {(topic, part): off for topic, part, off in rows}
+
+
+def create_start_rows(
+    conn: psycopg.Connection, job: str, decisions: Iterable[StartDecision]
+) -> set[TopicPartition]:
+    """Create offset rows for new partitions; return those this call created.
+
+    ``ON CONFLICT DO NOTHING`` makes two instances starting at once safe: one
+    row wins, the loser keeps the winner's offset (the caller re-reads), so
+    neither can count messages the other will count too.
+    """
+    items = sorted(decisions, key=lambda d: (d.topic, d.partition))
+    if not items:
+        return set()
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO txn_offsets (job, topic, part, off) "
+            "SELECT %s, t.topic, t.part, t.off FROM unnest(%s::text[], %s::int[], %s::bigint[]) "
+            "AS t(topic, part, off) "
+            "ON CONFLICT (job, topic, part) DO NOTHING RETURNING topic, part",
+            (job, [d.topic for d in items], [d.partition for d in items], [d.offset for d in items]),
+        )
+        created = {(topic, part) for topic, part in cur.fetchall()}
+    conn.commit()
+    return created
+
+
+def topic_totals(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> dict[str, int]:
+    """The job's topic totals (rows with NULL key and window); 0 for topics with none yet."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT topic, metric FROM txn_data WHERE job = %s AND topic = ANY(%s) "
+            "AND key IS NULL AND window_start IS NULL",
+            (job, list(topics)),
+        )
+        found: dict[str, int] = dict(cur.fetchall())
+    conn.commit()
+    return {topic: int(found.get(topic, 0)) for topic in topics}

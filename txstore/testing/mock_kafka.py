@@ -1,0 +1,171 @@
+"""A Kafka-protocol broker for tests, the demo and benchmarks.
+
+Wraps librdkafka's mock cluster, which ships inside the confluent-kafka wheel
+and speaks the real Kafka protocol over loopback TCP, through ctypes. Any
+Kafka client, in any process, can use it while the owning process lives.
+
+It emulates retention: each partition keeps at most 5 MiB or 100,000 message
+sets, and older ones are dropped (the log-start offset advances).
+
+    with MockKafkaCluster(brokers=1) as kafka:
+        kafka.create_topic("events", partitions=4)
+        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+
+``python -m txstore.testing.mock_kafka --topic events:4`` serves one until stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import signal
+import sys
+import threading
+from types import TracebackType
+
+import confluent_kafka
+
+_RD_KAFKA_PRODUCER = 0
+
+
+def _load_librdkafka() -> ctypes.CDLL:
+    package = os.path.dirname(confluent_kafka.__file__)
+    candidates = sorted(
+        glob.glob(os.path.join(package, os.pardir, "confluent_kafka.libs", "librdkafka*.so*"))
+    )
+    candidates += sorted(glob.glob(os.path.join(package, ".dylibs", "librdkafka*.dylib")))
+    if not candidates:
+        raise RuntimeError("librdkafka from the confluent-kafka wheel not found; reinstall confluent-kafka")
+    lib = ctypes.CDLL(candidates[0])
+    vp, cp, i, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
+    signatures: dict[str, tuple[list[object], object]] = {
+        "rd_kafka_conf_new": ([], vp),
+        "rd_kafka_conf_set": ([vp, cp, cp, cp, sz], i),
+        "rd_kafka_new": ([i, vp, cp, sz], vp),
+        "rd_kafka_destroy": ([vp], None),
+        "rd_kafka_mock_cluster_new": ([vp, i], vp),
+        "rd_kafka_mock_cluster_destroy": ([vp], None),
+        "rd_kafka_mock_cluster_bootstraps": ([vp], cp),
+        "rd_kafka_mock_topic_create": ([vp, cp, i, i], i),
+        "rd_kafka_mock_topic_delete": ([vp, cp], i),
+        "rd_kafka_mock_broker_set_down": ([vp, ctypes.c_int32], i),
+        "rd_kafka_mock_broker_set_up": ([vp, ctypes.c_int32], i),
+        "rd_kafka_mock_partition_set_leader": ([vp, cp, ctypes.c_int32, ctypes.c_int32], i),
+        "rd_kafka_mock_push_request_errors_array": ([vp, ctypes.c_int16, sz, ctypes.POINTER(i)], None),
+        "rd_kafka_mock_clear_request_errors": ([vp, ctypes.c_int16], None),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    return lib
+
+
+class MockKafkaCluster:
+    """A mock Kafka cluster of ``brokers`` brokers on 127.0.0.1, alive until closed."""
+
+    def __init__(self, brokers: int = 1) -> None:
+        self._lib = _load_librdkafka()
+        errstr = ctypes.create_string_buffer(512)
+        conf = self._lib.rd_kafka_conf_new()
+        self._lib.rd_kafka_conf_set(conf, b"log_level", b"2", errstr, len(errstr))
+        self._rk = self._lib.rd_kafka_new(_RD_KAFKA_PRODUCER, conf, errstr, len(errstr))
+        if not self._rk:
+            raise RuntimeError(f"rd_kafka_new failed: {errstr.value.decode(errors='replace')}")
+        self._cluster = self._lib.rd_kafka_mock_cluster_new(self._rk, brokers)
+        if not self._cluster:
+            self._lib.rd_kafka_destroy(self._rk)
+            raise RuntimeError("rd_kafka_mock_cluster_new failed")
+        self.brokers = brokers
+        self.bootstrap_servers: str = self._lib.rd_kafka_mock_cluster_bootstraps(self._cluster).decode()
+
+    def _check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what} failed: {confluent_kafka.KafkaError(code).str()}")
+
+    def create_topic(self, topic: str, partitions: int = 1, replication_factor: int = 1) -> None:
+        """Create ``topic`` (AdminClient.create_topics does not work against the mock)."""
+        self._check(
+            self._lib.rd_kafka_mock_topic_create(
+                self._cluster, topic.encode(), partitions, replication_factor
+            ),
+            f"creating topic {topic!r}",
+        )
+
+    def delete_topic(self, topic: str) -> None:
+        self._check(
+            self._lib.rd_kafka_mock_topic_delete(self._cluster, topic.encode()), f"deleting {topic!r}"
+        )
+
+    def set_broker_down(self, broker_id: int) -> None:
+        """Close the broker's connections and refuse new ones until :meth:`set_broker_up`."""
+        self._check(self._lib.rd_kafka_mock_broker_set_down(self._cluster, broker_id), "broker down")
+
+    def set_broker_up(self, broker_id: int) -> None:
+        self._check(self._lib.rd_kafka_mock_broker_set_up(self._cluster, broker_id), "broker up")
+
+    def set_partition_leader(self, topic: str, partition: int, broker_id: int) -> None:
+        self._check(
+            self._lib.rd_kafka_mock_partition_set_leader(self._cluster, topic.encode(), partition, broker_id),
+            "set leader",
+        )
+
+    def push_request_errors(self, api_key: int, *errors: int) -> None:
+        """Make the next requests with Kafka API ``api_key`` fail with ``errors``, in order."""
+        array = (ctypes.c_int * len(errors))(*errors)
+        self._lib.rd_kafka_mock_push_request_errors_array(self._cluster, api_key, len(errors), array)
+
+    def clear_request_errors(self, api_key: int) -> None:
+        self._lib.rd_kafka_mock_clear_request_errors(self._cluster, api_key)
+
+    def close(self) -> None:
+        if self._cluster:
+            self._lib.rd_kafka_mock_cluster_destroy(self._cluster)
+            self._cluster = None
+        if self._rk:
+            self._lib.rd_kafka_destroy(self._rk)
+            self._rk = None
+
+    def __enter__(self) -> MockKafkaCluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m txstore.testing.mock_kafka",
+        description="Serve a Kafka-protocol mock cluster on 127.0.0.1 until stopped (Ctrl-C or SIGTERM).",
+    )
+    parser.add_argument("--brokers", type=int, default=1)
+    parser.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        metavar="NAME[:PARTITIONS]",
+        help="create a topic (default 4 partitions); repeatable",
+    )
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with MockKafkaCluster(args.brokers) as cluster:
+        for spec in args.topic:
+            name, _, partitions = spec.partition(":")
+            cluster.create_topic(name, int(partitions or 4))
+        print(cluster.bootstrap_servers, flush=True)
+        print(
+            f"mock Kafka serving on {cluster.bootstrap_servers}; Ctrl-C to stop", file=sys.stderr, flush=True
+        )
+        while not stop.wait(1.0):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
