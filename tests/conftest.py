@@ -36,7 +36,7 @@ def pg_url(dbname: str, user: str = PG_USER, password: str = PG_PASSWORD) -> str
     return f"postgresql://{auth}@{PG_HOST}:{PG_PORT}/{dbname}"
 
 
-def _migrate_template(host: str, port: int, user: str, dbname: str, password: str | None = None) -> None:
+def _migrate_template(dbname: str, **_connection: Any) -> None:
     upgrade(pg_url(dbname))
 
 

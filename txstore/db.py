@@ -82,17 +82,23 @@ _worker_connections: dict[str, psycopg.Connection] = {}
 def worker_connection(url: str) -> psycopg.Connection:
     """One connection per URL per process, reused by every task a Spark worker runs.
 
-    A broken or closed connection is replaced; one left inside a transaction
-    (a task that died half-way) is rolled back before reuse.
+    A reused connection is checked first (one cheap round trip): the server
+    may have closed it while the worker sat idle, and a task should not fail
+    for that. One left inside a transaction (a task that died half-way) is
+    rolled back before reuse.
     """
     conn = _worker_connections.get(url)
-    if conn is not None and (conn.closed or conn.broken):
-        conn = None
-    if conn is None:
-        conn = connect(url)
-        _worker_connections[url] = conn
-    elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        conn.rollback()
+    if conn is not None and not conn.closed and not conn.broken:
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            conn.execute("SELECT 1")
+            conn.rollback()
+            return conn
+        except psycopg.Error:
+            forget_worker_connection(url)
+    conn = connect(url)
+    _worker_connections[url] = conn
     return conn
 
 

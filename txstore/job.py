@@ -118,12 +118,16 @@ class TransactionalJob:
     # -- one batch --------------------------------------------------------------
     def run_batch(self) -> BatchReport:
         """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
+        started = time.perf_counter()
+        ranges = self.plan()
+        return self.execute(ranges, plan_ms=(time.perf_counter() - started) * 1000)
+
+    def execute(self, ranges: list[OffsetRange], plan_ms: float = 0.0) -> BatchReport:
+        """Step 5-6: one Spark task per planned range; no Spark job if there are none."""
         s = self.settings
         self.batches += 1
         number = self.batches
         started = time.perf_counter()
-        ranges = self.plan()
-        planned = time.perf_counter()
         task = RangeTask(s.job, s.database_url, s.kafka_conf, self.aggregate, self.failpoints)
         try:
             reports = run_ranges(self.spark, ranges, task, f"txstore {s.job} batch {number}")
@@ -136,8 +140,7 @@ class TransactionalJob:
             raise BatchFailed(
                 f"job {s.job!r} batch {number} failed: {spark_failure_reason(e)}", transient=True
             ) from None
-        finished = time.perf_counter()
-        report = BatchReport(number, tuple(reports), (planned - started) * 1000, (finished - planned) * 1000)
+        report = BatchReport(number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000)
         self._log(report)
         refused = [r for r in report.ranges if r.outcome == REFUSED]
         if refused:

@@ -1,0 +1,86 @@
+"""Reading ranges and watermarks from the Kafka-protocol test broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.conftest import produce
+from txstore.errors import DataLoss, KafkaReadError
+from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.ranges import OffsetRange
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+
+def offsets_read(kafka: MockKafkaCluster, r: OffsetRange, **kwargs: float) -> list[int]:
+    reader = RangeReader(client_config(kafka.bootstrap_servers), r, **kwargs)  # type: ignore[arg-type]
+    got = [m.offset() for batch in reader for m in batch]
+    assert reader.messages == len(got)
+    return got
+
+
+def test_watermarks_cover_every_partition_of_every_topic(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+    a, b = new_topic(3), new_topic(1)
+    produce(kafka.bootstrap_servers, a, {0: 5, 2: 7})
+    marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [a, b])
+    assert [(m.topic, m.partition, m.low, m.high) for m in marks] == [
+        (a, 0, 0, 5), (a, 1, 0, 0), (a, 2, 0, 7), (b, 0, 0, 0)
+    ]
+
+
+def test_reads_exactly_the_range_even_when_the_partition_goes_on(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 100})
+    assert offsets_read(kafka, OffsetRange(topic, 0, 10, 60)) == list(range(10, 60))
+    assert offsets_read(kafka, OffsetRange(topic, 0, 60, 100)) == list(range(60, 100))
+    assert offsets_read(kafka, OffsetRange(topic, 0, 5, 5)) == []
+
+
+def test_reads_in_batches_no_larger_than_asked(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 250})
+    reader = RangeReader(client_config(kafka.bootstrap_servers), OffsetRange(topic, 0, 0, 250), batch_size=64)
+    sizes = [len(b) for b in reader]
+    assert sum(sizes) == 250
+    assert max(sizes) <= 64
+    assert len(sizes) >= 4
+
+
+def test_offsets_with_holes_stop_by_offset_not_by_count(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+    """Transaction markers leave holes, one of them at the very end of the range."""
+    topic = new_topic(1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(10)
+    for _ in range(3):
+        producer.begin_transaction()
+        for _ in range(4):
+            producer.produce(topic, value=b"x", partition=0)
+        producer.commit_transaction(10)
+    marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
+    assert marks.high > 12  # 12 messages plus markers
+    got = offsets_read(kafka, OffsetRange(topic, 0, 0, marks.high), idle_timeout=5)
+    assert len(got) == 12
+    assert got[-1] < marks.high - 1  # the last offset of the range is a marker, not a message
+
+
+def test_messages_aged_out_by_retention_fail_loudly(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    # The broker keeps about 5 MiB per partition: 8 MiB pushes the oldest out.
+    produce(kafka.bootstrap_servers, topic, {0: 80}, value=b"x" * 100_000)
+    marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
+    assert marks.low > 0
+    with pytest.raises(DataLoss, match=rf"'{topic}' partition 0: offset 0 is no longer in Kafka"):
+        offsets_read(kafka, OffsetRange(topic, 0, 0, marks.high))
+
+
+def test_a_broker_that_stays_down_ends_the_read_with_a_timeout(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 10})
+    kafka.set_broker_down(1)
+    try:
+        with pytest.raises(KafkaReadError, match=r"no data from Kafka .* for 3s while reading .* at offset 0"):
+            offsets_read(kafka, OffsetRange(topic, 0, 0, 10), idle_timeout=3)
+    finally:
+        kafka.set_broker_up(1)

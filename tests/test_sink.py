@@ -1,0 +1,152 @@
+"""TransactionalSink against a real PostgreSQL: every outcome of the conditional update."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+
+from txstore import store
+from txstore.db import connect
+from txstore.errors import AlreadyCommitted, OffsetGap, OffsetOverlap
+from txstore.failpoints import FailPoints, InjectedFailure
+from txstore.ranges import OffsetRange
+from txstore.sink import TOPIC_TOTAL, TransactionalSink
+from txstore.starting import StartDecision
+
+
+def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
+    offsets = db.execute("SELECT job, topic, part, off, updated_at FROM txn_offsets ORDER BY 1, 2, 3").fetchall()
+    data = db.execute(
+        "SELECT job, topic, key, window_start, metric, updated_at FROM txn_data ORDER BY 1, 2, 3 NULLS FIRST, 4"
+    ).fetchall()
+    return offsets, data
+
+
+def seed(db: psycopg.Connection, job: str, topic: str, offsets: dict[int, int]) -> None:
+    with connect(db.info.dsn) as conn:
+        store.create_start_rows(conn, job, [StartDecision(topic, p, o, "test") for p, o in offsets.items()])
+
+
+def test_commit_adds_deltas_and_moves_the_offset_in_one_transaction(database_url: str, db: psycopg.Connection) -> None:
+    seed(db, "j", "t", {0: 0})
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "j")
+        sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10, ("k1", None): 4})
+        sink.commit(OffsetRange("t", 0, 10, 15), {TOPIC_TOTAL: 5, ("k1", None): 1})
+    offsets, data = snapshot(db)
+    assert [o[:4] for o in offsets] == [("j", "t", 0, 15)]
+    assert [d[:5] for d in data] == [("j", "t", None, None, 15), ("j", "t", "k1", None, 5)]
+
+
+@pytest.mark.parametrize(
+    ("offset_range", "error", "text"),
+    [
+        (OffsetRange("t", 0, 0, 10), AlreadyCommitted, "already committed (stored offset 10); skipped"),
+        (OffsetRange("t", 0, 12, 20), OffsetGap, "gap, stored offset 10 is below 12"),
+        (OffsetRange("t", 0, 5, 20), OffsetOverlap, "overlap, stored offset 10 does not match the range start"),
+        (OffsetRange("t", 1, 0, 5), OffsetOverlap, "overlap, no offset row does not match"),
+    ],
+)
+def test_a_refused_commit_leaves_results_and_offsets_exactly_as_they_were(
+    database_url: str, db: psycopg.Connection, offset_range: OffsetRange, error: type, text: str
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "j")
+        sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10, ("a", when): 3})
+        before = snapshot(db)
+        with pytest.raises(error) as raised:
+            sink.commit(offset_range, {TOPIC_TOTAL: 99, ("a", when): 99, ("new", None): 1})
+        assert text in str(raised.value)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert snapshot(db) == before
+
+
+@pytest.mark.parametrize("point", ["before-upsert", "between-upsert-and-offsets", "before-commit"])
+def test_a_failure_inside_the_transaction_writes_nothing(database_url: str, db: psycopg.Connection, point: str) -> None:
+    seed(db, "j", "t", {0: 0})
+    before = snapshot(db)
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "j", FailPoints.parse(point))
+        with pytest.raises(InjectedFailure):
+            sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10})
+        # The retry of the same range then commits exactly once.
+        TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10})
+    assert before[1] == []
+    assert [d[:5] for d in snapshot(db)[1]] == [("j", "t", None, None, 10)]
+
+
+def test_a_lost_acknowledgement_then_a_retry_counts_once(database_url: str, db: psycopg.Connection) -> None:
+    seed(db, "j", "t", {0: 0})
+    with connect(database_url) as conn:
+        with pytest.raises(InjectedFailure):
+            TransactionalSink(conn, "j", FailPoints.parse("after-commit")).commit(OffsetRange("t", 0, 0, 7), {TOPIC_TOTAL: 7})
+        with pytest.raises(AlreadyCommitted):
+            TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 7), {TOPIC_TOTAL: 7})
+    assert [d[:5] for d in snapshot(db)[1]] == [("j", "t", None, None, 7)]
+
+
+def test_concurrent_partition_commits_on_shared_rows_neither_deadlock_nor_lose_updates(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    partitions, rounds = 6, 15
+    seed(db, "j", "t", {p: 0 for p in range(partitions)})
+    keys = [f"k{i}" for i in range(8)]
+    errors: list[BaseException] = []
+
+    def worker(partition: int) -> None:
+        try:
+            with connect(database_url) as conn:
+                sink = TransactionalSink(conn, "j")
+                for r in range(rounds):
+                    # Every partition touches every key, listed in a different order each time.
+                    rotated = keys[partition:] + keys[:partition]
+                    deltas = {TOPIC_TOTAL: 1, **{(k, None): 1 for k in reversed(rotated)}}
+                    sink.commit(OffsetRange("t", partition, r, r + 1), deltas)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(partitions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    data = {(d[2]): d[4] for d in snapshot(db)[1]}
+    assert data == {None: partitions * rounds, **{k: partitions * rounds for k in keys}}
+
+
+def test_two_tasks_racing_on_the_same_range_commit_it_once(database_url: str, db: psycopg.Connection) -> None:
+    seed(db, "j", "t", {0: 0})
+    outcomes: list[str] = []
+    barrier = threading.Barrier(4)
+
+    def attempt() -> None:
+        with connect(database_url) as conn:
+            barrier.wait(timeout=10)
+            try:
+                TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 50), {TOPIC_TOTAL: 50})
+                outcomes.append("committed")
+            except AlreadyCommitted:
+                outcomes.append("already")
+
+    threads = [threading.Thread(target=attempt) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(outcomes) == ["already", "already", "already", "committed"]
+    assert [d[:5] for d in snapshot(db)[1]] == [("j", "t", None, None, 50)]
+
+
+def test_start_rows_are_created_once_when_two_instances_start_together(database_url: str, db: psycopg.Connection) -> None:
+    with connect(database_url) as a, connect(database_url) as b:
+        won = store.create_start_rows(a, "j", [StartDecision("t", 0, 5, "latest"), StartDecision("t", 1, 0, "e")])
+        lost = store.create_start_rows(b, "j", [StartDecision("t", 0, 9, "latest"), StartDecision("t", 1, 0, "e")])
+        assert won == {("t", 0), ("t", 1)}
+        assert lost == set()
+        assert store.committed_offsets(b, "j", ["t"]) == {("t", 0): 5, ("t", 1): 0}
