@@ -113,7 +113,6 @@ def produce(bootstrap: str, topic: str, counts: dict[int, int], value: bytes = b
 def spark() -> Iterator[Any]:
     """Spark local mode with 2 cores and up to 4 attempts per task (so retries are real)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("PYTHONPATH", str(REPO))
     from pyspark.sql import SparkSession
 
     session = (

@@ -1,0 +1,202 @@
+"""count_topic as users run it: `python jobs/count_topic.py` and `spark-submit`, in their own processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import venv
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pyspark
+import pytest
+
+from tests.conftest import REPO, produce
+from tests.test_count_topic import log_ends, offsets, totals
+from txstore.pyfiles import build_py_files
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+JOB = str(REPO / "jobs" / "count_topic.py")
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    skip = ("TXSTORE_", "KAFKA_", "PYSPARK_SUBMIT", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **extra})
+    return env
+
+
+def count_topic_args(kafka: MockKafkaCluster, database_url: str, topic: str, *more: str) -> list[str]:
+    return ["--bootstrap-servers", kafka.bootstrap_servers, "--database-url", database_url, "--topic", topic, *more]
+
+
+def run_job(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, JOB, *args], env=env or job_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts; killed by pid (with their children) if still running at the end."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+
+
+def test_a_restart_reads_its_offsets_from_the_database_only(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 50, 2: 25})
+    first = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert first.returncode == 0, first.stderr
+    assert totals(db, topic) == {topic: 175}
+    produce(kafka.bootstrap_servers, topic, {0: 1, 2: 2})
+    second = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert second.returncode == 0, second.stderr
+    assert f"range {topic}/0 100 -> 101: 1 messages" in second.stderr
+    assert f"range {topic}/2 25 -> 27: 2 messages" in second.stderr
+    assert "batch 1: 2 ranges, 3 messages" in second.stderr
+    assert totals(db, topic) == {topic: 178}
+    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert not list(REPO.glob("**/checkpoint*")), "no Spark checkpoints are involved"
+
+
+def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str],
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    topic = new_topic(4)
+    produce(kafka.bootstrap_servers, topic, {0: 500, 1: 400, 2: 300, 3: 200})
+    for _ in range(2):
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--once")],
+                env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            )
+        )
+    outputs = [p.communicate(timeout=240) for p in processes]
+    # Either both succeed (one committed, the other found it already committed), or the
+    # later one is refused as an overlap; never is anything counted twice.
+    for p, (_, err) in zip(processes, outputs):
+        assert p.returncode == 0 or "overlap" in err, err
+    assert any(p.returncode == 0 for p in processes)
+    assert totals(db, topic) == {topic: 1400}
+    assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str],
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 10})
+    job = subprocess.Popen(
+        [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--interval", "0.5")],
+        env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    processes.append(job)
+    produced = 10
+    deadline = time.monotonic() + 120
+    for more in ({0: 5, 1: 5}, {1: 30}, {}):
+        produce(kafka.bootstrap_servers, topic, more) if more else None
+        produced += sum(more.values())
+        while totals(db, topic)[topic] != produced and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.3)
+        assert totals(db, topic) == {topic: produced}
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    assert "received SIGTERM: finishing the current batch, then stopping" in err
+    assert "stopped after" in err
+    assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def spark_submit(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    spark_home = Path(pyspark.__file__).parent
+    env = {**env, "SPARK_HOME": str(spark_home)}
+    return subprocess.run(
+        [str(spark_home / "bin" / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false", *args],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=240,
+    )
+
+
+def test_spark_submit_with_txstore_installed(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 20, 1: 22})
+    env = job_env(TXSTORE_DATABASE_URL=database_url, KAFKA_BOOTSTRAP_SERVERS=kafka.bootstrap_servers)
+    result = spark_submit(JOB, "--topic", topic, "--once", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert totals(db, topic) == {topic: 42}
+
+
+def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    # An interpreter with txstore's dependencies but not txstore itself: a venv that
+    # sees the test venv's site-packages as a plain path, so its editable txstore
+    # install (a .pth hook there) does not apply.
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)
+    site = next((bare / "lib").glob("python*/site-packages"))
+    deps = next(p for p in map(Path, sys.path) if (p / "confluent_kafka").is_dir())
+    (site / "deps.pth").write_text(f"{deps}\n")
+    python = str(bare / "bin" / "python")
+    check = subprocess.run(
+        [python, "-c", "import confluent_kafka, psycopg, pyspark; import txstore"],
+        cwd=tmp_path, env=job_env(), capture_output=True, text=True,
+    )
+    assert "No module named 'txstore'" in check.stderr
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    shutil.copy(JOB, job_dir / "count_topic.py")
+    zip_path = build_py_files(tmp_path / "txstore-pyfiles.zip")
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 8})
+    env = job_env(PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
+    result = spark_submit(
+        "--py-files", str(zip_path), str(job_dir / "count_topic.py"),
+        *count_topic_args(kafka, database_url, topic, "--once"), env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert totals(db, topic) == {topic: 15}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interval", "0"], "count_topic: error: --interval must be a number of seconds above 0, got 0"),
+        (["--starting-offsets", "{oops"], "count_topic: error: --starting-offsets is not valid JSON"),
+    ],
+)
+def test_bad_flags_exit_non_zero_with_one_line(
+    kafka: MockKafkaCluster, database_url: str, args: list[str], message: str
+) -> None:
+    result = run_job(*count_topic_args(kafka, database_url, "some-topic", *args), timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_database_is_one_line_without_the_password(kafka: MockKafkaCluster) -> None:
+    url = "postgresql://txstore:hunter2-secret@127.0.0.1:1/txstore"
+    result = run_job(*count_topic_args(kafka, url, "some-topic", "--once"), timeout=120)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("count_topic: error: cannot connect to PostgreSQL at postgresql://txstore:***@127.0.0.1:1/txstore")
+    assert "hunter2" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
