@@ -41,7 +41,12 @@ def _migrate_template(dbname: str, **_connection: Any) -> None:
 
 
 postgresql_migrated_proc = factories.postgresql_noproc(
-    host=PG_HOST, port=PG_PORT, user=PG_USER, password=PG_PASSWORD, dbname="txstore_test", load=[_migrate_template]
+    host=PG_HOST,
+    port=PG_PORT,
+    user=PG_USER,
+    password=PG_PASSWORD,
+    dbname="txstore_test",
+    load=[_migrate_template],
 )
 postgresql_migrated = factories.postgresql("postgresql_migrated_proc")
 
@@ -90,7 +95,9 @@ def new_topic(kafka: MockKafkaCluster) -> Callable[..., str]:
     return create
 
 
-def produce(bootstrap: str, topic: str, counts: dict[int, int], value: bytes = b"v", key: bytes | None = b"k") -> None:
+def produce(
+    bootstrap: str, topic: str, counts: dict[int, int], value: bytes = b"v", key: bytes | None = b"k"
+) -> None:
     """Produce ``counts[partition]`` messages to each partition; fail unless all are acknowledged."""
     delivered: list[Any] = []
     failed: list[Any] = []

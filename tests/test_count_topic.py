@@ -23,9 +23,14 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 pytestmark = pytest.mark.spark
 
 
-def job_for(spark: Any, kafka: MockKafkaCluster, database_url: str, *topics: str, **settings: Any) -> TransactionalJob:
+def job_for(
+    spark: Any, kafka: MockKafkaCluster, database_url: str, *topics: str, **settings: Any
+) -> TransactionalJob:
     return TransactionalJob(
-        spark, JobSettings(settings.pop("job", "count_topic"), topics, kafka.bootstrap_servers, database_url, **settings),
+        spark,
+        JobSettings(
+            settings.pop("job", "count_topic"), topics, kafka.bootstrap_servers, database_url, **settings
+        ),
         count_messages,
     )
 
@@ -47,7 +52,11 @@ def spark_job_count(spark: Any) -> int:
 
 
 def test_counts_equal_messages_produced_over_several_runs(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
 ) -> None:
     topic = new_topic(4)
     produced = 0
@@ -63,7 +72,11 @@ def test_counts_equal_messages_produced_over_several_runs(
 
 
 def test_several_topics_in_one_job_keep_separate_totals(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
 ) -> None:
     a, b = new_topic(2), new_topic(3)
     produce(kafka.bootstrap_servers, a, {0: 10, 1: 20})
@@ -73,7 +86,11 @@ def test_several_topics_in_one_job_keep_separate_totals(
 
 
 def test_empty_partitions_get_no_task_and_an_empty_topic_launches_no_spark_job(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
 ) -> None:
     sparse, empty = new_topic(4), new_topic(3)
     produce(kafka.bootstrap_servers, sparse, {1: 9})
@@ -90,7 +107,11 @@ def test_empty_partitions_get_no_task_and_an_empty_topic_launches_no_spark_job(
 
 
 def test_a_partition_whose_offsets_have_holes_is_counted_exactly(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
 ) -> None:
     topic = new_topic(2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}"})
@@ -108,7 +129,11 @@ def test_a_partition_whose_offsets_have_holes_is_counted_exactly(
 
 
 def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
 ) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10})
@@ -121,8 +146,12 @@ def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(
 
 
 def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_log_it(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection,
-    new_topic: Callable[..., str], caplog: pytest.LogCaptureFixture,
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     topic = new_topic(3)
     produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10, 2: 10})
@@ -137,8 +166,12 @@ def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_
 
 
 def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_succeeds(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection,
-    new_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topic = new_topic(3)
     produce(kafka.bootstrap_servers, topic, {0: 40, 1: 50, 2: 60})
@@ -152,8 +185,12 @@ def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_suc
 
 
 def test_a_task_failing_before_commit_is_retried_and_counts_once(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection,
-    new_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 11, 1: 12})
@@ -165,8 +202,13 @@ def test_a_task_failing_before_commit_is_retried_and_counts_once(
 
 @pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap"), (25, "overlap")])
 def test_a_gap_or_overlap_found_at_commit_fails_the_batch_and_changes_nothing(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection,
-    new_topic: Callable[..., str], moved_to: int, kind: str,
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    moved_to: int,
+    kind: str,
 ) -> None:
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 10})

@@ -34,10 +34,20 @@ def job_env(**extra: str) -> dict[str, str]:
 
 
 def count_topic_args(kafka: MockKafkaCluster, database_url: str, topic: str, *more: str) -> list[str]:
-    return ["--bootstrap-servers", kafka.bootstrap_servers, "--database-url", database_url, "--topic", topic, *more]
+    return [
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--database-url",
+        database_url,
+        "--topic",
+        topic,
+        *more,
+    ]
 
 
-def run_job(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_job(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, JOB, *args], env=env or job_env(), capture_output=True, text=True, timeout=timeout
     )
@@ -74,7 +84,10 @@ def test_a_restart_reads_its_offsets_from_the_database_only(
 
 
 def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str],
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
     processes: list[subprocess.Popen[str]],
 ) -> None:
     topic = new_topic(4)
@@ -83,13 +96,17 @@ def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
         processes.append(
             subprocess.Popen(
                 [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--once")],
-                env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                env=job_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
             )
         )
     outputs = [p.communicate(timeout=240) for p in processes]
     # Either both succeed (one committed, the other found it already committed), or the
     # later one is refused as an overlap; never is anything counted twice.
-    for p, (_, err) in zip(processes, outputs):
+    for p, (_, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0 or "overlap" in err, err
     assert any(p.returncode == 0 for p in processes)
     assert totals(db, topic) == {topic: 1400}
@@ -97,14 +114,21 @@ def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
 
 
 def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str],
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
     processes: list[subprocess.Popen[str]],
 ) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 10})
     job = subprocess.Popen(
         [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--interval", "0.5")],
-        env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=job_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     processes.append(job)
     produced = 10
@@ -127,13 +151,28 @@ def spark_submit(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Compl
     spark_home = Path(pyspark.__file__).parent
     env = {**env, "SPARK_HOME": str(spark_home)}
     return subprocess.run(
-        [str(spark_home / "bin" / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false", *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=240,
+        [
+            str(spark_home / "bin" / "spark-submit"),
+            "--master",
+            "local[2]",
+            "--conf",
+            "spark.ui.enabled=false",
+            *args,
+        ],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 
 def test_spark_submit_with_txstore_installed(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str], tmp_path: Path
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
 ) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 20, 1: 22})
@@ -144,7 +183,11 @@ def test_spark_submit_with_txstore_installed(
 
 
 def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str], tmp_path: Path
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
 ) -> None:
     # An interpreter with txstore's dependencies but not txstore itself: a venv that
     # sees the test venv's site-packages as a plain path, so its editable txstore
@@ -157,7 +200,10 @@ def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
     python = str(bare / "bin" / "python")
     check = subprocess.run(
         [python, "-c", "import confluent_kafka, psycopg, pyspark; import txstore"],
-        cwd=tmp_path, env=job_env(), capture_output=True, text=True,
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
     )
     assert "No module named 'txstore'" in check.stderr
 
@@ -169,8 +215,12 @@ def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
     produce(kafka.bootstrap_servers, topic, {0: 7, 1: 8})
     env = job_env(PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
     result = spark_submit(
-        "--py-files", str(zip_path), str(job_dir / "count_topic.py"),
-        *count_topic_args(kafka, database_url, topic, "--once"), env=env, cwd=tmp_path,
+        "--py-files",
+        str(zip_path),
+        str(job_dir / "count_topic.py"),
+        *count_topic_args(kafka, database_url, topic, "--once"),
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert totals(db, topic) == {topic: 15}
@@ -197,6 +247,8 @@ def test_an_unreachable_database_is_one_line_without_the_password(kafka: MockKaf
     result = run_job(*count_topic_args(kafka, url, "some-topic", "--once"), timeout=120)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("count_topic: error: cannot connect to PostgreSQL at postgresql://txstore:***@127.0.0.1:1/txstore")
+    assert last.startswith(
+        "count_topic: error: cannot connect to PostgreSQL at postgresql://txstore:***@127.0.0.1:1/txstore"
+    )
     assert "hunter2" not in result.stderr + result.stdout
     assert "Traceback" not in result.stderr

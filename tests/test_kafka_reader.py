@@ -21,16 +21,23 @@ def offsets_read(kafka: MockKafkaCluster, r: OffsetRange, **kwargs: float) -> li
     return got
 
 
-def test_watermarks_cover_every_partition_of_every_topic(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+def test_watermarks_cover_every_partition_of_every_topic(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
     a, b = new_topic(3), new_topic(1)
     produce(kafka.bootstrap_servers, a, {0: 5, 2: 7})
     marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [a, b])
     assert [(m.topic, m.partition, m.low, m.high) for m in marks] == [
-        (a, 0, 0, 5), (a, 1, 0, 0), (a, 2, 0, 7), (b, 0, 0, 0)
+        (a, 0, 0, 5),
+        (a, 1, 0, 0),
+        (a, 2, 0, 7),
+        (b, 0, 0, 0),
     ]
 
 
-def test_reads_exactly_the_range_even_when_the_partition_goes_on(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+def test_reads_exactly_the_range_even_when_the_partition_goes_on(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 100})
     assert offsets_read(kafka, OffsetRange(topic, 0, 10, 60)) == list(range(10, 60))
@@ -38,7 +45,9 @@ def test_reads_exactly_the_range_even_when_the_partition_goes_on(kafka: MockKafk
     assert offsets_read(kafka, OffsetRange(topic, 0, 5, 5)) == []
 
 
-def test_reads_in_batches_no_larger_than_asked(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+def test_reads_in_batches_no_larger_than_asked(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 250})
     reader = RangeReader(client_config(kafka.bootstrap_servers), OffsetRange(topic, 0, 0, 250), batch_size=64)
@@ -48,7 +57,9 @@ def test_reads_in_batches_no_larger_than_asked(kafka: MockKafkaCluster, new_topi
     assert len(sizes) >= 4
 
 
-def test_offsets_with_holes_stop_by_offset_not_by_count(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+def test_offsets_with_holes_stop_by_offset_not_by_count(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
     """Transaction markers leave holes, one of them at the very end of the range."""
     topic = new_topic(1)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}"})
@@ -65,7 +76,9 @@ def test_offsets_with_holes_stop_by_offset_not_by_count(kafka: MockKafkaCluster,
     assert got[-1] < marks.high - 1  # the last offset of the range is a marker, not a message
 
 
-def test_messages_aged_out_by_retention_fail_loudly(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+def test_messages_aged_out_by_retention_fail_loudly(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
     topic = new_topic(1)
     # The broker keeps about 5 MiB per partition: 8 MiB pushes the oldest out.
     produce(kafka.bootstrap_servers, topic, {0: 80}, value=b"x" * 100_000)
@@ -75,12 +88,16 @@ def test_messages_aged_out_by_retention_fail_loudly(kafka: MockKafkaCluster, new
         offsets_read(kafka, OffsetRange(topic, 0, 0, marks.high))
 
 
-def test_a_broker_that_stays_down_ends_the_read_with_a_timeout(kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> None:
+def test_a_broker_that_stays_down_ends_the_read_with_a_timeout(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 10})
     kafka.set_broker_down(1)
     try:
-        with pytest.raises(KafkaReadError, match=r"no data from Kafka .* for 3s while reading .* at offset 0"):
+        with pytest.raises(
+            KafkaReadError, match=r"no data from Kafka .* for 3s while reading .* at offset 0"
+        ):
             offsets_read(kafka, OffsetRange(topic, 0, 0, 10), idle_timeout=3)
     finally:
         kafka.set_broker_up(1)

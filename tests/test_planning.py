@@ -27,17 +27,23 @@ def test_plans_nothing_when_nothing_is_new() -> None:
 
 
 def test_refuses_a_stored_offset_beyond_the_log_end() -> None:
-    with pytest.raises(OffsetOutOfLog, match=r"job 'j' topic 'a' partition 0: stored offset 9 is beyond the log-end offset 4"):
+    with pytest.raises(
+        OffsetOutOfLog, match=r"job 'j' topic 'a' partition 0: stored offset 9 is beyond the log-end offset 4"
+    ):
         plan_ranges("j", {("a", 0): 9}, [marks("a", 0, 0, 4)])
 
 
 def test_refuses_a_stored_offset_below_the_log_start_with_how_many_were_lost() -> None:
-    with pytest.raises(DataLoss, match=r"stored offset 3 is below the log-start offset 10; 7 messages aged out"):
+    with pytest.raises(
+        DataLoss, match=r"stored offset 3 is below the log-start offset 10; 7 messages aged out"
+    ):
         plan_ranges("j", {("a", 0): 3}, [marks("a", 0, 10, 20)])
 
 
 def test_refuses_a_committed_partition_kafka_no_longer_reports() -> None:
-    with pytest.raises(OffsetOutOfLog, match=r"partition 3: stored offset 5 but Kafka no longer has this partition"):
+    with pytest.raises(
+        OffsetOutOfLog, match=r"partition 3: stored offset 5 but Kafka no longer has this partition"
+    ):
         plan_ranges("j", {("a", 0): 0, ("a", 3): 5}, [marks("a", 0, 0, 1)])
 
 
@@ -49,9 +55,18 @@ def test_offset_range_rejects_backwards_ranges() -> None:
 
 @pytest.mark.parametrize(
     ("stored", "expected"),
-    [(20, AlreadyCommitted), (5, OffsetGap), (10 - 1, OffsetGap), (15, OffsetOverlap), (25, OffsetOverlap), (None, OffsetOverlap)],
+    [
+        (20, AlreadyCommitted),
+        (5, OffsetGap),
+        (10 - 1, OffsetGap),
+        (15, OffsetOverlap),
+        (25, OffsetOverlap),
+        (None, OffsetOverlap),
+    ],
 )
-def test_classifies_a_failed_conditional_update_from_the_stored_offset(stored: int | None, expected: type) -> None:
+def test_classifies_a_failed_conditional_update_from_the_stored_offset(
+    stored: int | None, expected: type
+) -> None:
     error = classify_conflict("j", OffsetRange("t", 2, 10, 20), stored)
     assert type(error) is expected
     assert "job 'j' topic 't' partition 2 range 10 -> 20" in str(error)

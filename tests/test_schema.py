@@ -25,7 +25,12 @@ def alembic(*args: str, url: str | None = None) -> subprocess.CompletedProcess[s
     if url:
         env["TXSTORE_DATABASE_URL"] = url
     return subprocess.run(
-        [sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "alembic", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -47,7 +52,9 @@ def test_alembic_upgrade_downgrade_upgrade_from_the_command_line(empty_database_
     assert {"txn_offsets", "txn_data"} <= tables(empty_database_url)
 
 
-def test_autogenerate_finds_no_difference_between_the_tables_and_the_migrated_database(database_url: str) -> None:
+def test_autogenerate_finds_no_difference_between_the_tables_and_the_migrated_database(
+    database_url: str,
+) -> None:
     engine = create_engine(sqlalchemy_url(database_url))
     try:
         with engine.connect() as conn:
@@ -84,7 +91,10 @@ def test_the_code_expects_the_current_alembic_head() -> None:
 
 
 def test_a_missing_schema_is_refused_with_the_command_to_run(empty_database_url: str) -> None:
-    with connect(empty_database_url) as conn, pytest.raises(SchemaMissing, match="run `alembic upgrade head`"):
+    with (
+        connect(empty_database_url) as conn,
+        pytest.raises(SchemaMissing, match="run `alembic upgrade head`"),
+    ):
         check_schema(conn, empty_database_url)
 
 

@@ -18,7 +18,9 @@ from txstore.starting import StartDecision
 
 
 def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
-    offsets = db.execute("SELECT job, topic, part, off, updated_at FROM txn_offsets ORDER BY 1, 2, 3").fetchall()
+    offsets = db.execute(
+        "SELECT job, topic, part, off, updated_at FROM txn_offsets ORDER BY 1, 2, 3"
+    ).fetchall()
     data = db.execute(
         "SELECT job, topic, key, window_start, metric, updated_at FROM txn_data ORDER BY 1, 2, 3 NULLS FIRST, 4"
     ).fetchall()
@@ -30,7 +32,9 @@ def seed(db: psycopg.Connection, job: str, topic: str, offsets: dict[int, int]) 
         store.create_start_rows(conn, job, [StartDecision(topic, p, o, "test") for p, o in offsets.items()])
 
 
-def test_commit_adds_deltas_and_moves_the_offset_in_one_transaction(database_url: str, db: psycopg.Connection) -> None:
+def test_commit_adds_deltas_and_moves_the_offset_in_one_transaction(
+    database_url: str, db: psycopg.Connection
+) -> None:
     seed(db, "j", "t", {0: 0})
     with connect(database_url) as conn:
         sink = TransactionalSink(conn, "j")
@@ -46,7 +50,11 @@ def test_commit_adds_deltas_and_moves_the_offset_in_one_transaction(database_url
     [
         (OffsetRange("t", 0, 0, 10), AlreadyCommitted, "already committed (stored offset 10); skipped"),
         (OffsetRange("t", 0, 12, 20), OffsetGap, "gap, stored offset 10 is below 12"),
-        (OffsetRange("t", 0, 5, 20), OffsetOverlap, "overlap, stored offset 10 does not match the range start"),
+        (
+            OffsetRange("t", 0, 5, 20),
+            OffsetOverlap,
+            "overlap, stored offset 10 does not match the range start",
+        ),
         (OffsetRange("t", 1, 0, 5), OffsetOverlap, "overlap, no offset row does not match"),
     ],
 )
@@ -67,7 +75,9 @@ def test_a_refused_commit_leaves_results_and_offsets_exactly_as_they_were(
 
 
 @pytest.mark.parametrize("point", ["before-upsert", "between-upsert-and-offsets", "before-commit"])
-def test_a_failure_inside_the_transaction_writes_nothing(database_url: str, db: psycopg.Connection, point: str) -> None:
+def test_a_failure_inside_the_transaction_writes_nothing(
+    database_url: str, db: psycopg.Connection, point: str
+) -> None:
     seed(db, "j", "t", {0: 0})
     before = snapshot(db)
     with connect(database_url) as conn:
@@ -84,7 +94,9 @@ def test_a_lost_acknowledgement_then_a_retry_counts_once(database_url: str, db: 
     seed(db, "j", "t", {0: 0})
     with connect(database_url) as conn:
         with pytest.raises(InjectedFailure):
-            TransactionalSink(conn, "j", FailPoints.parse("after-commit")).commit(OffsetRange("t", 0, 0, 7), {TOPIC_TOTAL: 7})
+            TransactionalSink(conn, "j", FailPoints.parse("after-commit")).commit(
+                OffsetRange("t", 0, 0, 7), {TOPIC_TOTAL: 7}
+            )
         with pytest.raises(AlreadyCommitted):
             TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 7), {TOPIC_TOTAL: 7})
     assert [d[:5] for d in snapshot(db)[1]] == [("j", "t", None, None, 7)]
@@ -143,10 +155,16 @@ def test_two_tasks_racing_on_the_same_range_commit_it_once(database_url: str, db
     assert [d[:5] for d in snapshot(db)[1]] == [("j", "t", None, None, 50)]
 
 
-def test_start_rows_are_created_once_when_two_instances_start_together(database_url: str, db: psycopg.Connection) -> None:
+def test_start_rows_are_created_once_when_two_instances_start_together(
+    database_url: str, db: psycopg.Connection
+) -> None:
     with connect(database_url) as a, connect(database_url) as b:
-        won = store.create_start_rows(a, "j", [StartDecision("t", 0, 5, "latest"), StartDecision("t", 1, 0, "e")])
-        lost = store.create_start_rows(b, "j", [StartDecision("t", 0, 9, "latest"), StartDecision("t", 1, 0, "e")])
+        won = store.create_start_rows(
+            a, "j", [StartDecision("t", 0, 5, "latest"), StartDecision("t", 1, 0, "e")]
+        )
+        lost = store.create_start_rows(
+            b, "j", [StartDecision("t", 0, 9, "latest"), StartDecision("t", 1, 0, "e")]
+        )
         assert won == {("t", 0), ("t", 1)}
         assert lost == set()
         assert store.committed_offsets(b, "j", ["t"]) == {("t", 0): 5, ("t", 1): 0}

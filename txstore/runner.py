@@ -26,7 +26,7 @@ def configure_logging(verbose: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("py4j", "alembic"):
+    for noisy in ("py4j", "alembic", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -1,0 +1,68 @@
+"""The quickstart demo on its embedded defaults, and ranges read as DataFrames."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.conftest import REPO
+from txstore.kafka import client_config
+from txstore.ranges import OffsetRange
+from txstore.spark import KAFKA_SOURCE_COLUMNS, read_ranges
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+
+def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TXSTORE_DATABASE_URL"}
+    env["PYSPARK_PYTHON"] = sys.executable
+    result = subprocess.run(
+        [sys.executable, "-m", "txstore.cli", "demo", "--messages", "3000", "--partitions", "3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "run 1: topic demo-events: produced 3000, counted 3000 (exact)" in result.stdout
+    assert "run 2: topic demo-events: produced 4500, counted 4500 (exact)" in result.stdout
+
+
+def test_a_range_reads_as_a_dataframe_with_the_kafka_source_columns(
+    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    when = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    for i in range(6):
+        producer.produce(
+            topic,
+            key=None if i == 0 else f"k{i}".encode(),
+            value=bytes([i, 255]),
+            partition=i % 2,
+            timestamp=when + i,
+            headers=[("h", b"v")] if i == 1 else None,
+        )
+    assert producer.flush(10) == 0
+    ranges = [OffsetRange(topic, 0, 1, 3), OffsetRange(topic, 1, 0, 3)]
+    df = read_ranges(spark, ranges, client_config(kafka.bootstrap_servers))
+    assert tuple(df.columns) == KAFKA_SOURCE_COLUMNS
+    assert df.rdd.getNumPartitions() == 2
+    rows = sorted(df.collect(), key=lambda r: (r.partition, r.offset))
+    assert [(r.partition, r.offset) for r in rows] == [(0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    first = rows[2]  # partition 1, offset 0: message i=1
+    assert first.key == b"k1" and first.value == bytes([1, 255]) and first.topic == topic
+    assert first.timestampType == 0
+    assert first.timestamp.astimezone(timezone.utc) == datetime.fromtimestamp((when + 1) / 1000, timezone.utc)
+    assert [(h.key, h.value) for h in first.headers] == [("h", b"v")]
+    assert df.groupBy("partition").count().orderBy("partition").collect()[1]["count"] == 3
+    assert read_ranges(spark, [], client_config(kafka.bootstrap_servers)).count() == 0
