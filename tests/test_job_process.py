@@ -54,10 +54,24 @@ def run_job(
 
 
 @pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts; killed by pid (with their children) if still running at the end."""
+def start_job() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `python jobs/count_topic.py ARGS` in its own process group; whatever is
+    still running at the end of the test is killed by pid, with its children."""
     started: list[subprocess.Popen[str]] = []
-    yield started
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, JOB, *args],
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
     for p in started:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -88,21 +102,11 @@ def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
     database_url: str,
     db: psycopg.Connection,
     new_topic: Callable[..., str],
-    processes: list[subprocess.Popen[str]],
+    start_job: Callable[..., subprocess.Popen[str]],
 ) -> None:
     topic = new_topic(4)
     produce(kafka.bootstrap_servers, topic, {0: 500, 1: 400, 2: 300, 3: 200})
-    for _ in range(2):
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--once")],
-                env=job_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
+    processes = [start_job(*count_topic_args(kafka, database_url, topic, "--once")) for _ in range(2)]
     outputs = [p.communicate(timeout=240) for p in processes]
     # Either both succeed (one committed, the other found it already committed), or the
     # later one is refused as an overlap; never is anything counted twice.
@@ -118,23 +122,16 @@ def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
     database_url: str,
     db: psycopg.Connection,
     new_topic: Callable[..., str],
-    processes: list[subprocess.Popen[str]],
+    start_job: Callable[..., subprocess.Popen[str]],
 ) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 10})
-    job = subprocess.Popen(
-        [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--interval", "0.5")],
-        env=job_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    processes.append(job)
+    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
     produced = 10
     deadline = time.monotonic() + 120
     for more in ({0: 5, 1: 5}, {1: 30}, {}):
-        produce(kafka.bootstrap_servers, topic, more) if more else None
+        if more:
+            produce(kafka.bootstrap_servers, topic, more)
         produced += sum(more.values())
         while totals(db, topic)[topic] != produced and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.3)

@@ -168,3 +168,19 @@ def test_start_rows_are_created_once_when_two_instances_start_together(
         assert won == {("t", 0), ("t", 1)}
         assert lost == set()
         assert store.committed_offsets(b, "j", ["t"]) == {("t", 0): 5, ("t", 1): 0}
+
+
+def test_a_worker_reuses_its_connection_and_replaces_one_the_server_closed(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    from txstore.db import forget_worker_connection, worker_connection
+
+    first = worker_connection(database_url)
+    try:
+        assert worker_connection(database_url) is first
+        db.execute("SELECT pg_terminate_backend(%s)", (first.info.backend_pid,))
+        replaced = worker_connection(database_url)
+        assert replaced is not first
+        assert replaced.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        forget_worker_connection(database_url)

@@ -36,7 +36,9 @@ def spark_session(app_name: str) -> object:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = SparkSession.builder.appName(app_name).getOrCreate()
+    session = (
+        SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    )
     session.sparkContext.setLogLevel("WARN")
     return session
 
