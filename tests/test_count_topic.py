@@ -223,3 +223,22 @@ def test_a_gap_or_overlap_found_at_commit_fails_the_batch_and_changes_nothing(
         job.execute(planned)
     assert totals(db, topic) == {topic: 10}
     assert offsets(db, topic) == {0: moved_to}
+
+
+def test_a_partition_added_after_the_first_run_is_counted_from_its_earliest_offset(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(4)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5, 2: 5, 3: 5})
+    latest = parse_starting_offsets("latest")
+    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
+    # The job knew only partitions 0 and 1 (as if 2 and 3 were added later).
+    db.execute("DELETE FROM txn_offsets WHERE topic = %s AND part >= 2", (topic,))
+    produce(kafka.bootstrap_servers, topic, {0: 1, 3: 2})
+    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
+    assert totals(db, topic) == {topic: 1 + 5 + 7}
+    assert offsets(db, topic) == log_ends(kafka, topic)

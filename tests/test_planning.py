@@ -131,3 +131,11 @@ def test_fail_points_parse_and_fire_only_where_enabled() -> None:
         points.hit("before-upsert", attempt=3)
     with pytest.raises(ValueError):
         FailPoints.parse("nowhere")
+
+
+def test_a_partition_new_to_a_started_topic_starts_at_earliest_whatever_the_starting_offsets() -> None:
+    new = [marks("t", 4, 2, 30), marks("u", 0, 3, 9)]
+    decisions = resolve_starting_offsets(parse_starting_offsets("latest"), new, [m.key for m in new], {"t"})
+    assert [(d.topic, d.partition, d.offset) for d in decisions] == [("t", 4, 2), ("u", 0, 9)]
+    assert decisions[0].reason == "earliest (new partition of a started topic)"
+    assert decisions[1].reason == "latest (--starting-offsets)"

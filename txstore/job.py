@@ -100,7 +100,9 @@ class TransactionalJob:
             watermarks = fetch_watermarks(s.kafka_conf, s.topics)
             committed = store.committed_offsets(conn, s.job, s.topics)
             new = [w for w in watermarks if w.key not in committed]
-            decisions = resolve_starting_offsets(s.starting_offsets, new, [w.key for w in watermarks])
+            decisions = resolve_starting_offsets(
+                s.starting_offsets, new, [w.key for w in watermarks], {topic for topic, _ in committed}
+            )
             if decisions:
                 created = store.create_start_rows(conn, s.job, decisions)
                 for d in decisions:

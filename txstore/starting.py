@@ -10,7 +10,7 @@ says which start where so the job can log it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from txstore.errors import ConfigError
@@ -86,6 +86,7 @@ def resolve_starting_offsets(
     starting: StartingOffsets,
     new_partitions: Iterable[PartitionWatermarks],
     known_partitions: Iterable[TopicPartition],
+    started_topics: Collection[str] = (),
 ) -> list[StartDecision]:
     """Decide a start offset for each partition that has no committed row.
 
@@ -93,6 +94,11 @@ def resolve_starting_offsets(
     JSON naming any other partition is refused rather than ignored. An explicit
     offset outside what Kafka holds is refused too: it would silently skip or
     invent messages.
+
+    ``--starting-offsets`` is for a job's first run on a topic. A partition
+    that appears later in a topic the job already reads (``started_topics``)
+    starts at earliest, as in Spark's Kafka source: starting it at latest
+    would silently skip whatever was written to it before the job noticed it.
     """
     known = set(known_partitions)
     unknown = sorted(k for k in starting.specific if k not in known)
@@ -104,6 +110,13 @@ def resolve_starting_offsets(
         )
     decisions = []
     for marks in sorted(new_partitions, key=lambda m: m.key):
+        if marks.topic in started_topics:
+            decisions.append(
+                StartDecision(
+                    marks.topic, marks.partition, marks.low, "earliest (new partition of a started topic)"
+                )
+            )
+            continue
         chosen = starting.specific.get(marks.key)
         source = (
             "--starting-offsets JSON"
