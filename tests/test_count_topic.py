@@ -242,3 +242,24 @@ def test_a_partition_added_after_the_first_run_is_counted_from_its_earliest_offs
     job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
     assert totals(db, topic) == {topic: 1 + 5 + 7}
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 300, 1: 100, 2: 0})
+    sizes = []
+    for _ in range(10):
+        report = job_for(spark, kafka, database_url, topic, max_offsets_per_batch=120).run_batch()
+        if not report.ranges:
+            break
+        sizes.append({r.range.partition: r.messages for r in report.ranges})
+    assert sizes[0] == {0: 90, 1: 30}
+    assert all(sum(s.values()) <= 120 for s in sizes)
+    assert totals(db, topic) == {topic: 400}
+    assert offsets(db, topic) == log_ends(kafka, topic)

@@ -7,7 +7,7 @@ import pytest
 from txstore.db import libpq_url, redact, sqlalchemy_url
 from txstore.errors import AlreadyCommitted, ConfigError, DataLoss, OffsetGap, OffsetOutOfLog, OffsetOverlap
 from txstore.failpoints import FailPoints, InjectedFailure
-from txstore.ranges import OffsetRange, PartitionWatermarks, plan_ranges
+from txstore.ranges import OffsetRange, PartitionWatermarks, limit_ranges, plan_ranges
 from txstore.sink import classify_conflict
 from txstore.starting import EARLIEST, LATEST, parse_starting_offsets, resolve_starting_offsets
 
@@ -139,3 +139,16 @@ def test_a_partition_new_to_a_started_topic_starts_at_earliest_whatever_the_star
     assert [(d.topic, d.partition, d.offset) for d in decisions] == [("t", 4, 2), ("u", 0, 9)]
     assert decisions[0].reason == "earliest (new partition of a started topic)"
     assert decisions[1].reason == "latest (--starting-offsets)"
+
+
+def test_the_rate_limit_splits_a_batch_by_backlog_and_keeps_ranges_contiguous() -> None:
+    ranges = [OffsetRange("t", 0, 100, 1100), OffsetRange("t", 1, 0, 3000), OffsetRange("t", 2, 50, 51)]
+    limited = limit_ranges(ranges, 400)
+    # 400 * 1000/4001 = 99.97 -> 99; 400 * 3000/4001 = 299.9 -> 299; 0.09 -> at least 1.
+    assert limited == [
+        OffsetRange("t", 0, 100, 199),
+        OffsetRange("t", 1, 0, 299),
+        OffsetRange("t", 2, 50, 51),
+    ]
+    assert limit_ranges(ranges, 10_000) == ranges
+    assert limit_ranges(ranges, None) == ranges

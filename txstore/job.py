@@ -30,7 +30,7 @@ from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError
 from txstore.failpoints import FailPoints
 from txstore.kafka import client_config, fetch_watermarks
 from txstore.migrate import check_schema
-from txstore.ranges import OffsetRange, plan_ranges
+from txstore.ranges import OffsetRange, limit_ranges, plan_ranges
 from txstore.spark import run_ranges, spark_failure_reason
 from txstore.starting import StartingOffsets, resolve_starting_offsets
 from txstore.task import ALREADY_COMMITTED, REFUSED, Aggregate, RangeReport, RangeTask
@@ -49,6 +49,7 @@ class JobSettings:
     starting_offsets: StartingOffsets = field(default_factory=StartingOffsets)
     kafka_options: Mapping[str, str] = field(default_factory=dict)
     interval: float | None = None  # None: one batch (--once)
+    max_offsets_per_batch: int | None = None
     max_batch_failures: int = 3
 
     @property
@@ -93,7 +94,7 @@ class TransactionalJob:
 
     # -- planning ---------------------------------------------------------------
     def plan(self) -> list[OffsetRange]:
-        """Steps 1-4: the ranges the next batch must commit."""
+        """Steps 1-4: the ranges the next batch must commit (capped by ``max_offsets_per_batch``)."""
         s = self.settings
         try:
             conn = self._connection()
@@ -111,7 +112,7 @@ class TransactionalJob:
                     else:
                         log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
                 committed = store.committed_offsets(conn, s.job, s.topics)
-            return plan_ranges(s.job, committed, watermarks)
+            return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
         except psycopg.Error as e:
             self.close()
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -71,6 +71,12 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="librdkafka setting for the Kafka clients (TLS, SASL); repeatable",
     )
     parser.add_argument(
+        "--max-offsets-per-batch",
+        type=int,
+        metavar="N",
+        help="cap a batch at about N offsets, split across partitions by backlog (Spark's maxOffsetsPerTrigger)",
+    )
+    parser.add_argument(
         "--max-batch-failures",
         type=int,
         default=3,
@@ -86,6 +92,8 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
     if args.interval is not None and not args.interval > 0:
         raise ConfigError(f"--interval must be a number of seconds above 0, got {args.interval:g}")
+    if args.max_offsets_per_batch is not None and args.max_offsets_per_batch < 1:
+        raise ConfigError(f"--max-offsets-per-batch must be at least 1, got {args.max_offsets_per_batch}")
     if args.max_batch_failures < 1:
         raise ConfigError("--max-batch-failures must be at least 1")
     topics = tuple(dict.fromkeys(t.strip() for t in args.topics))
@@ -101,5 +109,6 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         starting_offsets=parse_starting_offsets(args.starting_offsets),
         kafka_options=dict(args.kafka_options),
         interval=args.interval,
+        max_offsets_per_batch=args.max_offsets_per_batch,
         max_batch_failures=args.max_batch_failures,
     )

@@ -11,7 +11,8 @@ Everything here is pure: no Kafka, Spark or database is needed to test it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from txstore.errors import DataLoss, OffsetOutOfLog
@@ -113,3 +114,25 @@ def plan_ranges(
         if stored < marks.high:
             ranges.append(OffsetRange(topic, partition, stored, marks.high))
     return ranges
+
+
+def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list[OffsetRange]:
+    """Cap a batch at about ``max_offsets`` offsets, split in proportion to backlog.
+
+    Spark's ``maxOffsetsPerTrigger`` semantics: each range keeps
+    ``max_offsets * size / total`` offsets, rounded down, except that a share
+    below one is rounded up so no partition with a backlog starves. Each range
+    is cut at its end only, so the next batch continues exactly where this
+    one stopped.
+    """
+    total = sum(r.size for r in ranges)
+    if max_offsets is None or total <= max_offsets:
+        return list(ranges)
+    limited = []
+    for r in ranges:
+        share = max_offsets * r.size / total
+        take = math.ceil(share) if share < 1 else math.floor(share)
+        limited.append(
+            OffsetRange(r.topic, r.partition, r.from_offset, min(r.until_offset, r.from_offset + take))
+        )
+    return limited
