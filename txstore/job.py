@@ -4,7 +4,8 @@ A batch:
 
 1. read the job's committed offsets from ``txn_offsets`` (never from Spark
    checkpoints);
-2. ask Kafka for every partition's watermarks;
+2. ask Kafka for every partition's watermarks (after step 1, so that an
+   offset another instance commits meanwhile is never above them);
 3. give partitions without a row their starting offset (``INSERT .. ON
    CONFLICT DO NOTHING``, then re-read, so concurrent starters agree);
 4. plan one range per partition with new data; none means no Spark job;
@@ -98,8 +99,11 @@ class TransactionalJob:
         s = self.settings
         try:
             conn = self._connection()
-            watermarks = fetch_watermarks(s.kafka_conf, s.topics)
+            # Offsets first, watermarks after: then every legitimately committed
+            # offset is at or below the log end we plan with, even while another
+            # instance of the job commits in between.
             committed = store.committed_offsets(conn, s.job, s.topics)
+            watermarks = fetch_watermarks(s.kafka_conf, s.topics)
             new = [w for w in watermarks if w.key not in committed]
             decisions = resolve_starting_offsets(
                 s.starting_offsets, new, [w.key for w in watermarks], {topic for topic, _ in committed}
@@ -112,6 +116,7 @@ class TransactionalJob:
                     else:
                         log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
                 committed = store.committed_offsets(conn, s.job, s.topics)
+                watermarks = fetch_watermarks(s.kafka_conf, s.topics)
             return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
         except psycopg.Error as e:
             self.close()
