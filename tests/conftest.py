@@ -40,18 +40,21 @@ def _migrate_template(dbname: str, **_connection: Any) -> None:
     upgrade(pg_url(dbname))
 
 
+# Database names carry the pid, so two test runs against one server never collide.
+_RUN = os.getpid()
+
 postgresql_migrated_proc = factories.postgresql_noproc(
     host=PG_HOST,
     port=PG_PORT,
     user=PG_USER,
     password=PG_PASSWORD,
-    dbname="txstore_test",
+    dbname=f"txstore_test_{_RUN}",
     load=[_migrate_template],
 )
 postgresql_migrated = factories.postgresql("postgresql_migrated_proc")
 
 postgresql_empty_proc = factories.postgresql_noproc(
-    host=PG_HOST, port=PG_PORT, user=PG_USER, password=PG_PASSWORD, dbname="txstore_empty"
+    host=PG_HOST, port=PG_PORT, user=PG_USER, password=PG_PASSWORD, dbname=f"txstore_empty_{_RUN}"
 )
 postgresql_empty = factories.postgresql("postgresql_empty_proc")
 
