@@ -119,6 +119,20 @@ def produce(
     assert len(delivered) == sum(counts.values())
 
 
+def produce_in_transactions(
+    bootstrap: str, topic: str, transactions: int, per_transaction: int, partitions: int
+) -> None:
+    """Committed transactions of ``per_transaction`` messages, spread round-robin over
+    ``partitions``: each commit marker takes an offset, leaving holes in every partition."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(10)
+    for _ in range(transactions):
+        producer.begin_transaction()
+        for i in range(per_transaction):
+            producer.produce(topic, value=b"x", partition=i % partitions)
+        producer.commit_transaction(10)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """Spark local mode with 2 cores and up to 4 attempts per task (so retries are real)."""

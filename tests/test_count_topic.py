@@ -8,9 +8,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
 
-from tests.conftest import produce
+from tests.conftest import produce, produce_in_transactions
 from txstore import store
 from txstore.count_topic import count_messages
 from txstore.errors import BatchFailed
@@ -114,13 +113,7 @@ def test_a_partition_whose_offsets_have_holes_is_counted_exactly(
     new_topic: Callable[..., str],
 ) -> None:
     topic = new_topic(2)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}"})
-    producer.init_transactions(10)
-    for _ in range(5):
-        producer.begin_transaction()
-        for i in range(6):
-            producer.produce(topic, value=b"x", partition=i % 2)
-        producer.commit_transaction(10)
+    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=5, per_transaction=6, partitions=2)
     job_for(spark, kafka, database_url, topic).run_batch()
     assert totals(db, topic) == {topic: 30}
     ends = log_ends(kafka, topic)

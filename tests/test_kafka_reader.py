@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Producer
 
-from tests.conftest import produce
+from tests.conftest import produce, produce_in_transactions
 from txstore.errors import DataLoss, KafkaReadError
 from txstore.kafka import RangeReader, client_config, fetch_watermarks
 from txstore.ranges import OffsetRange
@@ -62,13 +61,7 @@ def test_offsets_with_holes_stop_by_offset_not_by_count(
 ) -> None:
     """Transaction markers leave holes, one of them at the very end of the range."""
     topic = new_topic(1)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}"})
-    producer.init_transactions(10)
-    for _ in range(3):
-        producer.begin_transaction()
-        for _ in range(4):
-            producer.produce(topic, value=b"x", partition=0)
-        producer.commit_transaction(10)
+    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=4, partitions=1)
     marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
     assert marks.high > 12  # 12 messages plus markers
     got = offsets_read(kafka, OffsetRange(topic, 0, 0, marks.high), idle_timeout=5)
