@@ -15,7 +15,7 @@ import re
 import psycopg
 from sqlalchemy.engine import URL, make_url
 
-from txstore.errors import ConfigError, DatabaseUnavailable
+from txstore.errors import ConfigError, DatabaseUnavailable, first_line
 
 DATABASE_URL_ENV = "TXSTORE_DATABASE_URL"
 CONNECT_TIMEOUT_SECONDS = 10
@@ -54,11 +54,6 @@ def redact(url: str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     """Open a connection with a connect timeout; failures become one redacted line."""
     conninfo = libpq_url(url)
@@ -69,11 +64,11 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
         return psycopg.connect(conninfo, **kwargs)  # type: ignore[arg-type]
     except psycopg.OperationalError as e:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact(url)}: {_first_line(e)}; "
+            f"cannot connect to PostgreSQL at {redact(url)}: {first_line(e)}; "
             f"check --database-url / {DATABASE_URL_ENV} and that the server is up"
         ) from None
     except psycopg.ProgrammingError as e:
-        raise ConfigError(f"database URL {redact(url)} is malformed: {_first_line(e)}") from None
+        raise ConfigError(f"database URL {redact(url)} is malformed: {first_line(e)}") from None
 
 
 _worker_connections: dict[str, psycopg.Connection] = {}

@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from txstore.ranges import OffsetRange
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text (its type name if it has none), for one-line reports."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class TxstoreError(Exception):
     """Base class: ``str(error)`` is the one-line reason the CLI prints.
 

@@ -27,7 +27,7 @@ import psycopg
 
 from txstore import store
 from txstore.db import connect
-from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError
+from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError, first_line
 from txstore.failpoints import FailPoints
 from txstore.kafka import client_config, fetch_watermarks
 from txstore.migrate import check_schema
@@ -120,8 +120,9 @@ class TransactionalJob:
             return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
         except psycopg.Error as e:
             self.close()
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise DatabaseUnavailable(f"planning job {s.job!r} failed in PostgreSQL: {first}") from None
+            raise DatabaseUnavailable(
+                f"planning job {s.job!r} failed in PostgreSQL: {first_line(e)}"
+            ) from None
 
     # -- one batch --------------------------------------------------------------
     def run_batch(self) -> BatchReport:

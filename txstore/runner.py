@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from txstore.errors import TxstoreError
+from txstore.errors import TxstoreError, first_line
 from txstore.job import JobSettings, TransactionalJob, stop_on_signals
 from txstore.options import add_job_options, job_settings
 from txstore.task import Aggregate
@@ -76,9 +76,8 @@ def run_job_main(
     except Exception as e:
         if args.verbose:
             log.exception("failed")
-        first = (str(e).strip().splitlines() or [""])[0][:500]
         print(
-            f"{prog}: error: {type(e).__name__}: {first} (rerun with --verbose for a traceback)",
+            f"{prog}: error: {type(e).__name__}: {first_line(e)[:500]} (rerun with --verbose for a traceback)",
             file=sys.stderr,
         )
         return 1

@@ -22,7 +22,14 @@ import psycopg
 from confluent_kafka import Message
 
 from txstore.db import forget_worker_connection, redact, worker_connection
-from txstore.errors import AlreadyCommitted, DatabaseUnavailable, DataLoss, OffsetGap, OffsetOverlap
+from txstore.errors import (
+    AlreadyCommitted,
+    DatabaseUnavailable,
+    DataLoss,
+    OffsetGap,
+    OffsetOverlap,
+    first_line,
+)
 from txstore.failpoints import FailPoints
 from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange
@@ -87,10 +94,9 @@ class RangeTask:
             return RangeReport(offset_range, REFUSED, reader.messages, error=str(e))
         except psycopg.Error as e:
             forget_worker_connection(self.database_url)
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise DatabaseUnavailable(
                 f"committing {offset_range} for job {self.job!r} failed at "
-                f"{redact(self.database_url)}: {first}; nothing was committed for this range"
+                f"{redact(self.database_url)}: {first_line(e)}; nothing was committed for this range"
             ) from None
         finished = time.perf_counter()
         return RangeReport(
