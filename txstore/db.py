@@ -87,8 +87,8 @@ def worker_connection(url: str) -> psycopg.Connection:
         try:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
+            # Left open: the task's commit transaction simply starts here.
             conn.execute("SELECT 1")
-            conn.rollback()
             return conn
         except psycopg.Error:
             forget_worker_connection(url)
