@@ -47,6 +47,7 @@ def test_alembic_upgrade_downgrade_upgrade_from_the_command_line(empty_database_
     down = alembic("downgrade", "base", url=empty_database_url)
     assert down.returncode == 0, down.stderr
     assert tables(empty_database_url) == {"alembic_version"}
+    assert "txn_lost_ranges" not in tables(empty_database_url)
     again = alembic("upgrade", "head", url=empty_database_url)
     assert again.returncode == 0, again.stderr
     assert {"txn_offsets", "txn_data"} <= tables(empty_database_url)

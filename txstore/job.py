@@ -30,8 +30,16 @@ from txstore.db import connect
 from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError, first_line
 from txstore.failpoints import FailPoints
 from txstore.kafka import client_config, fetch_watermarks
+from txstore.locks import hold_job_lock
 from txstore.migrate import check_schema
-from txstore.ranges import OffsetRange, limit_ranges, plan_ranges
+from txstore.ranges import (
+    OffsetRange,
+    PartitionWatermarks,
+    TopicPartition,
+    aged_out,
+    limit_ranges,
+    plan_ranges,
+)
 from txstore.spark import run_ranges, spark_failure_reason
 from txstore.starting import StartingOffsets, resolve_starting_offsets
 from txstore.task import ALREADY_COMMITTED, REFUSED, Aggregate, RangeReport, RangeTask
@@ -51,6 +59,7 @@ class JobSettings:
     kafka_options: Mapping[str, str] = field(default_factory=dict)
     interval: float | None = None  # None: one batch (--once)
     max_offsets_per_batch: int | None = None
+    fail_on_data_loss: bool = True
     max_batch_failures: int = 3
 
     @property
@@ -86,6 +95,7 @@ class TransactionalJob:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = connect(self.settings.database_url)
             check_schema(self._conn, self.settings.database_url)
+            hold_job_lock(self._conn, self.settings.job)
         return self._conn
 
     def close(self) -> None:
@@ -99,30 +109,74 @@ class TransactionalJob:
         s = self.settings
         try:
             conn = self._connection()
-            # Offsets first, watermarks after: then every legitimately committed
-            # offset is at or below the log end we plan with, even while another
-            # instance of the job commits in between.
-            committed = store.committed_offsets(conn, s.job, s.topics)
-            watermarks = fetch_watermarks(s.kafka_conf, s.topics)
-            new = [w for w in watermarks if w.key not in committed]
-            decisions = resolve_starting_offsets(
-                s.starting_offsets, new, [w.key for w in watermarks], {topic for topic, _ in committed}
-            )
-            if decisions:
-                created = store.create_start_rows(conn, s.job, decisions)
-                for d in decisions:
-                    if (d.topic, d.partition) in created:
-                        log.info("job %s: %s/%d starts at %s", s.job, d.topic, d.partition, d.reason)
-                    else:
-                        log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
-                committed = store.committed_offsets(conn, s.job, s.topics)
-                watermarks = fetch_watermarks(s.kafka_conf, s.topics)
+            committed, watermarks = self._state(conn)
+            if self._start_new_partitions(conn, committed, watermarks) or self._skip_lost(
+                conn, committed, watermarks
+            ):
+                committed, watermarks = self._state(conn)
             return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
         except psycopg.Error as e:
             self.close()
             raise DatabaseUnavailable(
                 f"planning job {s.job!r} failed in PostgreSQL: {first_line(e)}"
             ) from None
+
+    def _state(self, conn: psycopg.Connection) -> tuple[dict[TopicPartition, int], list[PartitionWatermarks]]:
+        # Offsets first, watermarks after: then every legitimately committed
+        # offset is at or below the log end we plan with, even while another
+        # instance of the job commits in between.
+        s = self.settings
+        committed = store.committed_offsets(conn, s.job, s.topics)
+        return committed, fetch_watermarks(s.kafka_conf, s.topics)
+
+    def _start_new_partitions(
+        self,
+        conn: psycopg.Connection,
+        committed: dict[TopicPartition, int],
+        watermarks: list[PartitionWatermarks],
+    ) -> bool:
+        """Step 3; True if rows were created (or found created by another instance)."""
+        s = self.settings
+        new = [w for w in watermarks if w.key not in committed]
+        decisions = resolve_starting_offsets(
+            s.starting_offsets, new, [w.key for w in watermarks], {topic for topic, _ in committed}
+        )
+        if not decisions:
+            return False
+        created = store.create_start_rows(conn, s.job, decisions)
+        for d in decisions:
+            if (d.topic, d.partition) in created:
+                log.info("job %s: %s/%d starts at %s", s.job, d.topic, d.partition, d.reason)
+            else:
+                log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
+        return True
+
+    def _skip_lost(
+        self,
+        conn: psycopg.Connection,
+        committed: dict[TopicPartition, int],
+        watermarks: list[PartitionWatermarks],
+    ) -> bool:
+        """With ``fail_on_data_loss`` off: move past aged-out offsets, recording them.
+
+        With it on, the planner refuses them instead (:class:`DataLoss`).
+        """
+        s = self.settings
+        lost = [] if s.fail_on_data_loss else aged_out(committed, watermarks)
+        if not lost:
+            return False
+        for r in store.record_lost_ranges(conn, s.job, lost):
+            log.warning(
+                "job %s: %s/%d: offsets %d -> %d (%d messages) aged out of Kafka before they were "
+                "counted; skipped and recorded in txn_lost_ranges (--fail-on-data-loss false)",
+                s.job,
+                r.topic,
+                r.partition,
+                r.from_offset,
+                r.until_offset,
+                r.size,
+            )
+        return True
 
     # -- one batch --------------------------------------------------------------
     def run_batch(self) -> BatchReport:
@@ -153,7 +207,12 @@ class TransactionalJob:
         self._log(report)
         refused = [r for r in report.ranges if r.outcome == REFUSED]
         if refused:
-            raise BatchFailed(refused[0].error or f"range {refused[0].range} was refused", transient=False)
+            # Messages that aged out after planning: with --fail-on-data-loss false the
+            # next batch's planning records and skips them, so retrying helps.
+            transient = not s.fail_on_data_loss and all(r.error_kind == "DataLoss" for r in refused)
+            raise BatchFailed(
+                refused[0].error or f"range {refused[0].range} was refused", transient=transient
+            )
         return report
 
     def _log(self, report: BatchReport) -> None:

@@ -19,6 +19,13 @@ def _key_value(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value == "true"
+
+
 def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
     """Add the flags every txstore job takes."""
     parser.add_argument(
@@ -77,6 +84,14 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="cap a batch at about N offsets, split across partitions by backlog (Spark's maxOffsetsPerTrigger)",
     )
     parser.add_argument(
+        "--fail-on-data-loss",
+        type=_boolean,
+        default=True,
+        metavar="true|false",
+        help="messages that aged out of Kafka before they were counted stop the job (true, the default), "
+        "or are skipped and recorded in txn_lost_ranges with a warning (false)",
+    )
+    parser.add_argument(
         "--max-batch-failures",
         type=int,
         default=3,
@@ -110,5 +125,6 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         kafka_options=dict(args.kafka_options),
         interval=args.interval,
         max_offsets_per_batch=args.max_offsets_per_batch,
+        fail_on_data_loss=args.fail_on_data_loss,
         max_batch_failures=args.max_batch_failures,
     )

@@ -12,6 +12,7 @@ Everything here is pure: no Kafka, Spark or database is needed to test it.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -90,8 +91,8 @@ def plan_ranges(
             topic, partition = key
             raise OffsetOutOfLog(
                 f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} but "
-                "Kafka no longer has this partition; was the topic recreated with fewer "
-                "partitions? Delete or fix this row in txn_offsets, then rerun."
+                "Kafka no longer has this partition (topic deleted, or recreated with fewer partitions); "
+                f"to drop its offset: {reset_command(job, topic, partition, '--forget')}"
             )
     ranges = []
     for key, marks in sorted(reported.items()):
@@ -102,18 +103,48 @@ def plan_ranges(
         if stored > marks.high:
             raise OffsetOutOfLog(
                 f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
-                f"beyond the log-end offset {marks.high}; was the topic deleted and recreated? "
-                "Fix this row in txn_offsets, then rerun."
+                f"beyond the log-end offset {marks.high} (topic deleted and recreated, or an unclean "
+                f"leader election); to start over from its earliest offset: "
+                f"{reset_command(job, topic, partition, '--to-earliest')}"
             )
         if stored < marks.low:
             raise DataLoss(
                 f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
                 f"below the log-start offset {marks.low}; {marks.low - stored} messages aged out "
-                "of Kafka before they were counted."
+                "of Kafka before they were counted. To skip them and record the loss in "
+                "txn_lost_ranges, rerun with --fail-on-data-loss false"
             )
         if stored < marks.high:
             ranges.append(OffsetRange(topic, partition, stored, marks.high))
     return ranges
+
+
+def reset_command(job: str, topic: str, partition: int, target: str) -> str:
+    """The exact ``txstore reset`` command line an error message suggests."""
+    return " ".join(
+        [
+            "txstore reset",
+            "--job",
+            shlex.quote(job),
+            "--topic",
+            shlex.quote(topic),
+            "--partition",
+            str(partition),
+            target,
+            "--execute",
+        ]
+    )
+
+
+def aged_out(
+    committed: Mapping[TopicPartition, int], watermarks: Iterable[PartitionWatermarks]
+) -> list[OffsetRange]:
+    """The offsets the job still had to count that Kafka no longer holds, per partition."""
+    return [
+        OffsetRange(w.topic, w.partition, committed[w.key], w.low)
+        for w in sorted(watermarks, key=lambda w: w.key)
+        if w.key in committed and committed[w.key] < w.low
+    ]
 
 
 def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list[OffsetRange]:

@@ -62,3 +62,18 @@ txn_data = Table(
     UniqueConstraint("job", "topic", "key", "window_start", postgresql_nulls_not_distinct=True),
     comment="Aggregated results of txstore jobs, committed with their offsets.",
 )
+
+txn_lost_ranges = Table(
+    "txn_lost_ranges",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("job", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("part", Integer, nullable=False),
+    # Offsets [from_off, until_off) aged out of Kafka before the job counted them.
+    Column("from_off", BigInteger, nullable=False),
+    Column("until_off", BigInteger, nullable=False),
+    Column("detected_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("id"),
+    comment="Offset ranges a job skipped with --fail-on-data-loss false, recorded with the offset move.",
+)

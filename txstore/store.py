@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import psycopg
 
-from txstore.ranges import TopicPartition
+from txstore.ranges import OffsetRange, TopicPartition
 from txstore.starting import StartDecision
 
 
@@ -62,3 +62,35 @@ def topic_totals(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> d
         found: dict[str, int] = dict(cur.fetchall())
     conn.commit()
     return {topic: int(found.get(topic, 0)) for topic in topics}
+
+
+def record_lost_ranges(conn: psycopg.Connection, job: str, lost: Sequence[OffsetRange]) -> list[OffsetRange]:
+    """Move each partition's offset past its aged-out range and record the range, atomically.
+
+    One statement: the offset moves only from exactly ``from`` (so a concurrent
+    instance's commit is never overwritten), and a range is recorded in
+    ``txn_lost_ranges`` only if its offset moved. Returns the recorded ranges.
+    """
+    if not lost:
+        return []
+    with conn.cursor() as cur:
+        cur.execute(
+            "WITH lost AS (SELECT * FROM unnest(%(topics)s::text[], %(parts)s::int[], %(froms)s::bigint[], "
+            "    %(untils)s::bigint[]) AS l(topic, part, from_off, until_off)), "
+            "moved AS (UPDATE txn_offsets o SET off = l.until_off, updated_at = now() FROM lost l "
+            "    WHERE o.job = %(job)s AND o.topic = l.topic AND o.part = l.part AND o.off = l.from_off "
+            "    RETURNING o.topic, o.part, l.from_off, l.until_off) "
+            "INSERT INTO txn_lost_ranges (job, topic, part, from_off, until_off) "
+            "SELECT %(job)s, topic, part, from_off, until_off FROM moved "
+            "RETURNING topic, part, from_off, until_off",
+            {
+                "job": job,
+                "topics": [r.topic for r in lost],
+                "parts": [r.partition for r in lost],
+                "froms": [r.from_offset for r in lost],
+                "untils": [r.until_offset for r in lost],
+            },
+        )
+        recorded = sorted(OffsetRange(t, p, f, u) for t, p, f, u in cur.fetchall())
+    conn.commit()
+    return recorded

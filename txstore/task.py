@@ -53,6 +53,7 @@ class RangeReport:
     read_ms: float = 0.0
     commit_ms: float = 0.0
     error: str | None = None
+    error_kind: str | None = None  # the error class name, e.g. "DataLoss"
 
 
 def task_attempt() -> int:
@@ -82,7 +83,7 @@ class RangeTask:
         try:
             deltas = self.aggregate(offset_range, reader)
         except DataLoss as e:
-            return RangeReport(offset_range, REFUSED, reader.messages, error=str(e))
+            return RangeReport(offset_range, REFUSED, reader.messages, error=str(e), error_kind="DataLoss")
         read_done = time.perf_counter()
         try:
             conn = worker_connection(self.database_url)
@@ -91,7 +92,9 @@ class RangeTask:
         except AlreadyCommitted:
             outcome = ALREADY_COMMITTED
         except (OffsetGap, OffsetOverlap) as e:
-            return RangeReport(offset_range, REFUSED, reader.messages, error=str(e))
+            return RangeReport(
+                offset_range, REFUSED, reader.messages, error=str(e), error_kind=type(e).__name__
+            )
         except psycopg.Error as e:
             forget_worker_connection(self.database_url)
             raise DatabaseUnavailable(
