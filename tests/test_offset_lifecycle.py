@@ -1,0 +1,142 @@
+"""Offsets Kafka no longer has: retention loss, recreated topics, vanished partitions, two jobs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import produce
+from tests.test_count_topic import job_for, log_ends, offsets, totals
+from txstore.errors import DataLoss, OffsetOutOfLog
+from txstore.kafka import client_config, fetch_watermarks
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+
+def fall_behind_retention(kafka: MockKafkaCluster, topic: str) -> tuple[int, int]:
+    """Produce ~8 MiB to partition 0: the test broker keeps ~5 MiB, so the oldest age out."""
+    produce(kafka.bootstrap_servers, topic, {0: 80}, value=b"x" * 100_000)
+    marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
+    assert marks.low > 3
+    return marks.low, marks.high
+
+
+def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
+    return (
+        db.execute("SELECT * FROM txn_offsets ORDER BY topic, part").fetchall(),
+        db.execute("SELECT * FROM txn_data ORDER BY topic").fetchall(),
+    )
+
+
+def test_retention_loss_stops_the_job_by_default_with_how_many_were_lost(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
+    job_for(spark, kafka, database_url, topic).run_batch()
+    low, _ = fall_behind_retention(kafka, topic)
+    before = snapshot(db)
+    with pytest.raises(DataLoss) as raised:
+        job_for(spark, kafka, database_url, topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset {low}; "
+        f"{low - 3} messages aged out of Kafka before they were counted. To skip them and record the loss "
+        "in txn_lost_ranges, rerun with --fail-on-data-loss false"
+    )
+    assert snapshot(db) == before
+
+
+def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lost_range(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
+    job_for(spark, kafka, database_url, topic).run_batch()
+    low, high = fall_behind_retention(kafka, topic)
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        job_for(spark, kafka, database_url, topic, fail_on_data_loss=False).run_batch()
+    assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
+    lost = db.execute(
+        "SELECT job, topic, part, from_off, until_off, detected_at FROM txn_lost_ranges"
+    ).fetchall()
+    assert [row[:5] for row in lost] == [("count_topic", topic, 0, 3, low)]
+    assert lost[0][5] is not None
+    # Everything still in Kafka was counted, exactly once.
+    assert totals(db, topic) == {topic: 3 + (high - low)}
+    assert offsets(db, topic) == {0: high}
+
+
+def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+    job_for(spark, kafka, database_url, topic).run_batch()
+    db.execute("UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1", (topic,))  # as if recreated
+    before = snapshot(db)
+    with pytest.raises(OffsetOutOfLog) as raised:
+        job_for(spark, kafka, database_url, topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 1: stored offset 900 is beyond the log-end offset 5 "
+        "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
+        f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute"
+    )
+    assert snapshot(db) == before
+
+
+def test_a_vanished_partition_stops_the_job_with_the_reset_command(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5})
+    job_for(spark, kafka, database_url, topic).run_batch()
+    db.execute("INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)", (topic,))
+    with pytest.raises(OffsetOutOfLog) as raised:
+        job_for(spark, kafka, database_url, topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 7: stored offset 12 but Kafka no longer has this "
+        "partition (topic deleted, or recreated with fewer partitions); to drop its offset: "
+        f"txstore reset --job count_topic --topic {topic} --partition 7 --forget --execute"
+    )
+
+
+def test_two_jobs_counting_the_same_topic_keep_independent_exact_results(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 20, 2: 30})
+    job_for(spark, kafka, database_url, topic, job="a").run_batch()
+    produce(kafka.bootstrap_servers, topic, {1: 5})
+    job_for(spark, kafka, database_url, topic, job="b").run_batch()
+    job_for(spark, kafka, database_url, topic, job="b").run_batch()
+    assert totals(db, topic, job="a") == {topic: 60}
+    assert totals(db, topic, job="b") == {topic: 65}
+    job_for(spark, kafka, database_url, topic, job="a").run_batch()
+    assert totals(db, topic, job="a") == {topic: 65}
+    assert offsets(db, topic, job="a") == offsets(db, topic, job="b") == log_ends(kafka, topic)
