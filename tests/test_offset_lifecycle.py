@@ -140,3 +140,22 @@ def test_two_jobs_counting_the_same_topic_keep_independent_exact_results(
     job_for(spark, kafka, database_url, topic, job="a").run_batch()
     assert totals(db, topic, job="a") == {topic: 65}
     assert offsets(db, topic, job="a") == offsets(db, topic, job="b") == log_ends(kafka, topic)
+
+
+def test_the_test_broker_cannot_answer_offsets_for_times(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Why --starting-timestamp is tested without the broker: librdkafka's mock answers -1
+    (no such offset) to every offsets-for-times lookup. If a future mock answers, this fails
+    as a reminder to add the end-to-end test."""
+    from confluent_kafka import Producer
+
+    from txstore.kafka import offsets_for_timestamp
+
+    topic = new_topic(1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for i in range(5):
+        producer.produce(topic, value=b"x", partition=0, timestamp=1_767_225_600_000 + i)
+    assert producer.flush(10) == 0
+    found = offsets_for_timestamp(client_config(kafka.bootstrap_servers), [(topic, 0)], 1_767_225_600_002)
+    assert found == {(topic, 0): -1}

@@ -9,7 +9,14 @@ from txstore.errors import AlreadyCommitted, ConfigError, DataLoss, OffsetGap, O
 from txstore.failpoints import FailPoints, InjectedFailure
 from txstore.ranges import OffsetRange, PartitionWatermarks, limit_ranges, plan_ranges
 from txstore.sink import classify_conflict
-from txstore.starting import EARLIEST, LATEST, parse_starting_offsets, resolve_starting_offsets
+from txstore.starting import (
+    EARLIEST,
+    LATEST,
+    StartingOffsets,
+    parse_starting_offsets,
+    parse_timestamp,
+    resolve_starting_offsets,
+)
 
 
 def marks(topic: str, partition: int, low: int, high: int) -> PartitionWatermarks:
@@ -152,3 +159,23 @@ def test_the_rate_limit_splits_a_batch_by_backlog_and_keeps_ranges_contiguous() 
     ]
     assert limit_ranges(ranges, 10_000) == ranges
     assert limit_ranges(ranges, None) == ranges
+
+
+def test_starting_timestamps_parse_from_iso_8601_with_a_zone_or_epoch_millis() -> None:
+    assert parse_timestamp("1767225600000") == 1_767_225_600_000
+    assert parse_timestamp("2026-01-01T00:00:00Z") == 1_767_225_600_000
+    assert parse_timestamp("2026-01-01T01:00:00+01:00") == 1_767_225_600_000
+    with pytest.raises(ConfigError, match=r"has no time zone; add one, e.g. 2026-01-01T00:00Z"):
+        parse_timestamp("2026-01-01T00:00")
+    with pytest.raises(ConfigError, match="neither epoch milliseconds nor ISO-8601"):
+        parse_timestamp("yesterday")
+
+
+def test_a_starting_timestamp_starts_at_the_looked_up_offset_or_the_log_end() -> None:
+    starting = StartingOffsets(timestamp_ms=1_767_225_600_000)
+    new = [marks("t", 0, 0, 50), marks("t", 1, 0, 40)]
+    decisions = resolve_starting_offsets(
+        starting, new, [m.key for m in new], (), {("t", 0): 17, ("t", 1): -1}
+    )
+    assert [(d.partition, d.offset) for d in decisions] == [(0, 17), (1, 40)]
+    assert decisions[0].reason == "offset 17 (--starting-timestamp 2026-01-01T00:00:00Z)"

@@ -29,7 +29,7 @@ from txstore import store
 from txstore.db import connect
 from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError, first_line
 from txstore.failpoints import FailPoints
-from txstore.kafka import client_config, fetch_watermarks
+from txstore.kafka import client_config, fetch_watermarks, offsets_for_timestamp
 from txstore.locks import hold_job_lock
 from txstore.migrate import check_schema
 from txstore.ranges import (
@@ -138,8 +138,13 @@ class TransactionalJob:
         """Step 3; True if rows were created (or found created by another instance)."""
         s = self.settings
         new = [w for w in watermarks if w.key not in committed]
+        started = {topic for topic, _ in committed}
+        by_time = None
+        if new and s.starting_offsets.timestamp_ms is not None:
+            first_run = [w.key for w in new if w.topic not in started]
+            by_time = offsets_for_timestamp(s.kafka_conf, first_run, s.starting_offsets.timestamp_ms)
         decisions = resolve_starting_offsets(
-            s.starting_offsets, new, [w.key for w in watermarks], {topic for topic, _ in committed}
+            s.starting_offsets, new, [w.key for w in watermarks], started, by_time
         )
         if not decisions:
             return False

@@ -109,6 +109,30 @@ def fetch_watermarks(
     ]
 
 
+def offsets_for_timestamp(
+    conf: Mapping[str, Any],
+    partitions: Sequence[tuple[str, int]],
+    timestamp_ms: int,
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> dict[tuple[str, int], int]:
+    """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``.
+
+    Kafka's offsets-for-times lookup; a partition with no such message gets -1
+    (the caller then uses its log end).
+    """
+    if not partitions:
+        return {}
+    admin = AdminClient(dict(conf))
+    spec = OffsetSpec.for_timestamp(timestamp_ms)  # type: ignore[no-untyped-call]
+    try:
+        return _list_offsets(admin, [TopicPartition(t, p) for t, p in partitions], spec, timeout)
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"Kafka at {_servers(conf)} did not answer the offsets-for-times lookup within {timeout:g}s "
+            f"({e.args[0]}); check --bootstrap-servers / {BOOTSTRAP_ENV}"
+        ) from None
+
+
 def _list_offsets(
     admin: AdminClient,
     partitions: list[TopicPartition],

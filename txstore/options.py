@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
 from txstore.job import JobSettings
 from txstore.kafka import BOOTSTRAP_ENV
-from txstore.starting import parse_starting_offsets
+from txstore.starting import parse_starting_offsets, parse_timestamp
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -55,6 +56,12 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         default="earliest",
         help="where partitions never committed start: earliest (default), latest, or JSON "
         '{"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest; unnamed partitions: earliest)',
+    )
+    parser.add_argument(
+        "--starting-timestamp",
+        metavar="TIME",
+        help="instead of --starting-offsets: partitions never committed start at their first message "
+        "at or after TIME (ISO-8601 with a zone, or epoch milliseconds)",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
@@ -116,12 +123,17 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         raise ConfigError("--topic must not be empty")
     if not args.job.strip():
         raise ConfigError("--job must not be empty")
+    starting = parse_starting_offsets(args.starting_offsets)
+    if args.starting_timestamp is not None:
+        if args.starting_offsets.strip().lower() != "earliest":
+            raise ConfigError("give either --starting-offsets or --starting-timestamp, not both")
+        starting = replace(starting, timestamp_ms=parse_timestamp(args.starting_timestamp))
     return JobSettings(
         job=args.job,
         topics=topics,
         bootstrap_servers=args.bootstrap_servers,
         database_url=resolve_database_url(args.database_url),
-        starting_offsets=parse_starting_offsets(args.starting_offsets),
+        starting_offsets=starting,
         kafka_options=dict(args.kafka_options),
         interval=args.interval,
         max_offsets_per_batch=args.max_offsets_per_batch,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from txstore.errors import ConfigError
 from txstore.ranges import PartitionWatermarks, TopicPartition
@@ -26,6 +27,7 @@ class StartingOffsets:
 
     default: int = EARLIEST
     specific: Mapping[TopicPartition, int] = field(default_factory=dict)
+    timestamp_ms: int | None = None  # --starting-timestamp: start at the first message at or after it
 
     def describe(self) -> str:
         if not self.specific:
@@ -46,6 +48,26 @@ class StartDecision:
     partition: int
     offset: int
     reason: str
+
+
+def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
+    """Epoch milliseconds from ``1767225600000`` or ISO-8601 with a zone (``2026-01-01T00:00:00Z``)."""
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"{flag} {text!r} is neither epoch milliseconds nor ISO-8601; e.g. 2026-01-01T00:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        raise ConfigError(f"{flag} {text!r} has no time zone; add one, e.g. {value}Z or {value}+01:00")
+    return int(parsed.timestamp() * 1000)
+
+
+def format_timestamp(timestamp_ms: int) -> str:
+    return datetime.fromtimestamp(timestamp_ms / 1000, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def parse_starting_offsets(text: str) -> StartingOffsets:
@@ -87,6 +109,7 @@ def resolve_starting_offsets(
     new_partitions: Iterable[PartitionWatermarks],
     known_partitions: Iterable[TopicPartition],
     started_topics: Collection[str] = (),
+    timestamp_offsets: Mapping[TopicPartition, int] | None = None,
 ) -> list[StartDecision]:
     """Decide a start offset for each partition that has no committed row.
 
@@ -99,6 +122,10 @@ def resolve_starting_offsets(
     that appears later in a topic the job already reads (``started_topics``)
     starts at earliest, as in Spark's Kafka source: starting it at latest
     would silently skip whatever was written to it before the job noticed it.
+
+    With ``starting.timestamp_ms`` set, ``timestamp_offsets`` holds Kafka's
+    offsets-for-times answer for the new partitions (-1: no message that late,
+    so the partition starts at its log end).
     """
     known = set(known_partitions)
     unknown = sorted(k for k in starting.specific if k not in known)
@@ -114,6 +141,16 @@ def resolve_starting_offsets(
             decisions.append(
                 StartDecision(
                     marks.topic, marks.partition, marks.low, "earliest (new partition of a started topic)"
+                )
+            )
+            continue
+        if starting.timestamp_ms is not None:
+            found = (timestamp_offsets or {}).get(marks.key, -1)
+            offset = marks.high if found < 0 else max(found, marks.low)
+            when = format_timestamp(starting.timestamp_ms)
+            decisions.append(
+                StartDecision(
+                    marks.topic, marks.partition, offset, f"offset {offset} (--starting-timestamp {when})"
                 )
             )
             continue
