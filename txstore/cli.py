@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,37 @@ def main(argv: list[str] | None = None) -> int:
     pyfiles = commands.add_parser("py-files", help="build the zip for spark-submit --py-files")
     pyfiles.add_argument("--output", type=Path, default=Path("txstore-pyfiles.zip"))
     commands.add_parser("mock-kafka", help="serve a Kafka-protocol mock broker until stopped", add_help=False)
+
+    status = commands.add_parser(
+        "status", help="offsets, log offsets, lag, last commit and running state per partition"
+    )
+    add_connection_options(status)
+    status.add_argument("--job", help="only this job")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    jobs = commands.add_parser("jobs", help="the jobs in the database with their topics and totals")
+    add_connection_options(jobs)
+    jobs.add_argument("--json", action="store_true", help="machine-readable output")
+    reset = commands.add_parser(
+        "reset", help="move a job's stored offsets (prints the plan; changes nothing without --execute)"
+    )
+    add_connection_options(reset)
+    reset.add_argument("--job", required=True)
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--partition", type=int, action="append", help="only this partition; repeatable")
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="the log-start offset")
+    target.add_argument("--to-latest", action="store_true", help="the log-end offset (skip the backlog)")
+    target.add_argument("--to-offset", type=int, metavar="N")
+    target.add_argument(
+        "--to-datetime", metavar="TIME", help="first message at or after TIME (ISO-8601 or epoch ms)"
+    )
+    target.add_argument(
+        "--shift-by", type=int, metavar="N", help="move by N (negative: back), clamped to the log"
+    )
+    target.add_argument(
+        "--forget", action="store_true", help="delete the rows (for partitions Kafka no longer has)"
+    )
+    reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the job runs)")
 
     if argv and argv[0] == "count-topic":
         from txstore.count_topic import main as count_topic
@@ -41,8 +73,78 @@ def main(argv: list[str] | None = None) -> int:
 
         print(build_py_files(args.output))
         return 0
-    parser.error(f"unknown command {args.command}")
-    return 2
+    from txstore.errors import TxstoreError
+
+    try:
+        return _operate(args)
+    except TxstoreError as e:
+        print(f"txstore: error: {e}", file=sys.stderr)
+        return 1
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    from txstore.db import DATABASE_URL_ENV
+    from txstore.kafka import BOOTSTRAP_ENV
+    from txstore.options import key_value
+
+    parser.add_argument("--database-url", help=f"PostgreSQL URL (env {DATABASE_URL_ENV})")
+    parser.add_argument(
+        "--bootstrap-servers", default=os.environ.get(BOOTSTRAP_ENV), help=f"Kafka (env {BOOTSTRAP_ENV})"
+    )
+    parser.add_argument(
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        type=key_value,
+        default=[],
+        metavar="KEY=VALUE",
+    )
+
+
+def _operate(args: argparse.Namespace) -> int:
+    from txstore import ops
+    from txstore.db import connect, resolve_database_url
+    from txstore.kafka import client_config
+    from txstore.reset import ResetTarget
+    from txstore.starting import parse_timestamp
+
+    url = resolve_database_url(args.database_url)
+    kafka_conf = (
+        client_config(args.bootstrap_servers, dict(args.kafka_options)) if args.bootstrap_servers else None
+    )
+    with connect(url) as conn:
+        if args.command == "status":
+            rows, problem = ops.status(conn, kafka_conf, args.job)
+            print(ops.as_json(rows) if args.json else ops.format_status(rows))
+            if problem:
+                print(f"txstore: warning: {problem}", file=sys.stderr)
+            return 0
+        if args.command == "jobs":
+            summaries = ops.jobs(conn)
+            print(ops.as_json(summaries) if args.json else ops.format_jobs(summaries))
+            return 0
+        if args.to_earliest:
+            target = ResetTarget("earliest")
+        elif args.to_latest:
+            target = ResetTarget("latest")
+        elif args.to_offset is not None:
+            target = ResetTarget("offset", args.to_offset)
+        elif args.to_datetime is not None:
+            target = ResetTarget("datetime", parse_timestamp(args.to_datetime, "--to-datetime"))
+        elif args.shift_by is not None:
+            target = ResetTarget("shift", args.shift_by)
+        else:
+            target = ResetTarget("forget")
+        moves = ops.plan_job_reset(conn, kafka_conf, args.job, args.topic, args.partition, target)
+        print(f"reset of job {args.job!r}, topic {args.topic!r}:")
+        for move in moves:
+            print(f"  {move.describe()}")
+        if not args.execute:
+            print("dry run: nothing was changed; add --execute to apply this plan")
+            return 0
+        ops.apply_reset(conn, args.job, moves)
+        print("applied")
+        return 0
 
 
 if __name__ == "__main__":

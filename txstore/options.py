@@ -13,7 +13,7 @@ from txstore.kafka import BOOTSTRAP_ENV
 from txstore.starting import parse_starting_offsets, parse_timestamp
 
 
-def _key_value(text: str) -> tuple[str, str]:
+def key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
@@ -79,7 +79,7 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         "--kafka-option",
         dest="kafka_options",
         action="append",
-        type=_key_value,
+        type=key_value,
         default=[],
         metavar="KEY=VALUE",
         help="librdkafka setting for the Kafka clients (TLS, SASL); repeatable",

@@ -1,0 +1,235 @@
+"""`txstore status`, `txstore jobs` and `txstore reset` against real PostgreSQL and the test broker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from tests.conftest import produce
+from txstore import store
+from txstore.db import connect
+from txstore.locks import hold_job_lock
+from txstore.ranges import OffsetRange
+from txstore.sink import TOPIC_TOTAL, TransactionalSink
+from txstore.starting import StartDecision
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+
+def txstore(*args: str, url: str, kafka: MockKafkaCluster | None = None) -> subprocess.CompletedProcess[str]:
+    more = ["--bootstrap-servers", kafka.bootstrap_servers] if kafka else []
+    return subprocess.run(
+        [sys.executable, "-m", "txstore.cli", args[0], "--database-url", url, *more, *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def counted(database_url: str, kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> str:
+    """A topic with 3 partitions (10/20/30 messages) of which job 'counter' committed 4/20/0."""
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 20, 2: 30})
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "counter", [StartDecision(topic, p, 0, "test") for p in range(3)])
+        sink = TransactionalSink(conn, "counter")
+        sink.commit(OffsetRange(topic, 0, 0, 4), {TOPIC_TOTAL: 4})
+        sink.commit(OffsetRange(topic, 1, 0, 20), {TOPIC_TOTAL: 20})
+    return topic
+
+
+def offsets(db: psycopg.Connection, topic: str) -> dict[int, int]:
+    return {p: o for (_, p), o in store.committed_offsets(db, "counter", [topic]).items()}
+
+
+def test_status_shows_offsets_log_offsets_lag_and_running_state(
+    database_url: str, kafka: MockKafkaCluster, counted: str
+) -> None:
+    result = txstore("status", "--job", "counter", url=database_url, kafka=kafka)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "JOB",
+        "TOPIC",
+        "PARTITION",
+        "OFFSET",
+        "LOG-START",
+        "LOG-END",
+        "LAG",
+        "LAST-COMMIT",
+        "RUNNING",
+    ]
+    assert [line.split()[:7] + line.split()[8:] for line in lines[1:]] == [
+        ["counter", counted, "0", "4", "0", "10", "6", "no"],
+        ["counter", counted, "1", "20", "0", "20", "0", "no"],
+        ["counter", counted, "2", "0", "0", "30", "30", "no"],
+    ]
+    as_json = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
+    assert [(r["partition"], r["offset"], r["lag"], r["running"]) for r in as_json] == [
+        (0, 4, 6, False),
+        (1, 20, 0, False),
+        (2, 0, 30, False),
+    ]
+    assert all(r["last_commit"] for r in as_json)
+
+
+def test_status_without_kafka_still_shows_what_the_database_knows(database_url: str, counted: str) -> None:
+    result = txstore("status", "--bootstrap-servers", "127.0.0.1:1", url=database_url)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    assert [(r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
+        ("0", "4", "-", "-", "-"),
+        ("1", "20", "-", "-", "-"),
+        ("2", "0", "-", "-", "-"),
+    ]
+    assert "txstore: warning: Kafka at 127.0.0.1:1 did not answer" in result.stderr
+
+
+def test_a_job_holding_its_lock_shows_as_running_and_blocks_reset(
+    database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, counted: str
+) -> None:
+    with connect(database_url) as job_connection:
+        hold_job_lock(job_connection, "counter")
+        status = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
+        assert {r["running"] for r in status} == {True}
+        reset = txstore(
+            "reset",
+            "--job",
+            "counter",
+            "--topic",
+            counted,
+            "--to-earliest",
+            "--execute",
+            url=database_url,
+            kafka=kafka,
+        )
+        assert reset.returncode == 1
+        assert reset.stderr.strip() == (
+            "txstore: error: job 'counter' is running (it holds its job lock); stop every instance "
+            "(SIGTERM lets the current batch finish), then run the reset again"
+        )
+        assert offsets(db, counted) == {0: 4, 1: 20, 2: 0}
+    status = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
+    assert {r["running"] for r in status} == {False}
+
+
+def test_reset_without_execute_prints_the_plan_and_changes_nothing(
+    database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, counted: str
+) -> None:
+    before = db.execute("SELECT * FROM txn_offsets ORDER BY part").fetchall()
+    result = txstore(
+        "reset", "--job", "counter", "--topic", counted, "--to-latest", url=database_url, kafka=kafka
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"reset of job 'counter', topic '{counted}':",
+        f"  {counted}/0: 4 -> 10 (6 messages will be skipped)",
+        f"  {counted}/1: 20 -> 20 (unchanged)",
+        f"  {counted}/2: 0 -> 30 (30 messages will be skipped)",
+        "dry run: nothing was changed; add --execute to apply this plan",
+    ]
+    assert db.execute("SELECT * FROM txn_offsets ORDER BY part").fetchall() == before
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--to-earliest"], {0: 0, 1: 0, 2: 0}),
+        (["--to-latest", "--partition", "2"], {0: 4, 1: 20, 2: 30}),
+        (["--to-offset", "7", "--partition", "0"], {0: 7, 1: 20, 2: 0}),
+        (["--shift-by", "-5"], {0: 0, 1: 15, 2: 0}),
+        (["--shift-by", "25"], {0: 10, 1: 20, 2: 25}),
+        (["--forget", "--partition", "2"], {0: 4, 1: 20}),
+        (
+            ["--to-datetime", "2026-01-01T00:00:00Z"],
+            {0: 10, 1: 20, 2: 30},
+        ),  # the test broker answers -1: log end
+    ],
+)
+def test_reset_with_execute_moves_the_offsets(
+    database_url: str,
+    kafka: MockKafkaCluster,
+    db: psycopg.Connection,
+    counted: str,
+    args: list[str],
+    expected: dict[int, int],
+) -> None:
+    result = txstore(
+        "reset", "--job", "counter", "--topic", counted, *args, "--execute", url=database_url, kafka=kafka
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "applied"
+    assert offsets(db, counted) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--to-offset", "99", "--partition", "0"],
+            "--to-offset 99 is outside what Kafka holds for '{t}' partition 0 (0 to 10)",
+        ),
+        (
+            ["--to-earliest", "--partition", "5"],
+            "Kafka has no partition(s) [5] in topic '{t}' (it has [0, 1, 2])",
+        ),
+        (
+            ["--to-datetime", "tomorrow"],
+            "--to-datetime 'tomorrow' is neither epoch milliseconds nor ISO-8601",
+        ),
+    ],
+)
+def test_bad_resets_are_refused_with_one_line_and_change_nothing(
+    database_url: str,
+    kafka: MockKafkaCluster,
+    db: psycopg.Connection,
+    counted: str,
+    args: list[str],
+    message: str,
+) -> None:
+    result = txstore(
+        "reset", "--job", "counter", "--topic", counted, *args, "--execute", url=database_url, kafka=kafka
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("txstore: error: " + message.format(t=counted))
+    assert offsets(db, counted) == {0: 4, 1: 20, 2: 0}
+
+
+def test_a_reset_creates_rows_for_partitions_the_job_never_committed(
+    database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+    result = txstore(
+        "reset",
+        "--job",
+        "counter",
+        "--topic",
+        topic,
+        "--to-latest",
+        "--execute",
+        url=database_url,
+        kafka=kafka,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"{topic}/1: (no row) -> 4 (new row)" in result.stdout
+    assert offsets(db, topic) == {0: 3, 1: 4}
+
+
+def test_jobs_lists_each_job_and_topic_with_its_total(
+    database_url: str, kafka: MockKafkaCluster, counted: str
+) -> None:
+    result = txstore("jobs", url=database_url)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines[0] == ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING"]
+    assert [row[:4] + row[5:] for row in lines[1:]] == [["counter", counted, "3", "24", "no"]]
+    as_json = json.loads(txstore("jobs", "--json", url=database_url).stdout)
+    assert [(j["job"], j["topic"], j["partitions"], j["total"], j["running"]) for j in as_json] == [
+        ("counter", counted, 3, 24, False)
+    ]

@@ -1,0 +1,216 @@
+"""Operator commands over the database (and Kafka where it answers): status, jobs, reset."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from txstore.errors import KafkaUnavailable, TxstoreError
+from txstore.kafka import fetch_watermarks, offsets_for_timestamp
+from txstore.locks import job_running, lock_job_for_reset
+from txstore.ranges import PartitionWatermarks
+from txstore.reset import ResetMove, ResetTarget, plan_reset
+
+STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    job: str
+    topic: str
+    partition: int
+    offset: int
+    log_start: int | None
+    log_end: int | None
+    lag: int | None
+    last_commit: datetime
+    running: bool
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    job: str
+    topic: str
+    partitions: int
+    total: int
+    last_commit: datetime
+    running: bool
+
+
+def status(
+    conn: psycopg.Connection, kafka_conf: Mapping[str, Any] | None, job: str | None = None
+) -> tuple[list[PartitionStatus], str | None]:
+    """Every stored partition (of ``job``, or of all jobs) with Kafka's view of it.
+
+    Without Kafka (no settings, or no answer in time) the Kafka columns are
+    None and the second value says why; the database part is still shown.
+    """
+    rows = conn.execute(
+        "SELECT job, topic, part, off, updated_at FROM txn_offsets "
+        "WHERE %(job)s::text IS NULL OR job = %(job)s ORDER BY job, topic, part",
+        {"job": job},
+    ).fetchall()
+    conn.commit()
+    marks: dict[tuple[str, int], PartitionWatermarks] = {}
+    problem = None if kafka_conf else "Kafka not given (--bootstrap-servers): log offsets and lag unknown"
+    if kafka_conf:
+        for topic in sorted({r[1] for r in rows}):
+            try:
+                for found in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
+                    marks[found.key] = found
+            except KafkaUnavailable as e:
+                problem = f"{e} (log offsets and lag unknown)"
+                break
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    result = []
+    for j, topic, part, off, updated in rows:
+        w = marks.get((topic, part))
+        result.append(
+            PartitionStatus(
+                j,
+                topic,
+                part,
+                off,
+                w.low if w else None,
+                w.high if w else None,
+                (w.high - off) if w else None,
+                updated,
+                running[j],
+            )
+        )
+    return result, problem
+
+
+def jobs(conn: psycopg.Connection) -> list[JobSummary]:
+    """Each job and topic in the database: partitions, topic total, last commit, running now."""
+    rows = conn.execute(
+        "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), 0) "
+        "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
+        "    AND d.key IS NULL AND d.window_start IS NULL "
+        "GROUP BY o.job, o.topic ORDER BY o.job, o.topic"
+    ).fetchall()
+    conn.commit()
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    return [JobSummary(j, t, n, int(total), last, running[j]) for j, t, n, last, total in rows]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned text table; None shows as '-'."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def as_json(items: Sequence[Any]) -> str:
+    return json.dumps([asdict(i) for i in items], default=lambda v: v.isoformat(), indent=2)
+
+
+def format_status(rows: Sequence[PartitionStatus]) -> str:
+    return table(
+        ["JOB", "TOPIC", "PARTITION", "OFFSET", "LOG-START", "LOG-END", "LAG", "LAST-COMMIT", "RUNNING"],
+        [
+            (
+                r.job,
+                r.topic,
+                r.partition,
+                r.offset,
+                r.log_start,
+                r.log_end,
+                r.lag,
+                r.last_commit.isoformat(timespec="seconds"),
+                "yes" if r.running else "no",
+            )
+            for r in rows
+        ],
+    )
+
+
+def format_jobs(rows: Sequence[JobSummary]) -> str:
+    return table(
+        ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING"],
+        [
+            (
+                r.job,
+                r.topic,
+                r.partitions,
+                r.total,
+                r.last_commit.isoformat(timespec="seconds"),
+                "yes" if r.running else "no",
+            )
+            for r in rows
+        ],
+    )
+
+
+def plan_job_reset(
+    conn: psycopg.Connection,
+    kafka_conf: Mapping[str, Any] | None,
+    job: str,
+    topic: str,
+    partitions: Sequence[int] | None,
+    target: ResetTarget,
+) -> list[ResetMove]:
+    """Read what is stored and what Kafka holds, and plan the reset (nothing is changed)."""
+    stored = {
+        part: off
+        for part, off in conn.execute(
+            "SELECT part, off FROM txn_offsets WHERE job = %s AND topic = %s", (job, topic)
+        ).fetchall()
+    }
+    conn.commit()
+    watermarks = None
+    time_offsets = None
+    if target.kind != "forget" and kafka_conf:
+        watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic])}
+        if target.kind == "datetime":
+            assert target.value is not None
+            chosen = partitions or sorted(watermarks)
+            found = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)
+            time_offsets = {p: o for (_, p), o in found.items()}
+    return plan_reset(job, topic, partitions, stored, watermarks, target, time_offsets)
+
+
+class ResetConflict(TxstoreError):
+    """An offset changed between planning and applying a reset."""
+
+
+def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) -> None:
+    """Apply the planned moves in one transaction, refusing while the job runs.
+
+    Each statement is conditional on the offset the plan showed, so a change
+    since then rolls the whole reset back instead of overwriting it.
+    """
+    with conn.transaction():
+        lock_job_for_reset(conn, job)
+        for m in moves:
+            key = {"job": job, "topic": m.topic, "part": m.partition, "old": m.old, "new": m.new}
+            if m.new is None:
+                cur = conn.execute(
+                    "DELETE FROM txn_offsets WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s "
+                    "AND off = %(old)s",
+                    key,
+                )
+            elif m.old is None:
+                cur = conn.execute(
+                    "INSERT INTO txn_offsets (job, topic, part, off) VALUES (%(job)s, %(topic)s, %(part)s, %(new)s) "
+                    "ON CONFLICT DO NOTHING",
+                    key,
+                )
+            else:
+                cur = conn.execute(
+                    "UPDATE txn_offsets SET off = %(new)s, updated_at = now() WHERE job = %(job)s "
+                    "AND topic = %(topic)s AND part = %(part)s AND off = %(old)s",
+                    key,
+                )
+            if cur.rowcount != 1:
+                raise ResetConflict(
+                    f"job {job!r} {m.topic!r} partition {m.partition}: the stored offset changed since the "
+                    "plan was made; nothing was changed, run the reset again"
+                )
