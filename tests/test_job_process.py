@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -136,12 +137,41 @@ def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
         while totals(db, topic)[topic] != produced and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.3)
         assert totals(db, topic) == {topic: produced}
+    # The running job holds its lock: status says so, and reset refuses.
+    status = operator_cli("status", "--json", "--database-url", database_url)
+    assert {row["running"] for row in json.loads(status.stdout)} == {True}
+    reset = operator_cli(
+        "reset",
+        "--database-url",
+        database_url,
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--job",
+        "count_topic",
+        "--topic",
+        topic,
+        "--to-earliest",
+        "--execute",
+    )
+    assert reset.returncode == 1 and "job 'count_topic' is running" in reset.stderr
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
+    status = operator_cli("status", "--json", "--database-url", database_url)
+    assert {row["running"] for row in json.loads(status.stdout)} == {False}
     assert "received SIGTERM: finishing the current batch, then stopping" in err
     assert "stopped after" in err
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def operator_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txstore.cli", *args],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def spark_submit(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
