@@ -159,3 +159,58 @@ def test_the_test_broker_cannot_answer_offsets_for_times(
     assert producer.flush(10) == 0
     found = offsets_for_timestamp(client_config(kafka.bootstrap_servers), [(topic, 0)], 1_767_225_600_002)
     assert found == {(topic, 0): -1}
+
+
+def group_offsets(kafka: MockKafkaCluster, group: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 6})
+    group = f"mirror-{topic}"
+    with job_for(spark, kafka, database_url, topic, commit_to_kafka_group=group) as job:
+        job.run_batch()
+        produce(kafka.bootstrap_servers, topic, {2: 9})
+        job.run_batch()
+    assert group_offsets(kafka, group, topic, 3) == {0: 4, 1: 6, 2: 9} == offsets(db, topic)
+
+
+def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+    group = f"mirror-{topic}"
+    offset_commit_api = 8
+    kafka.push_request_errors(offset_commit_api, *[25] * 50)  # UNKNOWN_MEMBER_ID: not retriable
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="txstore"),
+            job_for(spark, kafka, database_url, topic, commit_to_kafka_group=group) as job,
+        ):
+            job.run_batch()
+    finally:
+        kafka.clear_request_errors(offset_commit_api)
+    assert f"could not mirror offsets to Kafka group '{group}'" in caplog.text
+    assert "(the database stays correct)" in caplog.text
+    assert totals(db, topic) == {topic: 10}
+    assert offsets(db, topic) == {0: 5, 1: 5}

@@ -32,6 +32,7 @@ from txstore.failpoints import FailPoints
 from txstore.kafka import client_config, fetch_watermarks, offsets_for_timestamp
 from txstore.locks import hold_job_lock
 from txstore.migrate import check_schema
+from txstore.mirror import GroupOffsetMirror
 from txstore.ranges import (
     OffsetRange,
     PartitionWatermarks,
@@ -60,6 +61,7 @@ class JobSettings:
     interval: float | None = None  # None: one batch (--once)
     max_offsets_per_batch: int | None = None
     fail_on_data_loss: bool = True
+    commit_to_kafka_group: str | None = None
     max_batch_failures: int = 3
 
     @property
@@ -89,6 +91,7 @@ class TransactionalJob:
         self.failpoints = FailPoints.from_env()
         self.batches = 0
         self._conn: psycopg.Connection | None = None
+        self._mirror: GroupOffsetMirror | None = None
 
     # -- driver database connection, reused across batches ------------------
     def _connection(self) -> psycopg.Connection:
@@ -102,6 +105,15 @@ class TransactionalJob:
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
+        if self._mirror is not None:
+            self._mirror.close()
+            self._mirror = None
+
+    def __enter__(self) -> TransactionalJob:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- planning ---------------------------------------------------------------
     def plan(self) -> list[OffsetRange]:
@@ -210,6 +222,8 @@ class TransactionalJob:
             ) from None
         report = BatchReport(number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000)
         self._log(report)
+        if s.commit_to_kafka_group:
+            self._mirror_offsets(report)
         refused = [r for r in report.ranges if r.outcome == REFUSED]
         if refused:
             # Messages that aged out after planning: with --fail-on-data-loss false the
@@ -219,6 +233,16 @@ class TransactionalJob:
                 refused[0].error or f"range {refused[0].range} was refused", transient=transient
             )
         return report
+
+    def _mirror_offsets(self, report: BatchReport) -> None:
+        """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""
+        s = self.settings
+        assert s.commit_to_kafka_group is not None
+        if self._mirror is None:
+            self._mirror = GroupOffsetMirror(s.kafka_conf, s.commit_to_kafka_group)
+        self._mirror.publish(
+            {r.range.key: r.range.until_offset for r in report.ranges if r.outcome != REFUSED}
+        )
 
     def _log(self, report: BatchReport) -> None:
         for r in report.ranges:

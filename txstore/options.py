@@ -99,6 +99,12 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         "or are skipped and recorded in txn_lost_ranges with a warning (false)",
     )
     parser.add_argument(
+        "--commit-to-kafka-group",
+        metavar="GROUP",
+        help="after each database commit, also commit the offsets to this Kafka consumer group so Kafka "
+        "tooling and lag monitors see progress (the database stays the source of truth)",
+    )
+    parser.add_argument(
         "--max-batch-failures",
         type=int,
         default=3,
@@ -138,5 +144,6 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         interval=args.interval,
         max_offsets_per_batch=args.max_offsets_per_batch,
         fail_on_data_loss=args.fail_on_data_loss,
+        commit_to_kafka_group=args.commit_to_kafka_group,
         max_batch_failures=args.max_batch_failures,
     )
