@@ -256,3 +256,34 @@ def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(
     assert all(sum(s.values()) <= 120 for s in sizes)
     assert totals(db, topic) == {topic: 400}
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_offset(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(4)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5, 2: 6, 3: 7})
+    visible = {"partitions": 2}  # the metadata the running job sees: 2 partitions, later 4
+
+    def metadata(conf: Any, topics: Any) -> list[Any]:
+        return [w for w in fetch_watermarks(conf, topics) if w.partition < visible["partitions"]]
+
+    settings = JobSettings(
+        "count_topic", (topic,), kafka.bootstrap_servers, database_url, parse_starting_offsets("latest")
+    )
+    with TransactionalJob(spark, settings, count_messages, watermarks=metadata) as job:
+        assert job.run_batch().ranges == ()  # first run: starts at latest
+        produce(kafka.bootstrap_servers, topic, {0: 1})
+        job.run_batch()
+        visible["partitions"] = 4  # partitions 2 and 3 "appear"
+        report = job.run_batch()
+    assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
+        (2, 0, 6),
+        (3, 0, 7),
+    ]
+    assert totals(db, topic) == {topic: 1 + 6 + 7}
+    assert offsets(db, topic) == log_ends(kafka, topic)

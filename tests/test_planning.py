@@ -7,7 +7,7 @@ import pytest
 from txstore.db import libpq_url, redact, sqlalchemy_url
 from txstore.errors import AlreadyCommitted, ConfigError, DataLoss, OffsetGap, OffsetOutOfLog, OffsetOverlap
 from txstore.failpoints import FailPoints, InjectedFailure
-from txstore.ranges import OffsetRange, PartitionWatermarks, limit_ranges, plan_ranges
+from txstore.ranges import OffsetRange, PartitionWatermarks, aged_out, limit_ranges, plan_ranges
 from txstore.sink import classify_conflict
 from txstore.starting import (
     EARLIEST,
@@ -179,3 +179,11 @@ def test_a_starting_timestamp_starts_at_the_looked_up_offset_or_the_log_end() ->
     )
     assert [(d.partition, d.offset) for d in decisions] == [(0, 17), (1, 40)]
     assert decisions[0].reason == "offset 17 (--starting-timestamp 2026-01-01T00:00:00Z)"
+
+
+def test_aged_out_lists_what_kafka_dropped_before_it_was_counted() -> None:
+    committed = {("t", 0): 3, ("t", 1): 50, ("t", 2): 0}
+    lost = aged_out(
+        committed, [marks("t", 0, 10, 20), marks("t", 1, 10, 60), marks("t", 2, 0, 0), marks("t", 3, 5, 9)]
+    )
+    assert lost == [OffsetRange("t", 0, 3, 10)]

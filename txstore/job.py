@@ -19,7 +19,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,10 +84,20 @@ class BatchReport:
 class TransactionalJob:
     """Runs an aggregate over Kafka with exactly-once results in PostgreSQL."""
 
-    def __init__(self, spark: Any, settings: JobSettings, aggregate: Aggregate) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        settings: JobSettings,
+        aggregate: Aggregate,
+        watermarks: Callable[
+            [Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]
+        ] = fetch_watermarks,
+    ) -> None:
+        """``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own."""
         self.spark = spark
         self.settings = settings
         self.aggregate = aggregate
+        self.watermarks = watermarks
         self.failpoints = FailPoints.from_env()
         self.batches = 0
         self._conn: psycopg.Connection | None = None
@@ -139,7 +149,7 @@ class TransactionalJob:
         # instance of the job commits in between.
         s = self.settings
         committed = store.committed_offsets(conn, s.job, s.topics)
-        return committed, fetch_watermarks(s.kafka_conf, s.topics)
+        return committed, self.watermarks(s.kafka_conf, s.topics)
 
     def _start_new_partitions(
         self,
