@@ -27,9 +27,7 @@ def upgrade() -> None:
         sa.Column("part", sa.Integer(), nullable=False),
         sa.Column("from_off", sa.BigInteger(), nullable=False),
         sa.Column("until_off", sa.BigInteger(), nullable=False),
-        sa.Column(
-            "detected_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
-        ),
+        sa.Column("detected_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="txn_lost_ranges_pkey"),
         comment="Offset ranges a job skipped with --fail-on-data-loss false, recorded with the offset move.",
     )
