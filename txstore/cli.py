@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from txstore.options import add_connection_options
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -80,25 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     except TxstoreError as e:
         print(f"txstore: error: {e}", file=sys.stderr)
         return 1
-
-
-def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    from txstore.db import DATABASE_URL_ENV
-    from txstore.kafka import BOOTSTRAP_ENV
-    from txstore.options import key_value
-
-    parser.add_argument("--database-url", help=f"PostgreSQL URL (env {DATABASE_URL_ENV})")
-    parser.add_argument(
-        "--bootstrap-servers", default=os.environ.get(BOOTSTRAP_ENV), help=f"Kafka (env {BOOTSTRAP_ENV})"
-    )
-    parser.add_argument(
-        "--kafka-option",
-        dest="kafka_options",
-        action="append",
-        type=key_value,
-        default=[],
-        metavar="KEY=VALUE",
-    )
 
 
 def _operate(args: argparse.Namespace) -> int:

@@ -27,13 +27,31 @@ def _boolean(text: str) -> bool:
     return value == "true"
 
 
-def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
-    """Add the flags every txstore job takes."""
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """Where PostgreSQL and Kafka are: shared by every job and every ``txstore`` command."""
     parser.add_argument(
         "--bootstrap-servers",
         default=os.environ.get(BOOTSTRAP_ENV),
         help=f"Kafka bootstrap servers, host:port[,host:port] (env {BOOTSTRAP_ENV})",
     )
+    parser.add_argument(
+        "--database-url",
+        help=f"PostgreSQL URL, postgresql://user:password@host:5432/db (env {DATABASE_URL_ENV})",
+    )
+    parser.add_argument(
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        type=key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting for the Kafka clients (TLS, SASL); repeatable",
+    )
+
+
+def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
+    """Add the flags every txstore job takes."""
+    add_connection_options(parser)
     parser.add_argument(
         "--topic",
         dest="topics",
@@ -41,10 +59,6 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         required=True,
         metavar="TOPIC",
         help="Kafka topic to read; repeat for several topics",
-    )
-    parser.add_argument(
-        "--database-url",
-        help=f"PostgreSQL URL, postgresql://user:password@host:5432/db (env {DATABASE_URL_ENV})",
     )
     parser.add_argument(
         "--job",
@@ -74,15 +88,6 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         type=float,
         metavar="SECONDS",
         help="run a batch every SECONDS until SIGTERM or Ctrl-C (the current batch finishes first)",
-    )
-    parser.add_argument(
-        "--kafka-option",
-        dest="kafka_options",
-        action="append",
-        type=key_value,
-        default=[],
-        metavar="KEY=VALUE",
-        help="librdkafka setting for the Kafka clients (TLS, SASL); repeatable",
     )
     parser.add_argument(
         "--max-offsets-per-batch",
