@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from pytest_postgresql import factories
 
 from txstore.db import connect
+from txstore.kafka import close_idle_consumers
 from txstore.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -81,6 +82,7 @@ def db(database_url: str) -> Iterator[psycopg.Connection]:
 def kafka() -> Iterator[MockKafkaCluster]:
     with MockKafkaCluster(brokers=1) as cluster:
         yield cluster
+        close_idle_consumers()  # readers this process kept for reuse, before their broker goes
 
 
 _topic_numbers = itertools.count()
@@ -102,21 +104,50 @@ def produce(
     bootstrap: str, topic: str, counts: dict[int, int], value: bytes = b"v", key: bytes | None = b"k"
 ) -> None:
     """Produce ``counts[partition]`` messages to each partition; fail unless all are acknowledged."""
+    send(
+        bootstrap,
+        topic,
+        ((partition, key, value, None) for partition, n in counts.items() for _ in range(n)),
+    )
+
+
+Outgoing = tuple[int, "bytes | None", "bytes | None", "int | None"]
+"""``(partition, key, value, timestamp_ms or None for now)``."""
+
+
+def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> int:
+    """Produce each message as given; fail unless all are acknowledged. Returns how many."""
     delivered: list[Any] = []
     failed: list[Any] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            "message.max.bytes": 4 * 1024 * 1024,
+        }
+    )
 
     def on_delivery(err: Any, msg: Any) -> None:
         (failed if err else delivered).append(err or msg)
 
-    for partition, n in counts.items():
-        for i in range(n):
-            producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
-            if i % 5000 == 0:
-                producer.poll(0)
+    sent = 0
+    for partition, key, value, timestamp in messages:
+        producer.produce(
+            topic,
+            value=value,
+            key=key,
+            partition=partition,
+            timestamp=timestamp or 0,
+            on_delivery=on_delivery,
+        )
+        sent += 1
+        if sent % 5000 == 0:
+            producer.poll(0)
     assert producer.flush(30) == 0
     assert not failed, failed
-    assert len(delivered) == sum(counts.values())
+    assert len(delivered) == sent
+    return sent
 
 
 def produce_in_transactions(

@@ -15,6 +15,7 @@ from txstore.count_topic import count_messages
 from txstore.errors import BatchFailed
 from txstore.job import BatchReport, JobSettings, TransactionalJob
 from txstore.kafka import client_config, fetch_watermarks
+from txstore.ranges import OffsetRange
 from txstore.starting import parse_starting_offsets
 from txstore.task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -286,4 +287,41 @@ def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_of
         (3, 0, 7),
     ]
     assert totals(db, topic) == {topic: 1 + 6 + 7}
+    assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_again(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """A late task of an earlier failed batch, or a second instance, commits part of a planned
+    range: the range is refused as an overlap, and ``--once`` plans again from the stored offset."""
+    from txstore.results import TOPIC_TOTAL
+    from txstore.sink import TransactionalSink
+
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 40})
+    job_for(spark, kafka, database_url, topic).run_batch()
+    produce(kafka.bootstrap_servers, topic, {0: 60})
+    interfered: list[bool] = []
+
+    def watermarks_then_another_writer(conf: Any, topics: Any) -> list[Any]:
+        # Offsets were read just before this: the other writer commits in between.
+        if not interfered:
+            interfered.append(True)
+            with psycopg.connect(database_url) as conn:
+                TransactionalSink(conn, "count_topic").commit(
+                    OffsetRange(topic, 0, 40, 55), {TOPIC_TOTAL: 15}
+                )
+        return fetch_watermarks(conf, topics)
+
+    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+    with TransactionalJob(spark, settings, count_messages, watermarks=watermarks_then_another_writer) as job:
+        job.run()  # --once
+        assert job.batches == 2
+    assert interfered == [True]
+    assert totals(db, topic) == {topic: 100}
     assert offsets(db, topic) == log_ends(kafka, topic)

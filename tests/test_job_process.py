@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -162,6 +163,32 @@ def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
     assert "received SIGTERM: finishing the current batch, then stopping" in err
     assert "stopped after" in err
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_a_sigterm_while_spark_starts_stops_the_job_with_status_0_before_any_batch(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    start_job: Callable[..., subprocess.Popen[str]],
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 5})
+    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
+    # The job handles signals before it starts Spark's JVM: signal it as soon as that child exists.
+    # Spark starts lazily, inside the first batch that has data, so that batch may finish first.
+    children = Path(f"/proc/{job.pid}/task/{job.pid}/children")
+    deadline = time.monotonic() + 60
+    while job.poll() is None and time.monotonic() < deadline and not children.read_text().strip():
+        time.sleep(0.02)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=180)
+    assert job.returncode == 0, err
+    assert "received SIGTERM" in err
+    assert "Traceback" not in err
+    batches = int(re.search(r"stopped after (\d+) batches", err).group(1))  # type: ignore[union-attr]
+    assert batches <= 1
+    assert totals(db, topic) == {topic: 5 * batches}  # exact either way
 
 
 def operator_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
+from txstore import kafka as kafka_module
 from txstore.errors import DataLoss, KafkaReadError
-from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.kafka import RangeReader, client_config, fetch_watermarks, gc_paused, reader_config
 from txstore.ranges import OffsetRange
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -94,3 +97,112 @@ def test_a_broker_that_stays_down_ends_the_read_with_a_timeout(
             offsets_read(kafka, OffsetRange(topic, 0, 0, 10), idle_timeout=3)
     finally:
         kafka.set_broker_up(1)
+
+
+def test_one_process_reuses_its_consumer_and_still_reads_exactly_each_range(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 30})
+    conf = client_config(kafka.bootstrap_servers)
+    # The partition goes on past the first range (data beyond `until` is prefetched),
+    # the next ranges switch partition, go back to lower offsets, and read to the end.
+    assert offsets_read(kafka, OffsetRange(topic, 0, 0, 50)) == list(range(50))
+    pooled, topics = kafka_module._consumers.take(reader_config(conf))
+    kafka_module._consumers.give_back(reader_config(conf), pooled, topics)
+    assert offsets_read(kafka, OffsetRange(topic, 1, 5, 15)) == list(range(5, 15))
+    assert offsets_read(kafka, OffsetRange(topic, 0, 10, 20)) == list(range(10, 20))
+    assert offsets_read(kafka, OffsetRange(topic, 0, 50, 100)) == list(range(50, 100))
+    assert offsets_read(kafka, OffsetRange(topic, 1, 0, 30)) == list(range(30))
+    again, topics = kafka_module._consumers.take(reader_config(conf))
+    try:
+        assert again is pooled  # the same consumer served every range
+    finally:
+        kafka_module._consumers.give_back(reader_config(conf), again, topics)
+
+
+def test_a_consumer_that_failed_or_was_abandoned_is_closed_not_reused(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 20})
+    conf = reader_config(client_config(kafka.bootstrap_servers))
+    assert offsets_read(kafka, OffsetRange(topic, 0, 0, 5)) == list(range(5))
+    first, topics = kafka_module._consumers.take(conf)
+    kafka_module._consumers.give_back(conf, first, topics)
+
+    reader = iter(RangeReader(conf, OffsetRange(topic, 0, 0, 20), batch_size=4))
+    assert len(next(reader)) == 4
+    reader.close()  # the caller stops half-way: the consumer may hold half a range
+    with pytest.raises(RuntimeError):
+        first.assignment()  # closed
+    second, topics = kafka_module._consumers.take(conf)
+    assert second is not first
+    kafka_module._consumers.give_back(conf, second, topics)
+    assert offsets_read(kafka, OffsetRange(topic, 0, 3, 9)) == list(range(3, 9))
+
+
+def test_a_reused_consumer_starts_a_topic_it_never_read_at_once(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Not after librdkafka's once-a-second metadata refresh for unknown topics."""
+    first = new_topic(1)
+    produce(kafka.bootstrap_servers, first, {0: 3})
+    assert offsets_read(kafka, OffsetRange(first, 0, 0, 3)) == [0, 1, 2]  # a consumer is pooled
+    seconds = []
+    for _ in range(3):
+        topic = new_topic(1)
+        produce(kafka.bootstrap_servers, topic, {0: 3})
+        started = time.monotonic()
+        assert offsets_read(kafka, OffsetRange(topic, 0, 0, 3)) == [0, 1, 2]
+        seconds.append(time.monotonic() - started)
+    assert min(seconds) < 0.5, seconds
+
+
+def test_the_cyclic_gc_is_paused_while_a_range_is_read_and_restored_after(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 20})
+    conf = client_config(kafka.bootstrap_servers)
+    assert gc.isenabled()
+    reader = iter(RangeReader(conf, OffsetRange(topic, 0, 0, 20), batch_size=5))
+    next(reader)
+    assert not gc.isenabled()
+    assert sum(len(batch) for batch in reader) == 15
+    assert gc.isenabled()
+
+    abandoned = iter(RangeReader(conf, OffsetRange(topic, 0, 0, 20), batch_size=5))
+    next(abandoned)
+    abandoned.close()
+    assert gc.isenabled()
+
+
+def test_gc_pauses_nest_and_leave_a_disabled_collector_disabled() -> None:
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_reader_asked_not_to_pause_the_gc_leaves_it_running(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 10})
+    reader = iter(
+        RangeReader(
+            client_config(kafka.bootstrap_servers), OffsetRange(topic, 0, 0, 10), batch_size=5, pause_gc=False
+        )
+    )
+    next(reader)
+    assert gc.isenabled()
+    reader.close()

@@ -15,7 +15,8 @@ from txstore import store
 from txstore.db import connect
 from txstore.locks import hold_job_lock
 from txstore.ranges import OffsetRange
-from txstore.sink import TOPIC_TOTAL, TransactionalSink
+from txstore.results import TOPIC_TOTAL
+from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision
 from txstore.testing.mock_kafka import MockKafkaCluster
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -43,7 +44,9 @@ def tables(url: str) -> set[str]:
 def test_alembic_upgrade_downgrade_upgrade_from_the_command_line(empty_database_url: str) -> None:
     up = alembic("upgrade", "head", url=empty_database_url)
     assert up.returncode == 0, up.stderr
-    assert {"txn_offsets", "txn_data", "alembic_version"} <= tables(empty_database_url)
+    assert {"txn_offsets", "txn_data", "txn_messages", "txn_outbox", "alembic_version"} <= tables(
+        empty_database_url
+    )
     down = alembic("downgrade", "base", url=empty_database_url)
     assert down.returncode == 0, down.stderr
     assert tables(empty_database_url) == {"alembic_version"}
@@ -77,7 +80,9 @@ def test_offline_sql_needs_no_database_and_creates_both_tables() -> None:
     sql = result.stdout
     assert "CREATE TABLE txn_offsets" in sql
     assert "CREATE TABLE txn_data" in sql
-    assert "UNIQUE NULLS NOT DISTINCT (job, topic, key, window_start)" in sql
+    assert "UNIQUE NULLS NOT DISTINCT (job, topic, grain, key, window_start)" in sql
+    assert "CREATE TABLE txn_messages" in sql
+    assert "CREATE TABLE txn_outbox" in sql
     assert "COMMIT" in sql
 
 
@@ -108,6 +113,39 @@ def test_an_older_schema_is_refused(database_url: str) -> None:
 
 
 def test_topic_total_rows_are_unique_even_with_null_key_and_window(db: psycopg.Connection) -> None:
-    db.execute("INSERT INTO txn_data (job, topic, metric) VALUES ('j', 't', 1)")
+    db.execute("INSERT INTO txn_data (job, topic, grain, metric) VALUES ('j', 't', 'topic', 1)")
+    # The null-key count has NULL key and window too, but another grain: it is its own row.
+    db.execute("INSERT INTO txn_data (job, topic, grain, metric) VALUES ('j', 't', 'key', 1)")
     with pytest.raises(psycopg.errors.UniqueViolation):
-        db.execute("INSERT INTO txn_data (job, topic, metric) VALUES ('j', 't', 1)")
+        db.execute("INSERT INTO txn_data (job, topic, grain, metric) VALUES ('j', 't', 'topic', 1)")
+
+
+def test_revision_0003_keeps_existing_results_and_infers_their_grain(empty_database_url: str) -> None:
+    assert alembic("upgrade", "0002", url=empty_database_url).returncode == 0
+    with connect(empty_database_url) as conn:
+        conn.execute(
+            "INSERT INTO txn_data (job, topic, key, window_start, metric) VALUES "
+            "('j', 't', NULL, NULL, 10), ('j', 't', 'a', NULL, 4), "
+            "('j', 't', NULL, '2026-01-01Z', 3), ('j', 't', 'a', '2026-01-01Z', 2)"
+        )
+        conn.commit()
+    up = alembic("upgrade", "head", url=empty_database_url)
+    assert up.returncode == 0, up.stderr
+    query = "SELECT grain, key, metric FROM txn_data ORDER BY metric"
+    with connect(empty_database_url) as conn:
+        rows = conn.execute(query).fetchall()
+        assert rows == [("key+window", "a", 2), ("window", None, 3), ("key", "a", 4), ("topic", None, 10)]
+        conn.execute("UPDATE txn_data SET metric = metric + 0.5 WHERE grain = 'topic'")
+        conn.commit()
+        assert conn.execute("SELECT metric FROM txn_data WHERE grain = 'topic'").fetchone() == (
+            Decimal("10.5"),
+        )
+    down = alembic("downgrade", "0002", url=empty_database_url)
+    assert down.returncode == 0, down.stderr
+    with connect(empty_database_url) as conn:
+        assert conn.execute("SELECT key, metric FROM txn_data ORDER BY metric").fetchall() == [
+            ("a", 2),
+            (None, 3),
+            ("a", 4),
+            (None, 11),
+        ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timezone
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -13,7 +14,8 @@ from txstore.db import connect
 from txstore.errors import AlreadyCommitted, OffsetGap, OffsetOverlap
 from txstore.failpoints import FailPoints, InjectedFailure
 from txstore.ranges import OffsetRange
-from txstore.sink import TOPIC_TOTAL, TransactionalSink
+from txstore.results import TOPIC_TOTAL, by_key, by_key_and_window
+from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision
 
 
@@ -22,7 +24,8 @@ def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
         "SELECT job, topic, part, off, updated_at FROM txn_offsets ORDER BY 1, 2, 3"
     ).fetchall()
     data = db.execute(
-        "SELECT job, topic, key, window_start, metric, updated_at FROM txn_data ORDER BY 1, 2, 3 NULLS FIRST, 4"
+        "SELECT job, topic, key, window_start, metric, updated_at, grain FROM txn_data "
+        "ORDER BY 1, 2, 3 NULLS FIRST, 4, 7"
     ).fetchall()
     return offsets, data
 
@@ -38,8 +41,8 @@ def test_commit_adds_deltas_and_moves_the_offset_in_one_transaction(
     seed(db, "j", "t", {0: 0})
     with connect(database_url) as conn:
         sink = TransactionalSink(conn, "j")
-        sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10, ("k1", None): 4})
-        sink.commit(OffsetRange("t", 0, 10, 15), {TOPIC_TOTAL: 5, ("k1", None): 1})
+        sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10, by_key("k1"): 4})
+        sink.commit(OffsetRange("t", 0, 10, 15), {TOPIC_TOTAL: 5, by_key("k1"): 1})
     offsets, data = snapshot(db)
     assert [o[:4] for o in offsets] == [("j", "t", 0, 15)]
     assert [d[:5] for d in data] == [("j", "t", None, None, 15), ("j", "t", "k1", None, 5)]
@@ -65,10 +68,10 @@ def test_a_refused_commit_leaves_results_and_offsets_exactly_as_they_were(
     when = datetime(2026, 1, 1, tzinfo=timezone.utc)
     with connect(database_url) as conn:
         sink = TransactionalSink(conn, "j")
-        sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10, ("a", when): 3})
+        sink.commit(OffsetRange("t", 0, 0, 10), {TOPIC_TOTAL: 10, by_key_and_window("a", when): 3})
         before = snapshot(db)
         with pytest.raises(error) as raised:
-            sink.commit(offset_range, {TOPIC_TOTAL: 99, ("a", when): 99, ("new", None): 1})
+            sink.commit(offset_range, {TOPIC_TOTAL: 99, by_key_and_window("a", when): 99, by_key("new"): 1})
         assert text in str(raised.value)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert snapshot(db) == before
@@ -117,7 +120,7 @@ def test_concurrent_partition_commits_on_shared_rows_neither_deadlock_nor_lose_u
                 for r in range(rounds):
                     # Every partition touches every key, listed in a different order each time.
                     rotated = keys[partition:] + keys[:partition]
-                    deltas = {TOPIC_TOTAL: 1, **{(k, None): 1 for k in reversed(rotated)}}
+                    deltas = {TOPIC_TOTAL: 1, **{by_key(k): 1 for k in reversed(rotated)}}
                     sink.commit(OffsetRange("t", partition, r, r + 1), deltas)
         except BaseException as e:
             errors.append(e)
@@ -184,3 +187,47 @@ def test_a_worker_reuses_its_connection_and_replaces_one_the_server_closed(
         assert replaced.execute("SELECT 1").fetchone() == (1,)
     finally:
         forget_worker_connection(database_url)
+
+
+def test_a_batch_commit_moves_every_offset_and_adds_every_result_or_nothing(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "a", {0: 0, 1: 0})
+    seed(db, "j", "b", {0: 5})
+    batch = [OffsetRange("a", 0, 0, 10), OffsetRange("a", 1, 0, 4), OffsetRange("b", 0, 5, 8)]
+    deltas = {("a", TOPIC_TOTAL): 14, ("a", by_key("k")): 14, ("b", TOPIC_TOTAL): 3}
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "j")
+        sink.commit_batch(batch, deltas)
+        committed = snapshot(db)
+        # The same batch again (a retry after a lost acknowledgement): recognised, nothing added.
+        with pytest.raises(AlreadyCommitted):
+            sink.commit_batch(batch, deltas)
+        assert snapshot(db) == committed
+        # The next batch with one range starting past the stored offset: a gap, nothing moves.
+        with pytest.raises(OffsetGap, match="'a' partition 1 range 6 -> 9: gap, stored offset 4"):
+            sink.commit_batch(
+                [OffsetRange("a", 0, 10, 12), OffsetRange("a", 1, 6, 9)], {("a", TOPIC_TOTAL): 5}
+            )
+        assert snapshot(db) == committed
+        # Another writer committed one of the ranges meanwhile: committing the rest would double count.
+        sink.commit(OffsetRange("b", 0, 8, 9), {TOPIC_TOTAL: 1})
+        after_other = snapshot(db)
+        with pytest.raises(OffsetOverlap, match="'b' partition 0 range 8 -> 9: overlap"):
+            sink.commit_batch(
+                [OffsetRange("a", 0, 10, 12), OffsetRange("b", 0, 8, 9)], {("a", TOPIC_TOTAL): 3}
+            )
+        assert snapshot(db) == after_other
+    offsets = {(o[1], o[2]): o[3] for o in snapshot(db)[0]}
+    assert offsets == {("a", 0): 10, ("a", 1): 4, ("b", 0): 9}
+    data = {(d[1], d[6], d[2]): d[4] for d in snapshot(db)[1]}
+    assert data == {("a", "topic", None): 14, ("a", "key", "k"): 14, ("b", "topic", None): 4}
+
+
+def test_fractional_metrics_add_up_exactly(database_url: str, db: psycopg.Connection) -> None:
+    seed(db, "j", "t", {0: 0})
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "j")
+        for i in range(10):
+            sink.commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 0.1})
+    assert db.execute("SELECT metric FROM txn_data").fetchone() == (Decimal("1.0"),)

@@ -16,15 +16,30 @@ from txstore.errors import (
     OffsetGap,
     OffsetOutOfLog,
     OffsetOverlap,
+    PublishFailed,
     SchemaMissing,
     TxstoreError,
+    UnknownTopic,
 )
-from txstore.job import BatchReport, JobSettings, TransactionalJob
+from txstore.idempotent import IdempotentSink, MessageTransform
+from txstore.job import BatchReport, DataFrameAggregate, JobSettings, TransactionalJob
+from txstore.outbox import OutboxPublisher
 from txstore.ranges import OffsetRange, PartitionWatermarks, plan_ranges
-from txstore.sink import TOPIC_TOTAL, ResultKey, TransactionalSink, classify_conflict
+from txstore.results import (
+    TOPIC_TOTAL,
+    Deltas,
+    ResultKey,
+    by_key,
+    by_key_and_window,
+    by_window,
+    decode_key,
+)
+from txstore.runner import run_job_main
+from txstore.sink import TransactionalSink, classify_conflict
 from txstore.spark import read_ranges
 from txstore.starting import StartingOffsets, parse_starting_offsets
 from txstore.task import Aggregate, RangeReport
+from txstore.windows import parse_duration_ms, window_start
 
 __all__ = [
     "TOPIC_TOTAL",
@@ -34,16 +49,22 @@ __all__ = [
     "BatchReport",
     "CommitConflict",
     "ConfigError",
+    "DataFrameAggregate",
     "DataLoss",
     "DatabaseUnavailable",
+    "Deltas",
+    "IdempotentSink",
     "JobSettings",
     "KafkaReadError",
     "KafkaUnavailable",
+    "MessageTransform",
     "OffsetGap",
     "OffsetOutOfLog",
     "OffsetOverlap",
     "OffsetRange",
+    "OutboxPublisher",
     "PartitionWatermarks",
+    "PublishFailed",
     "RangeReport",
     "ResultKey",
     "SchemaMissing",
@@ -51,8 +72,16 @@ __all__ = [
     "TransactionalJob",
     "TransactionalSink",
     "TxstoreError",
+    "UnknownTopic",
+    "by_key",
+    "by_key_and_window",
+    "by_window",
     "classify_conflict",
+    "decode_key",
+    "parse_duration_ms",
     "parse_starting_offsets",
     "plan_ranges",
     "read_ranges",
+    "run_job_main",
+    "window_start",
 ]

@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         "--forget", action="store_true", help="delete the rows (for partitions Kafka no longer has)"
     )
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the job runs)")
+    publish = commands.add_parser(
+        "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
+    )
+    add_connection_options(publish)
+    publish.add_argument("--job", required=True)
 
     if argv and argv[0] == "count-topic":
         from txstore.count_topic import main as count_topic
@@ -86,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
 def _operate(args: argparse.Namespace) -> int:
     from txstore import ops
     from txstore.db import connect, resolve_database_url
-    from txstore.kafka import client_config
+    from txstore.errors import ConfigError
+    from txstore.kafka import BOOTSTRAP_ENV, client_config, topic_name_problem
     from txstore.reset import ResetTarget
     from txstore.starting import parse_timestamp
 
     url = resolve_database_url(args.database_url)
+    problem = topic_name_problem(args.topic) if args.command == "reset" else None
+    if problem:
+        raise ConfigError(f"--topic {problem}")
     kafka_conf = (
         client_config(args.bootstrap_servers, dict(args.kafka_options)) if args.bootstrap_servers else None
     )
@@ -104,6 +113,17 @@ def _operate(args: argparse.Namespace) -> int:
         if args.command == "jobs":
             summaries = ops.jobs(conn)
             print(ops.as_json(summaries) if args.json else ops.format_jobs(summaries))
+            return 0
+        if args.command == "publish":
+            from txstore.outbox import OutboxPublisher, close_producers, pending_count
+
+            if kafka_conf is None:
+                raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
+            try:
+                sent = OutboxPublisher(kafka_conf, args.job).publish_pending(conn)
+            finally:
+                close_producers()
+            print(f"published {sent} results of job {args.job!r}; {pending_count(conn, args.job)} waiting")
             return 0
         if args.to_earliest:
             target = ResetTarget("earliest")

@@ -46,12 +46,31 @@ def sqlalchemy_url(url: str) -> URL:
     return make_url(libpq_url(url)).set(drivername="postgresql+psycopg")
 
 
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_ENCODING_HINT = (
+    "percent-encode special characters in the user name and password "
+    "(@ as %40, : as %3A, / as %2F, % as %25, # as %23, ? as %3F)"
+)
+
+
 def redact(url: str) -> str:
-    """The URL with its password replaced by ``***``, safe for any log or error."""
-    try:
-        return make_url(libpq_url(url)).render_as_string(hide_password=True)
-    except Exception:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """The URL with its password replaced by ``***``, safe for any log or error.
+
+    Works on the text, not on a parsed URL, so a malformed URL (say a password
+    with an unencoded ``@`` or ``/``) is redacted too: everything between
+    ``user:`` and the last ``@`` goes, and so does a ``password=`` parameter.
+    """
+    text = libpq_url(url)
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest:
+        userinfo, _, host_and_more = rest.rpartition("@")
+        user, has_password, _ = userinfo.partition(":")
+        text = f"{scheme}://{user}{':***' if has_password else ''}@{host_and_more}"
+    return _PASSWORD_PARAM.sub(r"\1***", text)
+
+
+def _has_password(url: str) -> bool:
+    return redact(url) != libpq_url(url)
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
@@ -68,7 +87,13 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
             f"check --database-url / {DATABASE_URL_ENV} and that the server is up"
         ) from None
     except psycopg.ProgrammingError as e:
-        raise ConfigError(f"database URL {redact(url)} is malformed: {first_line(e)}") from None
+        # libpq quotes the token it could not parse, which may be part of the password.
+        if _has_password(url):
+            raise ConfigError(f"database URL {redact(url)} cannot be parsed; {_ENCODING_HINT}") from None
+        raise ConfigError(
+            f"database URL {redact(url)} cannot be parsed ({first_line(e)}); "
+            "expected postgresql://user:password@host:5432/dbname"
+        ) from None
 
 
 _worker_connections: dict[str, psycopg.Connection] = {}

@@ -39,6 +39,16 @@ class DatabaseUnavailable(TxstoreError):
     transient = True
 
 
+class PermissionDenied(TxstoreError):
+    """The database role lacks a privilege the job needs (see the README's job role)."""
+
+
+PRIVILEGE_HINT = (
+    "a job's role needs SELECT on alembic_version and SELECT, INSERT, UPDATE on txn_offsets, "
+    "txn_data and txn_lost_ranges (README: a role for jobs)"
+)
+
+
 class SchemaMissing(TxstoreError):
     """The txstore tables are missing or older than this code."""
 
@@ -47,6 +57,12 @@ class KafkaUnavailable(TxstoreError):
     """Kafka metadata or watermarks could not be fetched in time."""
 
     transient = True
+
+
+class UnknownTopic(KafkaUnavailable):
+    """A topic the job was told to read does not exist (txstore never creates topics)."""
+
+    transient = False
 
 
 class KafkaReadError(TxstoreError):
@@ -123,8 +139,26 @@ class OffsetOverlap(CommitConflict):
 
 
 class BatchFailed(TxstoreError):
-    """A batch did not commit all its ranges (those that committed stay committed)."""
+    """A batch did not commit all its ranges (those that committed stay committed).
 
-    def __init__(self, message: str, *, transient: bool) -> None:
+    ``replan``: the refusal only means the plan is stale (another writer, or a
+    late task of an earlier failed batch, committed part of a range after it
+    was planned); planning again from the stored offsets is safe at once.
+    """
+
+    def __init__(self, message: str, *, transient: bool, replan: bool = False) -> None:
         super().__init__(message)
-        self.transient = transient
+        self.transient = transient or replan
+        self.replan = replan
+
+
+def committed_past_start(error: CommitConflict) -> bool:
+    """An overlap because someone committed beyond the range's start after it was planned."""
+    stored = error.stored_offset
+    return isinstance(error, OffsetOverlap) and stored is not None and stored > error.offset_range.from_offset
+
+
+class PublishFailed(TxstoreError):
+    """Committed results could not be published to Kafka; they stay in ``txn_outbox`` for the next try."""
+
+    transient = True

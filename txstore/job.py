@@ -9,8 +9,15 @@ A batch:
 3. give partitions without a row their starting offset (``INSERT .. ON
    CONFLICT DO NOTHING``, then re-read, so concurrent starters agree);
 4. plan one range per partition with new data; none means no Spark job;
-5. run one Spark task per range (read, aggregate, commit in one transaction);
-6. log a line per range and a summary line; a refused range fails the batch.
+5. per-range commits (the default): Spark tasks read, aggregate and
+   commit each range in its own transaction (a task may run several ranges). Per-batch commits: tasks
+   (one per range, or per piece with ``min_partitions``) aggregate, a
+   shuffle sums the deltas, and the driver commits all results and every
+   range's offset move in one transaction. ``sink="idempotent"``: tasks
+   store each message under its offset instead of aggregating;
+6. log a line per range and a summary line; a refused range fails the batch;
+7. with ``publish_topic``, send the batch's committed results from the
+   outbox to Kafka (:mod:`txstore.outbox`).
 """
 
 from __future__ import annotations
@@ -27,12 +34,26 @@ import psycopg
 
 from txstore import store
 from txstore.db import connect
-from txstore.errors import BatchFailed, DatabaseUnavailable, TxstoreError, first_line
-from txstore.failpoints import FailPoints
-from txstore.kafka import client_config, fetch_watermarks, offsets_for_timestamp
+from txstore.errors import (
+    PRIVILEGE_HINT,
+    AlreadyCommitted,
+    BatchFailed,
+    ConfigError,
+    DatabaseUnavailable,
+    OffsetGap,
+    OffsetOverlap,
+    PermissionDenied,
+    TxstoreError,
+    committed_past_start,
+    first_line,
+)
+from txstore.failpoints import FailPoints, InjectedFailure
+from txstore.idempotent import MessageTransform
+from txstore.kafka import Watermarks, client_config, offsets_for_timestamp, topic_name_problem
 from txstore.locks import hold_job_lock
 from txstore.migrate import check_schema
 from txstore.mirror import GroupOffsetMirror
+from txstore.outbox import OutboxPublisher, close_producers
 from txstore.ranges import (
     OffsetRange,
     PartitionWatermarks,
@@ -40,10 +61,39 @@ from txstore.ranges import (
     aged_out,
     limit_ranges,
     plan_ranges,
+    split_ranges,
 )
-from txstore.spark import run_ranges, spark_failure_reason
+from txstore.sink import TransactionalSink
+from txstore.spark import (
+    BatchResult,
+    aggregate_batch,
+    dataframe_deltas,
+    read_ranges,
+    run_ranges,
+    spark_failure_reason,
+)
 from txstore.starting import StartingOffsets, resolve_starting_offsets
-from txstore.task import ALREADY_COMMITTED, REFUSED, Aggregate, RangeReport, RangeTask
+from txstore.task import (
+    ALREADY_COMMITTED,
+    COMMITTED,
+    REFUSED,
+    Aggregate,
+    MessageTask,
+    RangeReport,
+    RangeTask,
+)
+
+PER_RANGE = "per-range"
+PER_BATCH = "per-batch"
+TRANSACTIONAL = "transactional"
+IDEMPOTENT = "idempotent"
+COMMIT_MODES = (PER_RANGE, PER_BATCH)
+SINKS = (TRANSACTIONAL, IDEMPOTENT)
+DRIVER_COMMIT_ATTEMPTS = 3
+
+DataFrameAggregate = Callable[[Any], Any]
+"""A DataFrame with Spark's Kafka-source columns -> a DataFrame of deltas
+(``topic``, ``metric``, optional ``key``, ``window_start``, ``grain``)."""
 
 log = logging.getLogger("txstore")
 
@@ -55,14 +105,38 @@ class JobSettings:
     job: str
     topics: tuple[str, ...]
     bootstrap_servers: str
-    database_url: str
+    database_url: str = field(repr=False)  # holds the password
     starting_offsets: StartingOffsets = field(default_factory=StartingOffsets)
-    kafka_options: Mapping[str, str] = field(default_factory=dict)
+    kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold passwords
     interval: float | None = None  # None: one batch (--once)
     max_offsets_per_batch: int | None = None
     fail_on_data_loss: bool = True
     commit_to_kafka_group: str | None = None
     max_batch_failures: int = 3
+    commit: str = PER_RANGE  # or PER_BATCH: one driver-side transaction per batch
+    min_partitions: int | None = None  # per-batch only: at least this many Spark tasks
+    sink: str = TRANSACTIONAL  # or IDEMPOTENT: store each message under its offset
+    publish_topic: str | None = None  # also publish committed results to this Kafka topic
+
+    def __post_init__(self) -> None:
+        for topic in self.topics:
+            problem = topic_name_problem(topic)
+            if problem:
+                raise ConfigError(problem)
+        if self.commit not in COMMIT_MODES:
+            raise ConfigError(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {self.commit!r}")
+        if self.sink not in SINKS:
+            raise ConfigError(f"--sink must be one of {', '.join(SINKS)}, got {self.sink!r}")
+        if self.min_partitions is not None and (self.min_partitions < 1 or self.commit != PER_BATCH):
+            raise ConfigError(
+                "--min-partitions needs --commit per-batch and a number of at least 1 "
+                "(per-range commits are one task per Kafka partition)"
+            )
+        if self.sink == IDEMPOTENT and (self.commit != PER_RANGE or self.publish_topic):
+            raise ConfigError(
+                "--sink idempotent stores messages range by range; it takes neither --commit per-batch "
+                "nor --publish-topic"
+            )
 
     @property
     def kafka_conf(self) -> dict[str, Any]:
@@ -75,6 +149,7 @@ class BatchReport:
     ranges: tuple[RangeReport, ...]
     plan_ms: float
     run_ms: float
+    commit_ms: float = 0.0  # per-batch commits: the driver's transaction (part of run_ms)
 
     @property
     def messages(self) -> int:
@@ -88,20 +163,48 @@ class TransactionalJob:
         self,
         spark: Any,
         settings: JobSettings,
-        aggregate: Aggregate,
-        watermarks: Callable[
-            [Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]
-        ] = fetch_watermarks,
+        aggregate: Aggregate | None = None,
+        *,
+        dataframe_aggregate: DataFrameAggregate | None = None,
+        transform: MessageTransform | None = None,
+        watermarks: Callable[[Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]] | None = None,
     ) -> None:
-        """``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own."""
+        """Give ``aggregate`` (plain Python over a range's messages) or ``dataframe_aggregate``
+        (a DataFrame transformation; always commits per batch). With ``settings.sink ==
+        "idempotent"`` give neither, or a ``transform`` choosing what to store per message.
+
+        ``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own.
+        By default one Kafka admin client is kept for the job's life (planning an
+        idle batch then costs a few round trips, not a new client).
+        """
+        if settings.sink == IDEMPOTENT:
+            if aggregate is not None or dataframe_aggregate is not None:
+                raise ConfigError("an idempotent sink stores messages; give a transform, not an aggregate")
+        elif (aggregate is None) == (dataframe_aggregate is None):
+            raise ConfigError("give exactly one of aggregate and dataframe_aggregate")
+        elif transform is not None:
+            raise ConfigError("transform is for the idempotent sink (settings.sink='idempotent')")
         self.spark = spark
         self.settings = settings
         self.aggregate = aggregate
+        self.dataframe_aggregate = dataframe_aggregate
+        self.transform = transform
+        self._own_watermarks: Watermarks | None = None
+        if watermarks is None:
+            watermarks = self._own_watermarks = Watermarks()
         self.watermarks = watermarks
         self.failpoints = FailPoints.from_env()
         self.batches = 0
         self._conn: psycopg.Connection | None = None
         self._mirror: GroupOffsetMirror | None = None
+        self._publisher = (
+            OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
+        )
+        self._outbox_clean = False  # until a publish succeeds: a previous run may have left rows
+
+    @property
+    def commits_per_batch(self) -> bool:
+        return self.settings.commit == PER_BATCH or self.dataframe_aggregate is not None
 
     # -- driver database connection, reused across batches ------------------
     def _connection(self) -> psycopg.Connection:
@@ -111,13 +214,20 @@ class TransactionalJob:
             hold_job_lock(self._conn, self.settings.job)
         return self._conn
 
-    def close(self) -> None:
+    def _drop_connection(self) -> None:
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
+
+    def close(self) -> None:
+        self._drop_connection()
         if self._mirror is not None:
             self._mirror.close()
             self._mirror = None
+        if self._publisher is not None:
+            close_producers()
+        if self._own_watermarks is not None:
+            self._own_watermarks.close()
 
     def __enter__(self) -> TransactionalJob:
         return self
@@ -137,6 +247,11 @@ class TransactionalJob:
             ):
                 committed, watermarks = self._state(conn)
             return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
+        except psycopg.errors.InsufficientPrivilege as e:
+            self.close()
+            raise PermissionDenied(
+                f"planning job {s.job!r}: PostgreSQL said {first_line(e)}; {PRIVILEGE_HINT}"
+            ) from None
         except psycopg.Error as e:
             self.close()
             raise DatabaseUnavailable(
@@ -210,17 +325,29 @@ class TransactionalJob:
         """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
         started = time.perf_counter()
         ranges = self.plan()
+        self.failpoints.hit("after-plan")
         return self.execute(ranges, plan_ms=(time.perf_counter() - started) * 1000)
 
     def execute(self, ranges: list[OffsetRange], plan_ms: float = 0.0) -> BatchReport:
-        """Step 5-6: one Spark task per planned range; no Spark job if there are none."""
+        """Steps 5-7: run the planned ranges; no Spark job if there are none."""
         s = self.settings
         self.batches += 1
         number = self.batches
         started = time.perf_counter()
-        task = RangeTask(s.job, s.database_url, s.kafka_conf, self.aggregate, self.failpoints)
+        description = f"txstore {s.job} batch {number}"
+        commit_ms = 0.0
         try:
-            reports = run_ranges(self.spark, ranges, task, f"txstore {s.job} batch {number}")
+            if self.commits_per_batch:
+                reports, commit_ms = self._run_per_batch(ranges, description)
+            elif s.sink == IDEMPOTENT:
+                store = MessageTask(s.job, s.database_url, s.kafka_conf, self.transform, self.failpoints)
+                reports = run_ranges(self.spark, ranges, store, description)
+            else:
+                assert self.aggregate is not None
+                task = RangeTask(
+                    s.job, s.database_url, s.kafka_conf, self.aggregate, self.failpoints, s.publish_topic
+                )
+                reports = run_ranges(self.spark, ranges, task, description)
         except TxstoreError:
             raise
         except Exception as e:
@@ -230,7 +357,9 @@ class TransactionalJob:
             raise BatchFailed(
                 f"job {s.job!r} batch {number} failed: {spark_failure_reason(e)}", transient=True
             ) from None
-        report = BatchReport(number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000)
+        report = BatchReport(
+            number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000, commit_ms
+        )
         self._log(report)
         if s.commit_to_kafka_group:
             self._mirror_offsets(report)
@@ -240,9 +369,84 @@ class TransactionalJob:
             # next batch's planning records and skips them, so retrying helps.
             transient = not s.fail_on_data_loss and all(r.error_kind == "DataLoss" for r in refused)
             raise BatchFailed(
-                refused[0].error or f"range {refused[0].range} was refused", transient=transient
+                refused[0].error or f"range {refused[0].range} was refused",
+                transient=transient,
+                replan=all(r.stale_plan for r in refused),
             )
+        if self._publisher is not None and (report.ranges or not self._outbox_clean):
+            self.publish()
         return report
+
+    def publish(self) -> int:
+        """Send the job's committed, unsent results to ``publish_topic``; return how many."""
+        assert self._publisher is not None
+        self._outbox_clean = False
+        try:
+            sent = self._publisher.publish_pending(self._connection())
+            self._outbox_clean = True
+            return sent
+        except psycopg.Error as e:
+            self._drop_connection()
+            raise DatabaseUnavailable(
+                f"reading the outbox of job {self.settings.job!r} failed: {first_line(e)}"
+            ) from None
+
+    # -- per-batch commits --------------------------------------------------------
+    def _run_per_batch(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
+        """Aggregate across all partitions on Spark, then commit the batch from the driver."""
+        s = self.settings
+        if not ranges:
+            return [], 0.0
+        pieces = split_ranges(ranges, s.min_partitions)
+        if self.dataframe_aggregate is not None:
+            self.spark.sparkContext.setJobDescription(description)
+            try:
+                frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf))
+                result: BatchResult = (dataframe_deltas(frame), {r.key: r.size for r in ranges})
+            finally:
+                self.spark.sparkContext.setJobDescription(None)
+        else:
+            assert self.aggregate is not None
+            result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description)
+        deltas, messages = result
+        started = time.perf_counter()
+        outcome = self._commit_batch(ranges, deltas)
+        commit_ms = (time.perf_counter() - started) * 1000
+        return [RangeReport(r, outcome, messages.get(r.key, 0)) for r in ranges], commit_ms
+
+    def _commit_batch(self, ranges: list[OffsetRange], deltas: Any) -> str:
+        """Commit on the driver; if the connection drops, commit again on a new one.
+
+        A commit whose acknowledgement was lost is then found already
+        committed; one that did not happen commits now. Gaps and overlaps
+        roll back everything and stop the job.
+        """
+        s = self.settings
+        for attempt in range(DRIVER_COMMIT_ATTEMPTS):
+            try:
+                sink = TransactionalSink(self._connection(), s.job, self.failpoints, s.publish_topic)
+                sink.commit_batch(ranges, deltas, attempt)
+                return COMMITTED
+            except AlreadyCommitted:
+                if attempt == 0:
+                    log.warning("job %s: this batch was already committed by another instance", s.job)
+                return ALREADY_COMMITTED
+            except (OffsetGap, OffsetOverlap) as e:
+                raise BatchFailed(str(e), transient=False, replan=committed_past_start(e)) from None
+            except (psycopg.OperationalError, InjectedFailure) as e:
+                self._drop_connection()
+                if attempt + 1 == DRIVER_COMMIT_ATTEMPTS:
+                    raise DatabaseUnavailable(
+                        f"committing job {s.job!r} batch {self.batches} failed: {first_line(e)}; "
+                        "nothing or all of it was committed, and the next batch plans from what was"
+                    ) from None
+                log.warning(
+                    "job %s: batch commit interrupted (%s); committing again, a commit that landed "
+                    "is recognised as already committed",
+                    s.job,
+                    first_line(e),
+                )
+        raise AssertionError("unreachable")
 
     def _mirror_offsets(self, report: BatchReport) -> None:
         """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""
@@ -255,6 +459,13 @@ class TransactionalJob:
         )
 
     def _log(self, report: BatchReport) -> None:
+        if report.commit_ms:
+            log.info(
+                "job %s batch %d: committed per batch in %.0f ms",
+                self.settings.job,
+                report.number,
+                report.commit_ms,
+            )
         for r in report.ranges:
             log.info(
                 "range %s: %d messages, %.0f ms (read %.0f, commit %.0f), %s",
@@ -267,7 +478,8 @@ class TransactionalJob:
             )
         skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
         log.info(
-            "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f)%s",
+            "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; tasks read %.0f, "
+            "commit %.0f)%s",
             self.settings.job,
             report.number,
             len(report.ranges),
@@ -275,6 +487,8 @@ class TransactionalJob:
             report.plan_ms + report.run_ms,
             report.plan_ms,
             report.run_ms,
+            sum(r.read_ms for r in report.ranges),
+            sum(r.commit_ms for r in report.ranges),
             f", {skipped} already committed" if skipped else "",
         )
 
@@ -284,15 +498,25 @@ class TransactionalJob:
 
         In interval mode a failed batch is retried at the next interval; the job
         gives up after ``max_batch_failures`` failures in a row. Errors that
-        retrying cannot fix (bad settings, missing schema, refused ranges)
-        stop it at once.
+        retrying cannot fix (bad settings, missing schema, gaps) stop it at
+        once. A batch refused only because its plan went stale (another
+        instance committed part of it) is planned again at once, also with
+        ``--once``.
         """
         s = self.settings
-        stop = stop or threading.Event()
+        stop = threading.Event() if stop is None else stop
         try:
             if s.interval is None:
-                self.run_batch()
+                for attempt in range(1, s.max_batch_failures + 1):
+                    try:
+                        self.run_batch()
+                        return
+                    except BatchFailed as e:
+                        if not e.replan or attempt == s.max_batch_failures:
+                            raise
+                        log.warning("job %s: %s; planning again", s.job, e)
                 return
+            interval = s.interval
             failures = 0
             while not stop.is_set():
                 started = time.monotonic()
@@ -305,6 +529,9 @@ class TransactionalJob:
                     failures += 1
                     if failures >= s.max_batch_failures:
                         raise
+                    if isinstance(e, BatchFailed) and e.replan:
+                        log.warning("job %s: %s; planning again", s.job, e)
+                        continue
                     log.warning(
                         "job %s: batch failed (%d of %d in a row), retrying at the next interval: %s",
                         s.job,
@@ -312,18 +539,19 @@ class TransactionalJob:
                         s.max_batch_failures,
                         e,
                     )
-                stop.wait(max(0.0, s.interval - (time.monotonic() - started)))
+                self.failpoints.hit("between-batches")
+                stop.wait(max(0.0, interval - (time.monotonic() - started)))
             log.info("job %s: stopped after %d batches", s.job, self.batches)
         finally:
             self.close()
 
 
-def stop_on_signals() -> threading.Event:
+def stop_on_signals(stop: threading.Event | None = None) -> threading.Event:
     """An event set by SIGTERM or the first Ctrl-C, so the current batch can finish.
 
-    A second Ctrl-C interrupts at once.
+    A second Ctrl-C interrupts at once. Pass the event again to reinstall the handlers.
     """
-    stop = threading.Event()
+    stop = threading.Event() if stop is None else stop
 
     def handle(signum: int, frame: Any) -> None:
         if stop.is_set() and signum == signal.SIGINT:

@@ -6,10 +6,21 @@ offsets, no auto commit) starts exactly at ``from_offset`` and stops at
 have holes (compaction, transaction markers). ``auto.offset.reset=error``
 makes an aged-out offset fail loudly instead of silently jumping to the end.
 Every call has a timeout.
+
+Reading is cheap per range and per message: a process keeps one idle
+consumer per configuration and reuses it for the next range (a Spark Python
+worker runs many tasks), messages come in batches of up to ``READ_BATCH``,
+errors are looked for without Python code per message, and Python's cyclic
+garbage collector is paused while a range is read (:func:`gc_paused`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
+import re
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -24,13 +35,17 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from txstore.errors import ConfigError, DataLoss, KafkaReadError, KafkaUnavailable
+from txstore.errors import ConfigError, DataLoss, KafkaReadError, KafkaUnavailable, UnknownTopic
 from txstore.ranges import OffsetRange, PartitionWatermarks
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+CLIENT_LOG = logging.getLogger("txstore.kafka.client")
+"""librdkafka's own log lines from the driver's admin clients (shown with ``--verbose``)."""
 METADATA_TIMEOUT_SECONDS = 15.0
 READ_BATCH = 10_000
 IDLE_TIMEOUT_SECONDS = 60.0
+POLL_SECONDS = 1.0
+CONSUMER_MAX_IDLE_SECONDS = 300.0  # a pooled consumer unused for longer is replaced
 
 # Settings a user's --kafka-option must not change: they are what makes reads exact.
 _READER_FIXED = {
@@ -39,6 +54,22 @@ _READER_FIXED = {
     "auto.offset.reset": "error",
     "enable.partition.eof": True,
 }
+
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def topic_name_problem(topic: str) -> str | None:
+    """Why ``topic`` cannot be a Kafka topic name, or None if it can.
+
+    Kafka allows 1 to 249 ASCII letters, digits, ``.``, ``_`` and ``-``, and
+    not ``.`` or ``..``; anything else is refused before any client is made.
+    """
+    if topic in (".", ".."):
+        return f"{topic!r} is not allowed as a Kafka topic name"
+    if not _TOPIC_NAME.match(topic):
+        return f"{topic!r} is not a valid Kafka topic name: use 1 to 249 letters, digits, '.', '_' and '-'"
+    return None
 
 
 def client_config(bootstrap_servers: str, options: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -59,7 +90,18 @@ def reader_config(base: Mapping[str, Any]) -> dict[str, Any]:
     conf = {
         "group.id": "txstore-reader",  # required by librdkafka; never joined or committed to
         "isolation.level": "read_committed",
-        "fetch.wait.max.ms": 100,
+        # A range is read once it is known to exist, so a fetch never needs to wait
+        # for data. When a range ends at the log end, the consumer's next fetch is
+        # held by the broker this long, and on a reused consumer the next range's
+        # first fetch queues behind it: keep it short.
+        "fetch.wait.max.ms": 1,
+        # Prefetch a couple of fetches ahead, not librdkafka's 100,000 messages /
+        # 64 MiB: a reader's memory stays small and independent of the range size.
+        # With a small queue, fetch again as soon as it drains (librdkafka's
+        # default waits a whole second once the queue was full).
+        "queued.min.messages": 20_000,
+        "queued.max.messages.kbytes": 16_384,
+        "fetch.queue.backoff.ms": 1,
         **base,
         **_READER_FIXED,
     }
@@ -70,37 +112,127 @@ def _servers(conf: Mapping[str, Any]) -> str:
     return str(conf.get("bootstrap.servers"))
 
 
+class _Admin:
+    """An AdminClient for one driver-side call, which keeps the errors librdkafka reports.
+
+    librdkafka retries a broker it cannot reach or talk to (refused, TLS or SASL
+    handshake failed) until the call times out, and would print a line to stderr
+    for every attempt. Here its log lines go to :data:`CLIENT_LOG` and its errors
+    are kept, so a failed call becomes one line that says what the broker said.
+    Metadata requests never create topics, whatever the broker allows.
+    """
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self.errors: list[KafkaError] = []
+        settings = {
+            **conf,
+            "allow.auto.create.topics": False,
+            "error_cb": self.errors.append,
+            "logger": CLIENT_LOG,
+        }
+        try:
+            self.client = AdminClient(settings)
+        except (KafkaException, ValueError, TypeError) as e:
+            raise ConfigError(
+                f"Kafka client settings refused: {_error_text(e)}; check --kafka-option"
+            ) from None
+
+    def last_error(self) -> str | None:
+        """The last error librdkafka reported (not "all brokers down"), after serving its queue."""
+        try:
+            self.client.poll(0)
+        except Exception:  # serving callbacks must never hide the original failure
+            return None
+        for error in reversed(self.errors):
+            if error.code() != KafkaError._ALL_BROKERS_DOWN:
+                return str(error.str())
+        return None
+
+    def unavailable(self, servers: str, what: str, timeout: float, error: BaseException) -> KafkaUnavailable:
+        reason = self.last_error() or _error_text(error)
+        return KafkaUnavailable(
+            f"Kafka at {servers} did not answer {what} within {timeout:g}s ({reason}); check "
+            f"--bootstrap-servers / {BOOTSTRAP_ENV}, the network, and --kafka-option security settings"
+        )
+
+
+def _error_text(error: BaseException) -> str:
+    first = error.args[0] if error.args else error
+    return str(first.str()) if isinstance(first, KafkaError) else str(first)
+
+
 def fetch_watermarks(
     conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
 ) -> list[PartitionWatermarks]:
     """Every partition of ``topics`` with its log-start and log-end offsets.
 
     One metadata request and two batched ListOffsets requests, whatever the
-    partition count. Raises :class:`KafkaUnavailable` (with the broker
-    address) on timeout or unknown topics.
+    partition count. Raises :class:`UnknownTopic` for a topic Kafka does not
+    have (it is never created), :class:`KafkaUnavailable` (with the broker
+    address and the broker's last error) on timeout.
     """
-    admin = AdminClient(dict(conf))
+    return _watermarks(_Admin(conf), conf, topics, timeout)
+
+
+class Watermarks:
+    """:func:`fetch_watermarks` with one AdminClient kept across calls.
+
+    A job plans a batch every interval; keeping the client saves its start
+    and connection setup each time. After a failed call the client is
+    dropped and the next call starts a new one.
+    """
+
+    def __init__(self) -> None:
+        self._admin: _Admin | None = None
+        self._conf: dict[str, Any] = {}
+
+    def __call__(
+        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
+    ) -> list[PartitionWatermarks]:
+        if self._admin is None or self._conf != dict(conf):
+            self._conf = dict(conf)
+            self._admin = _Admin(self._conf)
+        self._admin.errors.clear()  # only this call's errors explain its failure
+        try:
+            return _watermarks(self._admin, conf, topics, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._admin = None  # librdkafka destroys the client with the last reference
+
+
+def _watermarks(
+    admin: _Admin, conf: Mapping[str, Any], topics: Sequence[str], timeout: float
+) -> list[PartitionWatermarks]:
     servers = _servers(conf)
     partitions: list[TopicPartition] = []
     try:
         for topic in topics:
-            metadata = admin.list_topics(topic, timeout=timeout)
+            metadata = admin.client.list_topics(topic, timeout=timeout)
             found = metadata.topics.get(topic)
-            if found is None or found.error is not None or not found.partitions:
-                reason = found.error.str() if found is not None and found.error else "not found"
+            missing = found is None or (
+                found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            )
+            if missing:
+                raise UnknownTopic(
+                    f"topic {topic!r} does not exist on Kafka at {servers}; check --topic "
+                    "(txstore never creates topics)"
+                )
+            assert found is not None
+            if found.error is not None or not found.partitions:
+                reason = found.error.str() if found.error is not None else "no partitions"
                 raise KafkaUnavailable(
                     f"topic {topic!r} is not available on Kafka at {servers}: {reason}; "
-                    "check --topic and that the topic exists"
+                    "check that its partitions have leaders"
                 )
             partitions.extend(TopicPartition(topic, p) for p in sorted(found.partitions))
-        low = _list_offsets(admin, partitions, _EARLIEST, timeout)
+        low = _list_offsets(admin.client, partitions, _EARLIEST, timeout)
         # Read-committed end (the last stable offset): reading never waits on open transactions.
-        high = _list_offsets(admin, partitions, _LATEST, timeout, committed=True)
-    except KafkaException as e:
-        raise KafkaUnavailable(
-            f"Kafka at {servers} did not answer within {timeout:g}s ({e.args[0]}); "
-            f"check --bootstrap-servers / {BOOTSTRAP_ENV} and the network"
-        ) from None
+        high = _list_offsets(admin.client, partitions, _LATEST, timeout, committed=True)
+    except (KafkaException, TimeoutError) as e:
+        raise admin.unavailable(servers, "a metadata request", timeout, e) from None
     return [
         PartitionWatermarks(
             tp.topic, tp.partition, low[(tp.topic, tp.partition)], high[(tp.topic, tp.partition)]
@@ -122,15 +254,12 @@ def offsets_for_timestamp(
     """
     if not partitions:
         return {}
-    admin = AdminClient(dict(conf))
+    admin = _Admin(conf)
     spec = OffsetSpec.for_timestamp(timestamp_ms)  # type: ignore[no-untyped-call]
     try:
-        return _list_offsets(admin, [TopicPartition(t, p) for t, p in partitions], spec, timeout)
-    except KafkaException as e:
-        raise KafkaUnavailable(
-            f"Kafka at {_servers(conf)} did not answer the offsets-for-times lookup within {timeout:g}s "
-            f"({e.args[0]}); check --bootstrap-servers / {BOOTSTRAP_ENV}"
-        ) from None
+        return _list_offsets(admin.client, [TopicPartition(t, p) for t, p in partitions], spec, timeout)
+    except (KafkaException, TimeoutError) as e:
+        raise admin.unavailable(_servers(conf), "the offsets-for-times lookup", timeout, e) from None
 
 
 def _list_offsets(
@@ -157,12 +286,119 @@ def _offset(message: Message) -> int:
     return offset
 
 
+class _ConsumerPool:
+    """One idle consumer per configuration, kept for the next range this process reads.
+
+    A Spark Python worker runs many tasks; starting a consumer (threads,
+    connections, metadata) for each range would cost more than reading a
+    small range. A consumer goes back into the pool only after a read that
+    ended normally, unassigned; one that saw an error is closed instead. A
+    pooled consumer is checked before reuse (it must answer with an empty
+    assignment) and replaced if it sat unused for too long. The pool also
+    remembers which topics each consumer has read, because a consumer
+    assigned a topic it has no metadata for waits up to a second for
+    librdkafka's periodic refresh unless the reader asks for it first.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[str, tuple[Consumer, float, set[str]]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(conf: Mapping[str, Any]) -> str:
+        return repr(sorted((str(k), repr(v)) for k, v in conf.items()))
+
+    def take(self, conf: Mapping[str, Any]) -> tuple[Consumer, set[str]]:
+        """A consumer for ``conf`` and the topics it has read before."""
+        with self._lock:
+            idle = self._idle.pop(self._key(conf), None)
+        if idle is not None:
+            consumer, since, topics = idle
+            try:
+                if time.monotonic() - since < CONSUMER_MAX_IDLE_SECONDS and not consumer.assignment():
+                    return consumer, topics
+            except Exception:
+                pass
+            _close_quietly(consumer)
+        return Consumer(dict(conf)), set()
+
+    def give_back(self, conf: Mapping[str, Any], consumer: Consumer, topics: set[str]) -> None:
+        try:
+            consumer.unassign()
+        except Exception:
+            _close_quietly(consumer)
+            return
+        with self._lock:
+            previous = self._idle.pop(self._key(conf), None)
+            self._idle[self._key(conf)] = (consumer, time.monotonic(), topics)
+        if previous is not None:
+            _close_quietly(previous[0])
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), {}
+        for consumer, _, _ in idle:
+            _close_quietly(consumer)
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    with contextlib.suppress(Exception):
+        consumer.close()
+
+
+_consumers = _ConsumerPool()
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after.
+
+    Every consumed message is a Python object the cyclic collector tracks,
+    and they arrive ten thousand at a time: with collection on, Python walks
+    them (and every other live object) over and over, which costs as much
+    as the reading itself. Messages hold no reference cycles, and neither
+    does a plain aggregate, so reference counting frees everything as usual;
+    any cycle made meanwhile is collected after the range. Nesting and
+    threads are fine: the collector comes back when the last pause ends.
+    """
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+def close_idle_consumers() -> None:
+    """Close the consumers this process keeps for reuse (they are reopened on demand)."""
+    _consumers.close()
+
+
+_message_error = Message.error
+
+
 class RangeReader:
     """Iterates a range as batches of messages, all with ``from <= offset < until``.
 
     After iteration, ``messages`` says how many were delivered. A range that
     Kafka no longer fully holds raises :class:`DataLoss`; no progress for
     ``idle_timeout`` seconds raises :class:`KafkaReadError`.
+
+    ``pause_gc``: pause the cyclic garbage collector while iterating
+    (:func:`gc_paused`). Meant for code that reads the range to its end or
+    fails (an aggregate); a caller that may leave the iteration suspended
+    for good (a DataFrame with a ``limit``) passes False.
     """
 
     def __init__(
@@ -171,33 +407,46 @@ class RangeReader:
         offset_range: OffsetRange,
         batch_size: int = READ_BATCH,
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+        pause_gc: bool = True,
     ) -> None:
         self.conf = reader_config(conf)
         self.range = offset_range
         self.batch_size = batch_size
         self.idle_timeout = idle_timeout
+        self.pause_gc = pause_gc
         self.messages = 0
 
     def __iter__(self) -> Iterator[list[Message]]:
         r = self.range
         if r.size == 0:
             return
-        consumer = Consumer(self.conf)
+        consumer, topics = _consumers.take(self.conf)
+        finished = False
         try:
+            if r.topic not in topics:
+                with contextlib.suppress(KafkaException):  # the read itself then waits and times out
+                    consumer.list_topics(r.topic, timeout=min(METADATA_TIMEOUT_SECONDS, self.idle_timeout))
+                topics.add(r.topic)
             consumer.assign([TopicPartition(r.topic, r.partition, r.from_offset)])
-            yield from self._batches(consumer)
+            with gc_paused() if self.pause_gc else contextlib.nullcontext():
+                yield from self._batches(consumer)
+            finished = True
         finally:
-            consumer.close()
+            if finished:
+                _consumers.give_back(self.conf, consumer, topics)
+            else:  # an error, or the caller stopped early: start the next read afresh
+                _close_quietly(consumer)
 
     def _batches(self, consumer: Consumer) -> Iterator[list[Message]]:
         r = self.range
         next_offset = r.from_offset
         last_progress = time.monotonic()
         while next_offset < r.until_offset:
-            # One more than the rest of the range: then consume() returns at once
-            # whether the partition ends at `until` (EOF event) or goes on.
-            wanted = min(self.batch_size, r.until_offset - next_offset + 1)
-            batch = consumer.consume(wanted, 1.0)
+            # Exactly the rest of the range: consume() returns as soon as the last
+            # message arrives. With holes (transaction markers) fewer messages exist,
+            # and the EOF event or the first message past `until` completes the batch.
+            wanted = min(self.batch_size, r.until_offset - next_offset)
+            batch = consumer.consume(wanted, POLL_SECONDS)
             if not batch:
                 if time.monotonic() - last_progress > self.idle_timeout:
                     raise KafkaReadError(
@@ -209,7 +458,7 @@ class RangeReader:
                 continue
             last_progress = time.monotonic()
             reached_end = False
-            if any(m.error() is not None for m in batch):
+            if any(map(_message_error, batch)):  # no Python per message unless there are events
                 good = []
                 for m in batch:
                     error = m.error()

@@ -15,6 +15,7 @@ from txstore.kafka import fetch_watermarks, offsets_for_timestamp
 from txstore.locks import job_running, lock_job_for_reset
 from txstore.ranges import PartitionWatermarks
 from txstore.reset import ResetMove, ResetTarget, plan_reset
+from txstore.results import plain_number
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
 
@@ -37,7 +38,7 @@ class JobSummary:
     job: str
     topic: str
     partitions: int
-    total: int
+    total: int | float  # the topic-total metric (a message count for count_topic)
     last_commit: datetime
     running: bool
 
@@ -91,12 +92,12 @@ def jobs(conn: psycopg.Connection) -> list[JobSummary]:
     rows = conn.execute(
         "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), 0) "
         "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
-        "    AND d.key IS NULL AND d.window_start IS NULL "
+        "    AND d.grain = 'topic' AND d.key IS NULL AND d.window_start IS NULL "
         "GROUP BY o.job, o.topic ORDER BY o.job, o.topic"
     ).fetchall()
     conn.commit()
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
-    return [JobSummary(j, t, n, int(total), last, running[j]) for j, t, n, last, total in rows]
+    return [JobSummary(j, t, n, plain_number(total), last, running[j]) for j, t, n, last, total in rows]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
-from txstore.job import JobSettings
-from txstore.kafka import BOOTSTRAP_ENV
+from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
+from txstore.kafka import BOOTSTRAP_ENV, topic_name_problem
 from txstore.starting import parse_starting_offsets, parse_timestamp
 
 
@@ -116,6 +116,33 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         metavar="N",
         help="with --interval: give up after N failed batches in a row (default 3)",
     )
+    parser.add_argument(
+        "--commit",
+        choices=COMMIT_MODES,
+        default=PER_RANGE,
+        help="per-range (default): each Spark task commits its Kafka partition's range; per-batch: "
+        "tasks aggregate, a shuffle sums across partitions, and the driver commits the whole batch "
+        "in one transaction",
+    )
+    parser.add_argument(
+        "--min-partitions",
+        type=int,
+        metavar="N",
+        help="with --commit per-batch: split big partitions' ranges so a batch runs at least N Spark tasks",
+    )
+    parser.add_argument(
+        "--sink",
+        choices=SINKS,
+        default=TRANSACTIONAL,
+        help="transactional (default): aggregate results committed with the offsets; idempotent: store "
+        "each message under its (topic, partition, offset) in txn_messages, insert-or-ignore",
+    )
+    parser.add_argument(
+        "--publish-topic",
+        metavar="TOPIC",
+        help="also publish committed results to this Kafka topic, through the txn_outbox table "
+        "(at least once, each message keyed job/topic/partition/until for deduplication)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
 
 
@@ -132,6 +159,10 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     topics = tuple(dict.fromkeys(t.strip() for t in args.topics))
     if any(not t for t in topics):
         raise ConfigError("--topic must not be empty")
+    for topic in topics:
+        problem = topic_name_problem(topic)
+        if problem:
+            raise ConfigError(f"--topic {problem}")
     if not args.job.strip():
         raise ConfigError("--job must not be empty")
     starting = parse_starting_offsets(args.starting_offsets)
@@ -151,4 +182,8 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         fail_on_data_loss=args.fail_on_data_loss,
         commit_to_kafka_group=args.commit_to_kafka_group,
         max_batch_failures=args.max_batch_failures,
+        commit=args.commit,
+        min_partitions=args.min_partitions,
+        sink=args.sink,
+        publish_topic=args.publish_topic,
     )

@@ -3,14 +3,16 @@
 A batch is planned on the driver from two plain inputs: the offsets the
 database says are committed, and the watermarks Kafka reports now. The
 output is one :class:`OffsetRange` per partition that has new data. Each
-range becomes exactly one Spark task, and because a range is fixed before
-any task runs, a retried task reads exactly the same messages.
+range is read by exactly one Spark task (several small ranges may share
+one), and because a range is fixed before any task runs, a retried task
+reads exactly the same messages.
 
 Everything here is pure: no Kafka, Spark or database is needed to test it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -167,3 +169,21 @@ def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list
             OffsetRange(r.topic, r.partition, r.from_offset, min(r.until_offset, r.from_offset + take))
         )
     return limited
+
+
+def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """Cut ranges into at least ``min_partitions`` pieces, each range in proportion to its size.
+
+    Like Spark's ``minPartitions`` for its Kafka source: a big partition's
+    range is read by several tasks at once. Only for per-batch commits,
+    which commit the whole ranges, never the pieces.
+    """
+    if not min_partitions or len(ranges) >= min_partitions:
+        return list(ranges)
+    total = sum(r.size for r in ranges)
+    pieces: list[OffsetRange] = []
+    for r in ranges:
+        parts = max(1, min(r.size, math.ceil(r.size / total * min_partitions))) if total else 1
+        bounds = [r.from_offset + (r.size * i) // parts for i in range(parts + 1)]
+        pieces += [OffsetRange(r.topic, r.partition, a, b) for a, b in itertools.pairwise(bounds)]
+    return pieces

@@ -11,9 +11,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from txstore.errors import TxstoreError, first_line
-from txstore.job import JobSettings, TransactionalJob, stop_on_signals
+from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
 from txstore.options import add_job_options, job_settings
 from txstore.task import Aggregate
 
@@ -28,6 +29,9 @@ def configure_logging(verbose: bool = False) -> None:
     )
     for noisy in ("py4j", "alembic", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # librdkafka repeats a failing connection many times a second; the error that
+    # ends the run already says what the broker said, so its own lines are for --verbose.
+    logging.getLogger("txstore.kafka.client").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 def spark_session(app_name: str) -> object:
@@ -43,16 +47,44 @@ def spark_session(app_name: str) -> object:
     return session
 
 
+class LazySparkSession:
+    """The SparkSession, created on first use.
+
+    Planning needs only PostgreSQL and Kafka, so bad settings, an unreachable
+    database or broker, a missing schema or topic fail in a second instead of
+    after a JVM has started, and a batch with nothing new starts no Spark at all.
+    """
+
+    def __init__(self, app_name: str, started: Callable[[], object] | None = None) -> None:
+        """``started`` runs once the session exists (e.g. to reinstall signal handlers)."""
+        self.app_name = app_name
+        self.started = started
+        self._session: object | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._session is None:
+            self._session = spark_session(self.app_name)
+            if self.started is not None:
+                self.started()
+        return getattr(self._session, name)
+
+
 def run_job_main(
     argv: list[str] | None,
     *,
     prog: str,
     description: str,
     default_job: str,
-    aggregate: Aggregate,
+    aggregate: Aggregate | None = None,
     add_options: Callable[[argparse.ArgumentParser], None] | None = None,
+    make_aggregate: Callable[[argparse.Namespace], Aggregate] | None = None,
 ) -> int:
-    """Parse the shared options, run the job, and turn any failure into one line."""
+    """Parse the shared options, run the job, and turn any failure into one line.
+
+    Give ``aggregate``, or ``make_aggregate`` to build it from the parsed
+    options (the job's own, added by ``add_options``). With ``--sink
+    idempotent`` the messages are stored instead and the aggregate is unused.
+    """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_job_options(parser, default_job)
     if add_options:
@@ -61,9 +93,16 @@ def run_job_main(
     configure_logging(args.verbose)
     try:
         settings: JobSettings = job_settings(args)
-        spark = spark_session(f"txstore {settings.job}")
+        if make_aggregate is not None:
+            aggregate = make_aggregate(args)
+        if settings.sink == IDEMPOTENT:
+            aggregate = None
+        # Before Spark starts, so a SIGTERM while it starts stops the job before its
+        # first batch; again after, because SparkContext installs its own SIGINT handler.
         stop = stop_on_signals()
-        TransactionalJob(spark, settings, aggregate).run(stop)
+        spark = LazySparkSession(f"txstore {settings.job}", started=lambda: stop_on_signals(stop))
+        with TransactionalJob(spark, settings, aggregate) as job:
+            job.run(stop)
         return 0
     except TxstoreError as e:
         if args.verbose:

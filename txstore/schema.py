@@ -13,14 +13,19 @@ from sqlalchemy import (
     Column,
     DateTime,
     Identity,
+    Index,
     Integer,
+    LargeBinary,
     MetaData,
+    Numeric,
     PrimaryKeyConstraint,
     Table,
     Text,
     UniqueConstraint,
     func,
+    text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData(
     naming_convention={
@@ -52,14 +57,17 @@ txn_data = Table(
     Column("id", BigInteger, Identity(always=True), nullable=False),
     Column("job", Text, nullable=False),
     Column("topic", Text, nullable=False),
-    # NULL key and NULL window_start: the topic total.
+    # What the row aggregates over: 'topic' (the total), 'key', 'window', 'key+window',
+    # or a job's own grain. Keeps a NULL Kafka key's row apart from the topic total.
+    Column("grain", Text, nullable=False),
     Column("key", Text, nullable=True),
+    # Start of the event-time window (from Kafka message timestamps).
     Column("window_start", DateTime(timezone=True), nullable=True),
-    Column("metric", BigInteger, nullable=False),
+    Column("metric", Numeric, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("id"),
-    # NULLs equal, so the single topic-total row is an upsert target (PostgreSQL 15+).
-    UniqueConstraint("job", "topic", "key", "window_start", postgresql_nulls_not_distinct=True),
+    # NULLs equal, so rows with a NULL key or window are upsert targets (PostgreSQL 15+).
+    UniqueConstraint("job", "topic", "grain", "key", "window_start", postgresql_nulls_not_distinct=True),
     comment="Aggregated results of txstore jobs, committed with their offsets.",
 )
 
@@ -76,4 +84,39 @@ txn_lost_ranges = Table(
     Column("detected_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("id"),
     comment="Offset ranges a job skipped with --fail-on-data-loss false, recorded with the offset move.",
+)
+
+txn_messages = Table(
+    "txn_messages",
+    metadata,
+    Column("job", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("part", Integer, nullable=False),
+    Column("off", BigInteger, nullable=False),
+    Column("key", LargeBinary, nullable=True),
+    Column("value", LargeBinary, nullable=True),
+    Column("timestamp", DateTime(timezone=True), nullable=True),
+    Column("stored_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # One row per Kafka message: a replay inserts nothing (ON CONFLICT DO NOTHING).
+    PrimaryKeyConstraint("job", "topic", "part", "off"),
+    comment="Per-message outputs of jobs run with --sink idempotent, stored under their Kafka offset.",
+)
+
+txn_outbox = Table(
+    "txn_outbox",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("job", Text, nullable=False),
+    # Kafka topic the row is published to.
+    Column("destination", Text, nullable=False),
+    # Stable per commit (job/topic/partition/until): consumers drop redelivered duplicates by it.
+    # Not unique: a range committed again after `txstore reset` moved the offset back repeats it.
+    Column("dedup_key", Text, nullable=False),
+    Column("headers", JSONB, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("sent_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("id"),
+    Index("txn_outbox_pending_idx", "job", "id", postgresql_where=text("sent_at IS NULL")),
+    comment="Committed results waiting to be published to Kafka, written with their offsets.",
 )

@@ -1,8 +1,21 @@
-"""Spark glue: one Spark partition per offset range, and ranges as DataFrames.
+"""Spark glue: offset ranges as Spark tasks, and ranges as DataFrames.
 
-Ranges are planned on the driver; ``parallelize(ranges, len(ranges))`` puts
-exactly one range in each Spark partition, so a task is a range and a retry
-of the task re-reads the same range.
+Ranges are planned on the driver and cut into tasks before the job starts
+(:func:`task_groups`): with up to ``TASKS_PER_CORE`` ranges per Spark core,
+each range is its own task; with more (many partitions), neighbouring
+ranges share one task per core, so a batch pays Spark's per-task cost
+(tens of milliseconds, more on a busy machine) once per core rather than
+once per partition. Either way a task's ranges are fixed before it
+runs, so a retried task re-reads exactly the same ranges; a task's ranges
+commit in one transaction, or one by one if that is refused
+(:meth:`~txstore.task.RangeTask.run_together`).
+
+For per-batch commits the tasks only aggregate (one per range, or per piece
+with ``min_partitions``): their deltas are summed across all partitions by
+a shuffle (``reduceByKey``, or the user's DataFrame aggregation) and
+collected to the driver, which commits them. A retried or speculative task
+replaces its output in the shuffle, never adds to it, so the collected
+deltas are exact.
 """
 
 from __future__ import annotations
@@ -11,12 +24,28 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from txstore.kafka import RangeReader
-from txstore.ranges import OffsetRange
+from txstore.ranges import OffsetRange, TopicPartition
+from txstore.results import (
+    GRAIN_KEY,
+    GRAIN_KEY_WINDOW,
+    GRAIN_TOPIC,
+    GRAIN_WINDOW,
+    Number,
+    ResultKey,
+    add_metrics,
+    decode_key,
+)
 
 T = TypeVar("T")
+
+TASKS_PER_CORE = 2
+"""Up to this many ranges per core, each range is its own task; beyond, one task per core."""
+
+RANGE_COST_MESSAGES = 1_000
+"""A range's fixed cost (assign, first fetch, commit) in messages, for balancing tasks."""
 
 # The columns of Spark's own Kafka source, so existing DataFrame code fits.
 KAFKA_SOURCE_COLUMNS = (
@@ -65,19 +94,52 @@ def kafka_source_schema() -> Any:
     )
 
 
+def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRange]]:
+    """The ranges, in order, as Spark tasks: one each, or ``cores`` runs of about equal work.
+
+    Up to ``TASKS_PER_CORE * cores`` ranges, every range is its own task.
+    More are cut into ``cores`` runs; work is a range's size plus
+    :data:`RANGE_COST_MESSAGES`.
+    """
+    if len(ranges) <= TASKS_PER_CORE * cores:
+        return [[r] for r in ranges]
+    slots = cores
+    weights = [r.size + RANGE_COST_MESSAGES for r in ranges]
+    share = sum(weights) / slots
+    groups: list[list[OffsetRange]] = [[]]
+    done = 0
+    for r, weight in zip(ranges, weights, strict=True):
+        if groups[-1] and len(groups) < slots and done + weight / 2 > share * len(groups):
+            groups.append([])
+        groups[-1].append(r)
+        done += weight
+    return groups
+
+
+@dataclass(frozen=True)
+class _EachRange(Generic[T]):
+    """Runs ``task`` over the ranges of a task's groups."""
+
+    task: Callable[[Iterator[OffsetRange]], Iterable[T]]
+
+    def __call__(self, groups: Iterable[list[OffsetRange]]) -> Iterable[T]:
+        return self.task(r for group in groups for r in group)
+
+
 def run_ranges(
     spark: Any,
     ranges: Sequence[OffsetRange],
     task: Callable[[Iterator[OffsetRange]], Iterable[T]],
     description: str,
 ) -> list[T]:
-    """Run ``task`` over the ranges, one Spark task per range; return its outputs."""
+    """Run ``task`` over the ranges (see :func:`task_groups`); return its outputs in range order."""
     if not ranges:
         return []  # never launch a Spark job for nothing
     sc = spark.sparkContext
+    groups = task_groups(ranges, max(1, int(sc.defaultParallelism)))
     sc.setJobDescription(description)
     try:
-        result: list[T] = sc.parallelize(list(ranges), len(ranges)).mapPartitions(task).collect()
+        result: list[T] = sc.parallelize(groups, len(groups)).mapPartitions(_EachRange(task)).collect()
     finally:
         sc.setJobDescription(None)
     return result
@@ -90,7 +152,8 @@ class _RangeRows:
     def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[Any, ...]]:
         utc = timezone.utc
         for offset_range in ranges:
-            for batch in RangeReader(self.kafka_conf, offset_range):
+            # Spark may stop pulling rows early (limit, take): no GC pause that could outlive the read.
+            for batch in RangeReader(self.kafka_conf, offset_range, pause_gc=False):
                 for m in batch:
                     ts_type, ts = m.timestamp()
                     headers = m.headers()
@@ -117,6 +180,94 @@ def read_ranges(spark: Any, ranges: Sequence[OffsetRange], kafka_conf: Mapping[s
         return spark.createDataFrame(sc.emptyRDD(), schema)
     rows = sc.parallelize(list(ranges), len(ranges)).mapPartitions(_RangeRows(dict(kafka_conf)))
     return spark.createDataFrame(rows, schema)
+
+
+@dataclass(frozen=True)
+class _PartialDeltas:
+    """A per-batch task: aggregate each piece of a range, emit its deltas and message count."""
+
+    kafka_conf: Mapping[str, Any]
+    aggregate: Callable[[OffsetRange, Iterable[list[Any]]], Mapping[ResultKey, Number]]
+
+    def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[tuple[Any, ...], Number]]:
+        for offset_range in ranges:
+            reader = RangeReader(self.kafka_conf, offset_range)
+            for k, v in self.aggregate(offset_range, reader).items():
+                yield ("delta", offset_range.topic, k.grain, k.key, k.window_start), v
+            yield ("messages", offset_range.topic, offset_range.partition), reader.messages
+
+
+BatchResult = tuple[dict[tuple[str, ResultKey], Number], dict[TopicPartition, int]]
+"""Per-batch deltas ``(topic, ResultKey) -> delta`` and messages read per partition."""
+
+
+def aggregate_batch(
+    spark: Any,
+    pieces: Sequence[OffsetRange],
+    kafka_conf: Mapping[str, Any],
+    aggregate: Callable[[OffsetRange, Iterable[list[Any]]], Mapping[ResultKey, Number]],
+    description: str,
+) -> BatchResult:
+    """Aggregate every piece in its own task, sum the deltas across partitions, collect them."""
+    if not pieces:
+        return {}, {}
+    sc = spark.sparkContext
+    sc.setJobDescription(description)
+    try:
+        summed = (
+            sc.parallelize(list(pieces), len(pieces))
+            .mapPartitions(_PartialDeltas(dict(kafka_conf), aggregate))
+            .reduceByKey(add_metrics)
+            .collect()
+        )
+    finally:
+        sc.setJobDescription(None)
+    deltas: dict[tuple[str, ResultKey], Number] = {}
+    messages: dict[TopicPartition, int] = {}
+    for key, value in summed:
+        if key[0] == "delta":
+            deltas[(key[1], ResultKey(*key[2:]))] = value
+        else:
+            messages[(key[1], key[2])] = int(value)
+    return deltas, messages
+
+
+def _implied_grain(columns: set[str]) -> str:
+    # From the columns, never the values: a NULL key's row must not become the topic total.
+    if "key" in columns:
+        return GRAIN_KEY_WINDOW if "window_start" in columns else GRAIN_KEY
+    return GRAIN_WINDOW if "window_start" in columns else GRAIN_TOPIC
+
+
+def dataframe_deltas(frame: Any) -> dict[tuple[str, ResultKey], Number]:
+    """Collect an aggregated DataFrame as per-batch deltas.
+
+    Columns: ``topic`` and ``metric``, optional ``key`` (string or binary,
+    decoded like Kafka keys), ``window_start`` (timestamp) and ``grain``
+    (else implied by which of key and window_start the frame has: neither
+    is the topic total). Rows with the same address are summed.
+    """
+    columns = set(frame.columns)
+    missing = {"topic", "metric"} - columns
+    if missing:
+        raise ValueError(
+            f"the aggregated DataFrame needs columns topic and metric (missing {sorted(missing)}); "
+            f"it has {sorted(columns)}"
+        )
+    implied = _implied_grain(columns)
+    deltas: dict[tuple[str, ResultKey], Number] = {}
+    for row in frame.toLocalIterator():
+        values = row.asDict()
+        key = values.get("key")
+        if isinstance(key, (bytes, bytearray)):
+            key = decode_key(bytes(key))
+        window = values.get("window_start")
+        if window is not None and window.tzinfo is None:
+            window = window.astimezone(timezone.utc)  # PySpark collects timestamps as naive local time
+        grain = values.get("grain") or implied
+        address = (values["topic"], ResultKey(grain, key, window))
+        deltas[address] = add_metrics(deltas.get(address, 0), values["metric"])
+    return deltas
 
 
 _PY_ERROR_LINE = re.compile(

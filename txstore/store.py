@@ -7,10 +7,12 @@ statement group.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
 
 import psycopg
 
 from txstore.ranges import OffsetRange, TopicPartition
+from txstore.results import plain_number
 from txstore.starting import StartDecision
 
 
@@ -51,17 +53,17 @@ def create_start_rows(
     return created
 
 
-def topic_totals(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> dict[str, int]:
-    """The job's topic totals (rows with NULL key and window); 0 for topics with none yet."""
+def topic_totals(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> dict[str, int | float]:
+    """The job's topic totals (the ``topic`` grain); 0 for topics with none yet."""
     with conn.cursor() as cur:
         cur.execute(
             "SELECT topic, metric FROM txn_data WHERE job = %s AND topic = ANY(%s) "
-            "AND key IS NULL AND window_start IS NULL",
+            "AND grain = 'topic' AND key IS NULL AND window_start IS NULL",
             (job, list(topics)),
         )
-        found: dict[str, int] = dict(cur.fetchall())
+        found: dict[str, Decimal] = dict(cur.fetchall())
     conn.commit()
-    return {topic: int(found.get(topic, 0)) for topic in topics}
+    return {topic: plain_number(found.get(topic, Decimal(0))) for topic in topics}
 
 
 def record_lost_ranges(conn: psycopg.Connection, job: str, lost: Sequence[OffsetRange]) -> list[OffsetRange]:
@@ -94,3 +96,18 @@ def record_lost_ranges(conn: psycopg.Connection, job: str, lost: Sequence[Offset
         recorded = sorted(OffsetRange(t, p, f, u) for t, p, f, u in cur.fetchall())
     conn.commit()
     return recorded
+
+
+def stored_offsets(
+    conn: psycopg.Connection, job: str, ranges: Sequence[OffsetRange]
+) -> dict[TopicPartition, int | None]:
+    """The stored offset of each range's partition (None: no row), read after a refused commit."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT o.topic, o.part, o.off FROM txn_offsets o "
+            "JOIN unnest(%s::text[], %s::int[]) AS r(topic, part) USING (topic, part) WHERE o.job = %s",
+            ([r.topic for r in ranges], [r.partition for r in ranges], job),
+        )
+        found = {(t, p): int(off) for t, p, off in cur.fetchall()}
+    conn.rollback()
+    return {r.key: found.get(r.key) for r in ranges}

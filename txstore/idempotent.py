@@ -1,0 +1,140 @@
+"""IdempotentSink: per-message outputs stored under their Kafka offset (``--sink idempotent``).
+
+For outputs that are one row per message rather than aggregates. Each
+message is inserted under ``(job, topic, partition, offset)`` with
+``ON CONFLICT DO NOTHING``, so a replay (task retry, speculation, an offset
+reset, a second instance) never stores a message twice, even without the
+offsets check. The offset is still tracked in ``txn_offsets``, in the same
+transaction, so the job knows where to go on; it may move forward over a
+range stored before, but never across a gap:
+
+1. insert the range's messages in chunks (one statement per chunk of about
+   ``CHUNK_BYTES``, so 1 MiB messages do not pile up in memory);
+2. ``UPDATE txn_offsets SET off = until WHERE ... AND from <= off < until``;
+3. one row updated: COMMIT. Otherwise ROLLBACK: an offset at or past
+   ``until`` means the range was stored before (:class:`AlreadyCommitted`);
+   below ``from`` is a gap (:class:`OffsetGap`); no row is an overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+from confluent_kafka import Message
+
+from txstore.errors import AlreadyCommitted
+from txstore.failpoints import FailPoints
+from txstore.ranges import OffsetRange
+from txstore.sink import classify_conflict
+from txstore.store import stored_offsets
+
+MessageTransform = Callable[[Message], "tuple[bytes | None, bytes | None] | None"]
+"""A message's output ``(key, value)`` to store, or None to store nothing for it.
+
+Without a transform the message's own key and value are stored.
+"""
+
+CHUNK_BYTES = 8 * 1024 * 1024
+
+_INSERT = """
+INSERT INTO txn_messages (job, topic, part, off, key, value, timestamp)
+SELECT %(job)s, %(topic)s, %(part)s, m.off, m.key, m.value,
+       CASE WHEN m.ts IS NULL THEN NULL ELSE to_timestamp(m.ts / 1000.0) END
+FROM unnest(%(offs)s::bigint[], %(keys)s::bytea[], %(values)s::bytea[], %(tss)s::bigint[])
+     AS m(off, key, value, ts)
+ON CONFLICT DO NOTHING
+"""
+
+_ADVANCE = """
+UPDATE txn_offsets SET off = %(until)s, updated_at = now()
+WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s AND off >= %(from)s AND off < %(until)s
+"""
+
+
+def _rows(
+    batch: list[Message], transform: MessageTransform | None
+) -> Iterable[tuple[int, bytes | None, bytes | None, int | None]]:
+    for m in batch:
+        out = (m.key(), m.value()) if transform is None else transform(m)
+        if out is None:
+            continue
+        ts_type, ts = m.timestamp()
+        yield m.offset(), out[0], out[1], ts if ts_type else None  # type: ignore[misc]
+
+
+class IdempotentSink:
+    """Stores ranges of messages for one job over one (reused) connection."""
+
+    def __init__(self, conn: psycopg.Connection, job: str, failpoints: FailPoints | None = None) -> None:
+        self.conn = conn
+        self.job = job
+        self.failpoints = failpoints or FailPoints()
+
+    def store(
+        self,
+        offset_range: OffsetRange,
+        batches: Iterable[list[Message]],
+        transform: MessageTransform | None = None,
+        attempt: int = 0,
+    ) -> int:
+        """Insert-or-ignore the range's messages and move its offset; return the rows offered.
+
+        Raises :class:`AlreadyCommitted` (nothing to do), :class:`OffsetGap` or
+        :class:`OffsetOverlap` after rolling back.
+        """
+        params: dict[str, Any] = {
+            "job": self.job,
+            "topic": offset_range.topic,
+            "part": offset_range.partition,
+            "from": offset_range.from_offset,
+            "until": offset_range.until_offset,
+        }
+        conn = self.conn
+        hit = self.failpoints.hit
+        offered = 0
+        try:
+            with conn.cursor() as cur:
+                hit("before-upsert", attempt)
+                chunk: list[tuple[int, bytes | None, bytes | None, int | None]] = []
+                size = 0
+                for batch in batches:
+                    for row in _rows(batch, transform):
+                        chunk.append(row)
+                        size += len(row[1] or b"") + len(row[2] or b"") + 64
+                        if size >= CHUNK_BYTES:
+                            self._insert(cur, params, chunk)
+                            offered += len(chunk)
+                            chunk, size = [], 0
+                if chunk:
+                    self._insert(cur, params, chunk)
+                    offered += len(chunk)
+                hit("between-upsert-and-offsets", attempt)
+                cur.execute(_ADVANCE, params)
+                if cur.rowcount == 1:
+                    hit("before-commit", attempt)
+                    conn.commit()
+                    hit("after-commit", attempt)
+                    return offered
+            conn.rollback()
+        except BaseException:
+            if not conn.closed:
+                conn.rollback()
+            raise
+        stored = stored_offsets(conn, self.job, [offset_range])[offset_range.key]
+        if stored is not None and stored >= offset_range.until_offset:
+            raise AlreadyCommitted(self.job, offset_range, stored)
+        raise classify_conflict(self.job, offset_range, stored)
+
+    @staticmethod
+    def _insert(
+        cur: psycopg.Cursor[Any],
+        params: dict[str, Any],
+        chunk: list[tuple[int, bytes | None, bytes | None, int | None]],
+    ) -> None:
+        offs, keys, values, tss = zip(*chunk, strict=True)
+        cur.execute(
+            _INSERT,
+            {**params, "offs": list(offs), "keys": list(keys), "values": list(values), "tss": list(tss)},
+        )
