@@ -1,0 +1,934 @@
+"""One chaos trial: count_topic as users run it, under faults, then an exact check.
+
+A trial (everything about it follows from its seed, so a failure can be
+replayed with ``python -m tests.chaos --replay SEED``):
+
+1. a new topic with several partitions, keyed messages produced before the job
+   starts and all through the fault window;
+2. ``jobs/count_topic.py --interval`` started as a real process (``python`` or
+   ``spark-submit``), talking to PostgreSQL through a proxy the runner can cut;
+3. once it has run its first batch, the fault window: faults at random moments
+   (see :data:`FAULT_KINDS`), crashed or killed instances restarted;
+4. the faults stop (fail points switch themselves off, ``TXSTORE_FAILPOINTS_UNTIL``;
+   the broker and the proxy heal): extra instances are stopped, one catches up
+   and is stopped with SIGTERM (a fresh one if none is left);
+5. the check: the topic total (and per-key counts, if the job writes them)
+   equals what Kafka holds, every stored offset equals its log end, and the
+   last instance exited 0. Any unexplained exit or timeout fails the trial too.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Producer
+
+from tests.chaos.procs import TAG_ENV, busy, handles, kill, kill_tagged, python_workers, tagged
+from tests.chaos.proxy import TcpProxy
+from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
+from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.migrate import upgrade
+from txstore.ranges import OffsetRange
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "jobs" / "count_topic.py"
+
+TASK_POINTS = ("before-upsert", "between-upsert-and-offsets", "before-commit", "after-commit")
+DRIVER_POINTS = ("after-plan", "between-batches")
+
+FAULT_KINDS = (
+    "kill-python-worker",  # kill -9 of a PySpark worker while it runs a task
+    "kill-driver",  # kill -9 of the job's process while a batch runs, then a restart
+    *(f"fp-{p}" for p in TASK_POINTS + DRIVER_POINTS),  # TXSTORE_FAILPOINTS, raise or exit
+    "pg-terminate",  # pg_terminate_backend of connections inside a transaction
+    "pg-unreachable",  # the proxy drops every connection and refuses new ones for seconds
+    "kafka-down",  # the broker down for seconds
+    "kafka-request-errors",  # Fetch / ListOffsets / Metadata requests fail
+    "speculation",  # speculative task copies (standalone cluster; counted from the event log)
+    "second-instance",  # another instance of the same job at the same time
+    "instance-during-batch",  # another instance started while one runs a batch
+)
+
+# Retriable Kafka errors: LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT.
+KAFKA_ERRORS = (5, 6, 7)
+KAFKA_APIS = {"Fetch": 1, "ListOffsets": 2, "Metadata": 3}
+
+# Faults that need a task in flight: their trials also stall some tasks (sleep
+# fail points) so that "in the middle of a task" is a window, not an instant.
+SPECULATION_ALLOWANCE = 20.0  # more time with stragglers, for Spark to speculate on them
+NEEDS_SLOW_TASKS = {
+    "kill-python-worker",
+    "kill-driver",
+    "pg-terminate",
+    "instance-during-batch",
+    "speculation",
+}
+
+
+# -- the plan -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrialPlan:
+    seed: int
+    faults: tuple[str, ...]
+    fault_times: tuple[float, ...]  # seconds into the fault window
+    partitions: int
+    keys: int
+    initial_messages: int
+    window: float
+    interval: float
+    launch: str  # "python" or "spark-submit"
+    max_offsets_per_batch: int | None
+    failpoints: str
+
+    @property
+    def standalone(self) -> bool:
+        return "speculation" in self.faults
+
+    @classmethod
+    def generate(cls, seed: int, faults: Sequence[str] | None = None, intense: bool = False) -> TrialPlan:
+        """The trial for ``seed``: its first fault kind rotates with the seed, 0-2 more at random.
+
+        ``intense``: fail points fire more often and batches come faster, so that a
+        short trial surely injects every fault it plans (the CI subset).
+        """
+        rng = random.Random(seed)
+        if faults is None:
+            first = FAULT_KINDS[seed % len(FAULT_KINDS)]
+            others = [k for k in FAULT_KINDS if k not in (first, "speculation")]
+            faults = (first, *rng.sample(others, rng.choice((0, 1, 1, 2))))
+        unknown = set(faults) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        window = rng.uniform(6.0, 11.0) + (10.0 if "speculation" in faults else 0.0)
+        return cls(
+            seed=seed,
+            faults=tuple(faults),
+            fault_times=tuple(round(rng.uniform(0.0, window * 0.7), 2) for _ in faults),
+            partitions=rng.randint(2, 6),
+            keys=rng.randint(1, 12),
+            initial_messages=rng.randint(100, 3000),
+            window=round(window, 1),
+            interval=0.3 if intense else rng.choice((0.3, 0.5, 1.0)),
+            launch=rng.choice(("python", "spark-submit")),
+            max_offsets_per_batch=rng.choice((None, None, rng.randint(200, 2000))),
+            failpoints=_failpoints(rng, faults, intense),
+        )
+
+
+def _failpoints(rng: random.Random, faults: Sequence[str], intense: bool = False) -> str:
+    points = []
+    for kind in faults:
+        if not kind.startswith("fp-"):
+            continue
+        name = kind.removeprefix("fp-")
+        action = rng.choice(("raise", "exit"))
+        # Driver points fire once per batch; keep the job mostly alive between crashes.
+        probability = rng.uniform(0.15, 0.3) if name in DRIVER_POINTS else rng.uniform(0.1, 0.35)
+        if intense:
+            probability = 0.2 if name in DRIVER_POINTS else 0.4
+        points.append(f"{name}:{action}@{probability:.2f}")
+    if NEEDS_SLOW_TASKS & set(faults):
+        long = "speculation" in faults
+        name = rng.choice(TASK_POINTS[:3])
+        seconds = rng.uniform(1.5, 3.0) if long else rng.uniform(0.3, 1.5)
+        chance = 0.5 if intense else rng.uniform(0.2, 0.5)
+        points.append(f"{name}:sleep={seconds:.2f}@{chance:.2f}")
+    return ",".join(points)
+
+
+# -- results --------------------------------------------------------------------------------------
+@dataclass
+class TrialResult:
+    plan: TrialPlan
+    produced: int = 0
+    counted: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    injected: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: list[str] = field(default_factory=list)
+    events: collections.Counter[str] = field(default_factory=collections.Counter)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and self.lost == 0 and self.duplicated == 0
+
+    def line(self) -> str:
+        faults = " ".join(f"{k}={v}" for k, v in sorted(self.injected.items())) or "none"
+        events = " ".join(f"{k}={v}" for k, v in sorted(self.events.items()))
+        status = "ok" if self.ok else "FAILED: " + "; ".join(self.failures)
+        return (
+            f"trial seed {self.plan.seed}: {status}; injected {faults}; produced {self.produced}, "
+            f"counted {self.counted}, lost {self.lost}, duplicated {self.duplicated}; "
+            f"{events}; {self.seconds:.0f}s"
+        )
+
+
+@dataclass
+class Summary:
+    seed: int | None = None
+    results: list[TrialResult] = field(default_factory=list)
+
+    def add(self, result: TrialResult) -> None:
+        self.results.append(result)
+
+    @property
+    def injected(self) -> collections.Counter[str]:
+        total: collections.Counter[str] = collections.Counter()
+        for r in self.results:
+            total.update(r.injected)
+        return total
+
+    @property
+    def failed(self) -> list[TrialResult]:
+        return [r for r in self.results if not r.ok]
+
+    def line(self) -> str:
+        injected = self.injected
+        kinds = " ".join(f"{k}={injected[k]}" for k in FAULT_KINDS)
+        produced = sum(r.produced for r in self.results)
+        counted = sum(r.counted for r in self.results)
+        retried = sum(r.events["failed-task-attempts"] for r in self.results)
+        failed = ",".join(str(r.plan.seed) for r in self.failed) or "none"
+        return (
+            f"chaos: {len(self.results)} trials (seed {self.seed}), faults injected: {kinds}; "
+            f"Spark task attempts failed and retried {retried}; messages produced {produced}, "
+            f"counted {counted}, lost {sum(r.lost for r in self.results)}, "
+            f"duplicated {sum(r.duplicated for r in self.results)}; failed trials: {failed}"
+        )
+
+
+# -- what the trials share --------------------------------------------------------------------------
+class ChaosEnvironment:
+    """The broker, a fresh database, the proxy in front of it, and (lazily) a standalone cluster."""
+
+    def __init__(self, admin_url: str, directory: Path | None = None) -> None:
+        self.tag = f"chaos-{os.getpid()}-{int(time.time())}"
+        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="txstore-chaos-")
+        self.directory = directory or Path(self._tmp.name)  # type: ignore[union-attr]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.admin_url = admin_url
+        self.kafka = MockKafkaCluster(brokers=1)
+        self.database = f"txstore_chaos_{os.getpid()}"
+        self._cluster: StandaloneCluster | None = None
+        self.startups: list[float] = []  # seconds from starting a job to its first batch, by trial
+        info = psycopg.conninfo.conninfo_to_dict(admin_url)
+        self.proxy = TcpProxy(str(info.get("host", "127.0.0.1")), int(str(info.get("port", 5432))))
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{self.database}"')
+        self.database_url = _with_database(admin_url, self.database)
+        self.job_database_url = _with_database(admin_url, self.database, port=self.proxy.port)
+        upgrade(self.database_url)
+
+    @property
+    def startup_seconds(self) -> float:
+        """How long a job takes to its first batch: the slowest of the last five (the machine
+        is shared), so that fail points rarely switch off before the fault window ends."""
+        return max(self.startups[-5:], default=25.0)
+
+    def standalone(self) -> StandaloneCluster:
+        if self._cluster is None:
+            self._cluster = StandaloneCluster(self.directory / "standalone", f"{self.tag}-cluster-")
+        return self._cluster
+
+    def connect(self) -> psycopg.Connection:
+        """A direct connection for checks (never through the proxy; not named txstore)."""
+        return psycopg.connect(self.database_url, autocommit=True, application_name="txstore-chaos")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            kill_tagged(self.tag)
+        if self._cluster is not None:
+            self._cluster.close()
+        self.proxy.close()
+        self.kafka.close()
+        with contextlib.suppress(psycopg.Error), psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> ChaosEnvironment:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _with_database(url: str, database: str, port: int | None = None) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = database
+    if port is not None:
+        info["host"], info["port"] = "127.0.0.1", str(port)
+    user = info.get("user", "postgres")
+    password = f":{info['password']}" if info.get("password") else ""
+    return (
+        f"postgresql://{user}{password}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{database}"
+    )
+
+
+# -- job instances ----------------------------------------------------------------------------------
+@dataclass
+class Instance:
+    number: int
+    tag: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    failpoints: str
+    primary: bool
+    launch: str
+    killed: bool = False  # SIGKILLed by the runner
+    stopping: bool = False  # SIGTERM sent by the runner
+    reported: bool = False  # its exit has been judged
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def last_lines(self, n: int = 3) -> str:
+        lines = [line for line in self.log().splitlines() if line.strip()]
+        return " | ".join(lines[-n:])[-600:]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def driver_pid(inst: Instance) -> int | None:
+    """The pid of the instance's Python driver (the process itself, or spark-submit's child)."""
+    if inst.launch == "python":
+        return inst.process.pid
+    for p in tagged(inst.tag):
+        program = os.path.basename(p.cmdline.split(" ")[0])
+        if p.tag == inst.tag and program.startswith("python") and "count_topic.py" in p.cmdline:
+            return p.pid
+    return None
+
+
+FIRED = re.compile(r"txstore fail point ([\w-]+): (raise|exit|sleep) \(attempt \d+\)")
+
+
+_FIRST_BATCH = re.compile(r" batch \d+: |: batch failed ")
+
+
+class Trial:
+    def __init__(self, env: ChaosEnvironment, plan: TrialPlan, log: Callable[[str], None]) -> None:
+        self.env = env
+        self.plan = plan
+        self.say = log
+        self.rng = random.Random(plan.seed * 7919 + 1)
+        self.tag = f"{env.tag}-t{plan.seed}-"
+        self.topic = f"chaos-{plan.seed}-{os.getpid()}"
+        self.job = f"chaos_{plan.seed}"
+        self.directory = env.directory / f"trial-{plan.seed}"
+        self.event_logs = self.directory / "events"
+        self.event_logs.mkdir(parents=True, exist_ok=True)
+        self.result = TrialResult(plan)
+        self.instances: list[Instance] = []
+        self.lock = threading.Lock()
+        self.stop_producing = threading.Event()
+        self.window_over = threading.Event()
+        self.delivered = 0
+        self.until = 0.0
+        self.delivery_errors: list[str] = []
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self) -> TrialResult:
+        started = time.monotonic()
+        producer: threading.Thread | None = None
+        faults: list[threading.Thread] = []
+        try:
+            if self.plan.standalone:
+                self.env.standalone()  # started once, before the clock of the fail points runs
+            self.env.kafka.create_topic(self.topic, self.plan.partitions)
+            self._produce(self.plan.initial_messages, random.Random(self.plan.seed * 31 + 3))
+            # Fail points switch themselves off at `until`: then the running
+            # instances can catch up as they are, without a restart.
+            # The first batch comes after about `startup_seconds` (measured on earlier trials).
+            launched = time.time()
+            self.until = launched + self.env.startup_seconds + self.plan.window
+            if self.plan.standalone:
+                self.until += SPECULATION_ALLOWANCE
+            self.start_instance(self.plan.failpoints, primary=True)
+            self._await_first_batch()
+            if not self.plan.standalone:
+                self.env.startups.append(time.time() - launched)
+            producer = threading.Thread(target=self._produce_during_window, daemon=True)
+            producer.start()
+            window_start = time.monotonic()
+            window_end = max(window_start + self.plan.window, window_start + self.until - time.time())
+            pending = sorted(zip(self.plan.fault_times, self.plan.faults, strict=True))
+            while time.monotonic() < window_end:
+                now = time.monotonic() - window_start
+                while pending and pending[0][0] <= now:
+                    _, kind = pending.pop(0)
+                    thread = threading.Thread(target=self._inject, args=(kind,), daemon=True)
+                    thread.start()
+                    faults.append(thread)
+                self._supervise()
+                time.sleep(0.1)
+            self._make_up_missed_fail_points()
+            self.window_over.set()
+            self.stop_producing.set()
+            producer.join(timeout=90)
+            for thread in faults:
+                thread.join(timeout=60)
+            self._heal()
+            self._catch_up_and_stop()
+            self._check()
+        except Exception as e:  # a trial that cannot finish is a failed trial, with the reason
+            self.result.failures.append(f"{type(e).__name__}: {e}")
+        finally:
+            self.window_over.set()
+            self.stop_producing.set()
+            self._heal()
+            kill_tagged(self.tag)
+            for inst in self.instances:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    inst.process.wait(timeout=30)
+            self._count_from_logs()
+            self.result.seconds = time.monotonic() - started
+        return self.result
+
+    def _make_up_missed_fail_points(self) -> None:
+        """Inject each planned fail point that has not fired yet, once, in a fresh instance.
+
+        A driver point is checked once per batch and a crash costs a restart, so a slow
+        machine can spend a whole window without the draw coming up. The make-up
+        instance runs beside the others with only that point on, certain to fire
+        (task points on a task's first attempt only), until it fires or a bounded
+        time passes; then it is stopped, so the catch-up runs with every fault over.
+        """
+        fired = self._fired()
+        for kind in self.plan.faults:
+            if not kind.startswith("fp-") or fired[kind]:
+                continue
+            name = kind.removeprefix("fp-")
+            action = self.rng.choice(("raise", "exit"))
+            spec = f"{name}:{action}" if name in DRIVER_POINTS else f"{name}:{action}@first"
+            until = time.time() + self.env.startup_seconds + 15.0
+            self.say(f"  {kind} had not fired in the window; making it up")
+            inst = self.start_instance(spec, primary=False, until=until)
+            while time.time() < until and inst.alive() and not self._fired(self._logs())[kind]:
+                self._supervise()
+                time.sleep(0.2)
+            if inst.alive():  # SIGTERM: a task point's batch finishes on the retry, then it exits
+                self._stop(inst)
+            self._supervise()
+
+    def _logs(self, events: _EventCounts | None = None) -> str:
+        """The jobs' own output so far, with the executors' on a standalone cluster."""
+        logs = "\n".join(inst.log() for inst in self.instances)
+        if self.plan.standalone:
+            app_ids = (events or _event_counts(self.event_logs)).app_ids
+            logs += "\n" + self.env.standalone().executor_logs(app_ids)
+        return logs
+
+    @staticmethod
+    def _fired(logs: str) -> collections.Counter[str]:
+        """Fail points fired, by kind (``fp-NAME``); sleeps, which only stall a task, as
+        ``stalled-tasks``."""
+        fired: collections.Counter[str] = collections.Counter()
+        for name, action in FIRED.findall(logs):
+            fired["stalled-tasks" if action == "sleep" else f"fp-{name}"] += 1
+        return fired
+
+    def start_instance(self, failpoints: str, primary: bool, until: float | None = None) -> Instance:
+        with self.lock:
+            number = len(self.instances) + 1
+            tag = f"{self.tag}i{number}-"
+            log_path = self.directory / f"instance-{number}.log"
+            args = [
+                "--bootstrap-servers",
+                self.env.kafka.bootstrap_servers,
+                "--database-url",
+                self.env.job_database_url,
+                "--topic",
+                self.topic,
+                "--job",
+                self.job,
+                "--interval",
+                str(self.plan.interval),
+                "--max-batch-failures",
+                "1000",
+            ]
+            if self.plan.max_offsets_per_batch:
+                args += ["--max-offsets-per-batch", str(self.plan.max_offsets_per_batch)]
+            spark = self._spark_args(tag)
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("TXSTORE_", "KAFKA_", "PYSPARK_", "PYTHONPATH", "SPARK_"))
+            }
+            env.update(
+                {
+                    "PYSPARK_PYTHON": sys.executable,
+                    "PYSPARK_DRIVER_PYTHON": sys.executable,
+                    "SPARK_HOME": str(SPARK_HOME),
+                    TAG_ENV: tag,
+                }
+            )
+            if failpoints:
+                env["TXSTORE_FAILPOINTS"] = failpoints
+                env["TXSTORE_FAILPOINTS_UNTIL"] = f"{until or self.until:.3f}"
+            if self.plan.launch == "python":
+                env["PYSPARK_SUBMIT_ARGS"] = shlex.join([*spark, "pyspark-shell"])
+                command = [sys.executable, str(JOB), *args]
+            else:
+                command = [str(SPARK_HOME / "bin" / "spark-submit"), *spark, str(JOB), *args]
+            with open(log_path, "wb") as out:
+                process = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.directory,
+                    start_new_session=True,
+                )
+            inst = Instance(number, tag, process, log_path, failpoints, primary, self.plan.launch)
+            self.instances.append(inst)
+        self.say(
+            f"  instance {number} started ({self.plan.launch}{', fail points ' + failpoints if failpoints else ''})"
+        )
+        return inst
+
+    def _spark_args(self, tag: str) -> list[str]:
+        conf = {
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.host": "127.0.0.1",
+            "spark.task.maxFailures": "4",
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": f"file://{self.event_logs}",
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+        }
+        if self.plan.standalone:
+            master = self.env.standalone().url
+            conf.update(
+                {
+                    # One 2-core executor per worker ("host"): a straggler's copy finds a free core.
+                    "spark.cores.max": "4",
+                    "spark.executor.cores": "2",
+                    "spark.executor.memory": "512m",
+                    f"spark.executorEnv.{TAG_ENV}": tag,
+                    "spark.speculation": "true",
+                    "spark.speculation.interval": "100ms",
+                    "spark.speculation.multiplier": "1.5",
+                    "spark.speculation.quantile": "0.25",
+                    "spark.speculation.minTaskRuntime": "100ms",
+                    "spark.speculation.efficiency.enabled": "false",
+                }
+            )
+        else:
+            master = "local[2,4]"  # 2 cores, up to 4 attempts per task
+        args = ["--master", master, "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"]
+        for key, value in conf.items():
+            args += ["--conf", f"{key}={value}"]
+        return args
+
+    def _await_first_batch(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._supervise()
+            # A first batch that failed (every attempt of a task hit a fail point) counts too.
+            if any(_FIRST_BATCH.search(inst.log()) for inst in self.instances):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"no instance ran a batch within {timeout:.0f}s")
+
+    # -- producing -------------------------------------------------------------------------------
+    def _producer(self) -> Producer:
+        return Producer(
+            {
+                "bootstrap.servers": self.env.kafka.bootstrap_servers,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 120_000,
+                "log_level": 2,
+            }
+        )
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+        else:
+            self.delivery_errors.append(str(err))
+
+    def _produce(self, n: int, rng: random.Random, producer: Producer | None = None) -> None:
+        own = producer is None
+        producer = producer or self._producer()
+        for _ in range(n):
+            key = f"k{rng.randrange(self.plan.keys)}".encode()
+            while True:
+                try:
+                    producer.produce(self.topic, value=b"v", key=key, on_delivery=self._on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        producer.poll(0)
+        if own and producer.flush(120) != 0:
+            raise RuntimeError("the producer could not deliver the initial messages in 120s")
+
+    def _produce_during_window(self) -> None:
+        producer = self._producer()
+        rng = random.Random(self.plan.seed * 31 + 7)
+        while not self.stop_producing.wait(rng.uniform(0.05, 0.5)):
+            self._produce(rng.randint(1, 200), rng, producer)
+        if producer.flush(120) != 0:
+            self.delivery_errors.append("messages still undelivered after 120s")
+
+    # -- faults ------------------------------------------------------------------------------------
+    def _inject(self, kind: str) -> None:
+        try:
+            injected = getattr(self, "_fault_" + kind.replace("-", "_"), lambda: False)()
+        except Exception as e:
+            self.result.failures.append(f"injecting {kind} failed: {type(e).__name__}: {e}")
+            return
+        if injected:
+            with self.lock:
+                self.result.injected[kind] += 1
+            self.say(f"  injected {kind}")
+        elif not kind.startswith("fp-") and kind != "speculation":
+            self.say(f"  {kind}: no moment found to inject it")
+            self.result.events[f"missed-{kind}"] += 1
+
+    def _alive(self) -> list[Instance]:
+        with self.lock:
+            return [i for i in self.instances if i.alive() and not i.stopping]
+
+    def _busy_worker(self, timeout: float = 25.0) -> tuple[Instance, int] | None:
+        """An instance with a Python worker in the middle of a task, and that worker."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.window_over.is_set():
+            for inst in self._alive():
+                for worker in python_workers(inst.tag):
+                    if busy(worker.pid):
+                        return inst, worker.pid
+            time.sleep(0.02)
+        return None
+
+    def _fault_kill_python_worker(self) -> bool:
+        found = self._busy_worker()
+        return found is not None and kill(found[1])
+
+    def _fault_kill_driver(self) -> bool:
+        found = self._busy_worker()
+        if found is None:
+            return False
+        inst = found[0]
+        was_primary, inst.primary, inst.killed = inst.primary, False, True
+        if not kill(inst.process.pid):  # python jobs/count_topic.py, or spark-submit's JVM
+            return False
+        self.start_instance(inst.failpoints, primary=was_primary)
+        return True
+
+    def _fault_pg_terminate(self) -> bool:
+        deadline = time.monotonic() + 25
+        with self.env.connect() as conn:
+            while time.monotonic() < deadline and not self.window_over.is_set():
+                rows = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                    "AND application_name = 'txstore' AND xact_start IS NOT NULL AND state <> 'idle'",
+                    (self.env.database,),
+                ).fetchall()
+                if any(ok for (ok,) in rows):
+                    return True
+                time.sleep(0.02)
+        return False
+
+    def _fault_pg_unreachable(self) -> bool:
+        seconds = self.rng.uniform(1.0, 5.0)
+        self.env.proxy.outage(seconds)
+        time.sleep(seconds)
+        return True
+
+    def _fault_kafka_down(self) -> bool:
+        self.env.kafka.set_broker_down(1)
+        try:
+            time.sleep(self.rng.uniform(1.0, 5.0))
+        finally:
+            self.env.kafka.set_broker_up(1)
+        return True
+
+    def _fault_kafka_request_errors(self) -> bool:
+        api = self.rng.choice(sorted(KAFKA_APIS.values()))
+        errors = [self.rng.choice(KAFKA_ERRORS) for _ in range(self.rng.randint(1, 8))]
+        self.env.kafka.push_request_errors(api, *errors)
+        return True
+
+    def _fault_second_instance(self) -> bool:
+        self.start_instance(self.plan.failpoints, primary=False)
+        return True
+
+    def _fault_instance_during_batch(self) -> bool:
+        if self._busy_worker() is None:
+            return False
+        self.start_instance(self.plan.failpoints, primary=False)
+        return True
+
+    # -- supervision -------------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        """Judge every instance that exited; restart the primary if it crashed."""
+        with self.lock:
+            exited = [i for i in self.instances if not i.alive() and not i.reported]
+        for inst in exited:
+            inst.reported = True
+            reason = self._exit_reason(inst)
+            if reason is None:
+                self.result.failures.append(
+                    f"instance {inst.number} exited {inst.process.returncode} unexpectedly: {inst.last_lines()}"
+                )
+            else:
+                self.result.events[reason] += 1
+            if inst.primary and not inst.stopping and not self.window_over.is_set():
+                inst.primary = False
+                self.start_instance(inst.failpoints, primary=True)
+
+    def _exit_reason(self, inst: Instance) -> str | None:
+        """Why an instance exited, if that was expected; None for an unexplained exit."""
+        code = inst.process.returncode
+        log = inst.log()
+        if inst.killed and code == -signal.SIGKILL:
+            return "driver-killed"
+        if inst.stopping and code == 0:
+            return "stopped"
+        if code == 137 and any(
+            f"txstore fail point {p}: exit" in log for p in DRIVER_POINTS
+        ):  # a driver fail point's os._exit
+            return "driver-fail-point-exit"
+        last = inst.last_lines(2)
+        if code == 1 and "InjectedFailure: fail point" in last:
+            return "driver-fail-point-raise"
+        return None
+
+    def _heal(self) -> None:
+        with contextlib.suppress(Exception):
+            self.env.kafka.set_broker_up(1)
+        for api in KAFKA_APIS.values():
+            with contextlib.suppress(Exception):
+                self.env.kafka.clear_request_errors(api)
+        self.env.proxy.heal()
+
+    # -- ending ------------------------------------------------------------------------------------
+    def _stop(self, inst: Instance, timeout: float = 120.0) -> None:
+        """SIGTERM to the Python driver: the current batch finishes, then the job exits 0.
+
+        Under spark-submit the driver is the JVM's child; a SIGTERM to the JVM
+        would stop Spark under the running batch instead.
+        """
+        inst.stopping = True
+        # Signal it once it handles SIGTERM: a job still starting its interpreter would
+        # just die of it, as any process does (spark-submit starts Python late).
+        deadline = time.monotonic() + timeout
+        while inst.alive() and time.monotonic() < deadline:
+            driver = driver_pid(inst)
+            if driver is not None and handles(driver, signal.SIGTERM):
+                kill(driver, signal.SIGTERM)
+                break
+            time.sleep(0.1)
+        try:
+            inst.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.result.failures.append(
+                f"instance {inst.number} did not stop within {timeout:.0f}s of SIGTERM: {inst.last_lines()}"
+            )
+            kill(inst.process.pid)
+            inst.process.wait(timeout=30)
+            inst.reported = True
+            return
+        self._supervise()
+
+    def _catch_up_and_stop(self) -> None:
+        """Faults are over (fail points expired): one instance catches up, the others stop."""
+        alive = self._alive()
+        keep = next((i for i in alive if i.primary), alive[0] if alive else None)
+        for inst in alive:
+            if inst is not keep:
+                self._stop(inst)
+        self._supervise()
+        if keep is None or not keep.alive():
+            keep = self.start_instance("", primary=True)
+        keep.primary = True
+        ends = self._log_ends()
+        deadline = time.monotonic() + 240
+        while self._offsets() != ends:
+            if not keep.alive():
+                self._supervise()
+                raise RuntimeError(f"the clean instance {keep.number} exited while catching up")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"offsets {self._offsets()} did not reach the log ends {ends} within 240s "
+                    f"(instance {keep.number}: {keep.last_lines()})"
+                )
+            time.sleep(0.3)
+        self._stop(keep)
+        if keep.process.returncode != 0 or "stopped after" not in keep.log():
+            self.result.failures.append(
+                f"the last instance did not exit cleanly on SIGTERM ({keep.process.returncode}): {keep.last_lines()}"
+            )
+
+    def _log_ends(self) -> dict[int, int]:
+        marks = fetch_watermarks(client_config(self.env.kafka.bootstrap_servers), [self.topic])
+        if any(m.low != 0 for m in marks):
+            raise RuntimeError(f"the broker dropped messages (log start above 0): {marks}")
+        return {m.partition: m.high for m in marks}
+
+    def _offsets(self) -> dict[int, int]:
+        with self.env.connect() as conn:
+            rows = conn.execute(
+                "SELECT part, off FROM txn_offsets WHERE job = %s AND topic = %s", (self.job, self.topic)
+            ).fetchall()
+        return {int(p): int(o) for p, o in rows}
+
+    def _check(self) -> None:
+        ends = self._log_ends()
+        produced = sum(ends.values())
+        with self.env.connect() as conn:
+            total = conn.execute(
+                "SELECT coalesce(sum(metric), 0) FROM txn_data WHERE job = %s AND topic = %s "
+                "AND key IS NULL AND window_start IS NULL",
+                (self.job, self.topic),
+            ).fetchone()
+            by_key = conn.execute(
+                "SELECT key, sum(metric) FROM txn_data WHERE job = %s AND topic = %s AND key IS NOT NULL "
+                "GROUP BY key",
+                (self.job, self.topic),
+            ).fetchall()
+            lost_ranges = conn.execute(
+                "SELECT count(*) FROM txn_lost_ranges WHERE job = %s", (self.job,)
+            ).fetchone()
+        counted = int(total[0]) if total else 0
+        r = self.result
+        r.produced, r.counted = produced, counted
+        r.lost, r.duplicated = max(0, produced - counted), max(0, counted - produced)
+        if self.delivered != produced or self.delivery_errors:
+            r.failures.append(
+                f"producer acknowledged {self.delivered} messages but Kafka holds {produced} "
+                f"({self.delivery_errors[:3]})"
+            )
+        if self._offsets() != ends:
+            r.failures.append(f"offsets {self._offsets()} differ from the log ends {ends}")
+        if lost_ranges and lost_ranges[0]:
+            r.failures.append(f"{lost_ranges[0]} ranges recorded as lost in txn_lost_ranges")
+        if by_key:
+            expected = self._key_counts(ends)
+            counted_keys = {str(k): int(v) for k, v in by_key}
+            if counted_keys != expected:
+                wrong = {
+                    k: (expected.get(k, 0), counted_keys.get(k, 0))
+                    for k in expected.keys() | counted_keys.keys()
+                    if expected.get(k, 0) != counted_keys.get(k, 0)
+                }
+                r.failures.append(f"per-key counts differ (key: produced, counted): {wrong}")
+                r.lost += sum(max(0, p - c) for p, c in wrong.values())
+                r.duplicated += sum(max(0, c - p) for p, c in wrong.values())
+
+    def _key_counts(self, ends: dict[int, int]) -> dict[str, int]:
+        counts: collections.Counter[str] = collections.Counter()
+        conf = client_config(self.env.kafka.bootstrap_servers)
+        for partition, end in ends.items():
+            for batch in RangeReader(conf, OffsetRange(self.topic, partition, 0, end)):
+                counts.update((m.key() or b"").decode() for m in batch)
+        return dict(counts)
+
+    def _count_from_logs(self) -> None:
+        """Fail points that fired and speculative copies, from the jobs' own reports."""
+        events = _event_counts(self.event_logs)
+        logs = self._logs(events)
+        fired = self._fired(logs)
+        self.result.events["stalled-tasks"] += fired.pop("stalled-tasks", 0)
+        self.result.injected.update(fired)
+        if events["speculative-task-attempts"]:
+            self.result.injected["speculation"] += events["speculative-task-attempts"]
+        self.result.events["failed-task-attempts"] += events["failed-task-attempts"]
+        self.result.events["already-committed"] += logs.count(", already committed")
+
+
+class _EventCounts(collections.Counter[str]):
+    app_ids: list[str]
+
+
+def _event_counts(directory: Path) -> _EventCounts:
+    """From Spark's event logs: speculative task launches and failed task attempts."""
+    counts = _EventCounts()
+    counts.app_ids = []
+    for path in sorted(directory.glob("*")):
+        app = path.name.removesuffix(".inprogress")
+        if app not in counts.app_ids:
+            counts.app_ids.append(app)
+        with open(path, errors="replace") as f:
+            for line in f:
+                if '"SparkListenerTask' not in line[:40]:
+                    continue
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    info = event.get("Task Info", {})
+                    if event["Event"] == "SparkListenerTaskStart" and info.get("Speculative"):
+                        counts["speculative-task-attempts"] += 1
+                    elif event["Event"] == "SparkListenerTaskEnd":
+                        reason = event.get("Task End Reason", {}).get("Reason")
+                        if reason not in (None, "Success"):
+                            counts["failed-task-attempts"] += 1
+    return counts
+
+
+# -- running many ---------------------------------------------------------------------------------
+def run_trials(
+    env: ChaosEnvironment,
+    plans: Sequence[TrialPlan],
+    log: Callable[[str], None] = print,
+    summary: Summary | None = None,
+) -> Summary:
+    summary = summary or Summary()
+    for n, plan in enumerate(plans, 1):
+        log(
+            f"trial {n}/{len(plans)} seed {plan.seed}: faults {','.join(plan.faults)}; "
+            f"{plan.partitions} partitions, {plan.launch}, interval {plan.interval}, window {plan.window}s"
+        )
+        trial = Trial(env, plan, log)
+        result = trial.run()
+        summary.add(result)
+        log("  " + result.line())
+        if result.ok:  # keep the logs of failed trials only
+            shutil.rmtree(trial.directory, ignore_errors=True)
+        else:
+            log(f"  logs: {trial.directory}")
+    return summary
+
+
+@contextlib.contextmanager
+def environment(admin_url: str | None = None, directory: Path | None = None) -> Iterator[ChaosEnvironment]:
+    url = admin_url or default_admin_url()
+    env = ChaosEnvironment(url, directory)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def default_admin_url() -> str:
+    host = os.environ.get("PGHOST", "127.0.0.1")
+    port = os.environ.get("PGPORT", "5432")
+    user = os.environ.get("PGUSER", "postgres")
+    password = os.environ.get("PGPASSWORD", "")
+    auth = f"{user}:{password}" if password else user
+    return f"postgresql://{auth}@{host}:{port}/postgres"

@@ -1,0 +1,142 @@
+"""A throwaway PostgreSQL that checks passwords (scram-sha-256), for tests of logins.
+
+The shared test server trusts every local connection, so it cannot tell a
+wrong password from a right one. This one is initialised in a temporary
+directory with pgserver's PostgreSQL binaries (a pip dependency of the demo),
+listens on a free 127.0.0.1 port, has TLS off, and is stopped by process id.
+As root it runs as pgserver's unprivileged system user, like pgserver does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+
+SUPERUSER = "postgres"
+# Every character that needs percent-encoding in a URL's user-info part.
+SUPERUSER_PASSWORD = "p@ss:w/rd%#?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def url(port: int, dbname: str, user: str = SUPERUSER, password: str = SUPERUSER_PASSWORD) -> str:
+    return f"postgresql://{quote(user, safe='')}:{quote(password, safe='')}@127.0.0.1:{port}/{dbname}"
+
+
+def _binaries() -> Path:
+    spec = importlib.util.find_spec("pgserver")  # not imported: it would set up its own server machinery
+    assert spec is not None and spec.submodule_search_locations, "pip install pgserver (the demo extra)"
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _run_as() -> str | None:
+    """The system user to run PostgreSQL as: it refuses to run as root."""
+    if os.geteuid() != 0:
+        return None
+    user = "pgserver"  # the user pgserver itself creates to run as when started by root
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", user], check=True, capture_output=True, timeout=60)
+    return user
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[int]:
+    """Start the server; yield its port; always stop it by pid and delete its files."""
+    bin_dir = _binaries()
+    user = _run_as()
+    home = Path(tempfile.mkdtemp(prefix="txstore-test-pg-"))
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        home.chmod(0o755)
+        if user:
+            entry = pwd.getpwnam(user)
+            os.chown(home, entry.pw_uid, entry.pw_gid)
+        password_file = home / "pw"
+        password_file.write_text(SUPERUSER_PASSWORD)
+        if user:
+            os.chown(password_file, pwd.getpwnam(user).pw_uid, -1)
+        data = home / "data"
+        env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+        subprocess.run(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                SUPERUSER,
+                "--auth=scram-sha-256",
+                f"--pwfile={password_file}",
+                "--encoding=UTF8",
+                "--no-sync",
+            ],
+            user=user,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        port = free_port()
+        log = home / "postgres.log"
+        with log.open("wb") as log_file:
+            process = subprocess.Popen(
+                [
+                    str(bin_dir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-k",
+                    str(home),
+                    "-c",
+                    "ssl=off",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "max_connections=40",
+                ],
+                user=user,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                psycopg.connect(url(port, "postgres"), connect_timeout=5).close()
+                break
+            except psycopg.OperationalError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"private PostgreSQL did not start:\n{log.read_text()}") from None
+                time.sleep(0.2)
+        yield port
+    finally:
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
