@@ -416,7 +416,7 @@ class Trial:
         (task points on a task's first attempt only), until it fires or a bounded
         time passes; then it is stopped, so the catch-up runs with every fault over.
         """
-        fired = self._fired()
+        fired = self._fired(self._logs())
         for kind in self.plan.faults:
             if not kind.startswith("fp-") or fired[kind]:
                 continue
