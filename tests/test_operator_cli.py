@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import produce
 from txstore import store
 from txstore.db import connect
+from txstore.idempotent import IdempotentSink
+from txstore.kafka import RangeReader, client_config
 from txstore.locks import hold_job_lock
 from txstore.ranges import OffsetRange
 from txstore.results import TOPIC_TOTAL
@@ -233,4 +235,20 @@ def test_jobs_lists_each_job_and_topic_with_its_total(
     as_json = json.loads(txstore("jobs", "--json", url=database_url).stdout)
     assert [(j["job"], j["topic"], j["partitions"], j["total"], j["running"]) for j in as_json] == [
         ("counter", counted, 3, 24, False)
+    ]
+
+
+def test_jobs_shows_an_idempotent_sink_jobs_stored_messages_as_its_total(
+    database_url: str, kafka: MockKafkaCluster, counted: str
+) -> None:
+    conf = client_config(kafka.bootstrap_servers)
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "copier", [StartDecision(counted, p, 0, "test") for p in range(3)])
+        sink = IdempotentSink(conn, "copier")
+        for r in (OffsetRange(counted, 0, 0, 10), OffsetRange(counted, 2, 0, 7)):
+            sink.store(r, RangeReader(conf, r))
+    as_json = json.loads(txstore("jobs", "--json", url=database_url).stdout)
+    assert [(j["job"], j["partitions"], j["total"]) for j in as_json] == [
+        ("copier", 3, 17),
+        ("counter", 3, 24),
     ]

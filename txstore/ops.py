@@ -38,7 +38,9 @@ class JobSummary:
     job: str
     topic: str
     partitions: int
-    total: int | float  # the topic-total metric (a message count for count_topic)
+    # The topic-total metric (a message count for count_topic); for a job with no
+    # topic total, such as an idempotent-sink job, the messages it has stored.
+    total: int | float
     last_commit: datetime
     running: bool
 
@@ -88,9 +90,15 @@ def status(
 
 
 def jobs(conn: psycopg.Connection) -> list[JobSummary]:
-    """Each job and topic in the database: partitions, topic total, last commit, running now."""
+    """Each job and topic in the database: partitions, total, last commit, running now.
+
+    The total is the topic-total row of ``txn_data``; where a job has none (an
+    idempotent-sink job keeps its messages in ``txn_messages`` instead) it is the
+    number of messages stored, counted in the same statement.
+    """
     rows = conn.execute(
-        "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), 0) "
+        "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), "
+        "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)) "
         "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
         "    AND d.grain = 'topic' AND d.key IS NULL AND d.window_start IS NULL "
         "GROUP BY o.job, o.topic ORDER BY o.job, o.topic"
