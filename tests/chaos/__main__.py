@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -30,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"with --replay or a single trial: these fault kinds instead ({', '.join(FAULT_KINDS)})",
     )
     parser.add_argument(
+        "--job-args",
+        default="",
+        metavar="FLAGS",
+        help="more count_topic flags for every trial, e.g. '--by key --commit per-batch' "
+        "(default: the topic total, committed per range)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         metavar="DIR",
@@ -43,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         first = args.seed if args.seed is not None else random.randrange(1_000_000)
         seeds = [first + i for i in range(args.trials)]
-    plans = [TrialPlan.generate(s, faults) for s in seeds]
+    plans = [TrialPlan.generate(s, faults, job_args=shlex.split(args.job_args)) for s in seeds]
     summary = Summary(seed=seeds[0])
     started = time.monotonic()
 

@@ -12,7 +12,8 @@ replayed with ``python -m tests.chaos --replay SEED``):
 4. the faults stop (fail points switch themselves off, ``TXSTORE_FAILPOINTS_UNTIL``;
    the broker and the proxy heal): extra instances are stopped, one catches up
    and is stopped with SIGTERM (a fresh one if none is left);
-5. the check: the topic total (and per-key counts, if the job writes them)
+5. the check: the topic total (and, with ``--by key`` among the plan's job
+   flags, every key's count)
    equals what Kafka holds, every stored offset equals its log end, and the
    last instance exited 0. Any unexplained exit or timeout fails the trial too.
 """
@@ -44,7 +45,7 @@ from confluent_kafka import Producer
 from tests.chaos.procs import TAG_ENV, busy, handles, kill, kill_tagged, python_workers, tagged
 from tests.chaos.proxy import TcpProxy
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
-from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.kafka import RangeReader, client_config, close_idle_consumers, fetch_watermarks
 from txstore.migrate import upgrade
 from txstore.ranges import OffsetRange
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -98,17 +99,26 @@ class TrialPlan:
     launch: str  # "python" or "spark-submit"
     max_offsets_per_batch: int | None
     failpoints: str
+    job_args: tuple[str, ...] = ()  # more count_topic flags, e.g. ("--by", "key", "--commit", "per-batch")
 
     @property
     def standalone(self) -> bool:
         return "speculation" in self.faults
 
     @classmethod
-    def generate(cls, seed: int, faults: Sequence[str] | None = None, intense: bool = False) -> TrialPlan:
+    def generate(
+        cls,
+        seed: int,
+        faults: Sequence[str] | None = None,
+        intense: bool = False,
+        job_args: Sequence[str] = (),
+    ) -> TrialPlan:
         """The trial for ``seed``: its first fault kind rotates with the seed, 0-2 more at random.
 
         ``intense``: fail points fire more often and batches come faster, so that a
         short trial surely injects every fault it plans (the CI subset).
+        ``job_args``: how the job counts (``--by key``, ``--commit per-batch``, ...);
+        by default the topic total, committed per range.
         """
         rng = random.Random(seed)
         if faults is None:
@@ -131,7 +141,12 @@ class TrialPlan:
             launch=rng.choice(("python", "spark-submit")),
             max_offsets_per_batch=rng.choice((None, None, rng.randint(200, 2000))),
             failpoints=_failpoints(rng, faults, intense),
+            job_args=tuple(job_args),
         )
+
+    @property
+    def counts_per_key(self) -> bool:
+        return "--by" in self.job_args
 
 
 def _failpoints(rng: random.Random, faults: Sequence[str], intense: bool = False) -> str:
@@ -261,6 +276,7 @@ class ChaosEnvironment:
         if self._cluster is not None:
             self._cluster.close()
         self.proxy.close()
+        close_idle_consumers()  # the checks' readers, before their broker goes away
         self.kafka.close()
         with contextlib.suppress(psycopg.Error), psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
@@ -471,6 +487,7 @@ class Trial:
             ]
             if self.plan.max_offsets_per_batch:
                 args += ["--max-offsets-per-batch", str(self.plan.max_offsets_per_batch)]
+            args += self.plan.job_args
             spark = self._spark_args(tag)
             env = {
                 k: v
@@ -711,9 +728,10 @@ class Trial:
             return "driver-killed"
         if inst.stopping and code == 0:
             return "stopped"
-        if code == 137 and any(
-            f"txstore fail point {p}: exit" in log for p in DRIVER_POINTS
-        ):  # a driver fail point's os._exit
+        # A driver fail point's os._exit; with --commit per-batch the driver commits, so
+        # the sink's points fire there too.
+        points = DRIVER_POINTS + (TASK_POINTS if "per-batch" in self.plan.job_args else ())
+        if code == 137 and any(f"txstore fail point {p}: exit" in log for p in points):
             return "driver-fail-point-exit"
         last = inst.last_lines(2)
         if code == 1 and "InjectedFailure: fail point" in last:
@@ -805,11 +823,11 @@ class Trial:
         with self.env.connect() as conn:
             total = conn.execute(
                 "SELECT coalesce(sum(metric), 0) FROM txn_data WHERE job = %s AND topic = %s "
-                "AND key IS NULL AND window_start IS NULL",
+                "AND grain = 'topic'",
                 (self.job, self.topic),
             ).fetchone()
             by_key = conn.execute(
-                "SELECT key, sum(metric) FROM txn_data WHERE job = %s AND topic = %s AND key IS NOT NULL "
+                "SELECT key, sum(metric) FROM txn_data WHERE job = %s AND topic = %s AND grain = 'key' "
                 "GROUP BY key",
                 (self.job, self.topic),
             ).fetchall()
@@ -829,7 +847,9 @@ class Trial:
             r.failures.append(f"offsets {self._offsets()} differ from the log ends {ends}")
         if lost_ranges and lost_ranges[0]:
             r.failures.append(f"{lost_ranges[0]} ranges recorded as lost in txn_lost_ranges")
-        if by_key:
+        if self.plan.counts_per_key and not by_key and produced:
+            r.failures.append("the job counts per key but wrote no per-key rows")
+        if by_key or self.plan.counts_per_key:
             expected = self._key_counts(ends)
             counted_keys = {str(k): int(v) for k, v in by_key}
             if counted_keys != expected:
@@ -903,6 +923,7 @@ def run_trials(
         log(
             f"trial {n}/{len(plans)} seed {plan.seed}: faults {','.join(plan.faults)}; "
             f"{plan.partitions} partitions, {plan.launch}, interval {plan.interval}, window {plan.window}s"
+            + (f", {shlex.join(plan.job_args)}" if plan.job_args else "")
         )
         trial = Trial(env, plan, log)
         result = trial.run()
