@@ -12,10 +12,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
-import venv
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,7 @@ import pytest
 from tests.conftest import REPO, produce
 from tests.private_postgres import free_port
 from tests.test_count_topic import log_ends, offsets, totals
-from tests.test_job_process import count_topic_args, job_env
+from tests.test_job_process import count_topic_args, job_env, python_without_txstore
 from txstore.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -141,25 +139,6 @@ def command_line(pid: int) -> str:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
-
-
-def python_without_txstore(tmp_path: Path) -> str:
-    """An interpreter with txstore's dependencies but not txstore (see test_job_process)."""
-    bare = tmp_path / "bare"
-    venv.EnvBuilder(with_pip=False).create(bare)
-    site = next((bare / "lib").glob("python*/site-packages"))
-    deps = next(p for p in map(Path, sys.path) if (p / "confluent_kafka").is_dir())
-    (site / "deps.pth").write_text(f"{deps}\n")
-    python = str(bare / "bin" / "python")
-    check = subprocess.run(
-        [python, "-c", "import confluent_kafka, psycopg, pyspark; import txstore"],
-        cwd=tmp_path,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert "No module named 'txstore'" in check.stderr
-    return python
 
 
 def blocked_commits(db: psycopg.Connection) -> int:

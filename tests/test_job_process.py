@@ -236,16 +236,10 @@ def test_spark_submit_with_txstore_installed(
     assert totals(db, topic) == {topic: 42}
 
 
-def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
-    # An interpreter with txstore's dependencies but not txstore itself: a venv that
-    # sees the test venv's site-packages as a plain path, so its editable txstore
-    # install (a .pth hook there) does not apply.
+def python_without_txstore(tmp_path: Path) -> str:
+    """An interpreter with txstore's dependencies but not txstore itself: a venv that
+    sees the test venv's site-packages as a plain path, so its editable txstore
+    install (a .pth hook there) does not apply."""
     bare = tmp_path / "bare"
     venv.EnvBuilder(with_pip=False).create(bare)
     site = next((bare / "lib").glob("python*/site-packages"))
@@ -260,7 +254,17 @@ def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
         text=True,
     )
     assert "No module named 'txstore'" in check.stderr
+    return python
 
+
+def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    python = python_without_txstore(tmp_path)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     shutil.copy(JOB, job_dir / "count_topic.py")
