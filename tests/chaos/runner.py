@@ -75,6 +75,7 @@ KAFKA_APIS = {"Fetch": 1, "ListOffsets": 2, "Metadata": 3}
 
 # Faults that need a task in flight: their trials also stall some tasks (sleep
 # fail points) so that "in the middle of a task" is a window, not an instant.
+DRIVER_EXIT_SECONDS = 5.0  # from a driver fail point's raise to its process's exit, at most
 SPECULATION_ALLOWANCE = 20.0  # more time with stragglers, for Spark to speculate on them
 NEEDS_SLOW_TASKS = {
     "kill-python-worker",
@@ -143,6 +144,12 @@ class TrialPlan:
             failpoints=_failpoints(rng, faults, intense),
             job_args=tuple(job_args),
         )
+
+    @property
+    def driver_points(self) -> tuple[str, ...]:
+        """The fail points that fire in the job's own process: with --commit per-batch
+        the driver commits, so the sink's fire there too."""
+        return DRIVER_POINTS + (TASK_POINTS if "per-batch" in self.job_args else ())
 
     @property
     def counts_per_key(self) -> bool:
@@ -728,10 +735,7 @@ class Trial:
             return "driver-killed"
         if inst.stopping and code == 0:
             return "stopped"
-        # A driver fail point's os._exit; with --commit per-batch the driver commits, so
-        # the sink's points fire there too.
-        points = DRIVER_POINTS + (TASK_POINTS if "per-batch" in self.plan.job_args else ())
-        if code == 137 and any(f"txstore fail point {p}: exit" in log for p in points):
+        if code == 137 and any(f"txstore fail point {p}: exit" in log for p in self.plan.driver_points):
             return "driver-fail-point-exit"
         last = inst.last_lines(2)
         if code == 1 and "InjectedFailure: fail point" in last:
@@ -788,9 +792,17 @@ class Trial:
         keep.primary = True
         ends = self._log_ends()
         deadline = time.monotonic() + 240
-        while self._offsets() != ends:
+        # A fail point in the driver that fired just before the faults ended can end its
+        # process a moment after: give that time to show, and then an exit the fail point
+        # explains is not the catch-up's failure; a clean instance takes over.
+        settle = self.until + DRIVER_EXIT_SECONDS if self._driver_may_fail(keep) else 0.0
+        while self._offsets() != ends or time.time() < settle:
             if not keep.alive():
                 self._supervise()
+                if keep.failpoints and self._exit_reason(keep) is not None:
+                    keep = self.start_instance("", primary=True)
+                    deadline, settle = time.monotonic() + 240, 0.0
+                    continue
                 raise RuntimeError(f"the clean instance {keep.number} exited while catching up")
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -803,6 +815,10 @@ class Trial:
             self.result.failures.append(
                 f"the last instance did not exit cleanly on SIGTERM ({keep.process.returncode}): {keep.last_lines()}"
             )
+
+    def _driver_may_fail(self, inst: Instance) -> bool:
+        """Whether ``inst`` has fail points that fire in its driver process."""
+        return any(p in inst.failpoints for p in self.plan.driver_points)
 
     def _log_ends(self) -> dict[int, int]:
         marks = fetch_watermarks(client_config(self.env.kafka.bootstrap_servers), [self.topic])
