@@ -6,9 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import produce
 from txstore.kafka import client_config, fetch_watermarks
+from txstore.testing.mock_kafka import MockKafkaCluster
 
 
 def test_the_broker_process_prints_its_address_serves_clients_and_stops_on_sigterm() -> None:
@@ -40,3 +44,24 @@ def test_the_broker_process_prints_its_address_serves_clients_and_stops_on_sigte
         if broker.poll() is None:
             os.killpg(broker.pid, signal.SIGKILL)
             broker.wait(timeout=30)
+
+
+def test_a_downed_brokers_port_is_kept_from_outgoing_connections_until_it_is_up() -> None:
+    # Otherwise the kernel may give the free port to a client, librdkafka cannot listen on it
+    # again, and it aborts the process that owns the broker (seen in a long chaos run).
+    reserved = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+    if not os.access(reserved, os.W_OK):
+        pytest.skip(f"{reserved} is not writable here")
+
+    def reserved_ports() -> set[str]:
+        return set(filter(None, reserved.read_text().strip().split(",")))
+
+    with MockKafkaCluster() as kafka:
+        port = kafka.bootstrap_servers.rsplit(":", 1)[1]
+        kafka.set_broker_down(1)
+        assert port in reserved_ports()
+        kafka.set_broker_up(1)
+        assert port not in reserved_ports()
+        produce(kafka.bootstrap_servers, "after-up", {0: 2})
+        marks = fetch_watermarks(client_config(kafka.bootstrap_servers), ["after-up"])
+        assert {m.partition: m.high for m in marks}[0] == 2

@@ -17,12 +17,14 @@ sets, and older ones are dropped (the log-start offset advances).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import TracebackType
 
 import confluent_kafka
@@ -63,6 +65,30 @@ def _load_librdkafka() -> ctypes.CDLL:
     return lib
 
 
+_RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+
+
+def _reserve_ports(ports: set[str]) -> set[str]:
+    """Keep the kernel from giving ``ports`` to outgoing connections; return the ones
+    this call added (best effort: Linux, and only where the file may be written)."""
+    try:
+        current = {p for p in _RESERVED_PORTS.read_text().strip().split(",") if p}
+        added = ports - current
+        if added:
+            _RESERVED_PORTS.write_text(",".join(sorted(current | added)) + "\n")
+        return added
+    except OSError:
+        return set()
+
+
+def _release_ports(ports: set[str]) -> None:
+    if not ports:
+        return
+    with contextlib.suppress(OSError):
+        current = {p for p in _RESERVED_PORTS.read_text().strip().split(",") if p}
+        _RESERVED_PORTS.write_text(",".join(sorted(current - ports)) + "\n")
+
+
 class MockKafkaCluster:
     """A mock Kafka cluster of ``brokers`` brokers on 127.0.0.1, alive until closed."""
 
@@ -80,6 +106,8 @@ class MockKafkaCluster:
             raise RuntimeError("rd_kafka_mock_cluster_new failed")
         self.brokers = brokers
         self.bootstrap_servers: str = self._lib.rd_kafka_mock_cluster_bootstraps(self._cluster).decode()
+        self._ports = {address.rsplit(":", 1)[1] for address in self.bootstrap_servers.split(",")}
+        self._reserved: set[str] = set()
 
     def _check(self, code: int, what: str) -> None:
         if code != 0:
@@ -100,11 +128,23 @@ class MockKafkaCluster:
         )
 
     def set_broker_down(self, broker_id: int) -> None:
-        """Close the broker's connections and refuse new ones until :meth:`set_broker_up`."""
+        """Close the broker's connections and refuse new ones until :meth:`set_broker_up`.
+
+        While it is down its port is free, and the kernel may hand it to some
+        outgoing connection; then librdkafka cannot listen on it again and
+        aborts the whole process. So the ports are reserved against that
+        (``ip_local_reserved_ports``, where this process may write it) until up.
+        """
+        self._reserved |= _reserve_ports(self._ports)
         self._check(self._lib.rd_kafka_mock_broker_set_down(self._cluster, broker_id), "broker down")
 
     def set_broker_up(self, broker_id: int) -> None:
         self._check(self._lib.rd_kafka_mock_broker_set_up(self._cluster, broker_id), "broker up")
+        self._release_ports()
+
+    def _release_ports(self) -> None:
+        _release_ports(self._reserved)
+        self._reserved = set()
 
     def set_partition_leader(self, topic: str, partition: int, broker_id: int) -> None:
         self._check(
@@ -121,6 +161,7 @@ class MockKafkaCluster:
         self._lib.rd_kafka_mock_clear_request_errors(self._cluster, api_key)
 
     def close(self) -> None:
+        self._release_ports()
         if self._cluster:
             self._lib.rd_kafka_mock_cluster_destroy(self._cluster)
             self._cluster = None
