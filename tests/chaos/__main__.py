@@ -1,18 +1,20 @@
-"""python -m tests.chaos --trials N [--seed S] | --replay SEED [--faults kind,kind]"""
+"""python -m tests.chaos --trials N [--seed S] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
 import shlex
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-from tests.chaos.runner import FAULT_KINDS, Summary, TrialPlan, environment, run_trials
+from tests.chaos.runner import FAULT_KINDS, Summary, TrialPlan, TrialResult, environment, run_trials
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +46,19 @@ def main(argv: list[str] | None = None) -> int:
         help="where failed trials leave their logs (default: a new temp dir, removed if all pass)",
     )
     parser.add_argument("--database-url", help="PostgreSQL admin URL (default: from PGHOST/PGPORT/PGUSER)")
+    parser.add_argument(
+        "--summarize",
+        nargs="+",
+        type=Path,
+        metavar="LOG",
+        help="print the summary line of the trials these earlier runs' outputs report "
+        "(a run cut off before its summary, or several runs together); runs nothing",
+    )
     args = parser.parse_args(argv)
+    if args.summarize:
+        summary = summarize(line for log in args.summarize for line in log.read_text().splitlines())
+        print(summary.line())
+        return 0 if summary.results and not summary.failed else 1
     faults = tuple(args.faults.split(",")) if args.faults else None
     if args.replay is not None:
         seeds = [args.replay]
@@ -72,6 +86,43 @@ def main(argv: list[str] | None = None) -> int:
     if passed and args.keep is None:
         shutil.rmtree(directory, ignore_errors=True)
     return 0 if passed else 1
+
+
+TRIAL_LINE = re.compile(
+    r"trial seed (?P<seed>\d+): (?P<status>ok|FAILED: .*?); injected (?P<injected>.*?); "
+    r"produced (?P<produced>\d+), counted (?P<counted>\d+), lost (?P<lost>\d+), "
+    r"duplicated (?P<duplicated>\d+); (?P<events>.*); (?P<seconds>\d+)s$"
+)
+
+
+def summarize(lines: Iterable[str]) -> Summary:
+    """The summary of the trials whose result lines (:meth:`TrialResult.line`) are given."""
+    summary = Summary()
+    for line in lines:
+        m = TRIAL_LINE.search(line)
+        if m is None:
+            continue
+        seed = int(m["seed"])
+        result = TrialResult(
+            TrialPlan.generate(seed),
+            produced=int(m["produced"]),
+            counted=int(m["counted"]),
+            lost=int(m["lost"]),
+            duplicated=int(m["duplicated"]),
+            seconds=float(m["seconds"]),
+        )
+        result.injected.update(_counts(m["injected"]))
+        result.events.update(_counts(m["events"]))
+        if m["status"] != "ok":
+            result.failures.append(m["status"].removeprefix("FAILED: "))
+        summary.seed = seed if summary.seed is None else min(summary.seed, seed)
+        summary.add(result)
+    return summary
+
+
+def _counts(text: str) -> dict[str, int]:
+    pairs = (item.split("=", 1) for item in text.split() if "=" in item)
+    return {k: int(v) for k, v in pairs}
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,0 +1,33 @@
+"""Rebuilding a run's summary from its trial lines (a run cut off before its summary)."""
+
+from __future__ import annotations
+
+from tests.chaos.__main__ import summarize
+from tests.chaos.runner import Summary, TrialPlan, TrialResult
+
+
+def result(
+    seed: int, produced: int, counted: int, injected: dict[str, int], failure: str = ""
+) -> TrialResult:
+    r = TrialResult(TrialPlan.generate(seed), produced=produced, counted=counted, seconds=31.0)
+    r.lost, r.duplicated = max(0, produced - counted), max(0, counted - produced)
+    r.injected.update(injected)
+    r.events.update({"failed-task-attempts": seed % 7, "stopped": 1})
+    if failure:
+        r.failures.append(failure)
+    return r
+
+
+def test_the_summary_of_printed_trial_lines_equals_the_runs_own() -> None:
+    results = [
+        result(2000, 100, 100, {"kill-driver": 1, "fp-after-plan": 3}),
+        result(2001, 50, 49, {"kafka-down": 1}, failure="offsets {0: 3} differ; from the log ends {0: 4}"),
+        result(2002, 70, 70, {}),
+    ]
+    own = Summary(seed=2000)
+    for r in results:
+        own.add(r)
+    noise = ["trial 1/3 seed 2000: faults kill-driver; 2 partitions", "  instance 1 started (python)"]
+    rebuilt = summarize([*noise, *("  " + r.line() for r in results), "%3|librdkafka noise"])
+    assert rebuilt.line() == own.line()
+    assert "lost 1" in rebuilt.line() and "failed trials: 2001" in rebuilt.line()
