@@ -45,6 +45,16 @@ txn_offsets = Table(
     # The next offset to read: every message before it is committed.
     Column("off", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The partition's history as the job knows it, to notice a topic deleted and recreated.
+    # Bumped by `txstore reset` across a recreation; --sink idempotent keys messages by it.
+    Column("generation", Integer, nullable=False, server_default=text("0")),
+    # The Kafka topic ID (KIP-516) seen at the last commit, where the broker reports one.
+    Column("topic_id", Text, nullable=True),
+    # Fingerprint of the last message counted: its offset, timestamp (ms) and a digest of
+    # key and value. The next range re-reads that message and compares before counting.
+    Column("last_off", BigInteger, nullable=True),
+    Column("last_timestamp", BigInteger, nullable=True),
+    Column("last_digest", Text, nullable=True),
     PrimaryKeyConstraint("job", "topic", "part"),
     CheckConstraint("off >= 0", name="off_nonnegative"),
     CheckConstraint("part >= 0", name="part_nonnegative"),
@@ -92,13 +102,16 @@ txn_messages = Table(
     Column("job", Text, nullable=False),
     Column("topic", Text, nullable=False),
     Column("part", Integer, nullable=False),
+    # The partition's generation (txn_offsets.generation): a recreated topic's messages
+    # never collide with the old topic's under the same offsets.
+    Column("generation", Integer, nullable=False, server_default=text("0")),
     Column("off", BigInteger, nullable=False),
     Column("key", LargeBinary, nullable=True),
     Column("value", LargeBinary, nullable=True),
     Column("timestamp", DateTime(timezone=True), nullable=True),
     Column("stored_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # One row per Kafka message: a replay inserts nothing (ON CONFLICT DO NOTHING).
-    PrimaryKeyConstraint("job", "topic", "part", "off"),
+    PrimaryKeyConstraint("job", "topic", "part", "generation", "off"),
     comment="Per-message outputs of jobs run with --sink idempotent, stored under their Kafka offset.",
 )
 
@@ -116,7 +129,36 @@ txn_outbox = Table(
     Column("payload", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("sent_at", DateTime(timezone=True), nullable=True),
+    # A commit's results split over several messages: part (1-based) of parts.
+    Column("part", Integer, nullable=False, server_default=text("1")),
+    Column("parts", Integer, nullable=False, server_default=text("1")),
+    # Set aside: publishing failed for a reason retrying cannot fix (too large, topic
+    # missing, not authorized); `txstore publish --retry-failed` tries again.
+    Column("failed_at", DateTime(timezone=True), nullable=True),
+    Column("failed_reason", Text, nullable=True),
     PrimaryKeyConstraint("id"),
-    Index("txn_outbox_pending_idx", "job", "id", postgresql_where=text("sent_at IS NULL")),
+    Index(
+        "txn_outbox_pending_idx",
+        "job",
+        "id",
+        postgresql_where=text("sent_at IS NULL AND failed_at IS NULL"),
+    ),
     comment="Committed results waiting to be published to Kafka, written with their offsets.",
+)
+
+txn_bad_messages = Table(
+    "txn_bad_messages",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("job", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("part", Integer, nullable=False),
+    Column("generation", Integer, nullable=False, server_default=text("0")),
+    Column("off", BigInteger, nullable=False),
+    # Why the aggregate could not process it: the error's type and first line.
+    Column("reason", Text, nullable=False),
+    Column("detected_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("id"),
+    Index("txn_bad_messages_job_topic_part_off_idx", "job", "topic", "part", "off"),
+    comment="Messages skipped with --on-bad-message skip, recorded with their range's commit.",
 )
