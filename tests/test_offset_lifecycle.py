@@ -80,6 +80,30 @@ def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lo
     assert offsets(db, topic) == {0: high}
 
 
+def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_appears_in_the_same_batch(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic, added = new_topic(1), new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
+    job_for(spark, kafka, database_url, topic).run_batch()
+    low, high = fall_behind_retention(kafka, topic)
+    produce(kafka.bootstrap_servers, added, {0: 5, 1: 7})
+    # The next batch both starts the new topic's partitions and meets the aged-out offsets.
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        job_for(spark, kafka, database_url, topic, added, fail_on_data_loss=False).run_batch()
+    assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
+    lost = db.execute("SELECT topic, part, from_off, until_off FROM txn_lost_ranges").fetchall()
+    assert lost == [(topic, 0, 3, low)]
+    assert totals(db, topic, added) == {topic: 3 + (high - low), added: 12}
+    assert offsets(db, topic) == {0: high}
+    assert offsets(db, added) == {0: 5, 1: 7}
+
+
 def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(
     spark: Any,
     kafka: MockKafkaCluster,

@@ -242,9 +242,10 @@ class TransactionalJob:
         try:
             conn = self._connection()
             committed, watermarks = self._state(conn)
-            if self._start_new_partitions(conn, committed, watermarks) or self._skip_lost(
-                conn, committed, watermarks
-            ):
+            # Both steps, always: a batch may start new partitions and skip aged-out offsets at once.
+            started = self._start_new_partitions(conn, committed, watermarks)
+            skipped = self._skip_lost(conn, committed, watermarks)
+            if started or skipped:
                 committed, watermarks = self._state(conn)
             return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
         except psycopg.errors.InsufficientPrivilege as e:
