@@ -24,7 +24,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from txstore import TOPIC_TOTAL, ResultKey, by_key, decode_key, run_job_main
+from txstore import TOPIC_TOTAL, ResultKey, add_metrics, by_key, decode_key, run_job_main
 
 SKIPPED = ResultKey("skipped")
 
@@ -45,8 +45,9 @@ def sum_field(field):
                     skipped += 1
                     continue
                 row = by_key(decode_key(message.key()))
-                deltas[row] = deltas.get(row, 0) + amount
-                deltas[TOPIC_TOTAL] = deltas.get(TOPIC_TOTAL, 0) + amount
+                # add_metrics, not +: Decimal's + rounds to 28 significant digits
+                deltas[row] = add_metrics(deltas.get(row, 0), amount)
+                deltas[TOPIC_TOTAL] = add_metrics(deltas.get(TOPIC_TOTAL, 0), amount)
         if skipped:
             deltas[SKIPPED] = skipped
         return deltas

@@ -6,11 +6,14 @@ shapes apart: the topic total and the count of messages with a null Kafka
 key both have a NULL key and window, but not the same grain.
 
 Metrics are exact decimals (``NUMERIC``): ints, ``Decimal`` and finite floats
-are accepted; deltas add up in the database, never in Spark's retry path.
+(as the decimal of their ``repr``) are accepted; deltas add up in the database,
+never in Spark's retry path, and where Python adds them (a task's ranges, a
+per-batch shuffle) :func:`add_metrics` adds them without rounding.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -66,13 +69,32 @@ def metric_text(value: Number) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+# Addition in this context is exact: as many digits as the sum needs, never rounded.
+_EXACT = decimal.Context(
+    prec=decimal.MAX_PREC,
+    Emax=decimal.MAX_EMAX,
+    Emin=decimal.MIN_EMIN,
+    traps=[decimal.InvalidOperation, decimal.Overflow, decimal.DivisionByZero],
+)
+
+
+def exact_decimal(value: Number) -> Decimal:
+    """``value`` as a Decimal without rounding; a float becomes the decimal of its ``repr``."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    return value if isinstance(value, Decimal) else Decimal(value)
+
+
 def add_metrics(a: Number, b: Number) -> Number:
-    """``a + b`` for any two deltas; a float meeting a Decimal becomes the Decimal of its repr."""
-    if isinstance(a, float) and isinstance(b, Decimal):
-        return Decimal(repr(a)) + b
-    if isinstance(a, Decimal) and isinstance(b, float):
-        return a + Decimal(repr(b))
-    return a + b  # type: ignore[operator]
+    """``a + b`` exactly, for any two deltas: ints stay ints; anything else is an exact Decimal.
+
+    Python's own ``+`` is not exact here: floats add in binary floating point, and
+    Decimals round to the current context's 28 significant digits (even ``0 + x``).
+    Aggregates should add their deltas with this function too.
+    """
+    if type(a) is int and type(b) is int:
+        return a + b
+    return _EXACT.add(exact_decimal(a), exact_decimal(b))
 
 
 def row_order(row: tuple[str, ResultKey]) -> tuple[str, str, bool, str, bool, datetime]:
