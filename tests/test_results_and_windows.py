@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -11,7 +12,7 @@ import pytest
 from txstore.errors import AlreadyCommitted, ConfigError, OffsetGap, OffsetOverlap
 from txstore.job import JobSettings
 from txstore.ranges import OffsetRange, split_ranges
-from txstore.results import TOPIC_TOTAL, by_key, decode_key, metric_text, row_order
+from txstore.results import TOPIC_TOTAL, by_key, decode_key, encode_key, metric_text, row_order
 from txstore.sink import classify_batch_conflict, outbox_identity
 from txstore.windows import format_duration, parse_duration_ms, window_start, window_start_ms
 
@@ -52,6 +53,25 @@ def test_keys_that_are_not_utf8_or_hold_nul_are_kept_apart_and_storable() -> Non
     assert decode_key(b"\xff\xfe") == "\\xff\\xfe"
     assert decode_key(b"a\x00b") == "a\\x00b"
     assert "\x00" not in (decode_key(b"\x00") or "")
+
+
+def test_a_key_holding_a_backslash_escape_as_text_is_not_the_byte_it_spells() -> None:
+    assert decode_key(b"\\xff") != decode_key(b"\xff")
+    assert decode_key(b"\\x00") != decode_key(b"\x00")
+    assert decode_key(b"a\\b") == "a\\\\b"  # a backslash is escaped as two
+
+
+def test_every_stored_key_decodes_back_to_exactly_its_bytes() -> None:
+    rng = random.Random(7)
+    samples = [b"", b"\\", b"\\x41", b"\xff", b"\x00", "ключ\\".encode(), b"\xc3", b"\xc3\xa9"]
+    samples += [bytes(rng.randrange(256) for _ in range(rng.randrange(12))) for _ in range(3000)]
+    samples += [bytes(rng.choice(b"\\x0fA\xff\x00") for _ in range(rng.randrange(8))) for _ in range(3000)]
+    seen: dict[str, bytes] = {}
+    for raw in samples:
+        text = decode_key(raw)
+        assert text is not None and "\x00" not in text
+        assert encode_key(text) == raw
+        assert seen.setdefault(text, raw) == raw, f"{raw!r} and {seen[text]!r} are stored alike"
 
 
 def test_the_null_key_row_is_not_the_topic_total() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import decimal
 import math
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -109,16 +110,39 @@ def row_order(row: tuple[str, ResultKey]) -> tuple[str, str, bool, str, bool, da
 
 
 def decode_key(raw: bytes | None) -> str | None:
-    """A Kafka key as ``txn_data.key`` text.
+    """A Kafka key as ``txn_data.key`` text, one text per key and back (:func:`encode_key`).
 
-    UTF-8 keys are stored as they are. Bytes that are not UTF-8, and NUL
-    (which PostgreSQL text cannot hold), are stored as ``\\xNN`` escapes, so
-    every key is counted, never dropped or merged with the null key.
+    UTF-8 keys are stored as they are, except that a backslash is stored as
+    two (``\\\\``). Bytes that are not UTF-8, and NUL (which PostgreSQL text
+    cannot hold), are stored as ``\\xNN`` escapes. Because a literal
+    backslash is always doubled, the key ``b"\\xff"`` (four characters) and the
+    byte ``0xff`` are stored apart: every key is counted under its own text,
+    never dropped or merged with another key or the null key.
     """
     if raw is None:
         return None
+    if b"\\" in raw:
+        raw = raw.replace(b"\\", b"\\\\")  # 0x5C is never part of a multi-byte UTF-8 character
     text = raw.decode("utf-8", "backslashreplace")
     return text.replace("\x00", "\\x00") if "\x00" in text else text
+
+
+_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
+
+
+def encode_key(text: str) -> bytes:
+    """The Kafka key bytes a :func:`decode_key` text stands for."""
+    if "\\" not in text:
+        return text.encode()
+    out = bytearray()
+    position = 0
+    for match in _ESCAPE.finditer(text):
+        out += text[position : match.start()].encode()
+        escape = match.group(1)
+        out += b"\\" if escape == "\\" else bytes([int(escape[1:], 16)])
+        position = match.end()
+    out += text[position:].encode()
+    return bytes(out)
 
 
 def plain_number(value: Decimal | int) -> int | float:
