@@ -231,3 +231,18 @@ def test_fractional_metrics_add_up_exactly(database_url: str, db: psycopg.Connec
         for i in range(10):
             sink.commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 0.1})
     assert db.execute("SELECT metric FROM txn_data").fetchone() == (Decimal("1.0"),)
+
+
+def test_an_autocommit_connection_is_refused_before_anything_is_written(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    # In autocommit mode the upsert would commit on its own, and the rollback after a
+    # refused offset move would leave results without their offsets.
+    seed(db, "j", "t", {0: 10})
+    before = snapshot(db)
+    with connect(database_url, autocommit=True) as conn:
+        with pytest.raises(ValueError, match="autocommit"):
+            TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 5), {TOPIC_TOTAL: 5})
+        with pytest.raises(ValueError, match="autocommit"):
+            TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 10, 15), {TOPIC_TOTAL: 5})
+    assert snapshot(db) == before

@@ -27,7 +27,7 @@ from confluent_kafka import Message
 from txstore.errors import AlreadyCommitted
 from txstore.failpoints import FailPoints
 from txstore.ranges import OffsetRange
-from txstore.sink import classify_conflict
+from txstore.sink import classify_conflict, require_transactions
 from txstore.store import stored_offsets
 
 MessageTransform = Callable[[Message], "tuple[bytes | None, bytes | None] | None"]
@@ -68,6 +68,7 @@ class IdempotentSink:
     """Stores ranges of messages for one job over one (reused) connection."""
 
     def __init__(self, conn: psycopg.Connection, job: str, failpoints: FailPoints | None = None) -> None:
+        require_transactions(conn, "IdempotentSink")
         self.conn = conn
         self.job = job
         self.failpoints = failpoints or FailPoints()

@@ -160,6 +160,16 @@ def outbox_identity(job: str, ranges: Sequence[OffsetRange]) -> tuple[str, dict[
     return f"{job}/batch/{digest}", headers
 
 
+def require_transactions(conn: psycopg.Connection, who: str) -> None:
+    """Refuse an autocommit connection: each statement would commit on its own, so
+    results could land without their offset move, and a rollback would undo nothing."""
+    if conn.autocommit:
+        raise ValueError(
+            f"{who} needs a connection with autocommit off: results and offsets must commit in "
+            "one transaction (open it with txstore.db.connect(url), not autocommit=True)"
+        )
+
+
 class TransactionalSink:
     """Commits ranges for one job over one (reused) connection.
 
@@ -174,6 +184,7 @@ class TransactionalSink:
         failpoints: FailPoints | None = None,
         publish_to: str | None = None,
     ) -> None:
+        require_transactions(conn, "TransactionalSink")
         self.conn = conn
         self.job = job
         self.failpoints = failpoints or FailPoints()
