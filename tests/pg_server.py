@@ -175,7 +175,8 @@ def _start_embedded(environ: MutableMapping[str, str]) -> TestServer:
     address = Address("127.0.0.1", started.port, "postgres", "")
     exported = {"PGHOST": address.host, "PGPORT": str(address.port), "PGUSER": address.user}
     environ.update(exported)
-    _session.callback(lambda: [environ.pop(name, None) for name in exported])
+    for name in exported:  # none was set, or there would be no throwaway server
+        _session.callback(environ.pop, name, None)
     return TestServer(address, (), started.directory)
 
 
