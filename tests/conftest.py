@@ -1,9 +1,11 @@
 """Real parts for every test: PostgreSQL, Spark in local mode, a Kafka-protocol broker.
 
 PostgreSQL is the server the environment names (PGHOST, PGPORT, PGUSER,
-PGPASSWORD; default 127.0.0.1:5432 as postgres), used through pytest-postgresql's
-no-process fixture. Alembic migrates a template database once per session and
-every test gets a fresh copy of it.
+PGPASSWORD; default 127.0.0.1:5432 as postgres) or, if none is named and nothing
+answers there, a throwaway one for the run (tests/pg_server.py decides, once, when
+the session starts). It is used through pytest-postgresql's no-process fixture.
+Alembic migrates a template database once per session and every test gets a fresh
+copy of it.
 """
 
 from __future__ import annotations
@@ -20,21 +22,43 @@ import pytest
 from confluent_kafka import Producer
 from pytest_postgresql import factories
 
+from tests import pg_server
 from txstore.db import connect
 from txstore.kafka import close_idle_consumers
 from txstore.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent
-PG_HOST = os.environ.get("PGHOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("PGPORT", "5432"))
-PG_USER = os.environ.get("PGUSER", "postgres")
-PG_PASSWORD = os.environ.get("PGPASSWORD", "")
 
 
-def pg_url(dbname: str, user: str = PG_USER, password: str = PG_PASSWORD) -> str:
-    auth = f"{user}:{password}" if password else user
-    return f"postgresql://{auth}@{PG_HOST}:{PG_PORT}/{dbname}"
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Choose the test server before any fixture exists; stop the run in seconds if it is unusable."""
+    try:
+        server = pg_server.open_session(os.environ)
+    except pg_server.NoTestServer as e:
+        raise pytest.UsageError(str(e)) from None  # pytest prints it as one line and exits with 4
+    # pytest-postgresql's fixtures below take host, port, user and password from its options.
+    options = session.config.option
+    options.postgresql_host = server.address.host
+    options.postgresql_port = server.address.port
+    options.postgresql_user = server.address.user
+    options.postgresql_password = server.address.password or None
+    notice = server.notice()
+    if notice:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(notice)
+        else:
+            print(notice, file=sys.stderr)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pg_server.close_session()
+
+
+def pg_url(dbname: str, user: str | None = None, password: str | None = None) -> str:
+    """A database on the test server (as its user unless another is given)."""
+    return pg_server.address().url(dbname, user, password)
 
 
 def _migrate_template(dbname: str, **_connection: Any) -> None:
@@ -45,18 +69,11 @@ def _migrate_template(dbname: str, **_connection: Any) -> None:
 _RUN = os.getpid()
 
 postgresql_migrated_proc = factories.postgresql_noproc(
-    host=PG_HOST,
-    port=PG_PORT,
-    user=PG_USER,
-    password=PG_PASSWORD,
-    dbname=f"txstore_test_{_RUN}",
-    load=[_migrate_template],
+    dbname=f"txstore_test_{_RUN}", load=[_migrate_template]
 )
 postgresql_migrated = factories.postgresql("postgresql_migrated_proc")
 
-postgresql_empty_proc = factories.postgresql_noproc(
-    host=PG_HOST, port=PG_PORT, user=PG_USER, password=PG_PASSWORD, dbname=f"txstore_empty_{_RUN}"
-)
+postgresql_empty_proc = factories.postgresql_noproc(dbname=f"txstore_empty_{_RUN}")
 postgresql_empty = factories.postgresql("postgresql_empty_proc")
 
 

@@ -1,10 +1,13 @@
-"""A throwaway PostgreSQL that checks passwords (scram-sha-256), for tests of logins.
+"""Throwaway PostgreSQL servers from pgserver's binaries (a pip dependency of the demo).
 
-The shared test server trusts every local connection, so it cannot tell a
-wrong password from a right one. This one is initialised in a temporary
-directory with pgserver's PostgreSQL binaries (a pip dependency of the demo),
-listens on a free 127.0.0.1 port, has TLS off, and is stopped by process id.
-As root it runs as pgserver's unprivileged system user, like pgserver does.
+Two uses: a server that checks passwords (scram-sha-256) for the tests of
+logins, since the shared test server trusts every local connection and cannot
+tell a wrong password from a right one; and the shared test server itself on a
+machine that has none (tests/pg_server.py), which trusts 127.0.0.1.
+
+Each is initialised in a new temporary directory, listens on a free 127.0.0.1
+port, has TLS off, and is stopped by process id; its directory is deleted. As
+root it runs as pgserver's unprivileged system user, like pgserver does.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,7 +41,8 @@ def free_port() -> int:
 
 
 def url(port: int, dbname: str, user: str = SUPERUSER, password: str = SUPERUSER_PASSWORD) -> str:
-    return f"postgresql://{quote(user, safe='')}:{quote(password, safe='')}@127.0.0.1:{port}/{dbname}"
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}" if password else quote(user, safe="")
+    return f"postgresql://{auth}@127.0.0.1:{port}/{dbname}"
 
 
 def _binaries() -> Path:
@@ -58,9 +63,30 @@ def _run_as() -> str | None:
     return user
 
 
+@dataclass(frozen=True)
+class Server:
+    """A running throwaway server: its TCP port on 127.0.0.1, its directory and its process."""
+
+    port: int
+    directory: Path
+    pid: int
+
+
 @contextlib.contextmanager
 def private_postgres() -> Iterator[int]:
-    """Start the server; yield its port; always stop it by pid and delete its files."""
+    """A server that checks the superuser's password (scram-sha-256); yields its port."""
+    with throwaway_postgres(password=SUPERUSER_PASSWORD) as server:
+        yield server.port
+
+
+@contextlib.contextmanager
+def throwaway_postgres(password: str | None = None, max_connections: int = 40) -> Iterator[Server]:
+    """Start a server in a new temporary directory; yield it; always stop it by pid and delete
+    the directory.
+
+    With ``password`` None every connection from 127.0.0.1 is trusted (like the usual local
+    test server); otherwise the superuser logs in with that password (scram-sha-256).
+    """
     bin_dir = _binaries()
     user = _run_as()
     home = Path(tempfile.mkdtemp(prefix="txstore-test-pg-"))
@@ -70,10 +96,13 @@ def private_postgres() -> Iterator[int]:
         if user:
             entry = pwd.getpwnam(user)
             os.chown(home, entry.pw_uid, entry.pw_gid)
-        password_file = home / "pw"
-        password_file.write_text(SUPERUSER_PASSWORD)
-        if user:
-            os.chown(password_file, pwd.getpwnam(user).pw_uid, -1)
+        auth = ["--auth=trust"]
+        if password is not None:
+            password_file = home / "pw"
+            password_file.write_text(password)
+            if user:
+                os.chown(password_file, pwd.getpwnam(user).pw_uid, -1)
+            auth = ["--auth=scram-sha-256", f"--pwfile={password_file}"]
         data = home / "data"
         env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
         subprocess.run(
@@ -83,8 +112,7 @@ def private_postgres() -> Iterator[int]:
                 str(data),
                 "-U",
                 SUPERUSER,
-                "--auth=scram-sha-256",
-                f"--pwfile={password_file}",
+                *auth,
                 "--encoding=UTF8",
                 "--no-sync",
             ],
@@ -96,24 +124,13 @@ def private_postgres() -> Iterator[int]:
         )
         port = free_port()
         log = home / "postgres.log"
+        settings = {"ssl": "off", "fsync": "off", "max_connections": str(max_connections)}
         with log.open("wb") as log_file:
             process = subprocess.Popen(
                 [
                     str(bin_dir / "postgres"),
-                    "-D",
-                    str(data),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "-k",
-                    str(home),
-                    "-c",
-                    "ssl=off",
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "max_connections=40",
+                    *("-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(home)),
+                    *(arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")),
                 ],
                 user=user,
                 env=env,
@@ -121,16 +138,17 @@ def private_postgres() -> Iterator[int]:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        login = url(port, "postgres", password=password or "")
         deadline = time.monotonic() + 60
         while True:
             try:
-                psycopg.connect(url(port, "postgres"), connect_timeout=5).close()
+                psycopg.connect(login, connect_timeout=5).close()
                 break
             except psycopg.OperationalError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"private PostgreSQL did not start:\n{log.read_text()}") from None
                 time.sleep(0.2)
-        yield port
+        yield Server(port, home, process.pid)
     finally:
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGINT)  # fast shutdown
