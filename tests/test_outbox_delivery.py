@@ -197,7 +197,10 @@ def test_a_row_too_large_for_kafka_is_set_aside_while_later_rows_are_sent_and_re
     status = txstore("status", "--job", "j", url=database_url)
     assert status.returncode == 0, status.stderr
     outbox_table = status.stdout.split("\n\n")[1].splitlines()
-    assert [line.split() for line in outbox_table] == [["JOB", "OUTBOX-PENDING", "OUTBOX-SET-ASIDE"], ["j", "0", "1"]]
+    assert [line.split() for line in outbox_table] == [
+        ["JOB", "OUTBOX-PENDING", "OUTBOX-SET-ASIDE"],
+        ["j", "0", "1"],
+    ]
     assert "txstore publish --job j --retry-failed" in status.stderr
     as_json = json.loads(txstore("status", "--job", "j", "--json", url=database_url).stdout)
     assert {(r["outbox_pending"], r["outbox_set_aside"]) for r in as_json} == {(0, 1)}

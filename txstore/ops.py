@@ -47,7 +47,7 @@ class OutboxStatus:
 
     def warning(self) -> str:
         return (
-            f"job {self.job!r}: {self.set_aside} published results set aside in txn_outbox because Kafka "
+            f"job {self.job!r}: {self.set_aside} results set aside in txn_outbox because Kafka "
             "refused them for good (see failed_reason); fix the cause, then run "
             f"`txstore publish --job {self.job} --retry-failed`"
         )
