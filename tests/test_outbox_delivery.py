@@ -129,6 +129,7 @@ def test_delivery_errors_retrying_cannot_fix_are_told_apart_from_passing_ones() 
         KafkaError.RECORD_LIST_TOO_LARGE,
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError._UNKNOWN_TOPIC,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.TOPIC_EXCEPTION,
         KafkaError.INVALID_RECORD,
         KafkaError.POLICY_VIOLATION,
@@ -246,6 +247,29 @@ def test_rows_the_broker_refuses_as_not_authorized_are_set_aside_and_later_rows_
     finally:
         kafka.clear_request_errors(PRODUCE_API)
         close_producers()
+
+
+def test_rows_for_a_topic_that_does_not_exist_are_set_aside_and_sent_once_it_does(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> None:
+    missing = f"{new_topic(1, prefix='results')}-missing"
+    seed(db, "j", "t", {0: 0})
+    # A cluster that does not create topics on first use (the mock does unless told not to).
+    conf = {**client_config(kafka.bootstrap_servers), "allow.auto.create.topics": "false"}
+    try:
+        with connect(database_url) as conn:
+            sink = TransactionalSink(conn, "j", publish_to=missing)
+            sink.commit(OffsetRange("t", 0, 0, 1), {TOPIC_TOTAL: 1})
+            sink.commit(OffsetRange("t", 0, 1, 2), {TOPIC_TOTAL: 1})
+            assert OutboxPublisher(conf, "j", timeout=4.0).publish_pending(conn) == 0
+            rows = outbox_rows(db, "j")
+            assert [(s, f) for _, s, f, _ in rows] == [(False, True)] * 2
+            assert all("does not exist" in reason for *_, reason in rows)
+            kafka.create_topic(missing, 1)
+            assert OutboxPublisher(conf, "j", timeout=4.0).publish_pending(conn, retry_failed=True) == 2
+    finally:
+        close_producers()
+    assert [json.loads(m.value() or b"")["ranges"][0]["until"] for m in read_topic(kafka, missing)] == [1, 2]
 
 
 @pytest.mark.spark

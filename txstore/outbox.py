@@ -54,9 +54,15 @@ _producers_lock = threading.Lock()
 
 
 def producer_config(base: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """Reliable producer settings; a user's ``--kafka-option`` may not weaken them."""
+    """Reliable producer settings; a user's ``--kafka-option`` may not weaken them.
+
+    A topic missing from the cluster fails its messages after half the timeout
+    (``topic.metadata.propagation.max.ms``), before they time out, so they are
+    set aside as "topic does not exist" rather than retried forever.
+    """
     return {
         "linger.ms": 5,
+        "topic.metadata.propagation.max.ms": int(timeout * 500),
         **base,
         "enable.idempotence": True,
         "acks": "all",
@@ -107,6 +113,9 @@ _SET_ASIDE: dict[int, str] = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: _NOT_AUTHORIZED,
     KafkaError._UNKNOWN_TOPIC: _NO_TOPIC,
     KafkaError._UNKNOWN_PARTITION: _NO_TOPIC,
+    # librdkafka retries it while the topic may still be propagating, and reports it
+    # only once the topic stays missing (topic.metadata.propagation.max.ms).
+    KafkaError.UNKNOWN_TOPIC_OR_PART: _NO_TOPIC,
     KafkaError.TOPIC_EXCEPTION: "the topic name is invalid",
     KafkaError.INVALID_RECORD: "Kafka refused the record as invalid",
     KafkaError.POLICY_VIOLATION: "the topic's policy refused the record",
@@ -119,6 +128,7 @@ _TOPIC_REFUSALS = frozenset(
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError._UNKNOWN_TOPIC,
         KafkaError._UNKNOWN_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.TOPIC_EXCEPTION,
     }
 )
