@@ -272,6 +272,30 @@ def test_rows_for_a_topic_that_does_not_exist_are_set_aside_and_sent_once_it_doe
     assert [json.loads(m.value() or b"")["ranges"][0]["until"] for m in read_topic(kafka, missing)] == [1, 2]
 
 
+def test_a_publisher_holds_a_bounded_amount_of_payload_at_a_time(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    results = new_topic(1, prefix="results")
+    seed(db, "j", "t", {0: 0})
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "j", publish_to=results)
+        for i in range(120):
+            sink.commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 1})
+        publisher = OutboxPublisher(client_config(kafka.bootstrap_servers), "j", chunk_bytes=1)
+        try:
+            with caplog.at_level(logging.INFO, logger="txstore"):
+                assert publisher.publish_pending(conn) == 120
+        finally:
+            close_producers()
+    chunks = [r.getMessage() for r in caplog.records if "results to Kafka" in r.getMessage()]
+    assert chunks == [f"job j: published {n} results to Kafka" for n in (50, 50, 20)]
+    assert pending_count(db, "j") == 0 and len(read_topic(kafka, results)) == 120
+
+
 @pytest.mark.spark
 def test_results_committed_by_a_batch_that_then_failed_are_published_by_the_next_idle_batch(
     spark: Any,

@@ -46,6 +46,7 @@ log = logging.getLogger("txstore")
 
 PUBLISH_TIMEOUT_SECONDS = 30.0
 CHUNK_ROWS = 500
+CHUNK_BYTES = 64 * 1024 * 1024  # a chunk holds at most about this much payload in memory
 KEEP_SENT_DAYS = 7  # sent rows are kept this long for inspection, then deleted
 PRUNE_EVERY_SECONDS = 3600.0
 
@@ -205,11 +206,13 @@ class OutboxPublisher:
         job: str,
         timeout: float = PUBLISH_TIMEOUT_SECONDS,
         chunk_rows: int = CHUNK_ROWS,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.conf = producer_config(kafka_conf, timeout)
         self.job = job
         self.timeout = timeout
         self.chunk_rows = chunk_rows
+        self.chunk_bytes = chunk_bytes
         self._pruned_at: float | None = None
 
     def publish_pending(self, conn: psycopg.Connection, retry_failed: bool = False) -> int:
@@ -246,18 +249,33 @@ class OutboxPublisher:
         self._pruned_at = time.monotonic()
         return deleted
 
-    def _publish_chunk(self, conn: psycopg.Connection) -> tuple[int, bool]:
-        with conn.cursor() as cur:
-            cur.execute(
+    def _lock_chunk(self, conn: psycopg.Connection) -> tuple[list[tuple[Any, ...]], bool]:
+        """Lock and read the next pending rows, up to ``chunk_rows`` rows or about
+        ``chunk_bytes`` of payload (a server-side cursor locks rows as they are
+        fetched, so the rest stay free); return them and whether more may wait."""
+        rows: list[tuple[Any, ...]] = []
+        size = 0
+        with conn.cursor(name="txstore_outbox_chunk") as fetch:
+            fetch.execute(
                 "SELECT id, destination, dedup_key, headers, payload::text, part, parts FROM txn_outbox "
                 "WHERE job = %s AND sent_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT %s "
                 "FOR UPDATE SKIP LOCKED",
                 (self.job, self.chunk_rows),
             )
-            rows = cur.fetchall()
-            if not rows:
-                conn.rollback()
-                return 0, False
+            while len(rows) < self.chunk_rows and size < self.chunk_bytes:
+                more = fetch.fetchmany(min(50, self.chunk_rows - len(rows)))
+                if not more:
+                    break
+                rows += more
+                size += sum(len(r[4]) for r in more)
+        return rows, len(rows) == self.chunk_rows or size >= self.chunk_bytes
+
+    def _publish_chunk(self, conn: psycopg.Connection) -> tuple[int, bool]:
+        rows, more = self._lock_chunk(conn)
+        if not rows:
+            conn.rollback()
+            return 0, False
+        with conn.cursor() as cur:
             outcome = self._produce(rows)
             if outcome.delivered:
                 cur.execute("UPDATE txn_outbox SET sent_at = now() WHERE id = ANY(%s)", (outcome.delivered,))
@@ -279,7 +297,7 @@ class OutboxPublisher:
                 f"txn_outbox and are sent by the next batch (or `txstore publish --job {self.job}`)"
             )
         log.info("job %s: published %d results to Kafka", self.job, len(outcome.delivered))
-        return len(outcome.delivered), len(rows) == self.chunk_rows
+        return len(outcome.delivered), more
 
     def _warn_set_aside(self, destination: str, set_aside: Mapping[int, str]) -> None:
         ids = sorted(set_aside)
