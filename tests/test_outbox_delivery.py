@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +122,34 @@ def test_parts_stay_under_the_limit_and_a_small_commit_stays_one_message(
         **{("key", f"k{i:03d}"): 1 for i in range(300)},
     }
     assert (small[3], small[4]) == (1, 1) and small[2]["results"][0]["total"] == 301
+
+
+def test_a_per_batch_commit_is_split_into_parts_the_same_way(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    seed(db, "b", "t", {0: 0, 1: 0})
+    ranges = [OffsetRange("t", 0, 0, 200), OffsetRange("t", 1, 0, 100)]
+    with connect(database_url) as conn:
+        sink = TransactionalSink(conn, "b", publish_to="out", publish_max_bytes=4096)
+        sink.commit_batch(
+            ranges, {("t", TOPIC_TOTAL): 300, **{("t", by_key(f"k{i:03d}")): 1 for i in range(300)}}
+        )
+    rows = db.execute(
+        "SELECT dedup_key, headers, payload, part, parts, "
+        "octet_length(payload::text) + octet_length(dedup_key) + octet_length(headers::text) "
+        "FROM txn_outbox ORDER BY id"
+    ).fetchall()
+    assert len(rows) >= 5 and all(size <= 4096 - 256 for *_, size in rows)
+    commit = rows[0][1]["txstore-commit"]
+    assert all(
+        h == {"txstore-job": "b", "txstore-commit": commit, "txstore-offsets": "t/0/200,t/1/100"}
+        for _, h, *_ in rows
+    )
+    assert all(re.fullmatch(f"b/batch/[0-9a-f]{{32}}/{commit}/{part}", key) for key, _, _, part, _, _ in rows)
+    assert [(p["part"], p["parts"]) for _, _, p, *_ in rows] == [
+        (i, len(rows)) for i in range(1, len(rows) + 1)
+    ]
+    assert sum(len(p["results"]) for _, _, p, *_ in rows) == 301
 
 
 def test_delivery_errors_retrying_cannot_fix_are_told_apart_from_passing_ones() -> None:
