@@ -152,6 +152,20 @@ def test_a_per_batch_commit_is_split_into_parts_the_same_way(
     assert sum(len(p["results"]) for _, _, p, *_ in rows) == 301
 
 
+def test_a_commit_with_no_results_is_still_announced_in_one_message(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    with connect(database_url) as conn:
+        TransactionalSink(conn, "j", publish_to="out").commit(OffsetRange("t", 0, 0, 5), {})
+    ((key, payload, part, parts),) = db.execute(
+        "SELECT dedup_key, payload, part, parts FROM txn_outbox"
+    ).fetchall()
+    assert re.fullmatch("j/t/0/5/[0-9a-f]{32}/1", key) and (part, parts) == (1, 1)
+    assert (payload["results"], payload["part"], payload["parts"]) == ([], 1, 1)
+    assert payload["ranges"] == [{"topic": "t", "partition": 0, "from": 0, "until": 5}]
+
+
 def test_delivery_errors_retrying_cannot_fix_are_told_apart_from_passing_ones() -> None:
     for code in (
         KafkaError.MSG_SIZE_TOO_LARGE,
