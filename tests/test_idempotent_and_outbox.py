@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -145,15 +146,22 @@ def test_a_commit_writes_its_results_to_the_outbox_in_the_same_transaction(
     rows = db.execute(
         "SELECT destination, dedup_key, headers, payload FROM txn_outbox ORDER BY id"
     ).fetchall()
-    assert [(d, k) for d, k, _, _ in rows] == [("results", "j/t/0/10"), ("results", "j/t/1/5")]
+    commits = [h["txstore-commit"] for _, _, h, _ in rows]
+    assert all(re.fullmatch("[0-9a-f]{32}", c) for c in commits) and commits[0] != commits[1]
+    assert [(d, k) for d, k, _, _ in rows] == [
+        ("results", f"j/t/0/10/{commits[0]}/1"),
+        ("results", f"j/t/1/5/{commits[1]}/1"),
+    ]
     assert rows[1][2] == {
         "txstore-job": "j",
+        "txstore-commit": commits[1],
         "txstore-topic": "t",
         "txstore-partition": "1",
         "txstore-until": "5",
     }
     payload = rows[1][3]
     assert payload["ranges"] == [{"topic": "t", "partition": 1, "from": 0, "until": 5}]
+    assert (payload["job"], payload["commit"], payload["part"], payload["parts"]) == ("j", commits[1], 1, 1)
     results = {(r["grain"], r["key"]): (r["delta"], r["total"]) for r in payload["results"]}
     assert results == {("topic", None): (5, 15), ("key", "a"): (5, 11)}
 
@@ -173,12 +181,18 @@ def published(kafka: MockKafkaCluster, topic: str) -> Counter[str]:
     for m in read_topic(kafka, topic):
         key = (m.key() or b"").decode()
         headers = {k: (v or b"").decode() for k, v in m.headers() or []}
+        suffix = f"/{headers['txstore-commit']}/{headers['txstore-part']}"
         if "txstore-offsets" in headers:  # a per-batch commit
-            assert key.startswith(headers["txstore-job"] + "/batch/")
+            assert key.startswith(headers["txstore-job"] + "/batch/") and key.endswith(suffix)
         else:
-            assert key == "/".join(
-                headers[h] for h in ("txstore-job", "txstore-topic", "txstore-partition", "txstore-until")
+            assert (
+                key
+                == "/".join(
+                    headers[h] for h in ("txstore-job", "txstore-topic", "txstore-partition", "txstore-until")
+                )
+                + suffix
             )
+        assert headers["txstore-parts"] == "1"
         assert json.loads(m.value() or b"")["results"]
         assert int(headers["txstore-outbox-id"]) > 0
         seen[key] += 1
@@ -246,13 +260,13 @@ def test_sent_outbox_rows_are_deleted_after_the_retention_and_pending_ones_never
         sink = TransactionalSink(conn, "j", publish_to="results")
         for i in range(3):
             sink.commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 1})
-    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '8 days' WHERE dedup_key = 'j/t/0/1'")
-    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '1 day' WHERE dedup_key = 'j/t/0/2'")
+    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '8 days' WHERE dedup_key LIKE 'j/t/0/1/%'")
+    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '1 day' WHERE dedup_key LIKE 'j/t/0/2/%'")
     publisher = OutboxPublisher(client_config(kafka.bootstrap_servers), "j")
     with connect(database_url) as conn:
         assert publisher.prune_sent(conn) == 1
     left = db.execute("SELECT dedup_key, sent_at IS NULL FROM txn_outbox ORDER BY id").fetchall()
-    assert left == [("j/t/0/2", False), ("j/t/0/3", True)]
+    assert [(k.rsplit("/", 2)[0], unsent) for k, unsent in left] == [("j/t/0/2", False), ("j/t/0/3", True)]
 
 
 def test_a_task_with_several_ranges_commits_them_together_and_sorts_out_conflicts_range_by_range(
@@ -287,6 +301,8 @@ def test_a_task_with_several_ranges_commits_them_together_and_sorts_out_conflict
     assert {r.outcome for r in task.run_together(second)} == {COMMITTED}
     assert store.topic_totals(db, "j", [topic]) == {topic: 75}
     # One transaction for the three ranges: one outbox row covering them all.
-    keys = [k for (k,) in db.execute("SELECT dedup_key FROM txn_outbox ORDER BY id").fetchall()]
+    keys = [
+        k.rsplit("/", 2)[0] for (k,) in db.execute("SELECT dedup_key FROM txn_outbox ORDER BY id").fetchall()
+    ]
     assert keys[:2] == [f"j/{topic}/0/10", f"j/{topic}/2/30"]  # committed one by one after the conflict
     assert len(keys) == 3 and keys[2].startswith("j/batch/")

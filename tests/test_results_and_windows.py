@@ -123,20 +123,22 @@ def test_a_batch_conflict_is_named_from_the_stored_offsets() -> None:
     assert isinstance(missing, OffsetOverlap) and "no offset row" in str(missing)
 
 
-def test_outbox_messages_have_a_stable_dedup_key_per_commit() -> None:
-    key, headers = outbox_identity("j", [OffsetRange("orders", 3, 100, 250)])
-    assert key == "j/orders/3/250"
+def test_outbox_messages_have_a_dedup_key_per_commit_that_names_its_range() -> None:
+    key, headers = outbox_identity("j", [OffsetRange("orders", 3, 100, 250)], "c1")
+    assert key == "j/orders/3/250/c1"
     assert headers == {
         "txstore-job": "j",
+        "txstore-commit": "c1",
         "txstore-topic": "orders",
         "txstore-partition": "3",
         "txstore-until": "250",
     }
     batch = [OffsetRange("b", 1, 0, 5), OffsetRange("a", 0, 0, 7)]
-    key1, headers1 = outbox_identity("j", batch)
-    key2, _ = outbox_identity("j", list(reversed(batch)))
-    assert key1 == key2 and key1.startswith("j/batch/")
+    key1, headers1 = outbox_identity("j", batch, "c2")
+    key2, _ = outbox_identity("j", list(reversed(batch)), "c2")
+    assert key1 == key2 and key1.startswith("j/batch/") and key1.endswith("/c2")
     assert headers1["txstore-offsets"] == "a/0/7,b/1/5"
+    assert outbox_identity("j", batch, "c3")[0] != key1  # a re-count after a reset is a new identity
 
 
 def test_settings_refuse_combinations_that_cannot_work() -> None:

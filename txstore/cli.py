@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_connection_options(publish)
     publish.add_argument("--job", required=True)
+    publish.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="first put back in line the results set aside because Kafka refused them for good "
+        "(too large, topic missing, not authorized), once the cause is fixed",
+    )
 
     if argv and argv[0] == "count-topic":
         from txstore.count_topic import main as count_topic
@@ -107,23 +113,35 @@ def _operate(args: argparse.Namespace) -> int:
         if args.command == "status":
             rows, problem = ops.status(conn, kafka_conf, args.job)
             print(ops.as_json(rows) if args.json else ops.format_status(rows))
+            outbox = ops.outbox_status(conn, args.job)
+            if outbox and not args.json:
+                print(f"\n{ops.format_outbox(outbox)}")
             if problem:
                 print(f"txstore: warning: {problem}", file=sys.stderr)
+            for o in outbox:
+                if o.set_aside:
+                    print(f"txstore: warning: {o.warning()}", file=sys.stderr)
             return 0
         if args.command == "jobs":
             summaries = ops.jobs(conn)
             print(ops.as_json(summaries) if args.json else ops.format_jobs(summaries))
             return 0
         if args.command == "publish":
-            from txstore.outbox import OutboxPublisher, close_producers, pending_count
+            from txstore.outbox import OutboxPublisher, close_producers, outbox_counts
 
             if kafka_conf is None:
                 raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
             try:
-                sent = OutboxPublisher(kafka_conf, args.job).publish_pending(conn)
+                sent = OutboxPublisher(kafka_conf, args.job).publish_pending(conn, args.retry_failed)
             finally:
                 close_producers()
-            print(f"published {sent} results of job {args.job!r}; {pending_count(conn, args.job)} waiting")
+            pending, set_aside = outbox_counts(conn, args.job)
+            print(f"published {sent} results of job {args.job!r}; {pending} waiting, {set_aside} set aside")
+            if set_aside:
+                print(
+                    f"txstore: warning: {ops.OutboxStatus(args.job, pending, set_aside).warning()}",
+                    file=sys.stderr,
+                )
             return 0
         if args.to_earliest:
             target = ResetTarget("earliest")

@@ -16,8 +16,9 @@ A batch:
    range's offset move in one transaction. ``sink="idempotent"``: tasks
    store each message under its offset instead of aggregating;
 6. log a line per range and a summary line; a refused range fails the batch;
-7. with ``publish_topic``, send the batch's committed results from the
-   outbox to Kafka (:mod:`txstore.outbox`).
+7. with ``publish_topic``, send the committed results pending in the
+   outbox to Kafka (:mod:`txstore.outbox`), after every batch that did not
+   fail, whether or not it had new data.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from txstore.ranges import (
     plan_ranges,
     split_ranges,
 )
-from txstore.sink import TransactionalSink
+from txstore.sink import PUBLISH_MAX_BYTES, TransactionalSink
 from txstore.spark import (
     BatchResult,
     aggregate_batch,
@@ -90,6 +91,7 @@ IDEMPOTENT = "idempotent"
 COMMIT_MODES = (PER_RANGE, PER_BATCH)
 SINKS = (TRANSACTIONAL, IDEMPOTENT)
 DRIVER_COMMIT_ATTEMPTS = 3
+MIN_PUBLISH_MAX_BYTES = 4096  # room for a commit's identity, ranges and some results per message
 
 DataFrameAggregate = Callable[[Any], Any]
 """A DataFrame with Spark's Kafka-source columns -> a DataFrame of deltas
@@ -117,6 +119,7 @@ class JobSettings:
     min_partitions: int | None = None  # per-batch only: at least this many Spark tasks
     sink: str = TRANSACTIONAL  # or IDEMPOTENT: store each message under its offset
     publish_topic: str | None = None  # also publish committed results to this Kafka topic
+    publish_max_bytes: int = PUBLISH_MAX_BYTES  # split a commit's results into messages of at most this
 
     def __post_init__(self) -> None:
         for topic in self.topics:
@@ -131,6 +134,10 @@ class JobSettings:
             raise ConfigError(
                 "--min-partitions needs --commit per-batch and a number of at least 1 "
                 "(per-range commits are one task per Kafka partition)"
+            )
+        if self.publish_max_bytes < MIN_PUBLISH_MAX_BYTES:
+            raise ConfigError(
+                f"--publish-max-bytes must be at least {MIN_PUBLISH_MAX_BYTES}, got {self.publish_max_bytes}"
             )
         if self.sink == IDEMPOTENT and (self.commit != PER_RANGE or self.publish_topic):
             raise ConfigError(
@@ -200,7 +207,6 @@ class TransactionalJob:
         self._publisher = (
             OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
         )
-        self._outbox_clean = False  # until a publish succeeds: a previous run may have left rows
 
     @property
     def commits_per_batch(self) -> bool:
@@ -346,7 +352,13 @@ class TransactionalJob:
             else:
                 assert self.aggregate is not None
                 task = RangeTask(
-                    s.job, s.database_url, s.kafka_conf, self.aggregate, self.failpoints, s.publish_topic
+                    s.job,
+                    s.database_url,
+                    s.kafka_conf,
+                    self.aggregate,
+                    self.failpoints,
+                    s.publish_topic,
+                    s.publish_max_bytes,
                 )
                 reports = run_ranges(self.spark, ranges, task, description)
         except TxstoreError:
@@ -374,18 +386,22 @@ class TransactionalJob:
                 transient=transient,
                 replan=all(r.stale_plan for r in refused),
             )
-        if self._publisher is not None and (report.ranges or not self._outbox_clean):
+        if self._publisher is not None:
             self.publish()
         return report
 
     def publish(self) -> int:
-        """Send the job's committed, unsent results to ``publish_topic``; return how many."""
+        """Send the job's committed, pending results to ``publish_topic``; return how many.
+
+        Runs after every successful batch, even one with nothing new: what is
+        pending is read from the database (one query on the partial pending
+        index when nothing is), never remembered in memory, so rows committed
+        by a batch that failed afterwards, or by another instance, go out at
+        the next batch.
+        """
         assert self._publisher is not None
-        self._outbox_clean = False
         try:
-            sent = self._publisher.publish_pending(self._connection())
-            self._outbox_clean = True
-            return sent
+            return self._publisher.publish_pending(self._connection())
         except psycopg.Error as e:
             self._drop_connection()
             raise DatabaseUnavailable(
@@ -425,7 +441,9 @@ class TransactionalJob:
         s = self.settings
         for attempt in range(DRIVER_COMMIT_ATTEMPTS):
             try:
-                sink = TransactionalSink(self._connection(), s.job, self.failpoints, s.publish_topic)
+                sink = TransactionalSink(
+                    self._connection(), s.job, self.failpoints, s.publish_topic, s.publish_max_bytes
+                )
                 sink.commit_batch(ranges, deltas, attempt)
                 return COMMITTED
             except AlreadyCommitted:

@@ -31,6 +31,26 @@ class PartitionStatus:
     lag: int | None
     last_commit: datetime
     running: bool
+    # The job's results in txn_outbox (--publish-topic): waiting to be sent, and set aside
+    # because Kafka refused them for good (`txstore publish --job J --retry-failed`).
+    outbox_pending: int = 0
+    outbox_set_aside: int = 0
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    """A job's unsent outbox rows: pending, and set aside (refused by Kafka for good)."""
+
+    job: str
+    pending: int
+    set_aside: int
+
+    def warning(self) -> str:
+        return (
+            f"job {self.job!r}: {self.set_aside} results set aside in txn_outbox because Kafka "
+            "refused them for good (see failed_reason); fix the cause, then run "
+            f"`txstore publish --job {self.job} --retry-failed`"
+        )
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,7 @@ def status(
                 problem = f"{e} (log offsets and lag unknown)"
                 break
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    outbox = {o.job: o for o in outbox_status(conn, job)}
     result = []
     for j, topic, part, off, updated in rows:
         w = marks.get((topic, part))
@@ -84,9 +105,26 @@ def status(
                 (w.high - off) if w else None,
                 updated,
                 running[j],
+                outbox[j].pending if j in outbox else 0,
+                outbox[j].set_aside if j in outbox else 0,
             )
         )
     return result, problem
+
+
+def outbox_status(conn: psycopg.Connection, job: str | None = None) -> list[OutboxStatus]:
+    """Per job (or only ``job``) with unsent outbox rows: how many are pending and set aside.
+
+    Reads only unsent rows; sent ones are pruned after 7 days, so the scan stays bounded.
+    """
+    rows = conn.execute(
+        "SELECT job, count(*) FILTER (WHERE failed_at IS NULL), count(*) FILTER (WHERE failed_at IS NOT NULL) "
+        "FROM txn_outbox WHERE sent_at IS NULL AND (%(job)s::text IS NULL OR job = %(job)s) "
+        "GROUP BY job ORDER BY job",
+        {"job": job},
+    ).fetchall()
+    conn.commit()
+    return [OutboxStatus(j, pending, set_aside) for j, pending, set_aside in rows]
 
 
 def jobs(conn: psycopg.Connection) -> list[JobSummary]:
@@ -138,6 +176,12 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
             )
             for r in rows
         ],
+    )
+
+
+def format_outbox(rows: Sequence[OutboxStatus]) -> str:
+    return table(
+        ["JOB", "OUTBOX-PENDING", "OUTBOX-SET-ASIDE"], [(r.job, r.pending, r.set_aside) for r in rows]
     )
 
 

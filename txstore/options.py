@@ -10,6 +10,7 @@ from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
 from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
 from txstore.kafka import BOOTSTRAP_ENV, topic_name_problem
+from txstore.sink import PUBLISH_MAX_BYTES
 from txstore.starting import parse_starting_offsets, parse_timestamp
 
 
@@ -141,7 +142,15 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         "--publish-topic",
         metavar="TOPIC",
         help="also publish committed results to this Kafka topic, through the txn_outbox table "
-        "(at least once, each message keyed job/topic/partition/until for deduplication)",
+        "(at least once, each message keyed job/topic/partition/until/<commit>/<part> for deduplication)",
+    )
+    parser.add_argument(
+        "--publish-max-bytes",
+        type=int,
+        default=PUBLISH_MAX_BYTES,
+        metavar="N",
+        help=f"with --publish-topic: split a commit's results into messages of at most N bytes "
+        f"(default {PUBLISH_MAX_BYTES}, half of Kafka's default maximum message size)",
     )
     parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
 
@@ -186,4 +195,5 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         min_partitions=args.min_partitions,
         sink=args.sink,
         publish_topic=args.publish_topic,
+        publish_max_bytes=args.publish_max_bytes,
     )

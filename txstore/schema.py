@@ -122,8 +122,9 @@ txn_outbox = Table(
     Column("job", Text, nullable=False),
     # Kafka topic the row is published to.
     Column("destination", Text, nullable=False),
-    # Stable per commit (job/topic/partition/until): consumers drop redelivered duplicates by it.
-    # Not unique: a range committed again after `txstore reset` moved the offset back repeats it.
+    # The message's Kafka key, job/topic/partition/until/<commit>/<part>: unique per commit
+    # (a random id, so a re-count after `txstore reset` is new) and part, repeated by a
+    # redelivery; consumers drop redelivered duplicates by it.
     Column("dedup_key", Text, nullable=False),
     Column("headers", JSONB, nullable=False),
     Column("payload", JSONB, nullable=False),

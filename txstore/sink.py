@@ -8,7 +8,9 @@ a batch (per-batch commits, on the driver), in one PostgreSQL transaction:
    transactions touching the same rows (every partition's task adds to the
    topic total) lock them in the same order and cannot deadlock; when the
    job publishes its results, the same statement writes the new totals to
-   ``txn_outbox`` (:mod:`txstore.outbox` sends them to Kafka later);
+   ``txn_outbox``, split into as many parts as keep each message under
+   ``publish_max_bytes``, under an identity unique to the commit
+   (:mod:`txstore.outbox` sends them to Kafka later);
 2. ``UPDATE txn_offsets SET off = until WHERE job/topic/part AND off = from``
    for every range, in one statement;
 3. every range's row updated: COMMIT. Anything else: ROLLBACK, then read the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +39,7 @@ from txstore.results import TOPIC_TOTAL, Number, ResultKey, metric_text, row_ord
 from txstore.store import stored_offsets
 
 __all__ = [
+    "PUBLISH_MAX_BYTES",
     "TOPIC_TOTAL",
     "BatchDeltas",
     "ResultKey",
@@ -62,24 +66,55 @@ DO UPDATE SET metric = txn_data.metric + EXCLUDED.metric, updated_at = EXCLUDED.
 
 _UPSERT = f"WITH d AS ({_DELTAS})\n{_UPSERT_BODY}"
 
-# The same upsert, plus one outbox row holding each result's delta and new total.
+PUBLISH_MAX_BYTES = 512 * 1024
+"""Default upper bound of one published message (payload, key and headers), half of Kafka's
+default maximum message size (``message.max.bytes``, 1 MB)."""
+_ENVELOPE_SLACK = 256  # per-message headers the publisher adds, Kafka's record framing
+
+# The same upsert, plus the outbox rows holding each result's delta and new total: as
+# many parts as needed to keep each message's results under %(budget)s bytes. Parts are
+# cut by cumulative size in result order; a part holds the results whose running size
+# ends in its slice of ``step`` bytes, so it stays under step + its first result's size,
+# hence under the budget (a single result bigger than half the budget may overflow it,
+# and publishing sets that message aside as too large).
 # The coalesce() equalities make the join hashable; IS NOT DISTINCT FROM makes it exact.
 _UPSERT_AND_OUTBOX = f"""
 WITH d AS ({_DELTAS}),
-up AS ({_UPSERT_BODY} RETURNING topic, grain, key, window_start, metric)
-INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload)
-SELECT %(job)s, %(destination)s, %(dedup_key)s, %(headers)s::jsonb,
-       jsonb_build_object(
-         'job', %(job)s::text,
-         'ranges', %(ranges)s::jsonb,
-         'results', coalesce(jsonb_agg(jsonb_build_object(
+up AS ({_UPSERT_BODY} RETURNING topic, grain, key, window_start, metric),
+item AS (
+  SELECT d.ord, jsonb_build_object(
              'topic', up.topic, 'grain', up.grain, 'key', up.key, 'window_start', up.window_start,
-             'delta', d.metric, 'total', up.metric) ORDER BY d.ord), '[]'::jsonb))
-FROM up JOIN d
-  ON d.topic = up.topic AND d.grain = up.grain
- AND coalesce(d.key, '') = coalesce(up.key, '')
- AND coalesce(d.window_start, '-infinity') = coalesce(up.window_start, '-infinity')
- AND d.key IS NOT DISTINCT FROM up.key AND d.window_start IS NOT DISTINCT FROM up.window_start
+             'delta', d.metric, 'total', up.metric) AS body
+  FROM up JOIN d
+    ON d.topic = up.topic AND d.grain = up.grain
+   AND coalesce(d.key, '') = coalesce(up.key, '')
+   AND coalesce(d.window_start, '-infinity') = coalesce(up.window_start, '-infinity')
+   AND d.key IS NOT DISTINCT FROM up.key AND d.window_start IS NOT DISTINCT FROM up.window_start),
+sized AS (
+  SELECT ord, body, octet_length(body::text) + 2 AS size FROM item),
+running AS (
+  SELECT ord, body, sum(size) OVER (ORDER BY ord) AS upto, max(size) OVER () AS biggest FROM sized),
+cut AS (
+  SELECT ord, body,
+         dense_rank() OVER (ORDER BY (upto - 1) / greatest(%(budget)s::bigint - biggest,
+                                                           %(budget)s::bigint / 2, 1)) AS part
+  FROM running),
+grouped AS (
+  SELECT part, count(*) OVER () AS parts, jsonb_agg(body ORDER BY ord) AS results FROM cut GROUP BY part)
+INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, part, parts)
+SELECT %(job)s, %(destination)s, %(dedup_key)s || '/' || part, %(headers)s::jsonb,
+       jsonb_build_object('job', %(job)s::text, 'commit', %(commit)s::text, 'part', part, 'parts', parts,
+                          'ranges', %(ranges)s::jsonb, 'results', results),
+       part, parts
+FROM grouped ORDER BY part
+"""
+
+# A commit with no results at all still tells consumers the ranges were counted.
+_EMPTY_OUTBOX = """
+INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, part, parts)
+VALUES (%(job)s, %(destination)s, %(dedup_key)s || '/1', %(headers)s::jsonb,
+        jsonb_build_object('job', %(job)s::text, 'commit', %(commit)s::text, 'part', 1, 'parts', 1,
+                           'ranges', %(ranges)s::jsonb, 'results', '[]'::jsonb), 1, 1)
 """
 
 _MOVE_OFFSETS = """
@@ -135,13 +170,18 @@ def _json_ranges(ranges: Sequence[OffsetRange]) -> str:
     )
 
 
-def outbox_identity(job: str, ranges: Sequence[OffsetRange]) -> tuple[str, dict[str, str]]:
-    """The stable dedup key and Kafka headers of the outbox row for a commit.
+def outbox_identity(job: str, ranges: Sequence[OffsetRange], commit: str) -> tuple[str, dict[str, str]]:
+    """The dedup key prefix and Kafka headers of a commit's outbox rows.
 
-    One range: ``job/topic/partition/until``, which a redelivery repeats exactly.
-    A batch: ``job/batch/<hash of its ranges>``, with the ranges in a header.
+    ``commit`` is unique per commit (a fresh UUID for each transaction that
+    writes results: a retry that finds its range committed writes nothing),
+    so a range counted again after ``txstore reset`` is a new identity that a
+    key-compacted topic keeps. One range: ``job/topic/partition/until/commit``;
+    a batch: ``job/batch/<hash of its ranges>/commit``, with the ranges in a
+    header. Each row's key adds its part number (``/1``, ``/2``, ...), and is
+    repeated exactly by a redelivery.
     """
-    headers = {"txstore-job": job}
+    headers = {"txstore-job": job, "txstore-commit": commit}
     if len(ranges) == 1:
         r = ranges[0]
         headers.update(
@@ -151,13 +191,36 @@ def outbox_identity(job: str, ranges: Sequence[OffsetRange]) -> tuple[str, dict[
                 "txstore-until": str(r.until_offset),
             }
         )
-        return f"{job}/{r.topic}/{r.partition}/{r.until_offset}", headers
+        return f"{job}/{r.topic}/{r.partition}/{r.until_offset}/{commit}", headers
     offsets = ",".join(
         f"{r.topic}/{r.partition}/{r.until_offset}" for r in sorted(ranges, key=lambda r: r.key)
     )
     headers["txstore-offsets"] = offsets
     digest = hashlib.sha256(offsets.encode()).hexdigest()[:32]
-    return f"{job}/batch/{digest}", headers
+    return f"{job}/batch/{digest}/{commit}", headers
+
+
+def outbox_params(
+    job: str, destination: str, ranges: Sequence[OffsetRange], max_bytes: int
+) -> dict[str, Any]:
+    """Parameters of the outbox statements for one commit: identity, headers, ranges, and
+    the bytes each part's results may take (``max_bytes`` less everything else in the message)."""
+    commit = uuid.uuid4().hex
+    dedup_key, headers = outbox_identity(job, ranges, commit)
+    headers_json = json.dumps(headers)
+    ranges_json = _json_ranges(ranges)
+    envelope = json.dumps(
+        {"job": job, "commit": commit, "part": 10**9, "parts": 10**9, "ranges": None, "results": []}
+    )
+    overhead = len(envelope) + len(ranges_json) + len(headers_json) + len(dedup_key) + 12 + _ENVELOPE_SLACK
+    return {
+        "destination": destination,
+        "dedup_key": dedup_key,
+        "commit": commit,
+        "headers": headers_json,
+        "ranges": ranges_json,
+        "budget": max(max_bytes - overhead, 1),
+    }
 
 
 def require_transactions(conn: psycopg.Connection, who: str) -> None:
@@ -174,7 +237,8 @@ class TransactionalSink:
     """Commits ranges for one job over one (reused) connection.
 
     ``publish_to``: also write each commit's results to ``txn_outbox`` for
-    that Kafka topic, in the same transaction.
+    that Kafka topic, in the same transaction and statement as the upsert,
+    split into parts of at most ``publish_max_bytes`` per message.
     """
 
     def __init__(
@@ -183,12 +247,14 @@ class TransactionalSink:
         job: str,
         failpoints: FailPoints | None = None,
         publish_to: str | None = None,
+        publish_max_bytes: int = PUBLISH_MAX_BYTES,
     ) -> None:
         require_transactions(conn, "TransactionalSink")
         self.conn = conn
         self.job = job
         self.failpoints = failpoints or FailPoints()
         self.publish_to = publish_to
+        self.publish_max_bytes = publish_max_bytes
 
     def commit(self, offset_range: OffsetRange, deltas: Mapping[ResultKey, Number], attempt: int = 0) -> None:
         """Commit one range's ``deltas`` and move its offset to ``until``, or change nothing and raise.
@@ -227,14 +293,8 @@ class TransactionalSink:
         }
         upsert = None
         if self.publish_to:
-            dedup_key, headers = outbox_identity(self.job, ranges)
-            params.update(
-                destination=self.publish_to,
-                dedup_key=dedup_key,
-                headers=json.dumps(headers),
-                ranges=_json_ranges(ranges),
-            )
-            upsert = _UPSERT_AND_OUTBOX
+            params.update(outbox_params(self.job, self.publish_to, ranges, self.publish_max_bytes))
+            upsert = _UPSERT_AND_OUTBOX if rows else _EMPTY_OUTBOX
         elif rows:
             upsert = _UPSERT
         conn = self.conn

@@ -38,7 +38,7 @@ from txstore.idempotent import IdempotentSink, MessageTransform
 from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange
 from txstore.results import Number, ResultKey, add_metrics
-from txstore.sink import TransactionalSink
+from txstore.sink import PUBLISH_MAX_BYTES, TransactionalSink
 
 Aggregate = Callable[[OffsetRange, Iterable[list[Message]]], Mapping[ResultKey, Number]]
 """Turns a range's messages (in batches) into result deltas keyed by :class:`ResultKey`."""
@@ -143,6 +143,7 @@ class RangeTask:
     aggregate: Aggregate
     failpoints: FailPoints = field(default_factory=FailPoints)
     publish_to: str | None = None
+    publish_max_bytes: int = PUBLISH_MAX_BYTES
 
     def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[RangeReport]:
         attempt = task_attempt()
@@ -171,7 +172,7 @@ class RangeTask:
         read_done: float,
     ) -> RangeReport:
         def commit(conn: psycopg.Connection) -> None:
-            sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to)
+            sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to, self.publish_max_bytes)
             sink.commit(offset_range, deltas, attempt)
 
         parts = [(offset_range, reader)]
@@ -206,7 +207,7 @@ class RangeTask:
 
         def commit(conn: psycopg.Connection) -> None:
             nonlocal conflict
-            sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to)
+            sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to, self.publish_max_bytes)
             try:
                 sink.commit_batch([r for r, _, _ in read], combined, attempt)
             except (OffsetGap, OffsetOverlap):
