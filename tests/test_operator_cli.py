@@ -66,11 +66,12 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
         "LAG",
         "LAST-COMMIT",
         "RUNNING",
+        "SKIPPED",
     ]
     assert [line.split()[:7] + line.split()[8:] for line in lines[1:]] == [
-        ["counter", counted, "0", "4", "0", "10", "6", "no"],
-        ["counter", counted, "1", "20", "0", "20", "0", "no"],
-        ["counter", counted, "2", "0", "0", "30", "30", "no"],
+        ["counter", counted, "0", "4", "0", "10", "6", "no", "0"],
+        ["counter", counted, "1", "20", "0", "20", "0", "no", "0"],
+        ["counter", counted, "2", "0", "0", "30", "30", "no", "0"],
     ]
     as_json = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
     assert [(r["partition"], r["offset"], r["lag"], r["running"]) for r in as_json] == [

@@ -31,6 +31,7 @@ class PartitionStatus:
     lag: int | None
     last_commit: datetime
     running: bool
+    skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ def status(
     None and the second value says why; the database part is still shown.
     """
     rows = conn.execute(
-        "SELECT job, topic, part, off, updated_at FROM txn_offsets "
-        "WHERE %(job)s::text IS NULL OR job = %(job)s ORDER BY job, topic, part",
+        "SELECT o.job, o.topic, o.part, o.off, o.updated_at, (SELECT count(*) FROM txn_bad_messages b "
+        "    WHERE b.job = o.job AND b.topic = o.topic AND b.part = o.part) "
+        "FROM txn_offsets o WHERE %(job)s::text IS NULL OR o.job = %(job)s ORDER BY o.job, o.topic, o.part",
         {"job": job},
     ).fetchall()
     conn.commit()
@@ -71,7 +73,7 @@ def status(
                 break
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
     result = []
-    for j, topic, part, off, updated in rows:
+    for j, topic, part, off, updated, skipped in rows:
         w = marks.get((topic, part))
         result.append(
             PartitionStatus(
@@ -84,6 +86,7 @@ def status(
                 (w.high - off) if w else None,
                 updated,
                 running[j],
+                skipped,
             )
         )
     return result, problem
@@ -123,7 +126,18 @@ def as_json(items: Sequence[Any]) -> str:
 
 def format_status(rows: Sequence[PartitionStatus]) -> str:
     return table(
-        ["JOB", "TOPIC", "PARTITION", "OFFSET", "LOG-START", "LOG-END", "LAG", "LAST-COMMIT", "RUNNING"],
+        [
+            "JOB",
+            "TOPIC",
+            "PARTITION",
+            "OFFSET",
+            "LOG-START",
+            "LOG-END",
+            "LAG",
+            "LAST-COMMIT",
+            "RUNNING",
+            "SKIPPED",
+        ],
         [
             (
                 r.job,
@@ -135,6 +149,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
                 r.lag,
                 r.last_commit.isoformat(timespec="seconds"),
                 "yes" if r.running else "no",
+                r.skipped,
             )
             for r in rows
         ],

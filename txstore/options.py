@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import replace
 
+from txstore.badmessages import FAIL, ON_BAD_MESSAGE
 from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
 from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
@@ -143,6 +144,14 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="also publish committed results to this Kafka topic, through the txn_outbox table "
         "(at least once, each message keyed job/topic/partition/until for deduplication)",
     )
+    parser.add_argument(
+        "--on-bad-message",
+        choices=ON_BAD_MESSAGE,
+        default=FAIL,
+        help="a message the aggregate (or transform) fails on every time: fail (default) stops the job with "
+        "one line naming its topic, partition and offset; skip records it in txn_bad_messages with the "
+        "range's commit, counts every other message, and logs a warning",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
 
 
@@ -186,4 +195,5 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         min_partitions=args.min_partitions,
         sink=args.sink,
         publish_topic=args.publish_topic,
+        on_bad_message=args.on_bad_message,
     )
