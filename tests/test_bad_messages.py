@@ -22,6 +22,7 @@ from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import stored_messages
 from tests.test_job_process import count_topic_args, job_env, operator_cli, run_job
 from txstore import store
+from txstore.badmessages import BadOffset, isolate
 from txstore.count_topic import CountMessages
 from txstore.errors import BadMessage
 from txstore.job import JobSettings, TransactionalJob
@@ -335,3 +336,45 @@ def test_on_bad_message_takes_fail_or_skip_only(kafka: MockKafkaCluster, databas
 
     with pytest.raises(ConfigError, match="--on-bad-message must be one of fail, skip"):
         settings(kafka, database_url, "some-topic", on_bad_message="ignore")
+
+
+# -- finding the messages, without servers ---------------------------------------------------
+
+
+def kafka_messages(topic: str, timestamps: list[int]) -> list[Message]:
+    return [
+        Message(topic=topic, partition=2, offset=10 + i, key=b"k", value=b"v", timestamp=(1, ts))
+        for i, ts in enumerate(timestamps)
+    ]
+
+
+@pytest.mark.parametrize("bad_at", [set(), {0}, {9}, {3, 4}, {0, 5, 6, 7, 19}, set(range(20))])
+def test_isolation_finds_exactly_the_failing_offsets_and_keeps_the_good_messages_deltas(
+    bad_at: set[int],
+) -> None:
+    timestamps = [BEYOND_ANY_CALENDAR_MS if i in bad_at else GOOD_MS + i * MINUTE_MS for i in range(20)]
+    messages = kafka_messages("t", timestamps)
+    whole = OffsetRange("t", 2, 10, 30)
+    count = CountMessages(window_ms=MINUTE_MS)
+    found = isolate(count, whole, [messages[:8], messages[8:], []], first_only=False)
+    good = [m for i, m in enumerate(messages) if i not in bad_at]
+    assert found.bad == tuple(BadOffset("t", 2, 10 + i, REASON) for i in sorted(bad_at))
+    assert dict(found.deltas) == (count(whole, [good]) if good else {})
+    assert found.messages == 20
+    first = isolate(count, whole, [messages[:8], messages[8:]], first_only=True)
+    assert first.bad == found.bad[:1]
+
+
+def test_isolation_finds_nothing_when_no_single_message_fails() -> None:
+    def fails_on_more_than_three(
+        offset_range: OffsetRange, batches: Iterable[list[Message]]
+    ) -> dict[ResultKey, int]:
+        n = sum(len(b) for b in batches)
+        if n > 3:
+            raise ValueError("too many at once")
+        return {TOPIC_TOTAL: n}
+
+    messages = kafka_messages("t", [GOOD_MS] * 10)
+    found = isolate(fails_on_more_than_three, OffsetRange("t", 2, 10, 20), [messages], first_only=False)
+    assert found.bad == ()
+    assert found.deltas == {TOPIC_TOTAL: 10}

@@ -105,21 +105,30 @@ def aggregate_range(aggregate: _Aggregate, reader: RangeReader, skip: bool) -> A
             raise
         failure = e
     again = RangeReader(reader.conf, reader.range, reader.batch_size, reader.idle_timeout)
-    found = isolate(aggregate, again, first_only=not skip)
+    found = isolate(aggregate, reader.range, again, first_only=not skip)
     if not found.bad:
         raise failure
     return found
 
 
-def isolate(aggregate: _Aggregate, reader: RangeReader, first_only: bool) -> Aggregated:
-    """Steps 1-4: every batch of ``reader`` alone, bisected where it fails."""
+def isolate(
+    aggregate: _Aggregate, offset_range: OffsetRange, batches: Iterable[list[Message]], first_only: bool
+) -> Aggregated:
+    """Steps 2-4 over ``offset_range``'s messages read again: every batch alone, bisected where it fails.
+
+    ``first_only``: stop at the first bad message (its deltas are then incomplete).
+    """
     deltas: dict[ResultKey, Number] = {}
     bad: list[BadOffset] = []
-    for batch in reader:
-        _bisect(aggregate, reader.range, batch, deltas, bad, first_only)
+    messages = 0
+    for batch in batches:
+        if not batch:
+            continue
+        messages += len(batch)
+        _bisect(aggregate, offset_range, batch, deltas, bad, first_only)
         if bad and first_only:
             break
-    return Aggregated(deltas, reader.messages, tuple(bad))
+    return Aggregated(deltas, messages, tuple(bad))
 
 
 def _bisect(
