@@ -8,9 +8,10 @@ Deterministic refusals (gap, overlap, aged-out data) come back to the driver
 as a report instead of an exception: retrying them cannot help, and the
 driver turns them into one clear line. So does a message the aggregate (or
 transform) fails on every time (:mod:`txstore.badmessages` finds it), unless
-it is to be skipped: then it is recorded with the range's commit. Transient failures (a dropped
-connection, a broker timeout) raise, so Spark retries the task; the retry
-reads the same range and either commits it or finds it already committed.
+it is to be skipped: then it is recorded with the range's commit. Transient
+failures (a dropped connection, a broker timeout) raise, so Spark retries the
+task; the retry reads the same range and either commits it or finds it
+already committed.
 """
 
 from __future__ import annotations
