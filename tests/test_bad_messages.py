@@ -141,6 +141,8 @@ def test_a_message_no_calendar_can_hold_stops_the_job_at_once_with_one_line_nami
     table = operator_cli("status", "--database-url", database_url).stdout.splitlines()
     assert table[0].split()[-1] == "SKIPPED"
     assert [line.split()[-1] for line in table[1:]] == ["1", "0"]
+    jobs = json.loads(operator_cli("jobs", "--json", "--database-url", database_url).stdout)
+    assert [(j["job"], j["total"], j["skipped"]) for j in jobs] == [("count_topic", 11, 1)]
 
 
 def test_the_first_run_with_skip_warns_naming_each_skipped_message(

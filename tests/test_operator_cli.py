@@ -231,8 +231,8 @@ def test_jobs_lists_each_job_and_topic_with_its_total(
     result = txstore("jobs", url=database_url)
     assert result.returncode == 0, result.stderr
     lines = [line.split() for line in result.stdout.splitlines()]
-    assert lines[0] == ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING"]
-    assert [row[:4] + row[5:] for row in lines[1:]] == [["counter", counted, "3", "24", "no"]]
+    assert lines[0] == ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING", "SKIPPED"]
+    assert [row[:4] + row[5:] for row in lines[1:]] == [["counter", counted, "3", "24", "no", "0"]]
     as_json = json.loads(txstore("jobs", "--json", url=database_url).stdout)
     assert [(j["job"], j["topic"], j["partitions"], j["total"], j["running"]) for j in as_json] == [
         ("counter", counted, 3, 24, False)

@@ -44,6 +44,7 @@ class JobSummary:
     total: int | float
     last_commit: datetime
     running: bool
+    skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
 
 def status(
@@ -93,7 +94,7 @@ def status(
 
 
 def jobs(conn: psycopg.Connection) -> list[JobSummary]:
-    """Each job and topic in the database: partitions, total, last commit, running now.
+    """Each job and topic in the database: partitions, total, last commit, running now, skipped.
 
     The total is the topic-total row of ``txn_data``; where a job has none (an
     idempotent-sink job keeps its messages in ``txn_messages`` instead) it is the
@@ -101,14 +102,18 @@ def jobs(conn: psycopg.Connection) -> list[JobSummary]:
     """
     rows = conn.execute(
         "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), "
-        "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)) "
+        "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)), "
+        "  (SELECT count(*) FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic) "
         "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
         "    AND d.grain = 'topic' AND d.key IS NULL AND d.window_start IS NULL "
         "GROUP BY o.job, o.topic ORDER BY o.job, o.topic"
     ).fetchall()
     conn.commit()
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
-    return [JobSummary(j, t, n, plain_number(total), last, running[j]) for j, t, n, last, total in rows]
+    return [
+        JobSummary(j, t, n, plain_number(total), last, running[j], skipped)
+        for j, t, n, last, total, skipped in rows
+    ]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -158,7 +163,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
 
 def format_jobs(rows: Sequence[JobSummary]) -> str:
     return table(
-        ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING"],
+        ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING", "SKIPPED"],
         [
             (
                 r.job,
@@ -167,6 +172,7 @@ def format_jobs(rows: Sequence[JobSummary]) -> str:
                 r.total,
                 r.last_commit.isoformat(timespec="seconds"),
                 "yes" if r.running else "no",
+                r.skipped,
             )
             for r in rows
         ],
