@@ -22,7 +22,7 @@ from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import stored_messages
 from tests.test_job_process import count_topic_args, job_env, operator_cli, run_job
 from txstore import store
-from txstore.badmessages import BadOffset, isolate
+from txstore.badmessages import BadOffset, describe_skipped, isolate
 from txstore.count_topic import CountMessages
 from txstore.errors import BadMessage
 from txstore.job import JobSettings, TransactionalJob
@@ -238,6 +238,7 @@ def test_skip_counts_exactly_the_good_messages_and_records_the_bad_ones_with_the
         assert sorted((r.range.partition, b.offset) for r in report.ranges for b in r.bad_messages) == sorted(
             bad
         )
+        assert {r.range.partition: r.skipped for r in report.ranges if r.skipped} == {0: 3, 2: 1}
         assert job.run_batch().ranges == ()  # nothing new: nothing counted or recorded twice
     assert failed_spark_tasks(spark, before) == 0
     assert totals(db, topic) == {topic: good}
@@ -380,3 +381,11 @@ def test_isolation_finds_nothing_when_no_single_message_fails() -> None:
     found = isolate(fails_on_more_than_three, OffsetRange("t", 2, 10, 20), [messages], first_only=False)
     assert found.bad == ()
     assert found.deltas == {TOPIC_TOTAL: 10}
+
+
+def test_the_warning_names_the_first_five_skipped_messages_and_counts_the_rest() -> None:
+    bad = [BadOffset("t", 0, o, "ValueError: x") for o in range(100)]
+    assert describe_skipped(bad[:2], 2) == "offset 0 (ValueError: x), offset 1 (ValueError: x)"
+    text = describe_skipped(bad, 250)
+    assert text.startswith("offset 0 (ValueError: x), ") and text.count("offset ") == 5
+    assert text.endswith("offset 4 (ValueError: x), and 245 more")

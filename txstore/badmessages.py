@@ -75,11 +75,12 @@ def reason_of(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error)}"[:REASON_CHARS]
 
 
-def describe_skipped(bad: Iterable[BadOffset], shown: int = 5) -> str:
-    """``offset 3 (OverflowError: ...), offset 9 (...)``, then ``and N more`` past ``shown``."""
-    bad = list(bad)
-    text = ", ".join(f"offset {b.offset} ({b.reason})" for b in bad[:shown])
-    return text + (f", and {len(bad) - shown} more" if len(bad) > shown else "")
+def describe_skipped(bad: Iterable[BadOffset], total: int, shown: int = 5) -> str:
+    """``offset 3 (OverflowError: ...), offset 9 (...)``: the first ``shown`` of ``total``, then
+    ``and N more``."""
+    text = ", ".join(f"offset {b.offset} ({b.reason})" for b in list(bad)[:shown])
+    more = total - min(shown, total)
+    return text + (f", and {more} more" if more > 0 else "")
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ from txstore.task import (
     ALREADY_COMMITTED,
     COMMITTED,
     REFUSED,
+    REPORTED_BAD_MESSAGES,
     Aggregate,
     MessageTask,
     RangeReport,
@@ -445,14 +446,16 @@ class TransactionalJob:
         started = time.perf_counter()
         outcome = self._commit_batch(ranges, deltas, bad)
         commit_ms = (time.perf_counter() - started) * 1000
+        skipped = {r.key: [b for b in bad if (b.topic, b.partition) == r.key] for r in ranges} if bad else {}
         reports = [
-            RangeReport(
+            RangeReport(r, outcome, messages.get(r.key, 0))
+            if outcome != COMMITTED or not skipped.get(r.key)
+            else RangeReport(
                 r,
                 outcome,
                 messages.get(r.key, 0),
-                bad_messages=tuple(b for b in bad if (b.topic, b.partition) == r.key)
-                if outcome == COMMITTED
-                else (),
+                bad_messages=tuple(skipped[r.key][:REPORTED_BAD_MESSAGES]),
+                skipped=len(skipped[r.key]),
             )
             for r in ranges
         ]
@@ -520,8 +523,8 @@ class TransactionalJob:
                 r.commit_ms,
                 r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
             )
-            if r.bad_messages and r.outcome == COMMITTED:
-                n = len(r.bad_messages)
+            if r.skipped and r.outcome == COMMITTED:
+                n = r.skipped
                 log.warning(
                     "job %s: range %s: skipped %d message%s the %s failed on, recorded in txn_bad_messages: %s",
                     self.settings.job,
@@ -529,7 +532,7 @@ class TransactionalJob:
                     n,
                     "" if n == 1 else "s",
                     "transform" if self.settings.sink == IDEMPOTENT else "aggregate",
-                    describe_skipped(r.bad_messages),
+                    describe_skipped(r.bad_messages, n),
                 )
         skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
         log.info(

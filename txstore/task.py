@@ -51,6 +51,8 @@ Aggregate = Callable[[OffsetRange, Iterable[list[Message]]], Mapping[ResultKey, 
 COMMITTED = "committed"
 ALREADY_COMMITTED = "already committed"
 REFUSED = "refused"
+REPORTED_BAD_MESSAGES = 100
+"""At most this many skipped messages travel back to the driver in a report (for its warning)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,10 @@ class RangeReport:
     error: str | None = None
     error_kind: str | None = None  # the error class name, e.g. "DataLoss"
     stale_plan: bool = False  # refused only because another writer committed past its start
-    # Refused: the message it failed on. Committed: the messages skipped (--on-bad-message skip).
+    # Refused: the message it failed on. Committed: the messages skipped (--on-bad-message skip),
+    # the first REPORTED_BAD_MESSAGES of them; `skipped` counts them all.
     bad_messages: tuple[BadOffset, ...] = ()
+    skipped: int = 0
 
 
 class _Counted(Protocol):
@@ -293,4 +297,6 @@ class MessageTask:
 
 def _with_skipped(report: RangeReport, bad: tuple[BadOffset, ...]) -> RangeReport:
     """A committed range's report, naming the messages skipped as bad (the driver logs them)."""
-    return replace(report, bad_messages=bad) if bad and report.outcome == COMMITTED else report
+    if not bad or report.outcome != COMMITTED:
+        return report
+    return replace(report, bad_messages=bad[:REPORTED_BAD_MESSAGES], skipped=len(bad))
