@@ -66,11 +66,12 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
         "LAG",
         "LAST-COMMIT",
         "RUNNING",
+        "SKIPPED",
     ]
     assert [line.split()[:7] + line.split()[8:] for line in lines[1:]] == [
-        ["counter", counted, "0", "4", "0", "10", "6", "no"],
-        ["counter", counted, "1", "20", "0", "20", "0", "no"],
-        ["counter", counted, "2", "0", "0", "30", "30", "no"],
+        ["counter", counted, "0", "4", "0", "10", "6", "no", "0"],
+        ["counter", counted, "1", "20", "0", "20", "0", "no", "0"],
+        ["counter", counted, "2", "0", "0", "30", "30", "no", "0"],
     ]
     as_json = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
     assert [(r["partition"], r["offset"], r["lag"], r["running"]) for r in as_json] == [
@@ -230,8 +231,8 @@ def test_jobs_lists_each_job_and_topic_with_its_total(
     result = txstore("jobs", url=database_url)
     assert result.returncode == 0, result.stderr
     lines = [line.split() for line in result.stdout.splitlines()]
-    assert lines[0] == ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING"]
-    assert [row[:4] + row[5:] for row in lines[1:]] == [["counter", counted, "3", "24", "no"]]
+    assert lines[0] == ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING", "SKIPPED"]
+    assert [row[:4] + row[5:] for row in lines[1:]] == [["counter", counted, "3", "24", "no", "0"]]
     as_json = json.loads(txstore("jobs", "--json", url=database_url).stdout)
     assert [(j["job"], j["topic"], j["partitions"], j["total"], j["running"]) for j in as_json] == [
         ("counter", counted, 3, 24, False)

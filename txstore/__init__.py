@@ -4,8 +4,10 @@ Kafka offsets and aggregated results are committed in the same PostgreSQL
 transaction, so no message is lost or counted twice whatever Spark retries.
 """
 
+from txstore.badmessages import BadOffset
 from txstore.errors import (
     AlreadyCommitted,
+    BadMessage,
     BatchFailed,
     CommitConflict,
     ConfigError,
@@ -46,6 +48,8 @@ __all__ = [
     "TOPIC_TOTAL",
     "Aggregate",
     "AlreadyCommitted",
+    "BadMessage",
+    "BadOffset",
     "BatchFailed",
     "BatchReport",
     "CommitConflict",

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("mock-kafka", help="serve a Kafka-protocol mock broker until stopped", add_help=False)
 
     status = commands.add_parser(
-        "status", help="offsets, log offsets, lag, last commit and running state per partition"
+        "status",
+        help="offsets, log offsets, lag, last commit, running state and messages skipped as bad, per partition",
     )
     add_connection_options(status)
     status.add_argument("--job", help="only this job")

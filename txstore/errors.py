@@ -162,3 +162,29 @@ class PublishFailed(TxstoreError):
     """Committed results could not be published to Kafka; they stay in ``txn_outbox`` for the next try."""
 
     transient = True
+
+
+class BadMessage(TxstoreError):
+    """The aggregate (or the idempotent sink's transform) fails on one message, every time.
+
+    Found by re-running the aggregate over smaller and smaller pieces of the
+    range (:mod:`txstore.badmessages`), so it names the very message. Retrying
+    cannot help: nothing was committed for the range, and the job stops until
+    the message is dealt with or ``--on-bad-message skip`` is given.
+    """
+
+    def __init__(self, job: str, topic: str, partition: int, offset: int, reason: str, stage: str) -> None:
+        self.job = job
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.reason = reason
+        self.stage = stage  # "aggregate" or "transform"
+        super().__init__(
+            f"job {job!r} topic {topic!r} partition {partition} offset {offset}: the {stage} failed on "
+            f"this message ({reason}); nothing was committed for its range, and retrying cannot help. "
+            "To skip such messages and record them in txn_bad_messages, rerun with --on-bad-message skip"
+        )
+
+    def __reduce__(self) -> tuple[type[BadMessage], tuple[str, str, int, int, str, str]]:
+        return (BadMessage, (self.job, self.topic, self.partition, self.offset, self.reason, self.stage))

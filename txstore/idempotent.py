@@ -11,23 +11,27 @@ range stored before, but never across a gap:
 1. insert the range's messages in chunks (one statement per chunk of about
    ``CHUNK_BYTES``, so 1 MiB messages do not pile up in memory);
 2. ``UPDATE txn_offsets SET off = until WHERE ... AND from <= off < until``;
-3. one row updated: COMMIT. Otherwise ROLLBACK: an offset at or past
+3. one row updated: record the messages whose transform raised, if they are
+   to be skipped (``--on-bad-message skip``), in ``txn_bad_messages``, then
+   COMMIT (with ``fail``, such a message raises
+   :class:`~txstore.errors.BadMessage` naming it, and nothing is stored). Otherwise ROLLBACK: an offset at or past
    ``until`` means the range was stored before (:class:`AlreadyCommitted`);
    below ``from`` is a gap (:class:`OffsetGap`); no row is an overlap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
 from confluent_kafka import Message
 
-from txstore.errors import AlreadyCommitted
+from txstore.badmessages import BadOffset, is_message_failure, reason_of
+from txstore.errors import AlreadyCommitted, BadMessage
 from txstore.failpoints import FailPoints
 from txstore.ranges import OffsetRange
-from txstore.sink import classify_conflict, require_transactions
+from txstore.sink import RECORD_BAD_MESSAGES, bad_message_params, classify_conflict, require_transactions
 from txstore.store import stored_offsets
 
 MessageTransform = Callable[[Message], "tuple[bytes | None, bytes | None] | None"]
@@ -54,14 +58,25 @@ WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s AND off >= %(from)
 
 
 def _rows(
-    batch: list[Message], transform: MessageTransform | None
-) -> Iterable[tuple[int, bytes | None, bytes | None, int | None]]:
-    for m in batch:
-        out = (m.key(), m.value()) if transform is None else transform(m)
-        if out is None:
-            continue
-        ts_type, ts = m.timestamp()
-        yield m.offset(), out[0], out[1], ts if ts_type else None  # type: ignore[misc]
+    batch: list[Message], transform: MessageTransform | None, on_error: Callable[[Message, Exception], None]
+) -> Iterator[tuple[int, bytes | None, bytes | None, int | None]]:
+    """The rows to store; a message whose transform raises goes to ``on_error``, which raises
+    or lets the rest of the batch go on (one ``try`` per batch, not per message)."""
+    messages = iter(batch)
+    while True:
+        m = None
+        try:
+            for m in messages:
+                out = (m.key(), m.value()) if transform is None else transform(m)
+                if out is None:
+                    continue
+                ts_type, ts = m.timestamp()
+                yield m.offset(), out[0], out[1], ts if ts_type else None  # type: ignore[misc]
+            return
+        except Exception as e:
+            if m is None or not is_message_failure(e):
+                raise
+            on_error(m, e)
 
 
 class IdempotentSink:
@@ -72,6 +87,7 @@ class IdempotentSink:
         self.conn = conn
         self.job = job
         self.failpoints = failpoints or FailPoints()
+        self.skipped: tuple[BadOffset, ...] = ()  # the last store()'s messages skipped as bad
 
     def store(
         self,
@@ -79,9 +95,13 @@ class IdempotentSink:
         batches: Iterable[list[Message]],
         transform: MessageTransform | None = None,
         attempt: int = 0,
+        skip_bad: bool = False,
     ) -> int:
         """Insert-or-ignore the range's messages and move its offset; return the rows offered.
 
+        A message whose ``transform`` raises an ordinary exception raises
+        :class:`BadMessage`, or with ``skip_bad`` is left out and recorded in
+        ``txn_bad_messages`` in the same transaction (see :attr:`skipped`).
         Raises :class:`AlreadyCommitted` (nothing to do), :class:`OffsetGap` or
         :class:`OffsetOverlap` after rolling back.
         """
@@ -95,13 +115,30 @@ class IdempotentSink:
         conn = self.conn
         hit = self.failpoints.hit
         offered = 0
+        bad: list[BadOffset] = []
+        self.skipped = ()
+
+        def on_error(m: Message, error: Exception) -> None:
+            offset = m.offset()
+            assert offset is not None
+            if not skip_bad:
+                raise BadMessage(
+                    self.job,
+                    offset_range.topic,
+                    offset_range.partition,
+                    offset,
+                    reason_of(error),
+                    "transform",
+                ) from None
+            bad.append(BadOffset(offset_range.topic, offset_range.partition, offset, reason_of(error)))
+
         try:
             with conn.cursor() as cur:
                 hit("before-upsert", attempt)
                 chunk: list[tuple[int, bytes | None, bytes | None, int | None]] = []
                 size = 0
                 for batch in batches:
-                    for row in _rows(batch, transform):
+                    for row in _rows(batch, transform, on_error):
                         chunk.append(row)
                         size += len(row[1] or b"") + len(row[2] or b"") + 64
                         if size >= CHUNK_BYTES:
@@ -114,9 +151,12 @@ class IdempotentSink:
                 hit("between-upsert-and-offsets", attempt)
                 cur.execute(_ADVANCE, params)
                 if cur.rowcount == 1:
+                    if bad:
+                        cur.execute(RECORD_BAD_MESSAGES, bad_message_params(self.job, bad))
                     hit("before-commit", attempt)
                     conn.commit()
                     hit("after-commit", attempt)
+                    self.skipped = tuple(bad)
                     return offered
             conn.rollback()
         except BaseException:

@@ -15,7 +15,10 @@ A batch:
    shuffle sums the deltas, and the driver commits all results and every
    range's offset move in one transaction. ``sink="idempotent"``: tasks
    store each message under its offset instead of aggregating;
-6. log a line per range and a summary line; a refused range fails the batch;
+6. log a line per range and a summary line; a refused range fails the batch
+   (a message the aggregate fails on stops the job with
+   :class:`~txstore.errors.BadMessage`, unless ``on_bad_message="skip"``:
+   then it was recorded with the commit and is logged as a warning);
 7. with ``publish_topic``, send the committed results pending in the
    outbox to Kafka (:mod:`txstore.outbox`), after every batch that did not
    fail, whether or not it had new data.
@@ -34,10 +37,12 @@ from typing import Any
 import psycopg
 
 from txstore import store
+from txstore.badmessages import FAIL, ON_BAD_MESSAGE, SKIP, BadOffset, describe_skipped
 from txstore.db import connect
 from txstore.errors import (
     PRIVILEGE_HINT,
     AlreadyCommitted,
+    BadMessage,
     BatchFailed,
     ConfigError,
     DatabaseUnavailable,
@@ -78,6 +83,7 @@ from txstore.task import (
     ALREADY_COMMITTED,
     COMMITTED,
     REFUSED,
+    REPORTED_BAD_MESSAGES,
     Aggregate,
     MessageTask,
     RangeReport,
@@ -120,6 +126,7 @@ class JobSettings:
     sink: str = TRANSACTIONAL  # or IDEMPOTENT: store each message under its offset
     publish_topic: str | None = None  # also publish committed results to this Kafka topic
     publish_max_bytes: int = PUBLISH_MAX_BYTES  # split a commit's results into messages of at most this
+    on_bad_message: str = FAIL  # or SKIP: record messages the aggregate fails on, count the rest
 
     def __post_init__(self) -> None:
         for topic in self.topics:
@@ -130,6 +137,10 @@ class JobSettings:
             raise ConfigError(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {self.commit!r}")
         if self.sink not in SINKS:
             raise ConfigError(f"--sink must be one of {', '.join(SINKS)}, got {self.sink!r}")
+        if self.on_bad_message not in ON_BAD_MESSAGE:
+            raise ConfigError(
+                f"--on-bad-message must be one of {', '.join(ON_BAD_MESSAGE)}, got {self.on_bad_message!r}"
+            )
         if self.min_partitions is not None and (self.min_partitions < 1 or self.commit != PER_BATCH):
             raise ConfigError(
                 "--min-partitions needs --commit per-batch and a number of at least 1 "
@@ -191,6 +202,11 @@ class TransactionalJob:
             raise ConfigError("give exactly one of aggregate and dataframe_aggregate")
         elif transform is not None:
             raise ConfigError("transform is for the idempotent sink (settings.sink='idempotent')")
+        if dataframe_aggregate is not None and settings.on_bad_message == SKIP:
+            raise ConfigError(
+                "--on-bad-message skip needs a Python aggregate: a DataFrame aggregate fails inside Spark SQL, "
+                "where txstore cannot tell which message it failed on"
+            )
         self.spark = spark
         self.settings = settings
         self.aggregate = aggregate
@@ -347,7 +363,9 @@ class TransactionalJob:
             if self.commits_per_batch:
                 reports, commit_ms = self._run_per_batch(ranges, description)
             elif s.sink == IDEMPOTENT:
-                store = MessageTask(s.job, s.database_url, s.kafka_conf, self.transform, self.failpoints)
+                store = MessageTask(
+                    s.job, s.database_url, s.kafka_conf, self.transform, self.failpoints, s.on_bad_message
+                )
                 reports = run_ranges(self.spark, ranges, store, description)
             else:
                 assert self.aggregate is not None
@@ -359,6 +377,7 @@ class TransactionalJob:
                     self.failpoints,
                     s.publish_topic,
                     s.publish_max_bytes,
+                    s.on_bad_message,
                 )
                 reports = run_ranges(self.spark, ranges, task, description)
         except TxstoreError:
@@ -377,6 +396,9 @@ class TransactionalJob:
         if s.commit_to_kafka_group:
             self._mirror_offsets(report)
         refused = [r for r in report.ranges if r.outcome == REFUSED]
+        bad = [b for r in refused if r.error_kind == BadMessage.__name__ for b in r.bad_messages]
+        if bad:  # retrying cannot help, whatever else was refused
+            raise self._bad_message(min(bad))
         if refused:
             # Messages that aged out after planning: with --fail-on-data-loss false the
             # next batch's planning records and skips them, so retrying helps.
@@ -389,6 +411,10 @@ class TransactionalJob:
         if self._publisher is not None:
             self.publish()
         return report
+
+    def _bad_message(self, bad: BadOffset) -> BadMessage:
+        stage = "transform" if self.settings.sink == IDEMPOTENT else "aggregate"
+        return BadMessage(self.settings.job, bad.topic, bad.partition, bad.offset, bad.reason, stage)
 
     def publish(self) -> int:
         """Send the job's committed, pending results to ``publish_topic``; return how many.
@@ -419,19 +445,35 @@ class TransactionalJob:
             self.spark.sparkContext.setJobDescription(description)
             try:
                 frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf))
-                result: BatchResult = (dataframe_deltas(frame), {r.key: r.size for r in ranges})
+                result: BatchResult = (dataframe_deltas(frame), {r.key: r.size for r in ranges}, [])
             finally:
                 self.spark.sparkContext.setJobDescription(None)
         else:
             assert self.aggregate is not None
-            result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description)
-        deltas, messages = result
+            skip = s.on_bad_message == SKIP
+            result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description, skip)
+        deltas, messages, bad = result
+        if bad and s.on_bad_message != SKIP:
+            raise self._bad_message(bad[0])  # nothing was committed
         started = time.perf_counter()
-        outcome = self._commit_batch(ranges, deltas)
+        outcome = self._commit_batch(ranges, deltas, bad)
         commit_ms = (time.perf_counter() - started) * 1000
-        return [RangeReport(r, outcome, messages.get(r.key, 0)) for r in ranges], commit_ms
+        skipped = {r.key: [b for b in bad if (b.topic, b.partition) == r.key] for r in ranges} if bad else {}
+        reports = [
+            RangeReport(r, outcome, messages.get(r.key, 0))
+            if outcome != COMMITTED or not skipped.get(r.key)
+            else RangeReport(
+                r,
+                outcome,
+                messages.get(r.key, 0),
+                bad_messages=tuple(skipped[r.key][:REPORTED_BAD_MESSAGES]),
+                skipped=len(skipped[r.key]),
+            )
+            for r in ranges
+        ]
+        return reports, commit_ms
 
-    def _commit_batch(self, ranges: list[OffsetRange], deltas: Any) -> str:
+    def _commit_batch(self, ranges: list[OffsetRange], deltas: Any, bad: Sequence[BadOffset] = ()) -> str:
         """Commit on the driver; if the connection drops, commit again on a new one.
 
         A commit whose acknowledgement was lost is then found already
@@ -444,7 +486,7 @@ class TransactionalJob:
                 sink = TransactionalSink(
                     self._connection(), s.job, self.failpoints, s.publish_topic, s.publish_max_bytes
                 )
-                sink.commit_batch(ranges, deltas, attempt)
+                sink.commit_batch(ranges, deltas, attempt, bad)
                 return COMMITTED
             except AlreadyCommitted:
                 if attempt == 0:
@@ -495,6 +537,17 @@ class TransactionalJob:
                 r.commit_ms,
                 r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
             )
+            if r.skipped and r.outcome == COMMITTED:
+                n = r.skipped
+                log.warning(
+                    "job %s: range %s: skipped %d message%s the %s failed on, recorded in txn_bad_messages: %s",
+                    self.settings.job,
+                    r.range,
+                    n,
+                    "" if n == 1 else "s",
+                    "transform" if self.settings.sink == IDEMPOTENT else "aggregate",
+                    describe_skipped(r.bad_messages, n),
+                )
         skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
         log.info(
             "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; tasks read %.0f, "

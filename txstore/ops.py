@@ -35,6 +35,7 @@ class PartitionStatus:
     # because Kafka refused them for good (`txstore publish --job J --retry-failed`).
     outbox_pending: int = 0
     outbox_set_aside: int = 0
+    skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class JobSummary:
     total: int | float
     last_commit: datetime
     running: bool
+    skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
 
 def status(
@@ -74,8 +76,9 @@ def status(
     None and the second value says why; the database part is still shown.
     """
     rows = conn.execute(
-        "SELECT job, topic, part, off, updated_at FROM txn_offsets "
-        "WHERE %(job)s::text IS NULL OR job = %(job)s ORDER BY job, topic, part",
+        "SELECT o.job, o.topic, o.part, o.off, o.updated_at, (SELECT count(*) FROM txn_bad_messages b "
+        "    WHERE b.job = o.job AND b.topic = o.topic AND b.part = o.part) "
+        "FROM txn_offsets o WHERE %(job)s::text IS NULL OR o.job = %(job)s ORDER BY o.job, o.topic, o.part",
         {"job": job},
     ).fetchall()
     conn.commit()
@@ -92,7 +95,7 @@ def status(
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
     outbox = {o.job: o for o in outbox_status(conn, job)}
     result = []
-    for j, topic, part, off, updated in rows:
+    for j, topic, part, off, updated, skipped in rows:
         w = marks.get((topic, part))
         result.append(
             PartitionStatus(
@@ -107,6 +110,7 @@ def status(
                 running[j],
                 outbox[j].pending if j in outbox else 0,
                 outbox[j].set_aside if j in outbox else 0,
+                skipped,
             )
         )
     return result, problem
@@ -128,7 +132,7 @@ def outbox_status(conn: psycopg.Connection, job: str | None = None) -> list[Outb
 
 
 def jobs(conn: psycopg.Connection) -> list[JobSummary]:
-    """Each job and topic in the database: partitions, total, last commit, running now.
+    """Each job and topic in the database: partitions, total, last commit, running now, skipped.
 
     The total is the topic-total row of ``txn_data``; where a job has none (an
     idempotent-sink job keeps its messages in ``txn_messages`` instead) it is the
@@ -136,14 +140,18 @@ def jobs(conn: psycopg.Connection) -> list[JobSummary]:
     """
     rows = conn.execute(
         "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), "
-        "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)) "
+        "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)), "
+        "  (SELECT count(*) FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic) "
         "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
         "    AND d.grain = 'topic' AND d.key IS NULL AND d.window_start IS NULL "
         "GROUP BY o.job, o.topic ORDER BY o.job, o.topic"
     ).fetchall()
     conn.commit()
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
-    return [JobSummary(j, t, n, plain_number(total), last, running[j]) for j, t, n, last, total in rows]
+    return [
+        JobSummary(j, t, n, plain_number(total), last, running[j], skipped)
+        for j, t, n, last, total, skipped in rows
+    ]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -161,7 +169,18 @@ def as_json(items: Sequence[Any]) -> str:
 
 def format_status(rows: Sequence[PartitionStatus]) -> str:
     return table(
-        ["JOB", "TOPIC", "PARTITION", "OFFSET", "LOG-START", "LOG-END", "LAG", "LAST-COMMIT", "RUNNING"],
+        [
+            "JOB",
+            "TOPIC",
+            "PARTITION",
+            "OFFSET",
+            "LOG-START",
+            "LOG-END",
+            "LAG",
+            "LAST-COMMIT",
+            "RUNNING",
+            "SKIPPED",
+        ],
         [
             (
                 r.job,
@@ -173,6 +192,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
                 r.lag,
                 r.last_commit.isoformat(timespec="seconds"),
                 "yes" if r.running else "no",
+                r.skipped,
             )
             for r in rows
         ],
@@ -187,7 +207,7 @@ def format_outbox(rows: Sequence[OutboxStatus]) -> str:
 
 def format_jobs(rows: Sequence[JobSummary]) -> str:
     return table(
-        ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING"],
+        ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING", "SKIPPED"],
         [
             (
                 r.job,
@@ -196,6 +216,7 @@ def format_jobs(rows: Sequence[JobSummary]) -> str:
                 r.total,
                 r.last_commit.isoformat(timespec="seconds"),
                 "yes" if r.running else "no",
+                r.skipped,
             )
             for r in rows
         ],

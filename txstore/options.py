@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import replace
 
+from txstore.badmessages import FAIL, ON_BAD_MESSAGE
 from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
 from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
@@ -152,6 +153,14 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help=f"with --publish-topic: split a commit's results into messages of at most N bytes "
         f"(default {PUBLISH_MAX_BYTES}, half of Kafka's default maximum message size)",
     )
+    parser.add_argument(
+        "--on-bad-message",
+        choices=ON_BAD_MESSAGE,
+        default=FAIL,
+        help="a message the aggregate (or transform) fails on every time: fail (default) stops the job with "
+        "one line naming its topic, partition and offset; skip records it in txn_bad_messages with the "
+        "range's commit, counts every other message, and logs a warning",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
 
 
@@ -196,4 +205,5 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         sink=args.sink,
         publish_topic=args.publish_topic,
         publish_max_bytes=args.publish_max_bytes,
+        on_bad_message=args.on_bad_message,
     )

@@ -13,7 +13,8 @@ a batch (per-batch commits, on the driver), in one PostgreSQL transaction:
    (:mod:`txstore.outbox` sends them to Kafka later);
 2. ``UPDATE txn_offsets SET off = until WHERE job/topic/part AND off = from``
    for every range, in one statement;
-3. every range's row updated: COMMIT. Anything else: ROLLBACK, then read the
+3. every range's row updated: record the messages skipped as bad
+   (``--on-bad-message skip``) in ``txn_bad_messages``, one statement, then COMMIT. Anything else: ROLLBACK, then read the
    stored offsets and raise the :class:`~txstore.errors.CommitConflict`
    that says why (:func:`classify_conflict`, :func:`classify_batch_conflict`).
 
@@ -28,7 +29,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -37,6 +38,9 @@ from txstore.failpoints import FailPoints
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.results import TOPIC_TOTAL, Number, ResultKey, metric_text, row_order
 from txstore.store import stored_offsets
+
+if TYPE_CHECKING:
+    from txstore.badmessages import BadOffset
 
 __all__ = [
     "PUBLISH_MAX_BYTES",
@@ -122,6 +126,18 @@ UPDATE txn_offsets o SET off = r.until_off, updated_at = now()
 FROM unnest(%(r_topics)s::text[], %(r_parts)s::int[], %(r_froms)s::bigint[], %(r_untils)s::bigint[])
      AS r(topic, part, from_off, until_off)
 WHERE o.job = %(job)s AND o.topic = r.topic AND o.part = r.part AND o.off = r.from_off
+"""
+
+
+# Messages skipped with --on-bad-message skip, after the offsets moved (so the offset rows are
+# locked by this transaction and their generation is the one the range was read in).
+RECORD_BAD_MESSAGES = """
+INSERT INTO txn_bad_messages (job, topic, part, generation, off, reason)
+SELECT %(job)s, b.topic, b.part, coalesce(o.generation, 0), b.off, b.reason
+FROM unnest(%(b_topics)s::text[], %(b_parts)s::int[], %(b_offs)s::bigint[], %(b_reasons)s::text[])
+     AS b(topic, part, off, reason)
+LEFT JOIN txn_offsets o ON o.job = %(job)s AND o.topic = b.topic AND o.part = b.part
+ORDER BY b.topic, b.part, b.off
 """
 
 
@@ -256,16 +272,29 @@ class TransactionalSink:
         self.publish_to = publish_to
         self.publish_max_bytes = publish_max_bytes
 
-    def commit(self, offset_range: OffsetRange, deltas: Mapping[ResultKey, Number], attempt: int = 0) -> None:
+    def commit(
+        self,
+        offset_range: OffsetRange,
+        deltas: Mapping[ResultKey, Number],
+        attempt: int = 0,
+        bad: Sequence[BadOffset] = (),
+    ) -> None:
         """Commit one range's ``deltas`` and move its offset to ``until``, or change nothing and raise.
 
+        ``bad``: messages skipped as bad, recorded in ``txn_bad_messages`` in the same transaction.
         Raises :class:`AlreadyCommitted`, :class:`OffsetGap` or
         :class:`OffsetOverlap` after rolling back.
         """
         topic = offset_range.topic
-        self._commit([offset_range], {(topic, k): v for k, v in deltas.items()}, attempt)
+        self._commit([offset_range], {(topic, k): v for k, v in deltas.items()}, attempt, bad)
 
-    def commit_batch(self, ranges: Sequence[OffsetRange], deltas: BatchDeltas, attempt: int = 0) -> None:
+    def commit_batch(
+        self,
+        ranges: Sequence[OffsetRange],
+        deltas: BatchDeltas,
+        attempt: int = 0,
+        bad: Sequence[BadOffset] = (),
+    ) -> None:
         """Commit a whole batch: all its results and every range's offset move, or nothing.
 
         Ranges must be distinct partitions. A batch committed before (a retry
@@ -273,9 +302,11 @@ class TransactionalSink:
         """
         if len({r.key for r in ranges}) != len(ranges):
             raise ValueError("a batch commit needs one range per partition")
-        self._commit(list(ranges), deltas, attempt)
+        self._commit(list(ranges), deltas, attempt, bad)
 
-    def _commit(self, ranges: list[OffsetRange], deltas: BatchDeltas, attempt: int) -> None:
+    def _commit(
+        self, ranges: list[OffsetRange], deltas: BatchDeltas, attempt: int, bad: Sequence[BadOffset] = ()
+    ) -> None:
         if not ranges:
             return
         rows = sorted(deltas.items(), key=lambda item: row_order(item[0]))
@@ -307,6 +338,8 @@ class TransactionalSink:
                 hit("between-upsert-and-offsets", attempt)
                 cur.execute(_MOVE_OFFSETS, params)
                 if cur.rowcount == len(ranges):
+                    if bad:
+                        cur.execute(RECORD_BAD_MESSAGES, bad_message_params(self.job, bad))
                     hit("before-commit", attempt)
                     conn.commit()
                     hit("after-commit", attempt)
@@ -320,3 +353,13 @@ class TransactionalSink:
         if len(ranges) == 1:
             raise classify_conflict(self.job, ranges[0], stored.get(ranges[0].key))
         raise classify_batch_conflict(self.job, ranges, stored)
+
+
+def bad_message_params(job: str, bad: Sequence[BadOffset]) -> dict[str, Any]:
+    return {
+        "job": job,
+        "b_topics": [b.topic for b in bad],
+        "b_parts": [b.partition for b in bad],
+        "b_offs": [b.offset for b in bad],
+        "b_reasons": [b.reason for b in bad],
+    }

@@ -15,7 +15,10 @@ with ``min_partitions``): their deltas are summed across all partitions by
 a shuffle (``reduceByKey``, or the user's DataFrame aggregation) and
 collected to the driver, which commits them. A retried or speculative task
 replaces its output in the shuffle, never adds to it, so the collected
-deltas are exact.
+deltas are exact. A message the aggregate fails on is found in the task
+(:mod:`txstore.badmessages`) and travels back to the driver with the deltas,
+never as a failed task: the driver stops with its offset, or records it with
+the batch's commit (``--on-bad-message skip``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
+from txstore.badmessages import BadOffset, aggregate_range
 from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.results import (
@@ -184,21 +188,26 @@ def read_ranges(spark: Any, ranges: Sequence[OffsetRange], kafka_conf: Mapping[s
 
 @dataclass(frozen=True)
 class _PartialDeltas:
-    """A per-batch task: aggregate each piece of a range, emit its deltas and message count."""
+    """A per-batch task: aggregate each piece of a range, emit its deltas, message count and
+    bad messages (with ``skip`` False: the first one, and the piece's deltas do not matter)."""
 
     kafka_conf: Mapping[str, Any]
     aggregate: Callable[[OffsetRange, Iterable[list[Any]]], Mapping[ResultKey, Number]]
+    skip: bool = False
 
-    def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[tuple[Any, ...], Number]]:
+    def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[tuple[Any, ...], Any]]:
         for offset_range in ranges:
-            reader = RangeReader(self.kafka_conf, offset_range)
-            for k, v in self.aggregate(offset_range, reader).items():
+            found = aggregate_range(self.aggregate, RangeReader(self.kafka_conf, offset_range), self.skip)
+            for k, v in found.deltas.items():
                 yield ("delta", offset_range.topic, k.grain, k.key, k.window_start), v
-            yield ("messages", offset_range.topic, offset_range.partition), reader.messages
+            yield ("messages", offset_range.topic, offset_range.partition), found.messages
+            for b in found.bad:  # pieces never overlap: each bad key comes from one task only
+                yield ("bad", b.topic, b.partition, b.offset), b.reason
 
 
-BatchResult = tuple[dict[tuple[str, ResultKey], Number], dict[TopicPartition, int]]
-"""Per-batch deltas ``(topic, ResultKey) -> delta`` and messages read per partition."""
+BatchResult = tuple[dict[tuple[str, ResultKey], Number], dict[TopicPartition, int], list[BadOffset]]
+"""Per-batch deltas ``(topic, ResultKey) -> delta``, messages read per partition, and the
+messages the aggregate failed on, in offset order."""
 
 
 def aggregate_batch(
@@ -207,16 +216,22 @@ def aggregate_batch(
     kafka_conf: Mapping[str, Any],
     aggregate: Callable[[OffsetRange, Iterable[list[Any]]], Mapping[ResultKey, Number]],
     description: str,
+    skip: bool = False,
 ) -> BatchResult:
-    """Aggregate every piece in its own task, sum the deltas across partitions, collect them."""
+    """Aggregate every piece in its own task, sum the deltas across partitions, collect them.
+
+    ``skip`` False: a task stops at the first message its aggregate fails on
+    and reports it instead of its deltas (so the result holds at least one bad
+    message, and no usable deltas, if any message is bad).
+    """
     if not pieces:
-        return {}, {}
+        return {}, {}, []
     sc = spark.sparkContext
     sc.setJobDescription(description)
     try:
         summed = (
             sc.parallelize(list(pieces), len(pieces))
-            .mapPartitions(_PartialDeltas(dict(kafka_conf), aggregate))
+            .mapPartitions(_PartialDeltas(dict(kafka_conf), aggregate, skip))
             .reduceByKey(add_metrics)
             .collect()
         )
@@ -224,12 +239,15 @@ def aggregate_batch(
         sc.setJobDescription(None)
     deltas: dict[tuple[str, ResultKey], Number] = {}
     messages: dict[TopicPartition, int] = {}
+    bad: list[BadOffset] = []
     for key, value in summed:
         if key[0] == "delta":
             deltas[(key[1], ResultKey(*key[2:]))] = value
+        elif key[0] == "bad":
+            bad.append(BadOffset(key[1], key[2], key[3], value))
         else:
             messages[(key[1], key[2])] = int(value)
-    return deltas, messages
+    return deltas, messages, sorted(bad)
 
 
 def _implied_grain(columns: set[str]) -> str:

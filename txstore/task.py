@@ -6,25 +6,30 @@ per worker process and reused by every task that worker runs.
 
 Deterministic refusals (gap, overlap, aged-out data) come back to the driver
 as a report instead of an exception: retrying them cannot help, and the
-driver turns them into one clear line. Transient failures (a dropped
-connection, a broker timeout) raise, so Spark retries the task; the retry
-reads the same range and either commits it or finds it already committed.
+driver turns them into one clear line. So does a message the aggregate (or
+transform) fails on every time (:mod:`txstore.badmessages` finds it), unless
+it is to be skipped: then it is recorded with the range's commit. Transient
+failures (a dropped connection, a broker timeout) raise, so Spark retries the
+task; the retry reads the same range and either commits it or finds it
+already committed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import Message
 
+from txstore.badmessages import FAIL, SKIP, Aggregated, BadOffset, aggregate_range
 from txstore.db import forget_worker_connection, redact, worker_connection
 from txstore.errors import (
     PRIVILEGE_HINT,
     AlreadyCommitted,
+    BadMessage,
     CommitConflict,
     DatabaseUnavailable,
     DataLoss,
@@ -46,6 +51,8 @@ Aggregate = Callable[[OffsetRange, Iterable[list[Message]]], Mapping[ResultKey, 
 COMMITTED = "committed"
 ALREADY_COMMITTED = "already committed"
 REFUSED = "refused"
+REPORTED_BAD_MESSAGES = 100
+"""At most this many skipped messages travel back to the driver in a report (for its warning)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,17 @@ class RangeReport:
     error: str | None = None
     error_kind: str | None = None  # the error class name, e.g. "DataLoss"
     stale_plan: bool = False  # refused only because another writer committed past its start
+    # Refused: the message it failed on. Committed: the messages skipped (--on-bad-message skip),
+    # the first REPORTED_BAD_MESSAGES of them; `skipped` counts them all.
+    bad_messages: tuple[BadOffset, ...] = ()
+    skipped: int = 0
+
+
+class _Counted(Protocol):
+    """What read a range's messages (a RangeReader, or an :class:`Aggregated`): how many."""
+
+    @property
+    def messages(self) -> int: ...
 
 
 def task_attempt() -> int:
@@ -70,21 +88,35 @@ def task_attempt() -> int:
     return int(context.attemptNumber()) if context is not None else 0
 
 
-def _refused(offset_range: OffsetRange, reader: RangeReader, error: Exception) -> RangeReport:
+def _refused(offset_range: OffsetRange, messages: int, error: Exception) -> RangeReport:
+    bad = (
+        (BadOffset(error.topic, error.partition, error.offset, error.reason),)
+        if isinstance(error, BadMessage)
+        else ()
+    )
     return RangeReport(
         offset_range,
         REFUSED,
-        reader.messages,
+        messages,
         error=str(error),
         error_kind=type(error).__name__,
         stale_plan=isinstance(error, CommitConflict) and committed_past_start(error),
+        bad_messages=bad,
+    )
+
+
+def _bad_message(job: str, offset_range: OffsetRange, found: Aggregated) -> RangeReport:
+    """The range's refusal for the first message its aggregate fails on (``--on-bad-message fail``)."""
+    b = found.bad[0]
+    return _refused(
+        offset_range, found.messages, BadMessage(job, b.topic, b.partition, b.offset, b.reason, "aggregate")
     )
 
 
 def _commit_in_worker(
     job: str,
     database_url: str,
-    parts: Sequence[tuple[OffsetRange, RangeReader]],
+    parts: Sequence[tuple[OffsetRange, _Counted]],
     commit: Callable[[psycopg.Connection], None],
     started: float,
     read_done: float | None = None,
@@ -96,8 +128,8 @@ def _commit_in_worker(
         outcome = COMMITTED
     except AlreadyCommitted:
         outcome = ALREADY_COMMITTED
-    except (OffsetGap, OffsetOverlap, DataLoss) as e:
-        return [_refused(r, reader, e) for r, reader in parts]
+    except (OffsetGap, OffsetOverlap, DataLoss, BadMessage) as e:
+        return [_refused(r, reader.messages, e) for r, reader in parts]
     except psycopg.errors.InsufficientPrivilege as e:
         # The transaction was rolled back; retrying cannot grant the privilege.
         return [
@@ -144,6 +176,7 @@ class RangeTask:
     failpoints: FailPoints = field(default_factory=FailPoints)
     publish_to: str | None = None
     publish_max_bytes: int = PUBLISH_MAX_BYTES
+    on_bad_message: str = FAIL
 
     def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[RangeReport]:
         attempt = task_attempt()
@@ -153,30 +186,39 @@ class RangeTask:
         else:
             yield from self.run_together(ranges, attempt)
 
-    def run(self, offset_range: OffsetRange, attempt: int = 0) -> RangeReport:
-        started = time.perf_counter()
+    def _aggregate(self, offset_range: OffsetRange) -> Aggregated | RangeReport:
+        """The range's deltas, or its refusal (aged-out data, a bad message with ``fail``)."""
         reader = RangeReader(self.kafka_conf, offset_range)
         try:
-            deltas = self.aggregate(offset_range, reader)
+            found = aggregate_range(self.aggregate, reader, self.on_bad_message == SKIP)
         except DataLoss as e:
-            return _refused(offset_range, reader, e)
-        return self._commit_alone(offset_range, reader, deltas, attempt, started, time.perf_counter())
+            return _refused(offset_range, reader.messages, e)
+        if found.bad and self.on_bad_message != SKIP:
+            return _bad_message(self.job, offset_range, found)
+        return found
+
+    def run(self, offset_range: OffsetRange, attempt: int = 0) -> RangeReport:
+        started = time.perf_counter()
+        found = self._aggregate(offset_range)
+        if isinstance(found, RangeReport):
+            return found
+        return self._commit_alone(offset_range, found, attempt, started, time.perf_counter())
 
     def _commit_alone(
         self,
         offset_range: OffsetRange,
-        reader: RangeReader,
-        deltas: Mapping[ResultKey, Number],
+        found: Aggregated,
         attempt: int,
         started: float,
         read_done: float,
     ) -> RangeReport:
         def commit(conn: psycopg.Connection) -> None:
             sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to, self.publish_max_bytes)
-            sink.commit(offset_range, deltas, attempt)
+            sink.commit(offset_range, found.deltas, attempt, found.bad)
 
-        parts = [(offset_range, reader)]
-        return _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)[0]
+        parts = [(offset_range, found)]
+        report = _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)[0]
+        return _with_skipped(report, found.bad)
 
     def run_together(self, ranges: Sequence[OffsetRange], attempt: int = 0) -> list[RangeReport]:
         """A task's several ranges (many partitions): aggregate each, commit all in one transaction.
@@ -188,38 +230,39 @@ class RangeTask:
         """
         started = time.perf_counter()
         reports: list[RangeReport] = []
-        read: list[tuple[OffsetRange, RangeReader, Mapping[ResultKey, Number]]] = []
+        read: list[tuple[OffsetRange, Aggregated]] = []
         for offset_range in ranges:
-            reader = RangeReader(self.kafka_conf, offset_range)
-            try:
-                read.append((offset_range, reader, self.aggregate(offset_range, reader)))
-            except DataLoss as e:
-                reports.append(_refused(offset_range, reader, e))
+            found = self._aggregate(offset_range)
+            if isinstance(found, RangeReport):
+                reports.append(found)
+            else:
+                read.append((offset_range, found))
         read_done = time.perf_counter()
         if not read:
             return reports
         combined: dict[tuple[str, ResultKey], Number] = {}
-        for offset_range, _, deltas in read:
-            for k, v in deltas.items():
+        for offset_range, found in read:
+            for k, v in found.deltas.items():
                 address = (offset_range.topic, k)
                 combined[address] = add_metrics(combined.get(address, 0), v)
+        bad = [b for _, found in read for b in found.bad]
         conflict = False
 
         def commit(conn: psycopg.Connection) -> None:
             nonlocal conflict
             sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to, self.publish_max_bytes)
             try:
-                sink.commit_batch([r for r, _, _ in read], combined, attempt)
+                sink.commit_batch([r for r, _ in read], combined, attempt, bad)
             except (OffsetGap, OffsetOverlap):
                 conflict = True  # nothing was written; sort it out range by range
 
-        parts = [(r, reader) for r, reader, _ in read]
+        parts = [(r, found) for r, found in read]
         together = _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)
         if not conflict:
-            return reports + together
-        return reports + [
-            self._commit_alone(r, reader, deltas, attempt, started, read_done) for r, reader, deltas in read
-        ]
+            return reports + [
+                _with_skipped(report, found.bad) for report, (_, found) in zip(together, read, strict=True)
+            ]
+        return reports + [self._commit_alone(r, found, attempt, started, read_done) for r, found in read]
 
 
 @dataclass(frozen=True)
@@ -231,6 +274,7 @@ class MessageTask:
     kafka_conf: Mapping[str, Any] = field(repr=False)  # may hold SASL or key passwords
     transform: MessageTransform | None = None
     failpoints: FailPoints = field(default_factory=FailPoints)
+    on_bad_message: str = FAIL
 
     def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[RangeReport]:
         attempt = task_attempt()
@@ -240,9 +284,20 @@ class MessageTask:
     def run(self, offset_range: OffsetRange, attempt: int = 0) -> RangeReport:
         started = time.perf_counter()
         reader = RangeReader(self.kafka_conf, offset_range)
+        skipped: tuple[BadOffset, ...] = ()
 
         def commit(conn: psycopg.Connection) -> None:
+            nonlocal skipped
             sink = IdempotentSink(conn, self.job, self.failpoints)
-            sink.store(offset_range, reader, self.transform, attempt)
+            sink.store(offset_range, reader, self.transform, attempt, skip_bad=self.on_bad_message == SKIP)
+            skipped = sink.skipped
 
-        return _commit_in_worker(self.job, self.database_url, [(offset_range, reader)], commit, started)[0]
+        report = _commit_in_worker(self.job, self.database_url, [(offset_range, reader)], commit, started)[0]
+        return _with_skipped(report, skipped)
+
+
+def _with_skipped(report: RangeReport, bad: tuple[BadOffset, ...]) -> RangeReport:
+    """A committed range's report, naming the messages skipped as bad (the driver logs them)."""
+    if not bad or report.outcome != COMMITTED:
+        return report
+    return replace(report, bad_messages=bad[:REPORTED_BAD_MESSAGES], skipped=len(bad))
