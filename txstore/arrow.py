@@ -8,11 +8,13 @@ exactly :data:`KAFKA_ARROW_SCHEMA`: what PySpark derives from
 Spark takes the batch as it is (a Python data source's ``read``, or
 ``mapInArrow``) without converting a row.
 
-Cost per message is one pass in Python that fetches each field once
-(``key()``, ``value()``, ``offset()``, ``timestamp()``, ``headers()``) into
-column lists; everything else (the timestamp's unit and nulls, the
-timestamp type, the constant topic and partition of a one-partition batch)
-is done by Arrow over whole columns.
+Cost per message: one ``map()`` per field over the batch (``key``,
+``value``, ``offset``, ``timestamp``, ``headers``, ``topic``, ``partition``),
+which calls the C methods without Python bytecode per message, and no tuple
+or dict per row. Everything else is done by Arrow over whole columns: the
+``(type, milliseconds)`` pairs become a struct array, then microseconds with
+nulls and Kafka's timestamp type; headers go in as librdkafka gives them; the
+topic and partition of a one-partition batch are repeated, not converted.
 
 Mapping, as in Spark's Kafka source: ``timestamp`` is the message timestamp
 (milliseconds since the epoch, UTC) as ``timestamp[us, UTC]``, null when the

@@ -33,9 +33,14 @@ Options (names are case-insensitive, values strings, as Spark passes them):
   its committed offsets in ``txn_offsets`` to Kafka's log end. Read-only:
   no offset row is created and nothing is committed. A partition the job
   has never committed starts where the job would start it: earliest, or
-  per ``startingOffsets`` given as the job's ``--starting-offsets``.
-  ``failOnDataLoss`` and ``includeHeaders`` are accepted for compatibility
-  only as ``true`` (the default behaviour here).
+  per ``startingOffsets`` given as the job's ``--starting-offsets``;
+- ``failOnDataLoss`` and ``includeHeaders``: accepted, for code written for
+  Spark's source, only as ``true``, which is what this source always does
+  (an explicit offset Kafka no longer has raises :class:`DataLoss`; the
+  ``headers`` column is always there). Any other option is refused.
+
+Lowest PySpark: 4.0 (Python data sources, and ``read`` yielding Arrow
+batches); tested with 4.3.
 
 Steps: ``schema()`` checks the options (so a bad option fails at
 ``load()``); ``partitions()`` runs once when Spark plans the read, in a
