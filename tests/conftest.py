@@ -199,3 +199,14 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark Connect client on a local Connect server (one per session; tests/spark_connect.py)."""
+    from tests.spark_connect import SparkConnectServer, connect_session
+
+    with SparkConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+        session: Any = connect_session(server.url)
+        yield session
+        session.stop()

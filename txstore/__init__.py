@@ -4,6 +4,8 @@ Kafka offsets and aggregated results are committed in the same PostgreSQL
 transaction, so no message is lost or counted twice whatever Spark retries.
 """
 
+from typing import Any
+
 from txstore.badmessages import BadOffset
 from txstore.errors import (
     AlreadyCommitted,
@@ -43,6 +45,18 @@ from txstore.spark import read_ranges
 from txstore.starting import StartingOffsets, parse_starting_offsets
 from txstore.task import Aggregate, RangeReport
 from txstore.windows import parse_duration_ms, window_start
+
+
+def register(spark: Any) -> None:
+    """Make ``spark.read.format("txstore")`` available in ``spark`` (classic or Spark Connect).
+
+    Needs PySpark 4.0 or newer and pyarrow (``pip install 'txstore[connect]'``);
+    see :mod:`txstore.datasource` for the options.
+    """
+    from txstore.datasource import register as register_data_source
+
+    register_data_source(spark)
+
 
 __all__ = [
     "TOPIC_TOTAL",
@@ -88,6 +102,7 @@ __all__ = [
     "parse_starting_offsets",
     "plan_ranges",
     "read_ranges",
+    "register",
     "run_job_main",
     "window_start",
 ]

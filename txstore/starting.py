@@ -70,8 +70,11 @@ def format_timestamp(timestamp_ms: int) -> str:
     return datetime.fromtimestamp(timestamp_ms / 1000, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def parse_starting_offsets(text: str) -> StartingOffsets:
-    """Parse ``earliest``, ``latest`` or Spark-style JSON; raise ConfigError otherwise."""
+def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> StartingOffsets:
+    """Parse ``earliest``, ``latest`` or Spark-style JSON; raise ConfigError otherwise.
+
+    ``flag`` names the setting in error messages (the data source's options use this too).
+    """
     value = text.strip()
     if value.lower() == "earliest":
         return StartingOffsets(EARLIEST)
@@ -81,23 +84,23 @@ def parse_starting_offsets(text: str) -> StartingOffsets:
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--starting-offsets is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+        raise ConfigError(f"{flag} is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
     if not isinstance(parsed, dict) or not parsed:
-        raise ConfigError(f"--starting-offsets JSON must be a non-empty object; {hint}")
+        raise ConfigError(f"{flag} JSON must be a non-empty object; {hint}")
     specific: dict[TopicPartition, int] = {}
     for topic, partitions in parsed.items():
         if not isinstance(partitions, dict):
-            raise ConfigError(f"--starting-offsets: topic {topic!r} must map to an object; {hint}")
+            raise ConfigError(f"{flag}: topic {topic!r} must map to an object; {hint}")
         for part, offset in partitions.items():
             try:
                 partition = int(part)
             except ValueError:
                 raise ConfigError(
-                    f"--starting-offsets: partition {part!r} of topic {topic!r} is not a number; {hint}"
+                    f"{flag}: partition {part!r} of topic {topic!r} is not a number; {hint}"
                 ) from None
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2 or partition < 0:
                 raise ConfigError(
-                    f"--starting-offsets: topic {topic!r} partition {part}: offset {offset!r} must be "
+                    f"{flag}: topic {topic!r} partition {part}: offset {offset!r} must be "
                     "an offset >= 0, -2 (earliest) or -1 (latest)"
                 )
             specific[(topic, partition)] = offset

@@ -1,0 +1,273 @@
+"""format("txstore") without servers: options, offset planning, and messages as Arrow batches."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from confluent_kafka import Message
+
+from txstore.arrow import KAFKA_ARROW_SCHEMA, messages_to_record_batch
+from txstore.datasource import (
+    READER_FIXED_SETTINGS,
+    ReadOptions,
+    parse_read_options,
+    plan_job_ranges,
+    plan_read_ranges,
+)
+from txstore.errors import ConfigError, DataLoss, OffsetOutOfLog
+from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.starting import EARLIEST, LATEST, StartingOffsets, parse_starting_offsets
+
+BASE = {"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b"}
+
+
+def options(**given: str) -> ReadOptions:
+    return parse_read_options({**BASE, **given}, environ={})
+
+
+def refusal(given: dict[str, str], environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_read_options(given, environ or {})
+    text = str(caught.value)
+    assert "\n" not in text
+    return text
+
+
+def marks(topic: str, partition: int, low: int, high: int) -> PartitionWatermarks:
+    return PartitionWatermarks(topic, partition, low, high)
+
+
+# -- options -------------------------------------------------------------------------------
+
+
+def test_options_in_any_case_are_parsed_and_kafka_settings_lose_their_prefix() -> None:
+    parsed = parse_read_options(
+        {
+            "KAFKA.BOOTSTRAP.SERVERS": "k1:9092,k2:9092",
+            "Subscribe": " a , b ",
+            "startingOffsets": '{"a": {"0": 23, "1": -2}}',
+            "ENDINGOFFSETS": '{"b": {"0": 50}}',
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.password": "s3cret",
+            "minPartitions": "8",
+            "failOnDataLoss": "true",
+            "includeHeaders": "TRUE",
+        },
+        environ={},
+    )
+    assert parsed.topics == ("a", "b")
+    assert parsed.bootstrap_servers == "k1:9092,k2:9092"
+    assert parsed.kafka_options == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret"}
+    assert parsed.kafka_conf["bootstrap.servers"] == "k1:9092,k2:9092"
+    assert parsed.starting == StartingOffsets(EARLIEST, {("a", 0): 23, ("a", 1): EARLIEST})
+    assert parsed.ending == StartingOffsets(LATEST, {("b", 0): 50})
+    assert parsed.min_partitions == 8
+    assert parsed.job is None
+    assert "s3cret" not in repr(parsed)
+
+
+@pytest.mark.parametrize("setting", READER_FIXED_SETTINGS)
+def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting: str) -> None:
+    text = refusal({**BASE, f"kafka.{setting}": "x"})
+    assert text.startswith(f"option kafka.{setting} cannot be set: the txstore reader fixes it")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"subscribe": "a"}, "option kafka.bootstrap.servers is required"),
+        ({"kafka.bootstrap.servers": "k:1"}, "option subscribe is required"),
+        ({**BASE, "subscribe": "a,,a"}, "option subscribe names a topic twice"),
+        ({**BASE, "subscribe": "a,b c"}, "option subscribe: 'b c' is not a valid Kafka topic name"),
+        ({**BASE, "startOffsets": "earliest"}, "unknown option 'startoffsets' for format('txstore')"),
+        ({**BASE, "assign": '{"a": [0]}'}, "option assign is not supported by format('txstore')"),
+        ({**BASE, "subscribePattern": "a.*"}, "option subscribepattern is not supported"),
+        ({**BASE, "failOnDataLoss": "false"}, "option failondataloss='false' is not supported"),
+        ({**BASE, "includeHeaders": "false"}, "option includeheaders='false' is not supported"),
+        ({**BASE, "startingOffsets": "{oops"}, "option startingOffsets is not valid JSON"),
+        (
+            {**BASE, "startingOffsets": '{"c": {"0": 1}}'},
+            "option startingOffsets names topics that are not subscribed: 'c'",
+        ),
+        (
+            {**BASE, "startingOffsets": '{"a": {"0": -3}}'},
+            "option startingOffsets: topic 'a' partition 0: offset -3 must be",
+        ),
+        ({**BASE, "endingOffsets": "earliest"}, "option endingOffsets cannot be earliest"),
+        (
+            {**BASE, "endingOffsets": '{"a": {"0": -2}}'},
+            "option endingOffsets: topic 'a' partition 0: -2 (earliest) is not an end",
+        ),
+        (
+            {**BASE, "minPartitions": "0"},
+            "option minPartitions must be a whole number of at least 1, got '0'",
+        ),
+        ({**BASE, "txstore.job": "j"}, "option txstore.job 'j' needs the job's database"),
+        (
+            {
+                **BASE,
+                "txstore.job": "j",
+                "txstore.databaseUrl": "postgresql://h/d",
+                "endingOffsets": "latest",
+            },
+            "option endingOffsets cannot be combined with txstore.job 'j'",
+        ),
+        ({**BASE, "txstore.job": "j", "txstore.databaseUrl": "mysql://u:pw@h/d"}, "is not a PostgreSQL URL"),
+    ],
+)
+def test_a_bad_option_is_refused_with_one_line_naming_it(given: dict[str, str], expected: str) -> None:
+    text = refusal(given)
+    assert expected in text
+    assert "pw" not in text
+
+
+def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:
+    from_env = parse_read_options({**BASE, "txstore.job": "j"}, {"TXSTORE_DATABASE_URL": "postgresql://e/d"})
+    assert (from_env.job, from_env.database_url) == ("j", "postgresql://e/d")
+    given = parse_read_options(
+        {**BASE, "txstore.job": "j", "txstore.databaseUrl": "postgresql://o/d"},
+        {"TXSTORE_DATABASE_URL": "postgresql://e/d"},
+    )
+    assert given.database_url == "postgresql://o/d"
+    assert "postgresql" not in repr(given)
+
+
+# -- planning from startingOffsets / endingOffsets ----------------------------------------
+
+WATERMARKS = [marks("b", 0, 0, 7), marks("a", 1, 5, 20), marks("a", 0, 2, 10)]
+
+
+def test_by_default_every_partition_is_read_from_its_log_start_to_its_log_end() -> None:
+    assert plan_read_ranges(options(), WATERMARKS) == [
+        OffsetRange("a", 0, 2, 10),
+        OffsetRange("a", 1, 5, 20),
+        OffsetRange("b", 0, 0, 7),
+    ]
+
+
+def test_latest_start_reads_nothing_and_json_names_single_partitions_others_keep_the_default() -> None:
+    assert plan_read_ranges(options(startingOffsets="latest"), WATERMARKS) == []
+    planned = options(
+        startingOffsets='{"a": {"0": 4, "1": -1}}', endingOffsets='{"a": {"0": 6}, "b": {"0": -1}}'
+    )
+    assert plan_read_ranges(planned, WATERMARKS) == [OffsetRange("a", 0, 4, 6), OffsetRange("b", 0, 0, 7)]
+
+
+def test_an_explicit_offset_outside_the_log_is_refused_naming_topic_partition_and_offset() -> None:
+    with pytest.raises(DataLoss, match=r"option startingOffsets: topic 'a' partition 1 offset 3 is below"):
+        plan_read_ranges(options(startingOffsets='{"a": {"1": 3}}'), WATERMARKS)
+    with pytest.raises(
+        OffsetOutOfLog, match=r"option endingOffsets: topic 'b' partition 0 offset 8 is beyond"
+    ):
+        plan_read_ranges(options(endingOffsets='{"b": {"0": 8}}'), WATERMARKS)
+    with pytest.raises(
+        ConfigError, match=r"topic 'a' partition 0: startingOffsets 9 is after endingOffsets 4"
+    ):
+        plan_read_ranges(
+            options(startingOffsets='{"a": {"0": 9}}', endingOffsets='{"a": {"0": 4}}'), WATERMARKS
+        )
+    with pytest.raises(
+        ConfigError, match=r"option startingOffsets names 'a' partition 7, which Kafka does not"
+    ):
+        plan_read_ranges(options(startingOffsets='{"a": {"7": 0}}'), WATERMARKS)
+
+
+def test_min_partitions_cuts_big_ranges_into_more_tasks() -> None:
+    planned = plan_read_ranges(options(minPartitions="6"), WATERMARKS)
+    assert len(planned) >= 6
+    assert sum(r.size for r in planned) == 8 + 15 + 7
+
+
+# -- planning for txstore.job ---------------------------------------------------------------
+
+
+def test_a_job_reads_from_its_committed_offsets_and_unstarted_partitions_from_earliest() -> None:
+    committed = {("a", 0): 6, ("a", 1): 20}
+    planned = plan_job_ranges("j", committed, WATERMARKS, StartingOffsets())
+    # a/1 is caught up; b was never committed: its earliest offset, as the job would start it.
+    assert planned == [OffsetRange("a", 0, 6, 10), OffsetRange("b", 0, 0, 7)]
+
+
+def test_a_job_plan_starts_new_partitions_like_the_job_and_refuses_like_the_job() -> None:
+    latest = parse_starting_offsets("latest")
+    # A new partition of a topic the job already reads starts at earliest, whatever --starting-offsets says.
+    planned = plan_job_ranges("j", {("a", 0): 10}, WATERMARKS, latest)
+    assert planned == [OffsetRange("a", 1, 5, 20)]
+    with pytest.raises(DataLoss, match=r"job 'j' topic 'a' partition 0: stored offset 1 is below"):
+        plan_job_ranges("j", {("a", 0): 1}, WATERMARKS, StartingOffsets())
+
+
+# -- messages as Arrow ----------------------------------------------------------------------
+
+
+def test_the_arrow_schema_is_what_pyspark_derives_from_the_kafka_source_schema() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from txstore.spark import kafka_source_schema
+
+    assert to_arrow_schema(kafka_source_schema(), timezone="UTC").equals(KAFKA_ARROW_SCHEMA)
+
+
+def test_messages_become_one_record_batch_with_the_kafka_source_columns() -> None:
+    messages = [
+        Message(topic="t", partition=3, offset=7, key=None, value=b"v", timestamp=(1, 1700000000123)),
+        Message(
+            topic="t",
+            partition=3,
+            offset=9,
+            key=b"k",
+            value=None,
+            headers=[("h", b"1"), ("empty", None)],
+            timestamp=(2, 5),
+        ),
+        Message(topic="u", partition=0, offset=0, key=b"", value=b"", headers=[], timestamp=(0, 0)),
+    ]
+    batch = messages_to_record_batch(messages)
+    assert batch.schema.equals(KAFKA_ARROW_SCHEMA)
+    utc = timezone.utc
+    assert batch.to_pylist() == [
+        {
+            "key": None,
+            "value": b"v",
+            "topic": "t",
+            "partition": 3,
+            "offset": 7,
+            "timestamp": datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=utc),
+            "timestampType": 0,  # create time
+            "headers": None,
+        },
+        {
+            "key": b"k",
+            "value": None,
+            "topic": "t",
+            "partition": 3,
+            "offset": 9,
+            "timestamp": datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=utc),
+            "timestampType": 1,  # log-append time
+            "headers": [{"key": "h", "value": b"1"}, {"key": "empty", "value": None}],
+        },
+        {
+            "key": b"",
+            "value": b"",
+            "topic": "u",
+            "partition": 0,
+            "offset": 0,
+            "timestamp": None,  # librdkafka: no timestamp
+            "timestampType": -1,
+            "headers": [],
+        },
+    ]
+
+
+def test_a_one_partition_batch_and_an_empty_batch_keep_the_schema() -> None:
+    same = [Message(topic="t", partition=1, offset=o, value=b"x", timestamp=(1, o)) for o in range(3)]
+    batch = messages_to_record_batch(same)
+    assert batch.schema.equals(KAFKA_ARROW_SCHEMA)
+    assert batch.column("topic").to_pylist() == ["t"] * 3
+    assert batch.column("partition").to_pylist() == [1] * 3
+    assert batch.column("offset").to_pylist() == [0, 1, 2]
+    assert batch.column("headers").null_count == 3
+    empty = messages_to_record_batch([])
+    assert empty.num_rows == 0
+    assert empty.schema.equals(KAFKA_ARROW_SCHEMA)
