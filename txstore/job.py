@@ -56,6 +56,7 @@ from txstore.mirror import GroupOffsetMirror
 from txstore.outbox import OutboxPublisher, close_producers
 from txstore.ranges import (
     OffsetRange,
+    PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
     aged_out,
@@ -201,6 +202,7 @@ class TransactionalJob:
             OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
         )
         self._outbox_clean = False  # until a publish succeeds: a previous run may have left rows
+        self._history: dict[TopicPartition, PartitionHistory] = {}
 
     @property
     def commits_per_batch(self) -> bool:
@@ -246,7 +248,9 @@ class TransactionalJob:
                 conn, committed, watermarks
             ):
                 committed, watermarks = self._state(conn)
-            return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
+            topic_ids = self._topic_ids(conn)
+            ranges = plan_ranges(s.job, committed, watermarks, self._history, topic_ids)
+            return limit_ranges(ranges, s.max_offsets_per_batch)
         except psycopg.errors.InsufficientPrivilege as e:
             self.close()
             raise PermissionDenied(
@@ -263,8 +267,24 @@ class TransactionalJob:
         # offset is at or below the log end we plan with, even while another
         # instance of the job commits in between.
         s = self.settings
-        committed = store.committed_offsets(conn, s.job, s.topics)
+        committed, self._history = store.committed_state(conn, s.job, s.topics)
         return committed, self.watermarks(s.kafka_conf, s.topics)
+
+    def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
+        """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
+        stored in the rows that have none yet, so a later recreation is seen."""
+        if self._own_watermarks is None:
+            return {}
+        s = self.settings
+        ids = self._own_watermarks.topic_ids(s.kafka_conf, s.topics)
+        unknown = {
+            t: i
+            for t, i in ids.items()
+            if any(k[0] == t and not h.topic_id for k, h in self._history.items())
+        }
+        if unknown:
+            store.record_topic_ids(conn, s.job, unknown)
+        return ids
 
     def _start_new_partitions(
         self,
@@ -401,20 +421,28 @@ class TransactionalJob:
         if self.dataframe_aggregate is not None:
             self.spark.sparkContext.setJobDescription(description)
             try:
-                frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf))
-                result: BatchResult = (dataframe_deltas(frame), {r.key: r.size for r in ranges})
+                # No fingerprint is recorded here (Spark plans the DataFrame); ranges are still verified.
+                frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
+                result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges})
             finally:
                 self.spark.sparkContext.setJobDescription(None)
         else:
             assert self.aggregate is not None
-            result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description)
-        deltas, messages = result
+            result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description, s.job)
+        if result.refused:  # a recreated topic: nothing is committed
+            return [
+                RangeReport(r, REFUSED, error=result.refused.get(r.key), error_kind="TopicRecreated")
+                for r in ranges
+                if r.key in result.refused
+            ], 0.0
         started = time.perf_counter()
-        outcome = self._commit_batch(ranges, deltas)
+        outcome = self._commit_batch(ranges, result.deltas, result.last)
         commit_ms = (time.perf_counter() - started) * 1000
-        return [RangeReport(r, outcome, messages.get(r.key, 0)) for r in ranges], commit_ms
+        return [RangeReport(r, outcome, result.messages.get(r.key, 0)) for r in ranges], commit_ms
 
-    def _commit_batch(self, ranges: list[OffsetRange], deltas: Any) -> str:
+    def _commit_batch(
+        self, ranges: list[OffsetRange], deltas: Any, last: Mapping[TopicPartition, Any]
+    ) -> str:
         """Commit on the driver; if the connection drops, commit again on a new one.
 
         A commit whose acknowledgement was lost is then found already
@@ -425,7 +453,7 @@ class TransactionalJob:
         for attempt in range(DRIVER_COMMIT_ATTEMPTS):
             try:
                 sink = TransactionalSink(self._connection(), s.job, self.failpoints, s.publish_topic)
-                sink.commit_batch(ranges, deltas, attempt)
+                sink.commit_batch(ranges, deltas, attempt, last)
                 return COMMITTED
             except AlreadyCommitted:
                 if attempt == 0:

@@ -31,17 +31,20 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from txstore.errors import ConfigError, DataLoss, KafkaReadError, KafkaUnavailable, UnknownTopic
-from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.fingerprint import Fingerprint, fingerprint, recreated_error
+from txstore.ranges import OffsetRange, PartitionWatermarks, reset_command
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
 """librdkafka's own log lines from the driver's admin clients (shown with ``--verbose``)."""
 METADATA_TIMEOUT_SECONDS = 15.0
+TOPIC_ID_TIMEOUT_SECONDS = 3.0
 READ_BATCH = 10_000
 IDLE_TIMEOUT_SECONDS = 60.0
 POLL_SECONDS = 1.0
@@ -185,19 +188,39 @@ class Watermarks:
     def __init__(self) -> None:
         self._admin: _Admin | None = None
         self._conf: dict[str, Any] = {}
+        self._ids_supported: bool | None = None  # None: not asked yet
 
-    def __call__(
-        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
-    ) -> list[PartitionWatermarks]:
+    def _client(self, conf: Mapping[str, Any]) -> _Admin:
         if self._admin is None or self._conf != dict(conf):
             self._conf = dict(conf)
             self._admin = _Admin(self._conf)
         self._admin.errors.clear()  # only this call's errors explain its failure
+        return self._admin
+
+    def __call__(
+        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
+    ) -> list[PartitionWatermarks]:
+        admin = self._client(conf)
         try:
-            return _watermarks(self._admin, conf, topics, timeout)
+            return _watermarks(admin, conf, topics, timeout)
         except BaseException:
             self.close()
             raise
+
+    def topic_ids(
+        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
+    ) -> dict[str, str]:
+        """Kafka's topic ID per topic (:func:`fetch_topic_ids`); once a broker has not
+        answered, this client never asks again, so planning never waits for it twice."""
+        if self._ids_supported is False or not topics:
+            return {}
+        ids = _topic_ids(self._client(conf), topics, timeout)
+        if ids is None:
+            if self._ids_supported is None:
+                self._ids_supported = False
+            return {}
+        self._ids_supported = True
+        return ids
 
     def close(self) -> None:
         self._admin = None  # librdkafka destroys the client with the last reference
@@ -239,6 +262,56 @@ def _watermarks(
         )
         for tp in partitions
     ]
+
+
+def fetch_topic_ids(
+    conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
+) -> dict[str, str]:
+    """Kafka's topic ID (KIP-516) per topic, for topics the broker reports one for.
+
+    Empty where the broker has none or cannot say (no controller in its
+    metadata, or no answer within ``timeout``: librdkafka's mock broker):
+    topic IDs are an extra check, never a reason to fail.
+    """
+    if not topics:
+        return {}
+    return _topic_ids(_Admin(conf), topics, timeout) or {}
+
+
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic
+
+
+def _topic_ids(admin: _Admin, topics: Sequence[str], timeout: float) -> dict[str, str] | None:
+    """Topic IDs from DescribeTopics, or None if the broker cannot answer it.
+
+    The cheap check first: DescribeTopics goes to the controller, and a broker
+    whose metadata names no controller among its brokers cannot answer it.
+    """
+    try:
+        metadata = admin.client.list_topics(topics[0], timeout=timeout)
+        if metadata.controller_id not in metadata.brokers:
+            return None
+        futures = admin.client.describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
+        found = {name: str(f.result(timeout=timeout).topic_id) for name, f in futures.items()}
+    except (KafkaException, TimeoutError):
+        return None
+    return {name: topic_id for name, topic_id in found.items() if topic_id and topic_id != _NO_TOPIC_ID}
+
+
+def read_message_at(
+    conf: Mapping[str, Any],
+    topic: str,
+    partition: int,
+    offset: int,
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> Fingerprint | None:
+    """The fingerprint of the message at ``offset``, or None if there is none (compacted, a marker)."""
+    reader = RangeReader(conf, OffsetRange(topic, partition, offset, offset + 1), idle_timeout=timeout)
+    for batch in reader:
+        for message in batch:
+            if _offset(message) == offset:
+                return fingerprint(message)
+    return None
 
 
 def offsets_for_timestamp(
@@ -388,12 +461,26 @@ def close_idle_consumers() -> None:
 _message_error = Message.error
 
 
+def _out_of_range(error: KafkaError) -> bool:
+    return error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+
+
 class RangeReader:
     """Iterates a range as batches of messages, all with ``from <= offset < until``.
 
-    After iteration, ``messages`` says how many were delivered. A range that
-    Kafka no longer fully holds raises :class:`DataLoss`; no progress for
-    ``idle_timeout`` seconds raises :class:`KafkaReadError`.
+    After iteration, ``messages`` says how many were delivered and ``last`` is
+    the :class:`~txstore.fingerprint.Fingerprint` of the last one (None if
+    none was; only that message is hashed). A range that Kafka no longer
+    fully holds raises :class:`DataLoss`; no progress for ``idle_timeout``
+    seconds raises :class:`KafkaReadError`.
+
+    A range with ``verify`` (the last message the job counted, planned by
+    :func:`~txstore.ranges.plan_ranges`) is read from that message's offset:
+    if a message is there and its fingerprint differs, the topic was deleted
+    and recreated, and :class:`~txstore.errors.TopicRecreated` is raised
+    before anything is delivered (``job`` names the job in that line). If the
+    message is gone (compacted, aged out), there is nothing to compare and
+    the range is read as usual.
 
     ``pause_gc``: pause the cyclic garbage collector while iterating
     (:func:`gc_paused`). Meant for code that reads the range to its end or
@@ -408,13 +495,16 @@ class RangeReader:
         batch_size: int = READ_BATCH,
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         pause_gc: bool = True,
+        job: str = "",
     ) -> None:
         self.conf = reader_config(conf)
         self.range = offset_range
         self.batch_size = batch_size
         self.idle_timeout = idle_timeout
         self.pause_gc = pause_gc
+        self.job = job
         self.messages = 0
+        self.last: Fingerprint | None = None
 
     def __iter__(self) -> Iterator[list[Message]]:
         r = self.range
@@ -427,7 +517,8 @@ class RangeReader:
                 with contextlib.suppress(KafkaException):  # the read itself then waits and times out
                     consumer.list_topics(r.topic, timeout=min(METADATA_TIMEOUT_SECONDS, self.idle_timeout))
                 topics.add(r.topic)
-            consumer.assign([TopicPartition(r.topic, r.partition, r.from_offset)])
+            start = r.verify.offset if r.verify is not None else r.from_offset
+            consumer.assign([TopicPartition(r.topic, r.partition, start)])
             with gc_paused() if self.pause_gc else contextlib.nullcontext():
                 yield from self._batches(consumer)
             finished = True
@@ -439,7 +530,8 @@ class RangeReader:
 
     def _batches(self, consumer: Consumer) -> Iterator[list[Message]]:
         r = self.range
-        next_offset = r.from_offset
+        verifying = r.verify is not None
+        next_offset = r.verify.offset if r.verify is not None else r.from_offset
         last_progress = time.monotonic()
         while next_offset < r.until_offset:
             # Exactly the rest of the range: consume() returns as soon as the last
@@ -469,9 +561,19 @@ class RangeReader:
                         # `until` that never came are holes (e.g. a transaction marker).
                         # An EOF below `until` only means "not yet": keep reading.
                         reached_end = reached_end or _offset(m) >= r.until_offset
+                    elif verifying and _out_of_range(error):
+                        # The message to verify aged out after planning: nothing to compare.
+                        verifying = False
+                        next_offset = r.from_offset
+                        consumer.assign([TopicPartition(r.topic, r.partition, next_offset)])
+                        good = []
+                        break
                     else:
                         self._raise_for(error, next_offset)
                 batch = good
+            if verifying and batch:
+                verifying = False
+                batch = self._verified(batch)
             if batch:
                 if _offset(batch[-1]) >= r.until_offset:
                     batch = [m for m in batch if _offset(m) < r.until_offset]
@@ -479,13 +581,39 @@ class RangeReader:
                 if batch:
                     next_offset = _offset(batch[-1]) + 1
                     self.messages += len(batch)
+                    self.last = fingerprint(batch[-1])
                     yield batch
             if reached_end:
                 return
 
+    def _verified(self, batch: list[Message]) -> list[Message]:
+        """The first batch read from the verified offset: compare, then keep ``offset >= from``.
+
+        Only the few messages below ``from`` are looked at one by one.
+        """
+        r = self.range
+        expected = r.verify
+        assert expected is not None
+        first = batch[0]
+        if _offset(first) == expected.offset:
+            found = fingerprint(first)
+            if found != expected:
+                raise recreated_error(
+                    self.job,
+                    r.topic,
+                    r.partition,
+                    f"last counted message {expected.describe()}",
+                    f"{found.describe()}",
+                    reset_command(self.job, r.topic, r.partition, "--to-earliest"),
+                )
+        skip = 0
+        while skip < len(batch) and _offset(batch[skip]) < r.from_offset:
+            skip += 1
+        return batch[skip:] if skip else batch
+
     def _raise_for(self, error: KafkaError, next_offset: int) -> None:
         r = self.range
-        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        if _out_of_range(error):
             raise DataLoss(
                 f"{r.topic!r} partition {r.partition}: offset {next_offset} is no longer in Kafka "
                 f"(range {r.from_offset} -> {r.until_offset}); messages aged out before they "

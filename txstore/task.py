@@ -4,7 +4,7 @@ Runs in a Spark Python worker. The task object is frozen and pickled to the
 executors with everything it needs; the database connection is opened once
 per worker process and reused by every task that worker runs.
 
-Deterministic refusals (gap, overlap, aged-out data) come back to the driver
+Deterministic refusals (gap, overlap, aged-out data, a recreated topic) come back to the driver
 as a report instead of an exception: retrying them cannot help, and the
 driver turns them into one clear line. Transient failures (a dropped
 connection, a broker timeout) raise, so Spark retries the task; the retry
@@ -30,6 +30,7 @@ from txstore.errors import (
     DataLoss,
     OffsetGap,
     OffsetOverlap,
+    TopicRecreated,
     committed_past_start,
     first_line,
 )
@@ -96,7 +97,7 @@ def _commit_in_worker(
         outcome = COMMITTED
     except AlreadyCommitted:
         outcome = ALREADY_COMMITTED
-    except (OffsetGap, OffsetOverlap, DataLoss) as e:
+    except (OffsetGap, OffsetOverlap, DataLoss, TopicRecreated) as e:
         return [_refused(r, reader, e) for r, reader in parts]
     except psycopg.errors.InsufficientPrivilege as e:
         # The transaction was rolled back; retrying cannot grant the privilege.
@@ -154,10 +155,10 @@ class RangeTask:
 
     def run(self, offset_range: OffsetRange, attempt: int = 0) -> RangeReport:
         started = time.perf_counter()
-        reader = RangeReader(self.kafka_conf, offset_range)
+        reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
         try:
             deltas = self.aggregate(offset_range, reader)
-        except DataLoss as e:
+        except (DataLoss, TopicRecreated) as e:
             return _refused(offset_range, reader, e)
         return self._commit_alone(offset_range, reader, deltas, attempt, started, time.perf_counter())
 
@@ -172,7 +173,7 @@ class RangeTask:
     ) -> RangeReport:
         def commit(conn: psycopg.Connection) -> None:
             sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to)
-            sink.commit(offset_range, deltas, attempt)
+            sink.commit(offset_range, deltas, attempt, reader.last)
 
         parts = [(offset_range, reader)]
         return _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)[0]
@@ -189,10 +190,10 @@ class RangeTask:
         reports: list[RangeReport] = []
         read: list[tuple[OffsetRange, RangeReader, Mapping[ResultKey, Number]]] = []
         for offset_range in ranges:
-            reader = RangeReader(self.kafka_conf, offset_range)
+            reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
             try:
                 read.append((offset_range, reader, self.aggregate(offset_range, reader)))
-            except DataLoss as e:
+            except (DataLoss, TopicRecreated) as e:
                 reports.append(_refused(offset_range, reader, e))
         read_done = time.perf_counter()
         if not read:
@@ -208,7 +209,8 @@ class RangeTask:
             nonlocal conflict
             sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to)
             try:
-                sink.commit_batch([r for r, _, _ in read], combined, attempt)
+                last = {r.key: reader.last for r, reader, _ in read if reader.last is not None}
+                sink.commit_batch([r for r, _, _ in read], combined, attempt, last)
             except (OffsetGap, OffsetOverlap):
                 conflict = True  # nothing was written; sort it out range by range
 
@@ -238,7 +240,7 @@ class MessageTask:
 
     def run(self, offset_range: OffsetRange, attempt: int = 0) -> RangeReport:
         started = time.perf_counter()
-        reader = RangeReader(self.kafka_conf, offset_range)
+        reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
 
         def commit(conn: psycopg.Connection) -> None:
             sink = IdempotentSink(conn, self.job, self.failpoints)
