@@ -12,17 +12,22 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from tests.conftest import produce_in_transactions, send
+from tests.conftest import produce_in_transactions, send, send_one_by_one
 from tests.test_count_topic import job_for, offsets, totals
 from tests.test_operator_cli import txstore
 from txstore import store
+from txstore.count_topic import count_messages
 from txstore.db import connect
-from txstore.errors import BatchFailed
+from txstore.errors import BatchFailed, TopicRecreated
 from txstore.fingerprint import Fingerprint, digest
 from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka import client_config, fetch_topic_ids
+from txstore.ops import apply_reset, plan_job_reset
 from txstore.ranges import OffsetRange, PartitionHistory
+from txstore.reset import ResetTarget
 from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -240,3 +245,51 @@ def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_
         (0, 3, 1),
         (1, 5, 0),
     ]
+
+
+def admin_topic(bootstrap: str, topic: str, create: bool) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, 1, 1)]) if create else admin.delete_topics([topic])
+    for future in futures.values():
+        future.result(10)
+
+
+def test_a_recreated_topic_is_known_by_its_topic_id_even_with_the_same_messages(
+    spark: Any, tansu: str, database_url: str, db: psycopg.Connection
+) -> None:
+    """On Tansu (topic IDs): the new topic holds byte-identical messages, so only the ID tells."""
+    topic = "ids"
+    same = [(0, b"k", b"same-%d" % i, OLD_TS + i) for i in range(3)]
+    admin_topic(tansu, topic, create=True)
+    send_one_by_one(tansu, topic, same)
+    settings = JobSettings("count_topic", (topic,), tansu, database_url)
+    TransactionalJob(spark, settings, count_messages).run()
+    old_id = fetch_topic_ids(client_config(tansu), [topic])[topic]
+    assert db.execute("SELECT off, last_off, topic_id FROM txn_offsets").fetchone() == (3, 2, old_id)
+
+    admin_topic(tansu, topic, create=False)
+    admin_topic(tansu, topic, create=True)
+    send_one_by_one(tansu, topic, [*same, *same])
+    new_id = fetch_topic_ids(client_config(tansu), [topic])[topic]
+    assert new_id != old_id
+    before = snapshot(db)
+    with pytest.raises(TopicRecreated) as raised:
+        TransactionalJob(spark, settings, count_messages).run()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
+        f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
+        "topic from its start as a new generation: "
+        f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
+    )
+    assert snapshot(db) == before
+
+    with connect(database_url) as conn:
+        moves = plan_job_reset(conn, client_config(tansu), "count_topic", topic, [0], ResetTarget("earliest"))
+        assert [m.describe() for m in moves] == [
+            f"{topic}/0: 3 -> 0, new generation 1 (topic ID {old_id} is now {new_id}); "
+            "the new log is counted from there, results so far are kept"
+        ]
+        apply_reset(conn, "count_topic", moves)
+    TransactionalJob(spark, settings, count_messages).run()
+    assert totals(db, topic) == {topic: 9}
+    assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
