@@ -47,11 +47,6 @@ def fill(kafka: MockKafkaCluster, topic: str, n: int, partitions: int, tag: byte
     )
 
 
-def recreate(kafka: MockKafkaCluster, topic: str, partitions: int) -> None:
-    kafka.delete_topic(topic)
-    kafka.create_topic(topic, partitions)
-
-
 def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple], list[tuple]]:
     return (
         db.execute("SELECT * FROM txn_offsets ORDER BY topic, part").fetchall(),
@@ -95,7 +90,7 @@ def test_a_recreated_topic_refilled_past_the_stored_offset_stops_the_job_and_cou
     assert last.fetchall() == [
         (p, 4, OLD_TS + 4, digest(b"k", b"old-%d-4" % p)) for p in range(2)
     ]  # the last piece's last message, also when a range is read in pieces
-    recreate(kafka, topic, 2)
+    kafka.recreate_topic(topic, 2)
     fill(kafka, topic, 8, 2, b"new", NEW_TS)
     before = snapshot(db)
     with pytest.raises(BatchFailed) as raised:
@@ -178,7 +173,7 @@ def test_the_suggested_reset_starts_a_new_generation_and_the_new_topic_is_stored
     topic = new_topic(1)
     fill(kafka, topic, 5, 1, b"old", OLD_TS)
     idempotent_job(spark, kafka, database_url, topic).run()
-    recreate(kafka, topic, 1)
+    kafka.recreate_topic(topic, 1)
     fill(kafka, topic, 8, 1, b"new", NEW_TS)
     with pytest.raises(BatchFailed) as raised:
         idempotent_job(spark, kafka, database_url, topic).run()
@@ -216,7 +211,7 @@ def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_
     topic = new_topic(2)
     fill(kafka, topic, 5, 2, b"old", OLD_TS)
     job_for(spark, kafka, database_url, topic).run()
-    recreate(kafka, topic, 2)
+    kafka.recreate_topic(topic, 2)
     fill(kafka, topic, 3, 2, b"new", NEW_TS)
     result = txstore(
         "reset", "--job", "count_topic", "--topic", topic, "--to-earliest", url=database_url, kafka=kafka
@@ -293,3 +288,33 @@ def test_a_recreated_topic_is_known_by_its_topic_id_even_with_the_same_messages(
     TransactionalJob(spark, settings, count_messages).run()
     assert totals(db, topic) == {topic: 9}
     assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
+
+
+def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """DataFrame aggregates verify the last message recorded by an earlier (plain Python) run."""
+    from pyspark.sql import functions as F
+
+    topic = new_topic(1)
+    fill(kafka, topic, 5, 1, b"old", OLD_TS)
+    job_for(spark, kafka, database_url, topic).run()
+    kafka.recreate_topic(topic, 1)
+    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    before = snapshot(db)
+    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+
+    def total(frame: Any) -> Any:
+        return frame.groupBy("topic").agg(F.count("*").alias("metric"))
+
+    with pytest.raises(BatchFailed) as raised:
+        TransactionalJob(spark, settings, dataframe_aggregate=total).run()
+    assert str(raised.value) == (
+        f"job 'count_topic' batch 1 failed: TopicRecreated: {mismatch_line('count_topic', topic, 0, 4)}"
+    )
+    assert not raised.value.transient
+    assert snapshot(db) == before

@@ -373,9 +373,12 @@ class TransactionalJob:
         except Exception as e:
             if type(e).__name__ not in ("Py4JJavaError", "PythonException", "SparkException"):
                 raise
-            # Spark already retried the tasks; a later batch may still succeed.
+            # Spark already retried the tasks; a later batch may still succeed, unless a
+            # DataFrame's reader found the topic recreated.
+            reason = spark_failure_reason(e)
             raise BatchFailed(
-                f"job {s.job!r} batch {number} failed: {spark_failure_reason(e)}", transient=True
+                f"job {s.job!r} batch {number} failed: {reason}",
+                transient=not reason.startswith("TopicRecreated: "),
             ) from None
         report = BatchReport(
             number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000, commit_ms

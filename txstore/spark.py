@@ -312,7 +312,7 @@ def dataframe_deltas(frame: Any) -> dict[tuple[str, ResultKey], Number]:
 
 _PY_ERROR_LINE = re.compile(
     r"^(?:[\w.]+\.)?"
-    r"(\w+(?:Error|Unavailable|Missing|Loss|Committed|Gap|Overlap|Log|Failure|Exception)): (.+)$"
+    r"(\w+(?:Error|Unavailable|Missing|Loss|Committed|Gap|Overlap|Log|Failure|Exception|Recreated)): (.+)$"
 )
 
 
