@@ -24,13 +24,14 @@ from txstore.errors import BatchFailed, TopicRecreated
 from txstore.fingerprint import Fingerprint, digest
 from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import client_config, fetch_topic_ids
+from txstore.kafka import client_config
 from txstore.ops import apply_reset, plan_job_reset
 from txstore.ranges import OffsetRange, PartitionHistory
 from txstore.reset import ResetTarget
 from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.topic_ids import fetch_topic_ids
 
 pytestmark = pytest.mark.spark
 

@@ -83,6 +83,7 @@ from txstore.task import (
     RangeReport,
     RangeTask,
 )
+from txstore.topic_ids import TopicIds
 
 PER_RANGE = "per-range"
 PER_BATCH = "per-batch"
@@ -191,8 +192,10 @@ class TransactionalJob:
         self.dataframe_aggregate = dataframe_aggregate
         self.transform = transform
         self._own_watermarks: Watermarks | None = None
+        self._topic_ids_source: TopicIds | None = None  # asked only with the job's own Kafka clients
         if watermarks is None:
             watermarks = self._own_watermarks = Watermarks()
+            self._topic_ids_source = TopicIds()
         self.watermarks = watermarks
         self.failpoints = FailPoints.from_env()
         self.batches = 0
@@ -230,6 +233,8 @@ class TransactionalJob:
             close_producers()
         if self._own_watermarks is not None:
             self._own_watermarks.close()
+        if self._topic_ids_source is not None:
+            self._topic_ids_source.close()
 
     def __enter__(self) -> TransactionalJob:
         return self
@@ -273,10 +278,10 @@ class TransactionalJob:
     def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
         """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
         stored in the rows that have none yet, so a later recreation is seen."""
-        if self._own_watermarks is None:
+        if self._topic_ids_source is None:
             return {}
         s = self.settings
-        ids = self._own_watermarks.topic_ids(s.kafka_conf, s.topics)
+        ids = self._topic_ids_source(s.kafka_conf, s.topics)
         unknown = {
             t: i
             for t, i in ids.items()

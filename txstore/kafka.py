@@ -31,7 +31,6 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -44,7 +43,6 @@ BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
 """librdkafka's own log lines from the driver's admin clients (shown with ``--verbose``)."""
 METADATA_TIMEOUT_SECONDS = 15.0
-TOPIC_ID_TIMEOUT_SECONDS = 3.0
 READ_BATCH = 10_000
 IDLE_TIMEOUT_SECONDS = 60.0
 POLL_SECONDS = 1.0
@@ -188,39 +186,19 @@ class Watermarks:
     def __init__(self) -> None:
         self._admin: _Admin | None = None
         self._conf: dict[str, Any] = {}
-        self._ids_supported: bool | None = None  # None: not asked yet
-
-    def _client(self, conf: Mapping[str, Any]) -> _Admin:
-        if self._admin is None or self._conf != dict(conf):
-            self._conf = dict(conf)
-            self._admin = _Admin(self._conf)
-        self._admin.errors.clear()  # only this call's errors explain its failure
-        return self._admin
 
     def __call__(
         self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
     ) -> list[PartitionWatermarks]:
-        admin = self._client(conf)
+        if self._admin is None or self._conf != dict(conf):
+            self._conf = dict(conf)
+            self._admin = _Admin(self._conf)
+        self._admin.errors.clear()  # only this call's errors explain its failure
         try:
-            return _watermarks(admin, conf, topics, timeout)
+            return _watermarks(self._admin, conf, topics, timeout)
         except BaseException:
             self.close()
             raise
-
-    def topic_ids(
-        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
-    ) -> dict[str, str]:
-        """Kafka's topic ID per topic (:func:`fetch_topic_ids`); once a broker has not
-        answered, this client never asks again, so planning never waits for it twice."""
-        if self._ids_supported is False or not topics:
-            return {}
-        ids = _topic_ids(self._client(conf), topics, timeout)
-        if ids is None:
-            if self._ids_supported is None:
-                self._ids_supported = False
-            return {}
-        self._ids_supported = True
-        return ids
 
     def close(self) -> None:
         self._admin = None  # librdkafka destroys the client with the last reference
@@ -262,56 +240,6 @@ def _watermarks(
         )
         for tp in partitions
     ]
-
-
-def fetch_topic_ids(
-    conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
-) -> dict[str, str]:
-    """Kafka's topic ID (KIP-516) per topic, for topics the broker reports one for.
-
-    Empty where the broker has none or cannot say (no controller in its
-    metadata, or no answer within ``timeout``: librdkafka's mock broker):
-    topic IDs are an extra check, never a reason to fail.
-    """
-    if not topics:
-        return {}
-    return _topic_ids(_Admin(conf), topics, timeout) or {}
-
-
-_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic
-
-
-def _topic_ids(admin: _Admin, topics: Sequence[str], timeout: float) -> dict[str, str] | None:
-    """Topic IDs from DescribeTopics, or None if the broker cannot answer it.
-
-    The cheap check first: DescribeTopics goes to the controller, and a broker
-    whose metadata names no controller among its brokers cannot answer it.
-    """
-    try:
-        metadata = admin.client.list_topics(topics[0], timeout=timeout)
-        if metadata.controller_id not in metadata.brokers:
-            return None
-        futures = admin.client.describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
-        found = {name: str(f.result(timeout=timeout).topic_id) for name, f in futures.items()}
-    except (KafkaException, TimeoutError):
-        return None
-    return {name: topic_id for name, topic_id in found.items() if topic_id and topic_id != _NO_TOPIC_ID}
-
-
-def read_message_at(
-    conf: Mapping[str, Any],
-    topic: str,
-    partition: int,
-    offset: int,
-    timeout: float = METADATA_TIMEOUT_SECONDS,
-) -> Fingerprint | None:
-    """The fingerprint of the message at ``offset``, or None if there is none (compacted, a marker)."""
-    reader = RangeReader(conf, OffsetRange(topic, partition, offset, offset + 1), idle_timeout=timeout)
-    for batch in reader:
-        for message in batch:
-            if _offset(message) == offset:
-                return fingerprint(message)
-    return None
 
 
 def offsets_for_timestamp(
@@ -504,7 +432,12 @@ class RangeReader:
         self.pause_gc = pause_gc
         self.job = job
         self.messages = 0
-        self.last: Fingerprint | None = None
+        self._last: Message | None = None
+
+    @property
+    def last(self) -> Fingerprint | None:
+        """The fingerprint of the last message delivered (hashed once asked, after the read)."""
+        return fingerprint(self._last) if self._last is not None else None
 
     def __iter__(self) -> Iterator[list[Message]]:
         r = self.range
@@ -581,7 +514,7 @@ class RangeReader:
                 if batch:
                     next_offset = _offset(batch[-1]) + 1
                     self.messages += len(batch)
-                    self.last = fingerprint(batch[-1])
+                    self._last = batch[-1]
                     yield batch
             if reached_end:
                 return

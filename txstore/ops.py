@@ -13,11 +13,12 @@ import psycopg
 from txstore import store
 from txstore.errors import KafkaUnavailable, TxstoreError
 from txstore.fingerprint import Fingerprint
-from txstore.kafka import fetch_topic_ids, fetch_watermarks, offsets_for_timestamp, read_message_at
+from txstore.kafka import fetch_watermarks, offsets_for_timestamp
 from txstore.locks import job_running, lock_job_for_reset
 from txstore.ranges import PartitionWatermarks
 from txstore.reset import ResetMove, ResetTarget, plan_reset
 from txstore.results import plain_number
+from txstore.topic_ids import fetch_topic_ids, read_message_at
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
 
