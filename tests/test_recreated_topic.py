@@ -7,6 +7,7 @@ recreates topics, but has no topic IDs: those are tested on Tansu).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,14 +25,14 @@ from txstore.errors import BatchFailed, TopicRecreated
 from txstore.fingerprint import Fingerprint, digest
 from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import client_config
+from txstore.kafka import RangeReader, client_config, fetch_watermarks
 from txstore.ops import apply_reset, plan_job_reset
 from txstore.ranges import OffsetRange, PartitionHistory
 from txstore.reset import ResetTarget
 from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision
 from txstore.testing.mock_kafka import MockKafkaCluster
-from txstore.topic_ids import fetch_topic_ids
+from txstore.topic_ids import TopicIds, fetch_topic_ids
 
 pytestmark = pytest.mark.spark
 
@@ -319,3 +320,58 @@ def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(
     )
     assert not raised.value.transient
     assert snapshot(db) == before
+
+
+def read(kafka: MockKafkaCluster, r: OffsetRange, job: str = "j") -> tuple[list[int], Fingerprint | None]:
+    reader = RangeReader(client_config(kafka.bootstrap_servers), r, job=job)
+    got = [m.offset() for batch in reader for m in batch]
+    assert reader.messages == len(got)
+    return got, reader.last
+
+
+def test_a_verified_range_delivers_exactly_from_to_until_and_its_last_message(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=2, partitions=1)
+    # offsets 0,1 (2 marker) 3,4 (5) 6,7 (8) 9,10 (11): the last counted before 6 is 4, two offsets back
+    got, last_counted = read(kafka, OffsetRange(topic, 0, 0, 5))
+    assert got == [0, 1, 3, 4]
+    assert last_counted is not None and last_counted.offset == 4
+    got, last = read(kafka, OffsetRange(topic, 0, 6, 12, verify=last_counted))
+    assert got == [6, 7, 9, 10]
+    assert last is not None and last.offset == 10 and last.digest == digest(None, b"x")
+    with pytest.raises(
+        TopicRecreated, match=r"partition 0: the topic was deleted and recreated \(stored last"
+    ):
+        read(kafka, OffsetRange(topic, 0, 6, 12, verify=Fingerprint(4, last_counted.timestamp, "other")))
+
+
+def test_a_message_to_verify_that_aged_out_after_planning_is_not_an_error(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Planned while the last counted message was in the log; retention dropped it before the read."""
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(80)))
+    marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
+    assert marks.low > 2
+    gone = Fingerprint(marks.low - 2, 1, "aged out")
+    got, _ = read(kafka, OffsetRange(topic, 0, marks.low, marks.high, verify=gone))
+    assert got == list(range(marks.low, marks.high))
+
+
+def test_a_broker_without_topic_ids_is_asked_once_and_answers_at_once(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    ids = TopicIds()
+    started = time.monotonic()
+    assert ids(client_config(kafka.bootstrap_servers), [topic]) == {}
+    assert time.monotonic() - started < 2  # the mock names no controller: no DescribeTopics wait
+    kafka.set_broker_down(1)
+    try:
+        started = time.monotonic()
+        assert ids(client_config(kafka.bootstrap_servers), [topic]) == {}  # not asked again
+        assert time.monotonic() - started < 0.1
+    finally:
+        kafka.set_broker_up(1)
