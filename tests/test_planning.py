@@ -5,9 +5,27 @@ from __future__ import annotations
 import pytest
 
 from txstore.db import libpq_url, redact, sqlalchemy_url
-from txstore.errors import AlreadyCommitted, ConfigError, DataLoss, OffsetGap, OffsetOutOfLog, OffsetOverlap
+from txstore.errors import (
+    AlreadyCommitted,
+    ConfigError,
+    DataLoss,
+    OffsetGap,
+    OffsetOutOfLog,
+    OffsetOverlap,
+    TopicRecreated,
+)
 from txstore.failpoints import FailPoints, InjectedFailure
-from txstore.ranges import OffsetRange, PartitionWatermarks, aged_out, limit_ranges, plan_ranges
+from txstore.fingerprint import Fingerprint, digest
+from txstore.ranges import (
+    OffsetRange,
+    PartitionHistory,
+    PartitionWatermarks,
+    aged_out,
+    limit_ranges,
+    plan_ranges,
+    split_ranges,
+)
+from txstore.reset import ResetMove, ResetTarget, generation_reason, plan_reset
 from txstore.sink import classify_conflict
 from txstore.starting import (
     EARLIEST,
@@ -187,3 +205,96 @@ def test_aged_out_lists_what_kafka_dropped_before_it_was_counted() -> None:
         committed, [marks("t", 0, 10, 20), marks("t", 1, 10, 60), marks("t", 2, 0, 0), marks("t", 3, 5, 9)]
     )
     assert lost == [OffsetRange("t", 0, 3, 10)]
+
+
+def test_a_range_verifies_the_last_counted_message_only_while_kafka_can_still_hold_it() -> None:
+    last = Fingerprint(9, 1_000, digest(b"k", b"v"))
+    history = {("a", 0): PartitionHistory(2, None, last), ("a", 1): PartitionHistory(0, None, last)}
+    ranges = plan_ranges(
+        "j", {("a", 0): 10, ("a", 1): 10}, [marks("a", 0, 9, 20), marks("a", 1, 10, 20)], history
+    )
+    assert [(r.verify, r.generation) for r in ranges] == [(last, 2), (None, 0)]  # 9 aged out of partition 1
+    assert [r.verify for r in limit_ranges(ranges, 4)] == [last, None]
+    pieces = split_ranges(ranges[:1], 3)
+    assert [(p.from_offset, p.verify, p.generation) for p in pieces] == [
+        (10, last, 2),
+        (13, None, 2),
+        (16, None, 2),
+    ]
+
+
+def test_a_changed_topic_id_is_refused_with_the_reset_that_starts_a_new_generation() -> None:
+    history = {("a", 0): PartitionHistory(0, "OLD-ID", None)}
+    with pytest.raises(TopicRecreated) as raised:
+        plan_ranges("j", {("a", 0): 5}, [marks("a", 0, 0, 8)], history, {"a": "NEW-ID"})
+    assert str(raised.value) == (
+        "job 'j' topic 'a' partition 0: the topic was deleted and recreated (stored topic ID OLD-ID; "
+        "found topic ID NEW-ID); nothing was counted. To count the new topic from its start as a new "
+        "generation: txstore reset --job j --topic a --partition 0 --to-earliest --execute"
+    )
+    assert plan_ranges("j", {("a", 0): 5}, [marks("a", 0, 0, 8)], history, {}) == [OffsetRange("a", 0, 5, 8)]
+
+
+def test_message_digests_tell_a_missing_key_from_an_empty_one_and_never_confuse_boundaries() -> None:
+    assert (
+        len(
+            {
+                digest(None, b"v"),
+                digest(b"", b"v"),
+                digest(b"kv", b""),
+                digest(b"k", b"v"),
+                digest(None, None),
+            }
+        )
+        == 5
+    )
+    assert digest(b"k", b"v") == digest(b"k", b"v")
+    assert len(digest(b"k", b"v")) == 32
+
+
+@pytest.mark.parametrize(
+    ("stored", "past", "topic_id", "found", "forced", "reason"),
+    [
+        (5, PartitionHistory(), None, None, False, None),
+        (9, PartitionHistory(), None, None, False, "stored offset 9 is beyond the log end 8"),
+        (5, PartitionHistory(0, "A"), "B", None, False, "topic ID A is now B"),
+        (5, PartitionHistory(0, "A"), "A", None, False, None),
+        (
+            5,
+            PartitionHistory(0, None, Fingerprint(4, 1, "x")),
+            None,
+            Fingerprint(4, 1, "y"),
+            False,
+            "the message at offset 4 is not the one last counted",
+        ),
+        (5, PartitionHistory(0, None, Fingerprint(4, 1, "x")), None, Fingerprint(4, 1, "x"), False, None),
+        (5, PartitionHistory(0, None, Fingerprint(4, 1, "x")), None, None, False, None),
+        (5, PartitionHistory(), None, None, True, "--new-generation"),
+    ],
+)
+def test_a_reset_starts_a_new_generation_only_across_a_recreated_topic_or_when_told(
+    stored: int,
+    past: PartitionHistory,
+    topic_id: str | None,
+    found: Fingerprint | None,
+    forced: bool,
+    reason: str | None,
+) -> None:
+    assert generation_reason(stored, marks("a", 0, 0, 8), past, topic_id, found, forced) == reason
+    moves = plan_reset(
+        "j",
+        "a",
+        None,
+        {0: stored},
+        {0: marks("a", 0, 0, 8)},
+        ResetTarget("earliest"),
+        None,
+        {0: past},
+        topic_id,
+        {0: found},
+        forced,
+    )
+    new_generation = None if reason is None else past.generation + 1
+    assert moves == [
+        ResetMove("a", 0, stored, 0, past.generation, new_generation, reason, topic_id if reason else None)
+    ]

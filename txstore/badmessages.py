@@ -32,6 +32,7 @@ needs several messages together) and the original error is raised as before.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ import psycopg
 from confluent_kafka import KafkaException, Message
 
 from txstore.errors import TxstoreError, first_line
+from txstore.fingerprint import Fingerprint
 from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange
 from txstore.results import Number, ResultKey, add_metrics
@@ -90,6 +92,7 @@ class Aggregated:
     deltas: Mapping[ResultKey, Number]
     messages: int
     bad: tuple[BadOffset, ...] = ()
+    last: Fingerprint | None = None  # the range's last message, stored beside its offset
 
 
 def aggregate_range(aggregate: _Aggregate, reader: RangeReader, skip: bool) -> Aggregated:
@@ -100,16 +103,17 @@ def aggregate_range(aggregate: _Aggregate, reader: RangeReader, skip: bool) -> A
     a message's, and failures no single message reproduces, are raised.
     """
     try:
-        return Aggregated(aggregate(reader.range, reader), reader.messages)
+        return Aggregated(aggregate(reader.range, reader), reader.messages, last=reader.last)
     except Exception as e:
         if not is_message_failure(e):
             raise
         failure = e
-    again = RangeReader(reader.conf, reader.range, reader.batch_size, reader.idle_timeout)
+    again = RangeReader(reader.conf, reader.range, reader.batch_size, reader.idle_timeout, job=reader.job)
     found = isolate(aggregate, reader.range, again, first_only=not skip)
     if not found.bad:
         raise failure
-    return found
+    # The re-read went through the whole range (with ``skip``): its last message is the range's.
+    return dataclasses.replace(found, last=again.last)
 
 
 def isolate(

@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     target.add_argument(
         "--forget", action="store_true", help="delete the rows (for partitions Kafka no longer has)"
     )
+    reset.add_argument(
+        "--new-generation",
+        action="store_true",
+        help="the topic was deleted and recreated: start a new generation even if that is not detected",
+    )
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the job runs)")
     publish = commands.add_parser(
         "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
@@ -156,7 +161,9 @@ def _operate(args: argparse.Namespace) -> int:
             target = ResetTarget("shift", args.shift_by)
         else:
             target = ResetTarget("forget")
-        moves = ops.plan_job_reset(conn, kafka_conf, args.job, args.topic, args.partition, target)
+        moves = ops.plan_job_reset(
+            conn, kafka_conf, args.job, args.topic, args.partition, target, args.new_generation
+        )
         print(f"reset of job {args.job!r}, topic {args.topic!r}:")
         for move in moves:
             print(f"  {move.describe()}")

@@ -81,6 +81,11 @@ class OffsetOutOfLog(TxstoreError):
     """A stored offset lies beyond a partition's log end, or the partition is gone."""
 
 
+class TopicRecreated(TxstoreError):
+    """The partition's log is not the one the job counted: the message last counted is
+    another message now, or the topic ID changed (the topic was deleted and recreated)."""
+
+
 class CommitConflict(TxstoreError):
     """The conditional offset update matched no row: the range was not committed.
 

@@ -6,11 +6,15 @@ message is inserted under ``(job, topic, partition, offset)`` with
 reset, a second instance) never stores a message twice, even without the
 offsets check. The offset is still tracked in ``txn_offsets``, in the same
 transaction, so the job knows where to go on; it may move forward over a
-range stored before, but never across a gap:
+range stored before, but never across a gap. Messages are stored under the
+partition's generation (the range's, which the offset update checks): after
+a recreated topic's reset starts a new generation, its messages never
+collide with the old topic's under the same offsets:
 
 1. insert the range's messages in chunks (one statement per chunk of about
    ``CHUNK_BYTES``, so 1 MiB messages do not pile up in memory);
-2. ``UPDATE txn_offsets SET off = until WHERE ... AND from <= off < until``;
+2. ``UPDATE txn_offsets SET off = until WHERE ... AND from <= off < until``
+   in the range's generation, with the last message's fingerprint;
 3. one row updated: record the messages whose transform raised, if they are
    to be skipped (``--on-bad-message skip``), in ``txn_bad_messages``, then
    COMMIT (with ``fail``, such a message raises
@@ -30,6 +34,7 @@ from confluent_kafka import Message
 from txstore.badmessages import BadOffset, is_message_failure, reason_of
 from txstore.errors import AlreadyCommitted, BadMessage
 from txstore.failpoints import FailPoints
+from txstore.fingerprint import fingerprint
 from txstore.ranges import OffsetRange
 from txstore.sink import RECORD_BAD_MESSAGES, bad_message_params, classify_conflict, require_transactions
 from txstore.store import stored_offsets
@@ -43,8 +48,8 @@ Without a transform the message's own key and value are stored.
 CHUNK_BYTES = 8 * 1024 * 1024
 
 _INSERT = """
-INSERT INTO txn_messages (job, topic, part, off, key, value, timestamp)
-SELECT %(job)s, %(topic)s, %(part)s, m.off, m.key, m.value,
+INSERT INTO txn_messages (job, topic, part, generation, off, key, value, timestamp)
+SELECT %(job)s, %(topic)s, %(part)s, %(generation)s, m.off, m.key, m.value,
        CASE WHEN m.ts IS NULL THEN NULL ELSE to_timestamp(m.ts / 1000.0) END
 FROM unnest(%(offs)s::bigint[], %(keys)s::bytea[], %(values)s::bytea[], %(tss)s::bigint[])
      AS m(off, key, value, ts)
@@ -52,8 +57,12 @@ ON CONFLICT DO NOTHING
 """
 
 _ADVANCE = """
-UPDATE txn_offsets SET off = %(until)s, updated_at = now()
+UPDATE txn_offsets SET off = %(until)s, updated_at = now(),
+    last_off = coalesce(%(last_off)s, last_off),
+    last_timestamp = CASE WHEN %(last_off)s::bigint IS NULL THEN last_timestamp ELSE %(last_ts)s END,
+    last_digest = coalesce(%(last_digest)s, last_digest)
 WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s AND off >= %(from)s AND off < %(until)s
+  AND generation = %(generation)s
 """
 
 
@@ -111,6 +120,7 @@ class IdempotentSink:
             "part": offset_range.partition,
             "from": offset_range.from_offset,
             "until": offset_range.until_offset,
+            "generation": offset_range.generation,
         }
         conn = self.conn
         hit = self.failpoints.hit
@@ -137,7 +147,10 @@ class IdempotentSink:
                 hit("before-upsert", attempt)
                 chunk: list[tuple[int, bytes | None, bytes | None, int | None]] = []
                 size = 0
+                last_message = None
                 for batch in batches:
+                    if batch:
+                        last_message = batch[-1]
                     for row in _rows(batch, transform, on_error):
                         chunk.append(row)
                         size += len(row[1] or b"") + len(row[2] or b"") + 64
@@ -149,6 +162,12 @@ class IdempotentSink:
                     self._insert(cur, params, chunk)
                     offered += len(chunk)
                 hit("between-upsert-and-offsets", attempt)
+                last = fingerprint(last_message) if last_message is not None else None
+                params.update(
+                    last_off=last.offset if last else None,
+                    last_ts=last.timestamp if last else None,
+                    last_digest=last.digest if last else None,
+                )
                 cur.execute(_ADVANCE, params)
                 if cur.rowcount == 1:
                     if bad:

@@ -62,6 +62,7 @@ from txstore.mirror import GroupOffsetMirror
 from txstore.outbox import OutboxPublisher, close_producers
 from txstore.ranges import (
     OffsetRange,
+    PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
     aged_out,
@@ -89,6 +90,7 @@ from txstore.task import (
     RangeReport,
     RangeTask,
 )
+from txstore.topic_ids import TopicIds
 
 PER_RANGE = "per-range"
 PER_BATCH = "per-batch"
@@ -213,8 +215,10 @@ class TransactionalJob:
         self.dataframe_aggregate = dataframe_aggregate
         self.transform = transform
         self._own_watermarks: Watermarks | None = None
+        self._topic_ids_source: TopicIds | None = None  # asked only with the job's own Kafka clients
         if watermarks is None:
             watermarks = self._own_watermarks = Watermarks()
+            self._topic_ids_source = TopicIds()
         self.watermarks = watermarks
         self.failpoints = FailPoints.from_env()
         self.batches = 0
@@ -223,6 +227,7 @@ class TransactionalJob:
         self._publisher = (
             OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
         )
+        self._history: dict[TopicPartition, PartitionHistory] = {}
 
     @property
     def commits_per_batch(self) -> bool:
@@ -250,6 +255,8 @@ class TransactionalJob:
             close_producers()
         if self._own_watermarks is not None:
             self._own_watermarks.close()
+        if self._topic_ids_source is not None:
+            self._topic_ids_source.close()
 
     def __enter__(self) -> TransactionalJob:
         return self
@@ -269,7 +276,9 @@ class TransactionalJob:
             skipped = self._skip_lost(conn, committed, watermarks)
             if started or skipped:
                 committed, watermarks = self._state(conn)
-            return limit_ranges(plan_ranges(s.job, committed, watermarks), s.max_offsets_per_batch)
+            topic_ids = self._topic_ids(conn)
+            ranges = plan_ranges(s.job, committed, watermarks, self._history, topic_ids)
+            return limit_ranges(ranges, s.max_offsets_per_batch)
         except psycopg.errors.InsufficientPrivilege as e:
             self.close()
             raise PermissionDenied(
@@ -286,8 +295,24 @@ class TransactionalJob:
         # offset is at or below the log end we plan with, even while another
         # instance of the job commits in between.
         s = self.settings
-        committed = store.committed_offsets(conn, s.job, s.topics)
+        committed, self._history = store.committed_state(conn, s.job, s.topics)
         return committed, self.watermarks(s.kafka_conf, s.topics)
+
+    def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
+        """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
+        stored in the rows that have none yet, so a later recreation is seen."""
+        if self._topic_ids_source is None:
+            return {}
+        s = self.settings
+        ids = self._topic_ids_source(s.kafka_conf, s.topics)
+        unknown = {
+            t: i
+            for t, i in ids.items()
+            if any(k[0] == t and not h.topic_id for k, h in self._history.items())
+        }
+        if unknown:
+            store.record_topic_ids(conn, s.job, unknown)
+        return ids
 
     def _start_new_partitions(
         self,
@@ -385,9 +410,12 @@ class TransactionalJob:
         except Exception as e:
             if type(e).__name__ not in ("Py4JJavaError", "PythonException", "SparkException"):
                 raise
-            # Spark already retried the tasks; a later batch may still succeed.
+            # Spark already retried the tasks; a later batch may still succeed, unless a
+            # DataFrame's reader found the topic recreated.
+            reason = spark_failure_reason(e)
             raise BatchFailed(
-                f"job {s.job!r} batch {number} failed: {spark_failure_reason(e)}", transient=True
+                f"job {s.job!r} batch {number} failed: {reason}",
+                transient=not reason.startswith("TopicRecreated: "),
             ) from None
         report = BatchReport(
             number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000, commit_ms
@@ -444,19 +472,28 @@ class TransactionalJob:
         if self.dataframe_aggregate is not None:
             self.spark.sparkContext.setJobDescription(description)
             try:
-                frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf))
-                result: BatchResult = (dataframe_deltas(frame), {r.key: r.size for r in ranges}, [])
+                # No fingerprint is recorded here (Spark plans the DataFrame); ranges are still verified.
+                frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
+                result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges})
             finally:
                 self.spark.sparkContext.setJobDescription(None)
         else:
             assert self.aggregate is not None
             skip = s.on_bad_message == SKIP
-            result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description, skip)
-        deltas, messages, bad = result
+            result = aggregate_batch(
+                self.spark, pieces, s.kafka_conf, self.aggregate, description, skip, s.job
+            )
+        if result.refused:  # a recreated topic: nothing is committed
+            return [
+                RangeReport(r, REFUSED, error=result.refused.get(r.key), error_kind="TopicRecreated")
+                for r in ranges
+                if r.key in result.refused
+            ], 0.0
+        deltas, messages, bad = result.deltas, result.messages, result.bad
         if bad and s.on_bad_message != SKIP:
             raise self._bad_message(bad[0])  # nothing was committed
         started = time.perf_counter()
-        outcome = self._commit_batch(ranges, deltas, bad)
+        outcome = self._commit_batch(ranges, deltas, bad, result.last)
         commit_ms = (time.perf_counter() - started) * 1000
         skipped = {r.key: [b for b in bad if (b.topic, b.partition) == r.key] for r in ranges} if bad else {}
         reports = [
@@ -473,7 +510,13 @@ class TransactionalJob:
         ]
         return reports, commit_ms
 
-    def _commit_batch(self, ranges: list[OffsetRange], deltas: Any, bad: Sequence[BadOffset] = ()) -> str:
+    def _commit_batch(
+        self,
+        ranges: list[OffsetRange],
+        deltas: Any,
+        bad: Sequence[BadOffset] = (),
+        last: Mapping[TopicPartition, Any] | None = None,
+    ) -> str:
         """Commit on the driver; if the connection drops, commit again on a new one.
 
         A commit whose acknowledgement was lost is then found already
@@ -486,7 +529,7 @@ class TransactionalJob:
                 sink = TransactionalSink(
                     self._connection(), s.job, self.failpoints, s.publish_topic, s.publish_max_bytes
                 )
-                sink.commit_batch(ranges, deltas, attempt, bad)
+                sink.commit_batch(ranges, deltas, attempt, bad, last)
                 return COMMITTED
             except AlreadyCommitted:
                 if attempt == 0:

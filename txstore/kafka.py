@@ -36,7 +36,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from txstore.errors import ConfigError, DataLoss, KafkaReadError, KafkaUnavailable, UnknownTopic
-from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.fingerprint import Fingerprint, fingerprint, recreated_error
+from txstore.ranges import OffsetRange, PartitionWatermarks, reset_command
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
@@ -388,12 +389,26 @@ def close_idle_consumers() -> None:
 _message_error = Message.error
 
 
+def _out_of_range(error: KafkaError) -> bool:
+    return error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+
+
 class RangeReader:
     """Iterates a range as batches of messages, all with ``from <= offset < until``.
 
-    After iteration, ``messages`` says how many were delivered. A range that
-    Kafka no longer fully holds raises :class:`DataLoss`; no progress for
-    ``idle_timeout`` seconds raises :class:`KafkaReadError`.
+    After iteration, ``messages`` says how many were delivered and ``last`` is
+    the :class:`~txstore.fingerprint.Fingerprint` of the last one (None if
+    none was; only that message is hashed). A range that Kafka no longer
+    fully holds raises :class:`DataLoss`; no progress for ``idle_timeout``
+    seconds raises :class:`KafkaReadError`.
+
+    A range with ``verify`` (the last message the job counted, planned by
+    :func:`~txstore.ranges.plan_ranges`) is read from that message's offset:
+    if a message is there and its fingerprint differs, the topic was deleted
+    and recreated, and :class:`~txstore.errors.TopicRecreated` is raised
+    before anything is delivered (``job`` names the job in that line). If the
+    message is gone (compacted, aged out), there is nothing to compare and
+    the range is read as usual.
 
     ``pause_gc``: pause the cyclic garbage collector while iterating
     (:func:`gc_paused`). Meant for code that reads the range to its end or
@@ -408,13 +423,21 @@ class RangeReader:
         batch_size: int = READ_BATCH,
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         pause_gc: bool = True,
+        job: str = "",
     ) -> None:
         self.conf = reader_config(conf)
         self.range = offset_range
         self.batch_size = batch_size
         self.idle_timeout = idle_timeout
         self.pause_gc = pause_gc
+        self.job = job
         self.messages = 0
+        self._last: Message | None = None
+
+    @property
+    def last(self) -> Fingerprint | None:
+        """The fingerprint of the last message delivered (hashed once asked, after the read)."""
+        return fingerprint(self._last) if self._last is not None else None
 
     def __iter__(self) -> Iterator[list[Message]]:
         r = self.range
@@ -427,7 +450,8 @@ class RangeReader:
                 with contextlib.suppress(KafkaException):  # the read itself then waits and times out
                     consumer.list_topics(r.topic, timeout=min(METADATA_TIMEOUT_SECONDS, self.idle_timeout))
                 topics.add(r.topic)
-            consumer.assign([TopicPartition(r.topic, r.partition, r.from_offset)])
+            start = r.verify.offset if r.verify is not None else r.from_offset
+            consumer.assign([TopicPartition(r.topic, r.partition, start)])
             with gc_paused() if self.pause_gc else contextlib.nullcontext():
                 yield from self._batches(consumer)
             finished = True
@@ -439,7 +463,8 @@ class RangeReader:
 
     def _batches(self, consumer: Consumer) -> Iterator[list[Message]]:
         r = self.range
-        next_offset = r.from_offset
+        verifying = r.verify is not None
+        next_offset = r.verify.offset if r.verify is not None else r.from_offset
         last_progress = time.monotonic()
         while next_offset < r.until_offset:
             # Exactly the rest of the range: consume() returns as soon as the last
@@ -469,9 +494,19 @@ class RangeReader:
                         # `until` that never came are holes (e.g. a transaction marker).
                         # An EOF below `until` only means "not yet": keep reading.
                         reached_end = reached_end or _offset(m) >= r.until_offset
+                    elif verifying and _out_of_range(error):
+                        # The message to verify aged out after planning: nothing to compare.
+                        verifying = False
+                        next_offset = r.from_offset
+                        consumer.assign([TopicPartition(r.topic, r.partition, next_offset)])
+                        good = []
+                        break
                     else:
                         self._raise_for(error, next_offset)
                 batch = good
+            if verifying and batch:
+                verifying = False
+                batch = self._verified(batch)
             if batch:
                 if _offset(batch[-1]) >= r.until_offset:
                     batch = [m for m in batch if _offset(m) < r.until_offset]
@@ -479,13 +514,39 @@ class RangeReader:
                 if batch:
                     next_offset = _offset(batch[-1]) + 1
                     self.messages += len(batch)
+                    self._last = batch[-1]
                     yield batch
             if reached_end:
                 return
 
+    def _verified(self, batch: list[Message]) -> list[Message]:
+        """The first batch read from the verified offset: compare, then keep ``offset >= from``.
+
+        Only the few messages below ``from`` are looked at one by one.
+        """
+        r = self.range
+        expected = r.verify
+        assert expected is not None
+        first = batch[0]
+        if _offset(first) == expected.offset:
+            found = fingerprint(first)
+            if found != expected:
+                raise recreated_error(
+                    self.job,
+                    r.topic,
+                    r.partition,
+                    f"last counted message {expected.describe()}",
+                    f"{found.describe()}",
+                    reset_command(self.job, r.topic, r.partition, "--to-earliest"),
+                )
+        skip = 0
+        while skip < len(batch) and _offset(batch[skip]) < r.from_offset:
+            skip += 1
+        return batch[skip:] if skip else batch
+
     def _raise_for(self, error: KafkaError, next_offset: int) -> None:
         r = self.range
-        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        if _out_of_range(error):
             raise DataLoss(
                 f"{r.topic!r} partition {r.partition}: offset {next_offset} is no longer in Kafka "
                 f"(range {r.from_offset} -> {r.until_offset}); messages aged out before they "

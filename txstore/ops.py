@@ -10,12 +10,15 @@ from typing import Any
 
 import psycopg
 
+from txstore import store
 from txstore.errors import KafkaUnavailable, TxstoreError
+from txstore.fingerprint import Fingerprint
 from txstore.kafka import fetch_watermarks, offsets_for_timestamp
 from txstore.locks import job_running, lock_job_for_reset
 from txstore.ranges import PartitionWatermarks
 from txstore.reset import ResetMove, ResetTarget, plan_reset
 from txstore.results import plain_number
+from txstore.topic_ids import fetch_topic_ids, read_message_at
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
 
@@ -26,6 +29,7 @@ class PartitionStatus:
     topic: str
     partition: int
     offset: int
+    generation: int
     log_start: int | None
     log_end: int | None
     lag: int | None
@@ -76,8 +80,8 @@ def status(
     None and the second value says why; the database part is still shown.
     """
     rows = conn.execute(
-        "SELECT o.job, o.topic, o.part, o.off, o.updated_at, (SELECT count(*) FROM txn_bad_messages b "
-        "    WHERE b.job = o.job AND b.topic = o.topic AND b.part = o.part) "
+        "SELECT o.job, o.topic, o.part, o.off, o.generation, o.updated_at, (SELECT count(*) "
+        "    FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic AND b.part = o.part) "
         "FROM txn_offsets o WHERE %(job)s::text IS NULL OR o.job = %(job)s ORDER BY o.job, o.topic, o.part",
         {"job": job},
     ).fetchall()
@@ -95,7 +99,7 @@ def status(
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
     outbox = {o.job: o for o in outbox_status(conn, job)}
     result = []
-    for j, topic, part, off, updated, skipped in rows:
+    for j, topic, part, off, generation, updated, skipped in rows:
         w = marks.get((topic, part))
         result.append(
             PartitionStatus(
@@ -103,6 +107,7 @@ def status(
                 topic,
                 part,
                 off,
+                generation,
                 w.low if w else None,
                 w.high if w else None,
                 (w.high - off) if w else None,
@@ -174,6 +179,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
             "TOPIC",
             "PARTITION",
             "OFFSET",
+            "GENERATION",
             "LOG-START",
             "LOG-END",
             "LAG",
@@ -187,6 +193,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
                 r.topic,
                 r.partition,
                 r.offset,
+                r.generation,
                 r.log_start,
                 r.log_end,
                 r.lag,
@@ -230,25 +237,47 @@ def plan_job_reset(
     topic: str,
     partitions: Sequence[int] | None,
     target: ResetTarget,
+    new_generation: bool = False,
 ) -> list[ResetMove]:
-    """Read what is stored and what Kafka holds, and plan the reset (nothing is changed)."""
-    stored = {
-        part: off
-        for part, off in conn.execute(
-            "SELECT part, off FROM txn_offsets WHERE job = %s AND topic = %s", (job, topic)
-        ).fetchall()
-    }
-    conn.commit()
+    """Read what is stored and what Kafka holds, and plan the reset (nothing is changed).
+
+    To tell a recreated topic (a new generation, :mod:`txstore.reset`), Kafka
+    is also asked for the topic's ID and for the message at each partition's
+    last-counted offset, where the log can still hold it.
+    """
+    offsets, history = store.committed_state(conn, job, [topic])
+    stored = {part: off for (_, part), off in offsets.items()}
+    past = {part: h for (_, part), h in history.items()}
     watermarks = None
     time_offsets = None
+    topic_id = None
+    found: dict[int, Fingerprint | None] = {}
     if target.kind != "forget" and kafka_conf:
         watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic])}
+        topic_id = fetch_topic_ids(kafka_conf, [topic]).get(topic)
+        chosen = partitions or sorted(watermarks)
+        for p in chosen:
+            last = past[p].last if p in past else None
+            marks = watermarks.get(p)
+            if last is not None and marks is not None and marks.low <= last.offset < marks.high:
+                found[p] = read_message_at(kafka_conf, topic, p, last.offset)
         if target.kind == "datetime":
             assert target.value is not None
-            chosen = partitions or sorted(watermarks)
-            found = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)
-            time_offsets = {p: o for (_, p), o in found.items()}
-    return plan_reset(job, topic, partitions, stored, watermarks, target, time_offsets)
+            result = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)
+            time_offsets = {p: o for (_, p), o in result.items()}
+    return plan_reset(
+        job,
+        topic,
+        partitions,
+        stored,
+        watermarks,
+        target,
+        time_offsets,
+        past,
+        topic_id,
+        found,
+        new_generation,
+    )
 
 
 class ResetConflict(TxstoreError):
@@ -258,8 +287,10 @@ class ResetConflict(TxstoreError):
 def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) -> None:
     """Apply the planned moves in one transaction, refusing while the job runs.
 
-    Each statement is conditional on the offset the plan showed, so a change
-    since then rolls the whole reset back instead of overwriting it.
+    Each statement is conditional on the offset and generation the plan
+    showed, so a change since then rolls the whole reset back instead of
+    overwriting it. A move into a new generation also forgets the old log's
+    last message and stores the new topic ID (if known).
     """
     with conn.transaction():
         lock_job_for_reset(conn, job)
@@ -277,11 +308,24 @@ def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) 
                     "ON CONFLICT DO NOTHING",
                     key,
                 )
+            elif m.new_generation is not None:
+                cur = conn.execute(
+                    "UPDATE txn_offsets SET off = %(new)s, generation = %(new_generation)s, "
+                    "topic_id = %(topic_id)s, last_off = NULL, last_timestamp = NULL, last_digest = NULL, "
+                    "updated_at = now() WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s "
+                    "AND off = %(old)s AND generation = %(generation)s",
+                    {
+                        **key,
+                        "generation": m.generation,
+                        "new_generation": m.new_generation,
+                        "topic_id": m.topic_id,
+                    },
+                )
             else:
                 cur = conn.execute(
                     "UPDATE txn_offsets SET off = %(new)s, updated_at = now() WHERE job = %(job)s "
-                    "AND topic = %(topic)s AND part = %(part)s AND off = %(old)s",
-                    key,
+                    "AND topic = %(topic)s AND part = %(part)s AND off = %(old)s AND generation = %(generation)s",
+                    {**key, "generation": m.generation},
                 )
             if cur.rowcount != 1:
                 raise ResetConflict(

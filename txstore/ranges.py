@@ -16,9 +16,10 @@ import itertools
 import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from txstore.errors import DataLoss, OffsetOutOfLog
+from txstore.fingerprint import Fingerprint, recreated_error
 
 TopicPartition = tuple[str, int]
 """``(topic, partition)``: the key of every per-partition mapping."""
@@ -30,12 +31,21 @@ class OffsetRange:
 
     ``until_offset`` is exclusive, exactly like ``txn_offsets.off``: after the
     range is committed, the stored offset equals ``until_offset``.
+
+    ``verify``: the last message counted before ``from_offset``, still in the
+    log, which the reader compares before delivering anything (a deleted and
+    recreated topic holds another message there). ``generation``: the
+    partition's generation the range was planned in (``txn_offsets.generation``);
+    a commit only moves an offset of that generation. Neither takes part in
+    comparisons.
     """
 
     topic: str
     partition: int
     from_offset: int
     until_offset: int
+    verify: Fingerprint | None = field(default=None, compare=False)
+    generation: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.from_offset <= self.until_offset:
@@ -58,6 +68,19 @@ class OffsetRange:
 
 
 @dataclass(frozen=True)
+class PartitionHistory:
+    """What the database remembers of a partition beside its offset (``txn_offsets``).
+
+    ``last``: the last message counted (None before the first, or after a
+    reset); ``topic_id``: Kafka's topic ID when it was stored (None: unknown).
+    """
+
+    generation: int = 0
+    topic_id: str | None = None
+    last: Fingerprint | None = None
+
+
+@dataclass(frozen=True)
 class PartitionWatermarks:
     """What Kafka holds for one partition now: offsets ``[low, high)``."""
 
@@ -75,6 +98,8 @@ def plan_ranges(
     job: str,
     committed: Mapping[TopicPartition, int],
     watermarks: Iterable[PartitionWatermarks],
+    history: Mapping[TopicPartition, PartitionHistory] | None = None,
+    topic_ids: Mapping[str, str | None] | None = None,
 ) -> list[OffsetRange]:
     """Plan one range per partition with new data, ordered by topic and partition.
 
@@ -83,10 +108,18 @@ def plan_ranges(
        driver creates missing rows before planning);
     2. refuse offsets Kafka no longer has (below ``low``: aged out) or never
        had (above ``high``: the topic was recreated), never skipping silently;
-    3. emit ``[committed, high)`` if it is not empty.
+    3. refuse a partition whose stored topic ID differs from the one Kafka
+       reports now (``topic_ids``; None where either is unknown):
+       :class:`~txstore.errors.TopicRecreated`;
+    4. emit ``[committed, high)`` if it is not empty, with the partition's
+       generation, and the last message counted to verify if Kafka can still
+       hold it (its offset at or above ``low``; one compacted away is simply
+       not found, which is not an error).
 
     A committed partition that Kafka no longer reports is refused too.
     """
+    history = history or {}
+    topic_ids = topic_ids or {}
     reported: dict[TopicPartition, PartitionWatermarks] = {w.key: w for w in watermarks}
     for key, stored in sorted(committed.items()):
         if key not in reported:
@@ -116,8 +149,21 @@ def plan_ranges(
                 "of Kafka before they were counted. To skip them and record the loss in "
                 "txn_lost_ranges, rerun with --fail-on-data-loss false"
             )
+        past = history.get(key, PartitionHistory())
+        now_id = topic_ids.get(topic)
+        if past.topic_id is not None and now_id is not None and past.topic_id != now_id:
+            raise recreated_error(
+                job,
+                topic,
+                partition,
+                f"topic ID {past.topic_id}",
+                f"topic ID {now_id}",
+                reset_command(job, topic, partition, "--to-earliest"),
+            )
         if stored < marks.high:
-            ranges.append(OffsetRange(topic, partition, stored, marks.high))
+            last = past.last
+            verify = last if last is not None and marks.low <= last.offset < stored else None
+            ranges.append(OffsetRange(topic, partition, stored, marks.high, verify, past.generation))
     return ranges
 
 
@@ -166,7 +212,14 @@ def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list
         share = max_offsets * r.size / total
         take = math.ceil(share) if share < 1 else math.floor(share)
         limited.append(
-            OffsetRange(r.topic, r.partition, r.from_offset, min(r.until_offset, r.from_offset + take))
+            OffsetRange(
+                r.topic,
+                r.partition,
+                r.from_offset,
+                min(r.until_offset, r.from_offset + take),
+                r.verify,
+                r.generation,
+            )
         )
     return limited
 
@@ -176,7 +229,8 @@ def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None) -> l
 
     Like Spark's ``minPartitions`` for its Kafka source: a big partition's
     range is read by several tasks at once. Only for per-batch commits,
-    which commit the whole ranges, never the pieces.
+    which commit the whole ranges, never the pieces. Only a range's first
+    piece verifies the last message counted (it starts where the range does).
     """
     if not min_partitions or len(ranges) >= min_partitions:
         return list(ranges)
@@ -185,5 +239,8 @@ def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None) -> l
     for r in ranges:
         parts = max(1, min(r.size, math.ceil(r.size / total * min_partitions))) if total else 1
         bounds = [r.from_offset + (r.size * i) // parts for i in range(parts + 1)]
-        pieces += [OffsetRange(r.topic, r.partition, a, b) for a, b in itertools.pairwise(bounds)]
+        pieces += [
+            OffsetRange(r.topic, r.partition, a, b, r.verify if a == r.from_offset else None, r.generation)
+            for a, b in itertools.pairwise(bounds)
+        ]
     return pieces

@@ -3,6 +3,14 @@
 A reset moves a job's stored offsets for one topic. Moving back means the
 messages in between will be counted again; moving forward skips them. The
 plan says which, per partition, before anything changes.
+
+A reset across a deleted and recreated topic starts a new *generation* of
+the partition: the stored offset lies beyond the new log end, Kafka's topic
+ID differs from the stored one, or the last message counted is another
+message now (or ``--new-generation`` says so). Applying it increments
+``txn_offsets.generation`` and forgets the old log's last message, so the
+new log is counted from the target offset and, with ``--sink idempotent``,
+its messages are stored apart from the old log's under the same offsets.
 """
 
 from __future__ import annotations
@@ -11,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from txstore.errors import ConfigError
-from txstore.ranges import PartitionWatermarks
+from txstore.fingerprint import Fingerprint
+from txstore.ranges import PartitionHistory, PartitionWatermarks
 
 TARGETS = ("earliest", "latest", "offset", "datetime", "shift", "forget")
 
@@ -26,15 +35,29 @@ class ResetTarget:
 
 @dataclass(frozen=True)
 class ResetMove:
-    """One partition's change: ``old`` None means no row yet, ``new`` None means delete the row."""
+    """One partition's change: ``old`` None means no row yet, ``new`` None means delete the row.
+
+    ``generation``: the row's generation now; ``new_generation``: the one the
+    reset starts (None: it stays), because of ``reason``; ``topic_id``: Kafka's
+    topic ID to store with a new generation (None: unknown).
+    """
 
     topic: str
     partition: int
     old: int | None
     new: int | None
+    generation: int = 0
+    new_generation: int | None = None
+    reason: str | None = None
+    topic_id: str | None = None
 
     def describe(self) -> str:
         where = f"{self.topic}/{self.partition}"
+        if self.new_generation is not None:
+            return (
+                f"{where}: {self.old} -> {self.new}, new generation {self.new_generation} ({self.reason}); "
+                "the new log is counted from there, results so far are kept"
+            )
         if self.new is None:
             return f"{where}: {self.old} -> (row deleted)"
         if self.old is None:
@@ -54,6 +77,10 @@ def plan_reset(
     watermarks: Mapping[int, PartitionWatermarks] | None,
     target: ResetTarget,
     time_offsets: Mapping[int, int] | None = None,
+    history: Mapping[int, PartitionHistory] | None = None,
+    topic_id: str | None = None,
+    found: Mapping[int, Fingerprint | None] | None = None,
+    new_generation: bool = False,
 ) -> list[ResetMove]:
     """The moves for ``partitions`` (default: every partition Kafka has, or every stored row for ``forget``).
 
@@ -61,6 +88,12 @@ def plan_reset(
     (not needed to forget); ``time_offsets`` the offsets-for-times answer for
     a datetime target. Offsets outside what Kafka holds are refused, except
     that ``shift`` is clamped to the log, like kafka-consumer-groups.
+
+    ``history`` is what is stored beside each offset, ``topic_id`` Kafka's
+    topic ID now (None: unknown), ``found`` the fingerprint of the message
+    now at each partition's last-counted offset (None: no message there; no
+    entry: not looked at). From them :func:`generation_reason` decides
+    whether the move starts a new generation; ``new_generation`` forces it.
     """
     if target.kind == "forget":
         chosen = sorted(partitions) if partitions else sorted(stored)
@@ -101,9 +134,39 @@ def plan_reset(
             assert target.value is not None
             new = min(max((old if old is not None else marks.low) + target.value, marks.low), marks.high)
         elif target.kind == "datetime":
-            found = (time_offsets or {}).get(p, -1)
-            new = marks.high if found < 0 else max(found, marks.low)
+            at = (time_offsets or {}).get(p, -1)
+            new = marks.high if at < 0 else max(at, marks.low)
         else:
             raise ConfigError(f"unknown reset target {target.kind!r}; use one of {', '.join(TARGETS)}")
-        moves.append(ResetMove(topic, p, old, new))
+        past = (history or {}).get(p, PartitionHistory())
+        reason = None
+        if old is not None:
+            reason = generation_reason(old, marks, past, topic_id, (found or {}).get(p), new_generation)
+        if reason is None:
+            moves.append(ResetMove(topic, p, old, new, past.generation))
+        else:
+            moves.append(
+                ResetMove(topic, p, old, new, past.generation, past.generation + 1, reason, topic_id)
+            )
     return moves
+
+
+def generation_reason(
+    stored: int,
+    marks: PartitionWatermarks,
+    past: PartitionHistory,
+    topic_id: str | None,
+    found: Fingerprint | None,
+    forced: bool = False,
+) -> str | None:
+    """Why Kafka's partition is another log than the one counted (None: it is the same one, as far
+    as can be told)."""
+    if past.topic_id is not None and topic_id is not None and past.topic_id != topic_id:
+        return f"topic ID {past.topic_id} is now {topic_id}"
+    if stored > marks.high:
+        return f"stored offset {stored} is beyond the log end {marks.high}"
+    if past.last is not None and found is not None and found != past.last:
+        return f"the message at offset {past.last.offset} is not the one last counted"
+    if forced:
+        return "--new-generation"
+    return None

@@ -12,7 +12,8 @@ a batch (per-batch commits, on the driver), in one PostgreSQL transaction:
    ``publish_max_bytes``, under an identity unique to the commit
    (:mod:`txstore.outbox` sends them to Kafka later);
 2. ``UPDATE txn_offsets SET off = until WHERE job/topic/part AND off = from``
-   for every range, in one statement;
+   (and the generation the range was planned in) for every range, in one
+   statement, storing the fingerprint of each range's last message;
 3. every range's row updated: record the messages skipped as bad
    (``--on-bad-message skip``) in ``txn_bad_messages``, one statement, then COMMIT. Anything else: ROLLBACK, then read the
    stored offsets and raise the :class:`~txstore.errors.CommitConflict`
@@ -35,6 +36,7 @@ import psycopg
 
 from txstore.errors import AlreadyCommitted, CommitConflict, OffsetGap, OffsetOverlap
 from txstore.failpoints import FailPoints
+from txstore.fingerprint import Fingerprint
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.results import TOPIC_TOTAL, Number, ResultKey, metric_text, row_order
 from txstore.store import stored_offsets
@@ -121,11 +123,18 @@ VALUES (%(job)s, %(destination)s, %(dedup_key)s || '/1', %(headers)s::jsonb,
                            'ranges', %(ranges)s::jsonb, 'results', '[]'::jsonb), 1, 1)
 """
 
+# Moves each offset from exactly `from` in the planned generation, and stores the
+# fingerprint of the range's last message (kept as it was if the range had none).
 _MOVE_OFFSETS = """
-UPDATE txn_offsets o SET off = r.until_off, updated_at = now()
-FROM unnest(%(r_topics)s::text[], %(r_parts)s::int[], %(r_froms)s::bigint[], %(r_untils)s::bigint[])
-     AS r(topic, part, from_off, until_off)
+UPDATE txn_offsets o SET off = r.until_off, updated_at = now(),
+    last_off = coalesce(r.last_off, o.last_off),
+    last_timestamp = CASE WHEN r.last_off IS NULL THEN o.last_timestamp ELSE r.last_ts END,
+    last_digest = coalesce(r.last_digest, o.last_digest)
+FROM unnest(%(r_topics)s::text[], %(r_parts)s::int[], %(r_froms)s::bigint[], %(r_untils)s::bigint[],
+            %(r_gens)s::int[], %(r_last_offs)s::bigint[], %(r_last_tss)s::bigint[], %(r_last_digests)s::text[])
+     AS r(topic, part, from_off, until_off, generation, last_off, last_ts, last_digest)
 WHERE o.job = %(job)s AND o.topic = r.topic AND o.part = r.part AND o.off = r.from_off
+  AND o.generation = r.generation
 """
 
 
@@ -278,15 +287,18 @@ class TransactionalSink:
         deltas: Mapping[ResultKey, Number],
         attempt: int = 0,
         bad: Sequence[BadOffset] = (),
+        last: Fingerprint | None = None,
     ) -> None:
         """Commit one range's ``deltas`` and move its offset to ``until``, or change nothing and raise.
 
         ``bad``: messages skipped as bad, recorded in ``txn_bad_messages`` in the same transaction.
+        ``last``: the fingerprint of the range's last message, stored beside the offset.
         Raises :class:`AlreadyCommitted`, :class:`OffsetGap` or
         :class:`OffsetOverlap` after rolling back.
         """
         topic = offset_range.topic
-        self._commit([offset_range], {(topic, k): v for k, v in deltas.items()}, attempt, bad)
+        lasts = {offset_range.key: last} if last is not None else {}
+        self._commit([offset_range], {(topic, k): v for k, v in deltas.items()}, attempt, bad, lasts)
 
     def commit_batch(
         self,
@@ -294,28 +306,40 @@ class TransactionalSink:
         deltas: BatchDeltas,
         attempt: int = 0,
         bad: Sequence[BadOffset] = (),
+        last: Mapping[TopicPartition, Fingerprint] | None = None,
     ) -> None:
         """Commit a whole batch: all its results and every range's offset move, or nothing.
 
-        Ranges must be distinct partitions. A batch committed before (a retry
+        Ranges must be distinct partitions; ``last`` holds the fingerprint of each
+        range's last message, where known. A batch committed before (a retry
         after a lost acknowledgement) raises :class:`AlreadyCommitted`.
         """
         if len({r.key for r in ranges}) != len(ranges):
             raise ValueError("a batch commit needs one range per partition")
-        self._commit(list(ranges), deltas, attempt, bad)
+        self._commit(list(ranges), deltas, attempt, bad, last or {})
 
     def _commit(
-        self, ranges: list[OffsetRange], deltas: BatchDeltas, attempt: int, bad: Sequence[BadOffset] = ()
+        self,
+        ranges: list[OffsetRange],
+        deltas: BatchDeltas,
+        attempt: int,
+        bad: Sequence[BadOffset],
+        last: Mapping[TopicPartition, Fingerprint],
     ) -> None:
         if not ranges:
             return
         rows = sorted(deltas.items(), key=lambda item: row_order(item[0]))
+        lasts = [last.get(r.key) for r in ranges]
         params: dict[str, Any] = {
             "job": self.job,
             "r_topics": [r.topic for r in ranges],
             "r_parts": [r.partition for r in ranges],
             "r_froms": [r.from_offset for r in ranges],
             "r_untils": [r.until_offset for r in ranges],
+            "r_gens": [r.generation for r in ranges],
+            "r_last_offs": [f.offset if f else None for f in lasts],
+            "r_last_tss": [f.timestamp if f else None for f in lasts],
+            "r_last_digests": [f.digest if f else None for f in lasts],
             "topics": [t for (t, _), _ in rows],
             "grains": [k.grain for (_, k), _ in rows],
             "keys": [k.key for (_, k), _ in rows],

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from txstore.badmessages import BadOffset, aggregate_range
+from txstore.errors import TopicRecreated
+from txstore.fingerprint import Fingerprint
 from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.results import (
@@ -152,12 +154,13 @@ def run_ranges(
 @dataclass(frozen=True)
 class _RangeRows:
     kafka_conf: Mapping[str, Any]
+    job: str = ""
 
     def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[Any, ...]]:
         utc = timezone.utc
         for offset_range in ranges:
             # Spark may stop pulling rows early (limit, take): no GC pause that could outlive the read.
-            for batch in RangeReader(self.kafka_conf, offset_range, pause_gc=False):
+            for batch in RangeReader(self.kafka_conf, offset_range, pause_gc=False, job=self.job):
                 for m in batch:
                     ts_type, ts = m.timestamp()
                     headers = m.headers()
@@ -173,41 +176,72 @@ class _RangeRows:
                     )
 
 
-def read_ranges(spark: Any, ranges: Sequence[OffsetRange], kafka_conf: Mapping[str, Any]) -> Any:
+def read_ranges(
+    spark: Any, ranges: Sequence[OffsetRange], kafka_conf: Mapping[str, Any], job: str = ""
+) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns.
 
-    One Spark partition per range, read exactly like the plain-Python path.
+    One Spark partition per range, read exactly like the plain-Python path
+    (a range's ``verify`` is checked; a recreated topic fails the Spark job
+    with :class:`~txstore.errors.TopicRecreated`, naming ``job``).
     """
     sc = spark.sparkContext
     schema = kafka_source_schema()
     if not ranges:
         return spark.createDataFrame(sc.emptyRDD(), schema)
-    rows = sc.parallelize(list(ranges), len(ranges)).mapPartitions(_RangeRows(dict(kafka_conf)))
+    rows = sc.parallelize(list(ranges), len(ranges)).mapPartitions(_RangeRows(dict(kafka_conf), job))
     return spark.createDataFrame(rows, schema)
 
 
 @dataclass(frozen=True)
 class _PartialDeltas:
-    """A per-batch task: aggregate each piece of a range, emit its deltas, message count and
-    bad messages (with ``skip`` False: the first one, and the piece's deltas do not matter)."""
+    """A per-batch task: aggregate each piece of a range, emit its deltas, message count, bad
+    messages (with ``skip`` False: the first one, and the piece's deltas do not matter), the
+    fingerprint of its last message, or (a recreated topic) the refusal."""
 
     kafka_conf: Mapping[str, Any]
     aggregate: Callable[[OffsetRange, Iterable[list[Any]]], Mapping[ResultKey, Number]]
     skip: bool = False
+    job: str = ""
 
     def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[tuple[Any, ...], Any]]:
         for offset_range in ranges:
-            found = aggregate_range(self.aggregate, RangeReader(self.kafka_conf, offset_range), self.skip)
+            reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
+            try:
+                found = aggregate_range(self.aggregate, reader, self.skip)
+            except TopicRecreated as e:  # retrying cannot help: back to the driver as a refusal
+                yield ("refused", offset_range.topic, offset_range.partition), str(e)
+                continue
             for k, v in found.deltas.items():
                 yield ("delta", offset_range.topic, k.grain, k.key, k.window_start), v
             yield ("messages", offset_range.topic, offset_range.partition), found.messages
             for b in found.bad:  # pieces never overlap: each bad key comes from one task only
                 yield ("bad", b.topic, b.partition, b.offset), b.reason
+            if found.last is not None:
+                f = found.last
+                yield ("last", offset_range.topic, offset_range.partition), (f.offset, f.timestamp, f.digest)
 
 
-BatchResult = tuple[dict[tuple[str, ResultKey], Number], dict[TopicPartition, int], list[BadOffset]]
-"""Per-batch deltas ``(topic, ResultKey) -> delta``, messages read per partition, and the
-messages the aggregate failed on, in offset order."""
+def _combine(a: Any, b: Any) -> Any:
+    """Sum deltas and counts; of two last messages keep the later; of two refusals either."""
+    if isinstance(a, tuple):
+        return a if a[0] >= b[0] else b
+    if isinstance(a, str):
+        return a
+    return add_metrics(a, b)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Per-batch deltas ``(topic, ResultKey) -> delta``, messages read per partition, the
+    fingerprint of each partition's last message read, refusals (one line each), and the
+    messages the aggregate failed on, in offset order."""
+
+    deltas: dict[tuple[str, ResultKey], Number]
+    messages: dict[TopicPartition, int]
+    last: dict[TopicPartition, Fingerprint] = field(default_factory=dict)
+    refused: dict[TopicPartition, str] = field(default_factory=dict)
+    bad: list[BadOffset] = field(default_factory=list)
 
 
 def aggregate_batch(
@@ -217,37 +251,42 @@ def aggregate_batch(
     aggregate: Callable[[OffsetRange, Iterable[list[Any]]], Mapping[ResultKey, Number]],
     description: str,
     skip: bool = False,
+    job: str = "",
 ) -> BatchResult:
     """Aggregate every piece in its own task, sum the deltas across partitions, collect them.
 
+    A range cut in pieces gets the fingerprint of its last piece's last message.
     ``skip`` False: a task stops at the first message its aggregate fails on
     and reports it instead of its deltas (so the result holds at least one bad
     message, and no usable deltas, if any message is bad).
     """
     if not pieces:
-        return {}, {}, []
+        return BatchResult({}, {})
     sc = spark.sparkContext
     sc.setJobDescription(description)
     try:
         summed = (
             sc.parallelize(list(pieces), len(pieces))
-            .mapPartitions(_PartialDeltas(dict(kafka_conf), aggregate, skip))
-            .reduceByKey(add_metrics)
+            .mapPartitions(_PartialDeltas(dict(kafka_conf), aggregate, skip, job))
+            .reduceByKey(_combine)
             .collect()
         )
     finally:
         sc.setJobDescription(None)
-    deltas: dict[tuple[str, ResultKey], Number] = {}
-    messages: dict[TopicPartition, int] = {}
-    bad: list[BadOffset] = []
+    result = BatchResult({}, {})
     for key, value in summed:
         if key[0] == "delta":
-            deltas[(key[1], ResultKey(*key[2:]))] = value
+            result.deltas[(key[1], ResultKey(*key[2:]))] = value
+        elif key[0] == "messages":
+            result.messages[(key[1], key[2])] = int(value)
+        elif key[0] == "last":
+            result.last[(key[1], key[2])] = Fingerprint(*value)
         elif key[0] == "bad":
-            bad.append(BadOffset(key[1], key[2], key[3], value))
+            result.bad.append(BadOffset(key[1], key[2], key[3], value))
         else:
-            messages[(key[1], key[2])] = int(value)
-    return deltas, messages, sorted(bad)
+            result.refused[(key[1], key[2])] = value
+    result.bad.sort()
+    return result
 
 
 def _implied_grain(columns: set[str]) -> str:
@@ -290,7 +329,7 @@ def dataframe_deltas(frame: Any) -> dict[tuple[str, ResultKey], Number]:
 
 _PY_ERROR_LINE = re.compile(
     r"^(?:[\w.]+\.)?"
-    r"(\w+(?:Error|Unavailable|Missing|Loss|Committed|Gap|Overlap|Log|Failure|Exception)): (.+)$"
+    r"(\w+(?:Error|Unavailable|Missing|Loss|Committed|Gap|Overlap|Log|Failure|Exception|Recreated)): (.+)$"
 )
 
 

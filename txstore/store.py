@@ -6,26 +6,59 @@ statement group.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 
 import psycopg
 
-from txstore.ranges import OffsetRange, TopicPartition
+from txstore.fingerprint import Fingerprint
+from txstore.ranges import OffsetRange, PartitionHistory, TopicPartition
 from txstore.results import plain_number
 from txstore.starting import StartDecision
 
 
 def committed_offsets(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> dict[TopicPartition, int]:
     """The job's stored next-offset per partition of ``topics``."""
+    return committed_state(conn, job, topics)[0]
+
+
+def committed_state(
+    conn: psycopg.Connection, job: str, topics: Sequence[str]
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]:
+    """The job's stored next-offset per partition of ``topics``, and what is kept beside it
+    (generation, topic ID, last message counted), in one statement."""
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT topic, part, off FROM txn_offsets WHERE job = %s AND topic = ANY(%s)",
+            "SELECT topic, part, off, generation, topic_id, last_off, last_timestamp, last_digest "
+            "FROM txn_offsets WHERE job = %s AND topic = ANY(%s)",
             (job, list(topics)),
         )
         rows = cur.fetchall()
     conn.commit()
-    return {(topic, part): off for topic, part, off in rows}
+    offsets = {(topic, part): off for topic, part, off, *_ in rows}
+    history = {
+        (topic, part): PartitionHistory(
+            generation,
+            topic_id,
+            Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None,
+        )
+        for topic, part, _, generation, topic_id, last_off, last_ts, digest in rows
+    }
+    return offsets, history
+
+
+def record_topic_ids(conn: psycopg.Connection, job: str, topic_ids: Mapping[str, str]) -> None:
+    """Store Kafka's topic IDs in the job's rows that have none yet (never overwrites one)."""
+    if not topic_ids:
+        return
+    topics = sorted(topic_ids)
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE txn_offsets o SET topic_id = t.topic_id FROM unnest(%s::text[], %s::text[]) "
+            "AS t(topic, topic_id) WHERE o.job = %s AND o.topic = t.topic AND o.topic_id IS NULL",
+            (topics, [topic_ids[t] for t in topics], job),
+        )
+    conn.commit()
 
 
 def create_start_rows(

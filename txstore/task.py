@@ -4,7 +4,7 @@ Runs in a Spark Python worker. The task object is frozen and pickled to the
 executors with everything it needs; the database connection is opened once
 per worker process and reused by every task that worker runs.
 
-Deterministic refusals (gap, overlap, aged-out data) come back to the driver
+Deterministic refusals (gap, overlap, aged-out data, a recreated topic) come back to the driver
 as a report instead of an exception: retrying them cannot help, and the
 driver turns them into one clear line. So does a message the aggregate (or
 transform) fails on every time (:mod:`txstore.badmessages` finds it), unless
@@ -35,6 +35,7 @@ from txstore.errors import (
     DataLoss,
     OffsetGap,
     OffsetOverlap,
+    TopicRecreated,
     committed_past_start,
     first_line,
 )
@@ -128,7 +129,7 @@ def _commit_in_worker(
         outcome = COMMITTED
     except AlreadyCommitted:
         outcome = ALREADY_COMMITTED
-    except (OffsetGap, OffsetOverlap, DataLoss, BadMessage) as e:
+    except (OffsetGap, OffsetOverlap, DataLoss, BadMessage, TopicRecreated) as e:
         return [_refused(r, reader.messages, e) for r, reader in parts]
     except psycopg.errors.InsufficientPrivilege as e:
         # The transaction was rolled back; retrying cannot grant the privilege.
@@ -188,10 +189,10 @@ class RangeTask:
 
     def _aggregate(self, offset_range: OffsetRange) -> Aggregated | RangeReport:
         """The range's deltas, or its refusal (aged-out data, a bad message with ``fail``)."""
-        reader = RangeReader(self.kafka_conf, offset_range)
+        reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
         try:
             found = aggregate_range(self.aggregate, reader, self.on_bad_message == SKIP)
-        except DataLoss as e:
+        except (DataLoss, TopicRecreated) as e:
             return _refused(offset_range, reader.messages, e)
         if found.bad and self.on_bad_message != SKIP:
             return _bad_message(self.job, offset_range, found)
@@ -214,7 +215,7 @@ class RangeTask:
     ) -> RangeReport:
         def commit(conn: psycopg.Connection) -> None:
             sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to, self.publish_max_bytes)
-            sink.commit(offset_range, found.deltas, attempt, found.bad)
+            sink.commit(offset_range, found.deltas, attempt, found.bad, found.last)
 
         parts = [(offset_range, found)]
         report = _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)[0]
@@ -252,7 +253,8 @@ class RangeTask:
             nonlocal conflict
             sink = TransactionalSink(conn, self.job, self.failpoints, self.publish_to, self.publish_max_bytes)
             try:
-                sink.commit_batch([r for r, _ in read], combined, attempt, bad)
+                last = {r.key: found.last for r, found in read if found.last is not None}
+                sink.commit_batch([r for r, _ in read], combined, attempt, bad, last)
             except (OffsetGap, OffsetOverlap):
                 conflict = True  # nothing was written; sort it out range by range
 
@@ -283,7 +285,7 @@ class MessageTask:
 
     def run(self, offset_range: OffsetRange, attempt: int = 0) -> RangeReport:
         started = time.perf_counter()
-        reader = RangeReader(self.kafka_conf, offset_range)
+        reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
         skipped: tuple[BadOffset, ...] = ()
 
         def commit(conn: psycopg.Connection) -> None:

@@ -127,6 +127,14 @@ class MockKafkaCluster:
             self._lib.rd_kafka_mock_topic_delete(self._cluster, topic.encode()), f"deleting {topic!r}"
         )
 
+    def recreate_topic(self, topic: str, partitions: int = 1) -> None:
+        """Delete ``topic`` and create it again, empty: its offsets start over at 0.
+
+        Clients learn it from fresh metadata; what they cached may still name the old topic.
+        """
+        self.delete_topic(topic)
+        self.create_topic(topic, partitions)
+
     def set_broker_down(self, broker_id: int) -> None:
         """Close the broker's connections and refuse new ones until :meth:`set_broker_up`.
 
