@@ -54,6 +54,29 @@ _READER_FIXED = {
     "auto.offset.reset": "error",
     "enable.partition.eof": True,
 }
+_FIXED_OPTIONS = {
+    "isolation.level": "read_committed",
+    **{k: str(v).lower() for k, v in _READER_FIXED.items()},
+    "auto.commit.enable": "false",  # librdkafka's old name for enable.auto.commit
+}
+
+
+def fixed_option_problem(options: Mapping[str, str]) -> str | None:
+    """Why one of ``options`` (``--kafka-option``) may not be given, or None.
+
+    ``isolation.level`` and the reader's fixed settings are what make a
+    range read exactly what the planner saw (committed messages up to the
+    last stable offset, no offsets stored or jumped); changing one would
+    silently change what is counted, so it is refused, not ignored.
+    """
+    for key, value in options.items():
+        fixed = _FIXED_OPTIONS.get(key.strip().lower())
+        if fixed is not None:
+            return (
+                f"--kafka-option {key}={value} is refused: txstore sets {key.strip().lower()}={fixed} "
+                "itself, which exact counts rely on; remove the option"
+            )
+    return None
 
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -76,6 +99,9 @@ def client_config(bootstrap_servers: str, options: Mapping[str, str] | None = No
     """Base settings shared by every Kafka client txstore creates (TLS/SASL go in ``options``)."""
     if not bootstrap_servers:
         raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
+    problem = fixed_option_problem(options or {})
+    if problem:
+        raise ConfigError(problem)
     conf: dict[str, Any] = {
         "socket.timeout.ms": 10_000,
         "socket.connection.setup.timeout.ms": 10_000,
