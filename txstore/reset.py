@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from txstore.errors import ConfigError
 from txstore.ranges import PartitionWatermarks
+from txstore.starting import offset_for_time
 
 TARGETS = ("earliest", "latest", "offset", "datetime", "shift", "forget")
 
@@ -101,8 +102,7 @@ def plan_reset(
             assert target.value is not None
             new = min(max((old if old is not None else marks.low) + target.value, marks.low), marks.high)
         elif target.kind == "datetime":
-            found = (time_offsets or {}).get(p, -1)
-            new = marks.high if found < 0 else max(found, marks.low)
+            new = offset_for_time((time_offsets or {}).get(p, -1), marks)
         else:
             raise ConfigError(f"unknown reset target {target.kind!r}; use one of {', '.join(TARGETS)}")
         moves.append(ResetMove(topic, p, old, new))
