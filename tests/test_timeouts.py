@@ -30,9 +30,10 @@ from txstore.db import (
     forget_worker_connection,
     worker_connection,
 )
-from txstore.errors import DatabaseUnavailable, TxstoreError
+from txstore.errors import DatabaseUnavailable, KafkaReadError, TxstoreError
 from txstore.failpoints import FailPoints
 from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka import IDLE_TIMEOUT_SECONDS, METADATA_TIMEOUT_SECONDS, RangeReader, client_config
 from txstore.ranges import OffsetRange
 from txstore.results import TOPIC_TOTAL
 from txstore.sink import TransactionalSink
@@ -275,3 +276,22 @@ def test_a_batch_whose_database_freezes_mid_commit_fails_in_seconds_and_the_next
         again.run()
     assert totals(db, topic) == {topic: 100}
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_a_read_from_a_broker_that_went_away_fails_within_the_default_idle_timeout(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """The mock broker cannot be frozen behind the proxy (it tells clients its own address,
+    so only the bootstrap connection would go through the proxy); down is the nearest."""
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 10})
+    kafka.set_broker_down(1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaReadError, match=rf"no data from Kafka .* for {IDLE_TIMEOUT_SECONDS:g}s"):
+            for _ in RangeReader(client_config(kafka.bootstrap_servers), OffsetRange(topic, 0, 0, 10)):
+                pass
+    finally:
+        kafka.set_broker_up(1)
+    # A fresh consumer first waits up to the metadata timeout for the topic, then the idle timeout.
+    assert time.monotonic() - started < METADATA_TIMEOUT_SECONDS + IDLE_TIMEOUT_SECONDS + 5

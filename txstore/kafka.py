@@ -43,7 +43,12 @@ CLIENT_LOG = logging.getLogger("txstore.kafka.client")
 """librdkafka's own log lines from the driver's admin clients (shown with ``--verbose``)."""
 METADATA_TIMEOUT_SECONDS = 15.0
 READ_BATCH = 10_000
-IDLE_TIMEOUT_SECONDS = 60.0
+IDLE_TIMEOUT_SECONDS = 30.0
+"""A read with no progress this long fails (and Spark retries the task). librdkafka gives up on a
+request after socket.timeout.ms (10 s) and on a connection attempt after 10 s, so this is one
+failed request plus one failed reconnect: a broker that froze or went away fails a task in 30 s
+(a job's batch, with Spark's 4 attempts, in about 2 minutes), while a read always has data to
+fetch (its range is below the last stable offset), so a live broker never idles it this long."""
 POLL_SECONDS = 1.0
 CONSUMER_MAX_IDLE_SECONDS = 300.0  # a pooled consumer unused for longer is replaced
 
@@ -275,8 +280,10 @@ def offsets_for_timestamp(
 ) -> dict[tuple[str, int], int]:
     """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``.
 
-    Kafka's offsets-for-times lookup; a partition with no such message gets -1
-    (the caller then uses its log end).
+    Kafka's offsets-for-times lookup; a partition with no such message gets -1.
+    The lookup is read-uncommitted, so an answer can lie past the last stable
+    offset: callers place it with :func:`txstore.starting.offset_for_time`,
+    which caps it (and -1) at the planner's read-committed end.
     """
     if not partitions:
         return {}
