@@ -26,6 +26,7 @@ from tests.test_count_topic import job_for, log_ends, offsets, totals
 from tests.test_job_process import count_topic_args, job_env, run_job
 from tests.test_schema import tables
 from txstore.errors import ConfigError
+from txstore.job import JobSettings
 from txstore.kafka import METADATA_TIMEOUT_SECONDS, client_config, fetch_watermarks
 from txstore.migrate import SCHEMA_REVISION, upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -282,6 +283,43 @@ def test_unknown_kafka_options_are_refused_with_the_setting_named(kafka: MockKaf
     assert str(refused.value) == (
         'Kafka client settings refused: No such configuration property: "securty.protocol"; check --kafka-option'
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "fixed"),
+    [
+        ("isolation.level=read_uncommitted", "isolation.level=read_committed"),
+        ("enable.auto.commit=true", "enable.auto.commit=false"),
+        ("enable.auto.offset.store=true", "enable.auto.offset.store=false"),
+        ("auto.offset.reset=earliest", "auto.offset.reset=error"),
+        ("enable.partition.eof=false", "enable.partition.eof=true"),
+    ],
+)
+def test_kafka_options_that_would_change_what_is_read_are_refused_and_nothing_is_written(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    counted_topic: str,
+    option: str,
+    fixed: str,
+) -> None:
+    before = snapshot(db)
+    result = run_job(
+        *count_topic_args(kafka, database_url, counted_topic, "--kafka-option", option, "--once")
+    )
+    assert error_line(result) == (
+        f"count_topic: error: --kafka-option {option} is refused: txstore sets {fixed} itself, "
+        "which exact counts rely on; remove the option"
+    )
+    assert snapshot(db) == before
+    with pytest.raises(ConfigError, match=f"--kafka-option {option} is refused"):  # the library path too
+        JobSettings(
+            "count_topic",
+            (counted_topic,),
+            kafka.bootstrap_servers,
+            database_url,
+            kafka_options=dict([option.split("=")]),
+        )
 
 
 def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exactly(

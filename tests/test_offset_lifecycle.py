@@ -238,3 +238,27 @@ def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(
     assert "(the database stays correct)" in caplog.text
     assert totals(db, topic) == {topic: 10}
     assert offsets(db, topic) == {0: 5, 1: 5}
+
+
+def test_the_test_broker_has_no_last_stable_offset_below_an_open_transaction(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Why capping offsets-for-times answers at the last stable offset is tested without the
+    broker (tests/test_planning.py): librdkafka's mock answers a read-committed ListOffsets with
+    the high watermark even while a producer transaction is open. If a future mock keeps the
+    last stable offset below the open transaction, this fails as a reminder to add the
+    end-to-end test (--starting-timestamp on a topic with an open transaction)."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3})
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"open-{topic}"})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    for _ in range(4):
+        producer.produce(topic, value=b"open", partition=0)
+    assert producer.flush(10) == 0
+    try:
+        assert log_ends(kafka, topic) == {0: 7}  # read-committed end, yet past the open transaction
+    finally:
+        producer.abort_transaction(10)

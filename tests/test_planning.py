@@ -298,3 +298,25 @@ def test_a_reset_starts_a_new_generation_only_across_a_recreated_topic_or_when_t
     assert moves == [
         ResetMove("a", 0, stored, 0, past.generation, new_generation, reason, topic_id if reason else None)
     ]
+
+
+def test_a_looked_up_start_past_the_last_stable_offset_starts_at_the_last_stable_offset() -> None:
+    """Kafka's offsets-for-times lookup is read-uncommitted: it may answer an offset inside a
+    producer transaction still open, above the last stable offset the planner reads up to."""
+    starting = StartingOffsets(timestamp_ms=1_767_225_600_000)
+    # Partition 0: last stable offset 30, an open transaction above it; the lookup says 42.
+    new = [marks("t", 0, 0, 30), marks("t", 1, 5, 40), marks("t", 2, 10, 20)]
+    found = {("t", 0): 42, ("t", 1): -1, ("t", 2): 3}
+    decisions = resolve_starting_offsets(starting, new, [m.key for m in new], (), found)
+    assert [(d.partition, d.offset) for d in decisions] == [(0, 30), (1, 40), (2, 10)]
+    assert decisions[0].reason == "offset 30 (--starting-timestamp 2026-01-01T00:00:00Z)"
+    planned = plan_ranges("j", {(d.topic, d.partition): d.offset for d in decisions}, new)
+    assert planned == [OffsetRange("t", 2, 10, 20)]  # no offset beyond the log: the job goes on
+
+
+def test_a_reset_to_a_datetime_never_moves_past_the_last_stable_offset() -> None:
+    watermarks = {0: marks("t", 0, 0, 30), 1: marks("t", 1, 5, 40), 2: marks("t", 2, 10, 20)}
+    moves = plan_reset(
+        "j", "t", None, {0: 0, 1: 5, 2: 10}, watermarks, ResetTarget("datetime", 1), {0: 42, 1: -1, 2: 3}
+    )
+    assert [(m.partition, m.new) for m in moves] == [(0, 30), (1, 40), (2, 10)]

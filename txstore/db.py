@@ -4,6 +4,28 @@ Users give one URL (``--database-url`` or ``TXSTORE_DATABASE_URL``) in either
 libpq form (``postgresql://...``) or SQLAlchemy form
 (``postgresql+psycopg://...``); psycopg and Alembic each get the spelling
 they need. Passwords never leave this module in a message.
+
+Every connection txstore opens (:func:`connect`: the driver, Spark workers,
+the ``txstore`` command) is bounded, so a frozen network or a stuck server
+can never hang a job:
+
+- ``READ COMMITTED``, whatever the server's ``default_transaction_isolation``:
+  concurrent commits add to the same topic-total row, which under repeatable
+  read or serializable would fail with serialization errors instead of
+  waiting for each other;
+- server-side ``statement_timeout`` (5 min), ``lock_timeout`` (1 min) and
+  ``idle_in_transaction_session_timeout`` (10 min), far above what a normal
+  commit needs (a per-batch commit of a million rows takes seconds);
+- TCP keepalives and ``tcp_user_timeout``, on both ends: a peer that stops
+  answering fails the connection within :data:`FROZEN_PEER_BOUND_SECONDS`
+  (30 s of unacknowledged data, or 15 s idle + 3 unanswered probes 5 s
+  apart), and the server ends the session of a client that vanished (its
+  transaction rolls back and frees its row locks) just as soon.
+
+Each is only a default: a libpq parameter in the URL (``?tcp_user_timeout=..``,
+``?keepalives_idle=..``, ``?connect_timeout=..``) replaces ours, and so does a
+``-c name=value`` in the URL's ``options=`` (or ``PGOPTIONS``) for the
+server's settings. The isolation level is not negotiable.
 """
 
 from __future__ import annotations
@@ -13,12 +35,45 @@ import os
 import re
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.engine import URL, make_url
 
 from txstore.errors import ConfigError, DatabaseUnavailable, first_line
 
 DATABASE_URL_ENV = "TXSTORE_DATABASE_URL"
 CONNECT_TIMEOUT_SECONDS = 10
+STATEMENT_TIMEOUT = "5min"
+LOCK_TIMEOUT = "1min"
+IDLE_IN_TRANSACTION_TIMEOUT = "10min"
+KEEPALIVES_IDLE_SECONDS = 15
+KEEPALIVES_INTERVAL_SECONDS = 5
+KEEPALIVES_COUNT = 3
+TCP_USER_TIMEOUT_MS = 30_000
+FROZEN_PEER_BOUND_SECONDS = max(
+    TCP_USER_TIMEOUT_MS / 1000, KEEPALIVES_IDLE_SECONDS + KEEPALIVES_INTERVAL_SECONDS * KEEPALIVES_COUNT
+)
+"""How long a connection whose peer stopped answering can live: 30 s."""
+
+# libpq parameters set unless the URL gives its own.
+_NETWORK_DEFAULTS: dict[str, object] = {
+    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+    "keepalives": 1,
+    "keepalives_idle": KEEPALIVES_IDLE_SECONDS,
+    "keepalives_interval": KEEPALIVES_INTERVAL_SECONDS,
+    "keepalives_count": KEEPALIVES_COUNT,
+    "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+}
+# Server settings, as startup options: ours first, so the URL's own options= (later) win.
+# The server's keepalives too: a session whose client vanished behind a frozen
+# network ends (rolling back, freeing its row locks) as soon as ours would.
+_SERVER_DEFAULTS = (
+    f"-c statement_timeout={STATEMENT_TIMEOUT} -c lock_timeout={LOCK_TIMEOUT} "
+    f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT} "
+    f"-c tcp_keepalives_idle={KEEPALIVES_IDLE_SECONDS} -c tcp_keepalives_interval={KEEPALIVES_INTERVAL_SECONDS} "
+    f"-c tcp_keepalives_count={KEEPALIVES_COUNT} -c tcp_user_timeout={TCP_USER_TIMEOUT_MS}"
+)
+# Last, so nothing overrides it.
+_PINNED = r"-c default_transaction_isolation=read\ committed"
 
 _SCHEME = re.compile(r"^(postgres|postgresql)(\+\w+)?://", re.IGNORECASE)
 
@@ -73,14 +128,39 @@ def _has_password(url: str) -> bool:
     return redact(url) != libpq_url(url)
 
 
-def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
-    """Open a connection with a connect timeout; failures become one redacted line."""
-    conninfo = libpq_url(url)
-    kwargs: dict[str, object] = {"autocommit": autocommit, "application_name": "txstore"}
-    if "connect_timeout" not in conninfo:
-        kwargs["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+def connection_settings(url: str) -> dict[str, object]:
+    """The libpq parameters :func:`connect` adds to ``url``: timeouts, keepalives, options.
+
+    A parameter the URL already has is left alone; the URL's ``options=``
+    (else ``PGOPTIONS``) come after ours, so its ``-c`` settings win, and the
+    isolation level is appended after everything.
+    """
     try:
-        return psycopg.connect(conninfo, **kwargs)  # type: ignore[arg-type]
+        given = conninfo_to_dict(libpq_url(url))
+    except psycopg.ProgrammingError:
+        given = {}  # connect() reports the unparsable URL itself
+    settings = {k: v for k, v in _NETWORK_DEFAULTS.items() if k not in given}
+    user_options = str(given.get("options") or os.environ.get("PGOPTIONS") or "").strip()
+    settings["options"] = " ".join(o for o in (_SERVER_DEFAULTS, user_options, _PINNED) if o)
+    return settings
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
+    """Open a bounded, READ COMMITTED connection (see the module docstring).
+
+    Failures become one redacted line.
+    """
+    conninfo = libpq_url(url)
+    kwargs: dict[str, object] = {
+        "autocommit": autocommit,
+        "application_name": "txstore",
+        **connection_settings(url),
+    }
+    try:
+        conn = psycopg.connect(conninfo, **kwargs)  # type: ignore[arg-type]
+        # Also on every BEGIN psycopg sends: no server or role setting can change it.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
     except psycopg.OperationalError as e:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact(url)}: {first_line(e)}; "

@@ -55,7 +55,13 @@ from txstore.errors import (
 )
 from txstore.failpoints import FailPoints, InjectedFailure
 from txstore.idempotent import MessageTransform
-from txstore.kafka import Watermarks, client_config, offsets_for_timestamp, topic_name_problem
+from txstore.kafka import (
+    Watermarks,
+    client_config,
+    fixed_option_problem,
+    offsets_for_timestamp,
+    topic_name_problem,
+)
 from txstore.locks import hold_job_lock
 from txstore.migrate import check_schema
 from txstore.mirror import GroupOffsetMirror
@@ -135,6 +141,9 @@ class JobSettings:
             problem = topic_name_problem(topic)
             if problem:
                 raise ConfigError(problem)
+        problem = fixed_option_problem(self.kafka_options)
+        if problem:
+            raise ConfigError(problem)
         if self.commit not in COMMIT_MODES:
             raise ConfigError(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {self.commit!r}")
         if self.sink not in SINKS:

@@ -44,7 +44,12 @@ CLIENT_LOG = logging.getLogger("txstore.kafka.client")
 """librdkafka's own log lines from the driver's admin clients (shown with ``--verbose``)."""
 METADATA_TIMEOUT_SECONDS = 15.0
 READ_BATCH = 10_000
-IDLE_TIMEOUT_SECONDS = 60.0
+IDLE_TIMEOUT_SECONDS = 30.0
+"""A read with no progress this long fails (and Spark retries the task). librdkafka gives up on a
+request after socket.timeout.ms (10 s) and on a connection attempt after 10 s, so this is one
+failed request plus one failed reconnect: a broker that froze or went away fails a task in 30 s
+(a job's batch, with Spark's 4 attempts, in about 2 minutes), while a read always has data to
+fetch (its range is below the last stable offset), so a live broker never idles it this long."""
 POLL_SECONDS = 1.0
 CONSUMER_MAX_IDLE_SECONDS = 300.0  # a pooled consumer unused for longer is replaced
 
@@ -55,6 +60,29 @@ _READER_FIXED = {
     "auto.offset.reset": "error",
     "enable.partition.eof": True,
 }
+_FIXED_OPTIONS = {
+    "isolation.level": "read_committed",
+    **{k: str(v).lower() for k, v in _READER_FIXED.items()},
+    "auto.commit.enable": "false",  # librdkafka's old name for enable.auto.commit
+}
+
+
+def fixed_option_problem(options: Mapping[str, str]) -> str | None:
+    """Why one of ``options`` (``--kafka-option``) may not be given, or None.
+
+    ``isolation.level`` and the reader's fixed settings are what make a
+    range read exactly what the planner saw (committed messages up to the
+    last stable offset, no offsets stored or jumped); changing one would
+    silently change what is counted, so it is refused, not ignored.
+    """
+    for key, value in options.items():
+        fixed = _FIXED_OPTIONS.get(key.strip().lower())
+        if fixed is not None:
+            return (
+                f"--kafka-option {key}={value} is refused: txstore sets {key.strip().lower()}={fixed} "
+                "itself, which exact counts rely on; remove the option"
+            )
+    return None
 
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -77,6 +105,9 @@ def client_config(bootstrap_servers: str, options: Mapping[str, str] | None = No
     """Base settings shared by every Kafka client txstore creates (TLS/SASL go in ``options``)."""
     if not bootstrap_servers:
         raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
+    problem = fixed_option_problem(options or {})
+    if problem:
+        raise ConfigError(problem)
     conf: dict[str, Any] = {
         "socket.timeout.ms": 10_000,
         "socket.connection.setup.timeout.ms": 10_000,
@@ -250,8 +281,10 @@ def offsets_for_timestamp(
 ) -> dict[tuple[str, int], int]:
     """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``.
 
-    Kafka's offsets-for-times lookup; a partition with no such message gets -1
-    (the caller then uses its log end).
+    Kafka's offsets-for-times lookup; a partition with no such message gets -1.
+    The lookup is read-uncommitted, so an answer can lie past the last stable
+    offset: callers place it with :func:`txstore.starting.offset_for_time`,
+    which caps it (and -1) at the planner's read-committed end.
     """
     if not partitions:
         return {}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from txstore.errors import ConfigError
 from txstore.fingerprint import Fingerprint
 from txstore.ranges import PartitionHistory, PartitionWatermarks
+from txstore.starting import offset_for_time
 
 TARGETS = ("earliest", "latest", "offset", "datetime", "shift", "forget")
 
@@ -134,8 +135,7 @@ def plan_reset(
             assert target.value is not None
             new = min(max((old if old is not None else marks.low) + target.value, marks.low), marks.high)
         elif target.kind == "datetime":
-            at = (time_offsets or {}).get(p, -1)
-            new = marks.high if at < 0 else max(at, marks.low)
+            new = offset_for_time((time_offsets or {}).get(p, -1), marks)
         else:
             raise ConfigError(f"unknown reset target {target.kind!r}; use one of {', '.join(TARGETS)}")
         past = (history or {}).get(p, PartitionHistory())

@@ -50,6 +50,24 @@ class StartDecision:
     reason: str
 
 
+def offset_for_time(found: int, marks: PartitionWatermarks) -> int:
+    """Where a partition starts for an offsets-for-times answer ``found``: within ``[low, high]``.
+
+    ``marks.high`` must be the last stable offset (the read-committed end the
+    planner uses). Kafka's lookup is read-uncommitted, so ``found`` can lie
+    past it, on a message of a producer transaction still open; stored as is,
+    the planner would see an offset beyond the log end and stop the job with
+    advice whose reset counts messages twice. So it is capped at the last
+    stable offset (the open transaction's messages are then read once it
+    commits, or skipped as aborted). ``found`` < 0 (no message that late)
+    means the end: the last stable offset too. Below ``low`` (aged out since
+    the lookup) means ``low``.
+    """
+    if found < 0:
+        return marks.high
+    return min(max(found, marks.low), marks.high)
+
+
 def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
     """Epoch milliseconds from ``1767225600000`` or ISO-8601 with a zone (``2026-01-01T00:00:00Z``)."""
     value = text.strip()
@@ -127,8 +145,9 @@ def resolve_starting_offsets(
     would silently skip whatever was written to it before the job noticed it.
 
     With ``starting.timestamp_ms`` set, ``timestamp_offsets`` holds Kafka's
-    offsets-for-times answer for the new partitions (-1: no message that late,
-    so the partition starts at its log end).
+    offsets-for-times answer for the new partitions, placed by
+    :func:`offset_for_time` (at most the last stable offset; -1: no message
+    that late, so the partition starts at its end).
     """
     known = set(known_partitions)
     unknown = sorted(k for k in starting.specific if k not in known)
@@ -148,8 +167,7 @@ def resolve_starting_offsets(
             )
             continue
         if starting.timestamp_ms is not None:
-            found = (timestamp_offsets or {}).get(marks.key, -1)
-            offset = marks.high if found < 0 else max(found, marks.low)
+            offset = offset_for_time((timestamp_offsets or {}).get(marks.key, -1), marks)
             when = format_timestamp(starting.timestamp_ms)
             decisions.append(
                 StartDecision(

@@ -14,7 +14,15 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from tests.chaos.runner import FAULT_KINDS, Summary, TrialPlan, TrialResult, environment, run_trials
+from tests.chaos.runner import (
+    FAULT_KINDS,
+    OPT_IN_FAULT_KINDS,
+    Summary,
+    TrialPlan,
+    TrialResult,
+    environment,
+    run_trials,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, metavar="SEED", help="run the one trial with this seed")
     parser.add_argument(
         "--faults",
-        help=f"with --replay or a single trial: these fault kinds instead ({', '.join(FAULT_KINDS)})",
+        help="with --replay or a single trial: these fault kinds instead "
+        f"({', '.join(FAULT_KINDS + OPT_IN_FAULT_KINDS)}; {', '.join(OPT_IN_FAULT_KINDS)} only this way)",
     )
     parser.add_argument(
         "--job-args",

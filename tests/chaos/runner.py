@@ -43,7 +43,7 @@ import psycopg
 from confluent_kafka import Producer
 
 from tests.chaos.procs import TAG_ENV, busy, handles, kill, kill_tagged, python_workers, tagged
-from tests.chaos.proxy import TcpProxy
+from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
 from txstore.kafka import RangeReader, client_config, close_idle_consumers, fetch_watermarks
 from txstore.migrate import upgrade
@@ -68,6 +68,13 @@ FAULT_KINDS = (
     "second-instance",  # another instance of the same job at the same time
     "instance-during-batch",  # another instance started while one runs a batch
 )
+# Known, but only run when asked for (--faults): not in the seed rotation, so that every
+# earlier seed still replays the trial it ran.
+OPT_IN_FAULT_KINDS = (
+    "pg-frozen",  # the proxy stops forwarding for seconds, closing and refusing nothing
+)
+# The job's frozen PostgreSQL connections fail in seconds (the defaults take 30 s).
+FROZEN_PEER_PARAMS = "tcp_user_timeout=4000&keepalives_idle=2&keepalives_interval=1&keepalives_count=2"
 
 # Retriable Kafka errors: LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT.
 KAFKA_ERRORS = (5, 6, 7)
@@ -126,9 +133,10 @@ class TrialPlan:
             first = FAULT_KINDS[seed % len(FAULT_KINDS)]
             others = [k for k in FAULT_KINDS if k not in (first, "speculation")]
             faults = (first, *rng.sample(others, rng.choice((0, 1, 1, 2))))
-        unknown = set(faults) - set(FAULT_KINDS)
+        unknown = set(faults) - set(FAULT_KINDS) - set(OPT_IN_FAULT_KINDS)
         if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+            known = ", ".join(FAULT_KINDS + OPT_IN_FAULT_KINDS)
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {known}")
         window = rng.uniform(6.0, 11.0) + (10.0 if "speculation" in faults else 0.0)
         return cls(
             seed=seed,
@@ -226,7 +234,9 @@ class Summary:
 
     def line(self) -> str:
         injected = self.injected
-        kinds = " ".join(f"{k}={injected[k]}" for k in FAULT_KINDS)
+        kinds = " ".join(
+            f"{k}={injected[k]}" for k in FAULT_KINDS + OPT_IN_FAULT_KINDS if k in FAULT_KINDS or injected[k]
+        )
         produced = sum(r.produced for r in self.results)
         counted = sum(r.counted for r in self.results)
         retried = sum(r.events["failed-task-attempts"] for r in self.results)
@@ -254,12 +264,20 @@ class ChaosEnvironment:
         self._cluster: StandaloneCluster | None = None
         self.startups: list[float] = []  # seconds from starting a job to its first batch, by trial
         info = psycopg.conninfo.conninfo_to_dict(admin_url)
-        self.proxy = TcpProxy(str(info.get("host", "127.0.0.1")), int(str(info.get("port", 5432))))
+        # In a network namespace of its own where possible, so that pg-frozen is a real freeze.
+        self.proxy = TcpProxy(
+            str(info.get("host", "127.0.0.1")),
+            int(str(info.get("port", 5432))),
+            frozen_network=frozen_network_available(),
+        )
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{self.database}"')
         self.database_url = _with_database(admin_url, self.database)
-        self.job_database_url = _with_database(admin_url, self.database, port=self.proxy.port)
+        self.job_database_url = (
+            _with_database(admin_url, self.database, port=self.proxy.port, host=self.proxy.host)
+            + f"?{FROZEN_PEER_PARAMS}"
+        )
         upgrade(self.database_url)
 
     @property
@@ -297,11 +315,11 @@ class ChaosEnvironment:
         self.close()
 
 
-def _with_database(url: str, database: str, port: int | None = None) -> str:
+def _with_database(url: str, database: str, port: int | None = None, host: str = "127.0.0.1") -> str:
     info = psycopg.conninfo.conninfo_to_dict(url)
     info["dbname"] = database
     if port is not None:
-        info["host"], info["port"] = "127.0.0.1", str(port)
+        info["host"], info["port"] = host, str(port)
     user = info.get("user", "postgres")
     password = f":{info['password']}" if info.get("password") else ""
     return (
@@ -683,6 +701,17 @@ class Trial:
         seconds = self.rng.uniform(1.0, 5.0)
         self.env.proxy.outage(seconds)
         time.sleep(seconds)
+        return True
+
+    def _fault_pg_frozen(self) -> bool:
+        """Freeze the job's PostgreSQL network for 1-8 s: shorter than the job's tcp_user_timeout
+        (4 s), connections carry on where they were; longer, they fail and are retried."""
+        seconds = self.rng.uniform(1.0, 8.0)
+        self.env.proxy.freeze()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.env.proxy.thaw()
         return True
 
     def _fault_kafka_down(self) -> bool:
