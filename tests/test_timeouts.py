@@ -170,9 +170,10 @@ def test_concurrent_commits_to_one_topic_total_all_succeed_on_a_serializable_dat
 
 @pytest.fixture
 def frozen_proxy() -> Iterator[TcpProxy]:
-    from tests.conftest import PG_HOST, PG_PORT
+    from tests import pg_server
 
-    with TcpProxy(PG_HOST, int(PG_PORT), frozen_network=True) as proxy:
+    server = pg_server.address()
+    with TcpProxy(server.host, server.port, frozen_network=True) as proxy:
         yield proxy
 
 
