@@ -12,7 +12,7 @@ A batch:
 5. per-range commits (the default): Spark tasks read, aggregate and
    commit each range in its own transaction (a task may run several ranges). Per-batch commits: tasks
    (one per range, or per piece with ``min_partitions``) aggregate, a
-   shuffle sums the deltas, and the driver commits all results and every
+   driver collects and sums the deltas, and commits all results and every
    range's offset move in one transaction. ``sink="idempotent"``: tasks
    store each message under its offset instead of aggregating;
 6. log a line per range and a summary line; a refused range fails the batch
@@ -81,6 +81,7 @@ from txstore.spark import (
     BatchResult,
     aggregate_batch,
     dataframe_deltas,
+    job_description,
     read_ranges,
     run_ranges,
     spark_failure_reason,
@@ -479,13 +480,10 @@ class TransactionalJob:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
         if self.dataframe_aggregate is not None:
-            self.spark.sparkContext.setJobDescription(description)
-            try:
+            with job_description(self.spark, description):
                 # No fingerprint is recorded here (Spark plans the DataFrame); ranges are still verified.
                 frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
                 result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges})
-            finally:
-                self.spark.sparkContext.setJobDescription(None)
         else:
             assert self.aggregate is not None
             skip = s.on_bad_message == SKIP
