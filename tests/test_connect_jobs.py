@@ -5,7 +5,8 @@ Every test here takes ``any_spark``, so it runs twice: on the classic
 (``sc://``, no ``sparkContext``, no RDDs). The subset is one test per way a
 batch runs (per-range, per-key+window, per-batch with more tasks than
 partitions, the idempotent sink, outbox publishing, a DataFrame aggregate)
-plus one job process started with ``SPARK_REMOTE``: enough to show each
+plus a Spark task failing (its Python error's one line must survive Connect's
+error transport) and one job process started with ``SPARK_REMOTE``: enough to show each
 Spark-facing path works on both, while the rest of the suite (failure
 injection, gaps, retries, bad messages) runs on classic only, because the
 Spark-facing code is the same and the Connect server costs ~25 s to start
@@ -27,7 +28,10 @@ from tests.test_aggregates import MINUTE, expected, keyed_messages, settings, st
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import read_topic, stored_messages
 from tests.test_job_process import count_topic_args, job_env, run_job
+from tests.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
+from tests.test_sink import snapshot
 from txstore.count_topic import CountMessages, count_messages
+from txstore.errors import BatchFailed
 from txstore.job import JobSettings, TransactionalJob
 from txstore.outbox import close_producers, pending_count
 from txstore.ranges import OffsetRange, split_ranges
@@ -39,8 +43,6 @@ pytestmark = pytest.mark.spark
 
 
 def test_each_task_group_runs_in_its_own_partition_exactly_once(any_spark: Any) -> None:
-    ranges = [OffsetRange("t", p, 0, 10 * (p + 1)) for p in range(9)]
-
     def echo(ranges: Any) -> Any:  # each range with the Spark partition it ran in
         from pyspark import TaskContext
 
@@ -48,14 +50,20 @@ def test_each_task_group_runs_in_its_own_partition_exactly_once(any_spark: Any) 
         assert context is not None
         return [(r, context.partitionId()) for r in ranges]
 
-    reports = run_ranges(any_spark, ranges, echo, "txstore test echo")
-    # Outputs come back in range order, each range exactly once, whatever the number of groups.
-    assert [r for r, _ in reports] == ranges
-    groups = task_groups(ranges, default_parallelism(any_spark))
-    pids = {p for _, p in reports}
-    assert len(pids) == len(groups)
     assert default_parallelism(any_spark) == 2  # local[2,4]: two cores, on both
     assert is_connect(any_spark) == (type(any_spark).__module__ != "pyspark.sql.session")
+    # 2 cores: 4 ranges are a group each, 9 ranges two groups of neighbours.
+    for n, expected_groups in ((4, 4), (9, 2)):
+        ranges = [OffsetRange("t", p, 0, 10 * (p + 1)) for p in range(n)]
+        reports = run_ranges(any_spark, ranges, echo, "txstore test echo")
+        # Outputs come back in range order, each range exactly once.
+        assert [r for r, _ in reports] == ranges
+        groups = task_groups(ranges, 2)
+        assert len(groups) == expected_groups
+        # Group i ran in partition i (spark.range(n, numPartitions=n) puts id i alone in
+        # partition i), and nothing coalesced or split the partitions.
+        group_of = {r: i for i, group in enumerate(groups) for r in group}
+        assert [p for _, p in reports] == [group_of[r] for r in ranges]
 
 
 def test_per_range_counts_are_exact_over_several_runs(
@@ -190,3 +198,31 @@ def test_a_job_process_with_spark_remote_counts_exactly(
     assert result.returncode == 0, result.stderr
     assert totals(db, topic) == {topic: 175}
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_a_failing_spark_task_stops_the_batch_with_its_one_line(
+    any_spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """A recreated topic fails the DataFrame's reader task; the Python error's line is the batch's."""
+    topic = new_topic(1)
+    fill(kafka, topic, 5, 1, b"old", OLD_TS)
+    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+    TransactionalJob(any_spark, settings, count_messages).run()
+    kafka.recreate_topic(topic, 1)
+    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    before = snapshot(db)
+
+    def total(frame: Any) -> Any:
+        return frame.groupBy("topic").count().withColumnRenamed("count", "metric")
+
+    with pytest.raises(BatchFailed) as raised:
+        TransactionalJob(any_spark, settings, dataframe_aggregate=total).run()
+    assert str(raised.value) == (
+        f"job 'count_topic' batch 1 failed: TopicRecreated: {mismatch_line('count_topic', topic, 0, 4)}"
+    )
+    assert not raised.value.transient
+    assert snapshot(db) == before
