@@ -8,7 +8,7 @@ alternating in each round so both see the same machine load:
 1. in this process, the reader's work per message: a range read with
    :class:`~txstore.kafka.RangeReader` and converted to what a Python data
    source hands Spark: Arrow batches (:func:`txstore.arrow.messages_to_record_batch`)
-   or tuples (as :func:`txstore.spark.read_ranges` builds them) that PySpark's
+   or tuples (as ``read_ranges`` built them before it yielded Arrow batches) that PySpark's
    worker then turns into Arrow itself (``records_to_arrow_batches``);
 2. through Spark (classic ``local[2]``): ``spark.read.format(...).load().count()``
    with the txstore reader and with the same reader yielding tuples.
@@ -23,7 +23,9 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,32 @@ from txstore.arrow import messages_to_record_batch
 from txstore.datasource import RangePartition, TxstoreDataSource, TxstoreReader, parse_read_options
 from txstore.kafka import RangeReader, client_config
 from txstore.ranges import OffsetRange
-from txstore.spark import _RangeRows, kafka_source_schema
+from txstore.spark import kafka_source_schema
+
+
+@dataclass(frozen=True)
+class _RangeRows:
+    """A range's messages as one Python tuple each (Kafka-source columns): the comparison."""
+
+    kafka_conf: Mapping[str, Any]
+
+    def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[Any, ...]]:
+        utc = timezone.utc
+        for offset_range in ranges:
+            for batch in RangeReader(self.kafka_conf, offset_range, pause_gc=False):
+                for m in batch:
+                    ts_type, ts = m.timestamp()
+                    headers = m.headers()
+                    yield (
+                        m.key(),
+                        m.value(),
+                        m.topic(),
+                        m.partition(),
+                        m.offset(),
+                        datetime.fromtimestamp(ts / 1000, utc) if ts_type else None,
+                        ts_type - 1,
+                        [(k, v) for k, v in headers] if headers else None,  # type: ignore[str-unpack]
+                    )
 
 
 class TupleReader(TxstoreReader):

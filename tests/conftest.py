@@ -269,11 +269,25 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A Spark Connect client on a local Connect server (one per session; tests/spark_connect.py)."""
-    from tests.spark_connect import SparkConnectServer, connect_session
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local Spark Connect server (one per session; tests/spark_connect.py): ``.url`` is its sc:// URL."""
+    from tests.spark_connect import SparkConnectServer
 
     with SparkConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
-        session: Any = connect_session(server.url)
-        yield session
-        session.stop()
+        yield server
+
+
+@pytest.fixture(scope="session")
+def spark_connect(spark_connect_server: Any) -> Iterator[Any]:
+    """A Spark Connect client on the local Connect server."""
+    from tests.spark_connect import connect_session
+
+    session: Any = connect_session(spark_connect_server.url)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=["classic", pytest.param("connect", marks=pytest.mark.connect)])
+def any_spark(request: pytest.FixtureRequest) -> Any:
+    """The classic ``spark`` session, then a Spark Connect client: a test taking it runs on both."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")

@@ -12,7 +12,7 @@ A batch:
 5. per-range commits (the default): Spark tasks read, aggregate and
    commit each range in its own transaction (a task may run several ranges). Per-batch commits: tasks
    (one per range, or per piece with ``min_partitions``) aggregate, a
-   shuffle sums the deltas, and the driver commits all results and every
+   driver collects and sums the deltas, and commits all results and every
    range's offset move in one transaction. ``sink="idempotent"``: tasks
    store each message under its offset instead of aggregating;
 6. log a line per range and a summary line; a refused range fails the batch
@@ -22,6 +22,12 @@ A batch:
 7. with ``publish_topic``, send the committed results pending in the
    outbox to Kafka (:mod:`txstore.outbox`), after every batch that did not
    fail, whether or not it had new data.
+
+Where each part lives: settings in :mod:`txstore.settings` (re-exported
+here), steps 1-4 in :mod:`txstore.planning`, step 5 in one module per
+execution mode (:mod:`txstore.modes`), everything Spark-facing in
+:mod:`txstore.spark`; this module holds the driver's resources, logs,
+mirrors offsets, publishes, and loops.
 """
 
 from __future__ import annotations
@@ -31,145 +37,66 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from txstore import store
-from txstore.badmessages import FAIL, ON_BAD_MESSAGE, SKIP, BadOffset, describe_skipped
-from txstore.db import connect
+from txstore.badmessages import SKIP, describe_skipped
+from txstore.driverdb import DriverConnection
 from txstore.errors import (
-    PRIVILEGE_HINT,
-    AlreadyCommitted,
     BadMessage,
     BatchFailed,
     ConfigError,
     DatabaseUnavailable,
-    OffsetGap,
-    OffsetOverlap,
     PermissionDenied,
     TxstoreError,
-    committed_past_start,
     first_line,
 )
-from txstore.failpoints import FailPoints, InjectedFailure
+from txstore.failpoints import FailPoints
 from txstore.idempotent import MessageTransform
-from txstore.kafka import (
-    Watermarks,
-    client_config,
-    fixed_option_problem,
-    offsets_for_timestamp,
-    topic_name_problem,
-)
-from txstore.locks import hold_job_lock
-from txstore.migrate import check_schema
+from txstore.kafka import Watermarks
 from txstore.mirror import GroupOffsetMirror
+from txstore.modes import Mode, bad_message
+from txstore.modes.dataframe import DataFrameMode
+from txstore.modes.idempotent import IdempotentMode
+from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
+from txstore.modes.per_range import PerRangeMode
 from txstore.outbox import OutboxPublisher, close_producers
-from txstore.ranges import (
-    OffsetRange,
-    PartitionHistory,
-    PartitionWatermarks,
-    TopicPartition,
-    aged_out,
-    limit_ranges,
-    plan_ranges,
-    split_ranges,
+from txstore.planning import Planner
+from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.settings import (
+    COMMIT_MODES,
+    IDEMPOTENT,
+    MIN_PUBLISH_MAX_BYTES,
+    PER_BATCH,
+    PER_RANGE,
+    SINKS,
+    TRANSACTIONAL,
+    DataFrameAggregate,
+    JobSettings,
 )
-from txstore.sink import PUBLISH_MAX_BYTES, TransactionalSink
-from txstore.spark import (
-    BatchResult,
-    aggregate_batch,
-    dataframe_deltas,
-    read_ranges,
-    run_ranges,
-    spark_failure_reason,
-)
-from txstore.starting import StartingOffsets, resolve_starting_offsets
-from txstore.task import (
-    ALREADY_COMMITTED,
-    COMMITTED,
-    REFUSED,
-    REPORTED_BAD_MESSAGES,
-    Aggregate,
-    MessageTask,
-    RangeReport,
-    RangeTask,
-)
+from txstore.spark import spark_failure_reason
+from txstore.task import ALREADY_COMMITTED, COMMITTED, REFUSED, Aggregate, RangeReport
 from txstore.topic_ids import TopicIds
 
-PER_RANGE = "per-range"
-PER_BATCH = "per-batch"
-TRANSACTIONAL = "transactional"
-IDEMPOTENT = "idempotent"
-COMMIT_MODES = (PER_RANGE, PER_BATCH)
-SINKS = (TRANSACTIONAL, IDEMPOTENT)
-DRIVER_COMMIT_ATTEMPTS = 3
-MIN_PUBLISH_MAX_BYTES = 4096  # room for a commit's identity, ranges and some results per message
-
-DataFrameAggregate = Callable[[Any], Any]
-"""A DataFrame with Spark's Kafka-source columns -> a DataFrame of deltas
-(``topic``, ``metric``, optional ``key``, ``window_start``, ``grain``)."""
+__all__ = [
+    "COMMIT_MODES",
+    "DRIVER_COMMIT_ATTEMPTS",
+    "IDEMPOTENT",
+    "MIN_PUBLISH_MAX_BYTES",
+    "PER_BATCH",
+    "PER_RANGE",
+    "SINKS",
+    "TRANSACTIONAL",
+    "BatchReport",
+    "DataFrameAggregate",
+    "JobSettings",
+    "TransactionalJob",
+    "stop_on_signals",
+]
 
 log = logging.getLogger("txstore")
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """Everything a job needs; built from the shared command-line options or by hand."""
-
-    job: str
-    topics: tuple[str, ...]
-    bootstrap_servers: str
-    database_url: str = field(repr=False)  # holds the password
-    starting_offsets: StartingOffsets = field(default_factory=StartingOffsets)
-    kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold passwords
-    interval: float | None = None  # None: one batch (--once)
-    max_offsets_per_batch: int | None = None
-    fail_on_data_loss: bool = True
-    commit_to_kafka_group: str | None = None
-    max_batch_failures: int = 3
-    commit: str = PER_RANGE  # or PER_BATCH: one driver-side transaction per batch
-    min_partitions: int | None = None  # per-batch only: at least this many Spark tasks
-    sink: str = TRANSACTIONAL  # or IDEMPOTENT: store each message under its offset
-    publish_topic: str | None = None  # also publish committed results to this Kafka topic
-    publish_max_bytes: int = PUBLISH_MAX_BYTES  # split a commit's results into messages of at most this
-    on_bad_message: str = FAIL  # or SKIP: record messages the aggregate fails on, count the rest
-
-    def __post_init__(self) -> None:
-        for topic in self.topics:
-            problem = topic_name_problem(topic)
-            if problem:
-                raise ConfigError(problem)
-        problem = fixed_option_problem(self.kafka_options)
-        if problem:
-            raise ConfigError(problem)
-        if self.commit not in COMMIT_MODES:
-            raise ConfigError(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {self.commit!r}")
-        if self.sink not in SINKS:
-            raise ConfigError(f"--sink must be one of {', '.join(SINKS)}, got {self.sink!r}")
-        if self.on_bad_message not in ON_BAD_MESSAGE:
-            raise ConfigError(
-                f"--on-bad-message must be one of {', '.join(ON_BAD_MESSAGE)}, got {self.on_bad_message!r}"
-            )
-        if self.min_partitions is not None and (self.min_partitions < 1 or self.commit != PER_BATCH):
-            raise ConfigError(
-                "--min-partitions needs --commit per-batch and a number of at least 1 "
-                "(per-range commits are one task per Kafka partition)"
-            )
-        if self.publish_max_bytes < MIN_PUBLISH_MAX_BYTES:
-            raise ConfigError(
-                f"--publish-max-bytes must be at least {MIN_PUBLISH_MAX_BYTES}, got {self.publish_max_bytes}"
-            )
-        if self.sink == IDEMPOTENT and (self.commit != PER_RANGE or self.publish_topic):
-            raise ConfigError(
-                "--sink idempotent stores messages range by range; it takes neither --commit per-batch "
-                "nor --publish-topic"
-            )
-
-    @property
-    def kafka_conf(self) -> dict[str, Any]:
-        return client_config(self.bootstrap_servers, self.kafka_options)
 
 
 @dataclass(frozen=True)
@@ -186,7 +113,13 @@ class BatchReport:
 
 
 class TransactionalJob:
-    """Runs an aggregate over Kafka with exactly-once results in PostgreSQL."""
+    """Runs an aggregate over Kafka with exactly-once results in PostgreSQL.
+
+    Planning is :class:`~txstore.planning.Planner`'s, how a batch runs is its
+    mode's (:mod:`txstore.modes`); the job holds the driver's resources
+    (database connection, Kafka clients, outbox publisher), logs, mirrors
+    offsets, publishes, and loops.
+    """
 
     def __init__(
         self,
@@ -229,31 +162,25 @@ class TransactionalJob:
             watermarks = self._own_watermarks = Watermarks()
             self._topic_ids_source = TopicIds()
         self.watermarks = watermarks
+        self.planner = Planner(settings, watermarks, self._topic_ids_source)
         self.failpoints = FailPoints.from_env()
         self.batches = 0
-        self._conn: psycopg.Connection | None = None
+        self._db = DriverConnection(settings.database_url, settings.job)
         self._mirror: GroupOffsetMirror | None = None
         self._publisher = (
             OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
         )
-        self._history: dict[TopicPartition, PartitionHistory] = {}
 
     @property
     def commits_per_batch(self) -> bool:
         return self.settings.commit == PER_BATCH or self.dataframe_aggregate is not None
 
-    # -- driver database connection, reused across batches ------------------
+    # -- driver resources -------------------------------------------------------
     def _connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = connect(self.settings.database_url)
-            check_schema(self._conn, self.settings.database_url)
-            hold_job_lock(self._conn, self.settings.job)
-        return self._conn
+        return self._db.get()
 
     def _drop_connection(self) -> None:
-        if self._conn is not None and not self._conn.closed:
-            self._conn.close()
-        self._conn = None
+        self._db.drop()
 
     def close(self) -> None:
         self._drop_connection()
@@ -276,108 +203,25 @@ class TransactionalJob:
     # -- planning ---------------------------------------------------------------
     def plan(self) -> list[OffsetRange]:
         """Steps 1-4: the ranges the next batch must commit (capped by ``max_offsets_per_batch``)."""
-        s = self.settings
         try:
-            conn = self._connection()
-            committed, watermarks = self._state(conn)
-            # Both steps, always: a batch may start new partitions and skip aged-out offsets at once.
-            started = self._start_new_partitions(conn, committed, watermarks)
-            skipped = self._skip_lost(conn, committed, watermarks)
-            if started or skipped:
-                committed, watermarks = self._state(conn)
-            topic_ids = self._topic_ids(conn)
-            ranges = plan_ranges(s.job, committed, watermarks, self._history, topic_ids)
-            return limit_ranges(ranges, s.max_offsets_per_batch)
-        except psycopg.errors.InsufficientPrivilege as e:
+            return self.planner.plan(self._connection)
+        except (PermissionDenied, DatabaseUnavailable):
             self.close()
-            raise PermissionDenied(
-                f"planning job {s.job!r}: PostgreSQL said {first_line(e)}; {PRIVILEGE_HINT}"
-            ) from None
-        except psycopg.Error as e:
-            self.close()
-            raise DatabaseUnavailable(
-                f"planning job {s.job!r} failed in PostgreSQL: {first_line(e)}"
-            ) from None
-
-    def _state(self, conn: psycopg.Connection) -> tuple[dict[TopicPartition, int], list[PartitionWatermarks]]:
-        # Offsets first, watermarks after: then every legitimately committed
-        # offset is at or below the log end we plan with, even while another
-        # instance of the job commits in between.
-        s = self.settings
-        committed, self._history = store.committed_state(conn, s.job, s.topics)
-        return committed, self.watermarks(s.kafka_conf, s.topics)
-
-    def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
-        """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
-        stored in the rows that have none yet, so a later recreation is seen."""
-        if self._topic_ids_source is None:
-            return {}
-        s = self.settings
-        ids = self._topic_ids_source(s.kafka_conf, s.topics)
-        unknown = {
-            t: i
-            for t, i in ids.items()
-            if any(k[0] == t and not h.topic_id for k, h in self._history.items())
-        }
-        if unknown:
-            store.record_topic_ids(conn, s.job, unknown)
-        return ids
-
-    def _start_new_partitions(
-        self,
-        conn: psycopg.Connection,
-        committed: dict[TopicPartition, int],
-        watermarks: list[PartitionWatermarks],
-    ) -> bool:
-        """Step 3; True if rows were created (or found created by another instance)."""
-        s = self.settings
-        new = [w for w in watermarks if w.key not in committed]
-        started = {topic for topic, _ in committed}
-        by_time = None
-        if new and s.starting_offsets.timestamp_ms is not None:
-            first_run = [w.key for w in new if w.topic not in started]
-            by_time = offsets_for_timestamp(s.kafka_conf, first_run, s.starting_offsets.timestamp_ms)
-        decisions = resolve_starting_offsets(
-            s.starting_offsets, new, [w.key for w in watermarks], started, by_time
-        )
-        if not decisions:
-            return False
-        created = store.create_start_rows(conn, s.job, decisions)
-        for d in decisions:
-            if (d.topic, d.partition) in created:
-                log.info("job %s: %s/%d starts at %s", s.job, d.topic, d.partition, d.reason)
-            else:
-                log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
-        return True
-
-    def _skip_lost(
-        self,
-        conn: psycopg.Connection,
-        committed: dict[TopicPartition, int],
-        watermarks: list[PartitionWatermarks],
-    ) -> bool:
-        """With ``fail_on_data_loss`` off: move past aged-out offsets, recording them.
-
-        With it on, the planner refuses them instead (:class:`DataLoss`).
-        """
-        s = self.settings
-        lost = [] if s.fail_on_data_loss else aged_out(committed, watermarks)
-        if not lost:
-            return False
-        for r in store.record_lost_ranges(conn, s.job, lost):
-            log.warning(
-                "job %s: %s/%d: offsets %d -> %d (%d messages) aged out of Kafka before they were "
-                "counted; skipped and recorded in txn_lost_ranges (--fail-on-data-loss false)",
-                s.job,
-                r.topic,
-                r.partition,
-                r.from_offset,
-                r.until_offset,
-                r.size,
-            )
-        return True
+            raise
 
     # -- one batch --------------------------------------------------------------
+    def mode(self, number: int) -> Mode:
+        """How this job runs a batch (:mod:`txstore.modes`)."""
+        s = self.settings
+        if self.dataframe_aggregate is not None:
+            return DataFrameMode(self.spark, s, self.dataframe_aggregate, self.failpoints, self._db, number)
+        if s.sink == IDEMPOTENT:
+            return IdempotentMode(self.spark, s, self.transform, self.failpoints)
+        assert self.aggregate is not None
+        if s.commit == PER_BATCH:
+            return PerBatchMode(self.spark, s, self.aggregate, self.failpoints, self._db, number)
+        return PerRangeMode(self.spark, s, self.aggregate, self.failpoints)
+
     def run_batch(self) -> BatchReport:
         """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
         started = time.perf_counter()
@@ -392,28 +236,8 @@ class TransactionalJob:
         number = self.batches
         started = time.perf_counter()
         description = f"txstore {s.job} batch {number}"
-        commit_ms = 0.0
         try:
-            if self.commits_per_batch:
-                reports, commit_ms = self._run_per_batch(ranges, description)
-            elif s.sink == IDEMPOTENT:
-                store = MessageTask(
-                    s.job, s.database_url, s.kafka_conf, self.transform, self.failpoints, s.on_bad_message
-                )
-                reports = run_ranges(self.spark, ranges, store, description)
-            else:
-                assert self.aggregate is not None
-                task = RangeTask(
-                    s.job,
-                    s.database_url,
-                    s.kafka_conf,
-                    self.aggregate,
-                    self.failpoints,
-                    s.publish_topic,
-                    s.publish_max_bytes,
-                    s.on_bad_message,
-                )
-                reports = run_ranges(self.spark, ranges, task, description)
+            reports, commit_ms = self.mode(number).run(ranges, description)
         except TxstoreError:
             raise
         except Exception as e:
@@ -435,7 +259,7 @@ class TransactionalJob:
         refused = [r for r in report.ranges if r.outcome == REFUSED]
         bad = [b for r in refused if r.error_kind == BadMessage.__name__ for b in r.bad_messages]
         if bad:  # retrying cannot help, whatever else was refused
-            raise self._bad_message(min(bad))
+            raise bad_message(s, min(bad))
         if refused:
             # Messages that aged out after planning: with --fail-on-data-loss false the
             # next batch's planning records and skips them, so retrying helps.
@@ -448,10 +272,6 @@ class TransactionalJob:
         if self._publisher is not None:
             self.publish()
         return report
-
-    def _bad_message(self, bad: BadOffset) -> BadMessage:
-        stage = "transform" if self.settings.sink == IDEMPOTENT else "aggregate"
-        return BadMessage(self.settings.job, bad.topic, bad.partition, bad.offset, bad.reason, stage)
 
     def publish(self) -> int:
         """Send the job's committed, pending results to ``publish_topic``; return how many.
@@ -470,96 +290,6 @@ class TransactionalJob:
             raise DatabaseUnavailable(
                 f"reading the outbox of job {self.settings.job!r} failed: {first_line(e)}"
             ) from None
-
-    # -- per-batch commits --------------------------------------------------------
-    def _run_per_batch(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
-        """Aggregate across all partitions on Spark, then commit the batch from the driver."""
-        s = self.settings
-        if not ranges:
-            return [], 0.0
-        pieces = split_ranges(ranges, s.min_partitions)
-        if self.dataframe_aggregate is not None:
-            self.spark.sparkContext.setJobDescription(description)
-            try:
-                # No fingerprint is recorded here (Spark plans the DataFrame); ranges are still verified.
-                frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
-                result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges})
-            finally:
-                self.spark.sparkContext.setJobDescription(None)
-        else:
-            assert self.aggregate is not None
-            skip = s.on_bad_message == SKIP
-            result = aggregate_batch(
-                self.spark, pieces, s.kafka_conf, self.aggregate, description, skip, s.job
-            )
-        if result.refused:  # a recreated topic: nothing is committed
-            return [
-                RangeReport(r, REFUSED, error=result.refused.get(r.key), error_kind="TopicRecreated")
-                for r in ranges
-                if r.key in result.refused
-            ], 0.0
-        deltas, messages, bad = result.deltas, result.messages, result.bad
-        if bad and s.on_bad_message != SKIP:
-            raise self._bad_message(bad[0])  # nothing was committed
-        started = time.perf_counter()
-        outcome = self._commit_batch(ranges, deltas, bad, result.last)
-        commit_ms = (time.perf_counter() - started) * 1000
-        skipped = {r.key: [b for b in bad if (b.topic, b.partition) == r.key] for r in ranges} if bad else {}
-        reports = [
-            RangeReport(r, outcome, messages.get(r.key, 0))
-            if outcome != COMMITTED or not skipped.get(r.key)
-            else RangeReport(
-                r,
-                outcome,
-                messages.get(r.key, 0),
-                bad_messages=tuple(skipped[r.key][:REPORTED_BAD_MESSAGES]),
-                skipped=len(skipped[r.key]),
-            )
-            for r in ranges
-        ]
-        return reports, commit_ms
-
-    def _commit_batch(
-        self,
-        ranges: list[OffsetRange],
-        deltas: Any,
-        bad: Sequence[BadOffset] = (),
-        last: Mapping[TopicPartition, Any] | None = None,
-    ) -> str:
-        """Commit on the driver; if the connection drops, commit again on a new one.
-
-        A commit whose acknowledgement was lost is then found already
-        committed; one that did not happen commits now. Gaps and overlaps
-        roll back everything and stop the job.
-        """
-        s = self.settings
-        for attempt in range(DRIVER_COMMIT_ATTEMPTS):
-            try:
-                sink = TransactionalSink(
-                    self._connection(), s.job, self.failpoints, s.publish_topic, s.publish_max_bytes
-                )
-                sink.commit_batch(ranges, deltas, attempt, bad, last)
-                return COMMITTED
-            except AlreadyCommitted:
-                if attempt == 0:
-                    log.warning("job %s: this batch was already committed by another instance", s.job)
-                return ALREADY_COMMITTED
-            except (OffsetGap, OffsetOverlap) as e:
-                raise BatchFailed(str(e), transient=False, replan=committed_past_start(e)) from None
-            except (psycopg.OperationalError, InjectedFailure) as e:
-                self._drop_connection()
-                if attempt + 1 == DRIVER_COMMIT_ATTEMPTS:
-                    raise DatabaseUnavailable(
-                        f"committing job {s.job!r} batch {self.batches} failed: {first_line(e)}; "
-                        "nothing or all of it was committed, and the next batch plans from what was"
-                    ) from None
-                log.warning(
-                    "job %s: batch commit interrupted (%s); committing again, a commit that landed "
-                    "is recognised as already committed",
-                    s.job,
-                    first_line(e),
-                )
-        raise AssertionError("unreachable")
 
     def _mirror_offsets(self, report: BatchReport) -> None:
         """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""

@@ -14,6 +14,9 @@ from txstore.kafka import BOOTSTRAP_ENV, topic_name_problem
 from txstore.sink import PUBLISH_MAX_BYTES
 from txstore.starting import parse_starting_offsets, parse_timestamp
 
+SPARK_REMOTE_ENV = "SPARK_REMOTE"
+"""Spark Connect's own variable: a job run with it set talks to that server (``sc://host:port``)."""
+
 
 def key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
@@ -123,7 +126,7 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         choices=COMMIT_MODES,
         default=PER_RANGE,
         help="per-range (default): each Spark task commits its Kafka partition's range; per-batch: "
-        "tasks aggregate, a shuffle sums across partitions, and the driver commits the whole batch "
+        "tasks aggregate, the driver sums across partitions, and commits the whole batch "
         "in one transaction",
     )
     parser.add_argument(
@@ -160,6 +163,19 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="a message the aggregate (or transform) fails on every time: fail (default) stops the job with "
         "one line naming its topic, partition and offset; skip records it in txn_bad_messages with the "
         "range's commit, counts every other message, and logs a warning",
+    )
+    parser.add_argument(
+        "--remote",
+        default=os.environ.get(SPARK_REMOTE_ENV) or None,
+        metavar="sc://HOST:PORT",
+        help=f"run on a Spark Connect server instead of a classic Spark session (env {SPARK_REMOTE_ENV})",
+    )
+    parser.add_argument(
+        "--no-ship-txstore",
+        dest="ship_txstore",
+        action="store_false",
+        help="with --remote: do not add txstore's sources to the Connect session as an artifact "
+        "(the server's Python already has txstore installed)",
     )
     parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
 

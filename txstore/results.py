@@ -8,7 +8,7 @@ key both have a NULL key and window, but not the same grain.
 Metrics are exact decimals (``NUMERIC``): ints, ``Decimal`` and finite floats
 (as the decimal of their ``repr``) are accepted; deltas add up in the database,
 never in Spark's retry path, and where Python adds them (a task's ranges, a
-per-batch shuffle) :func:`add_metrics` adds them without rounding.
+per-batch driver-side sum) :func:`add_metrics` adds them without rounding.
 """
 
 from __future__ import annotations

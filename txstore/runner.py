@@ -10,7 +10,9 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from txstore.errors import TxstoreError, first_line
@@ -34,8 +36,16 @@ def configure_logging(verbose: bool = False) -> None:
     logging.getLogger("txstore.kafka.client").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
-def spark_session(app_name: str) -> object:
-    """The SparkSession: spark-submit's ``--master``, else Spark's default ``local[*]``."""
+def spark_session(app_name: str, remote: str | None = None, ship_txstore: bool = True) -> object:
+    """The SparkSession: classic (spark-submit's ``--master``, else ``local[*]``), or with
+    ``remote`` (``sc://host:port``) a Spark Connect client.
+
+    Under Connect there is no ``--py-files``: txstore's sources (the
+    ``txstore py-files`` zip, built in a temporary directory) are added to
+    the session as an artifact instead, unless ``ship_txstore`` is False.
+    """
+    if remote:
+        return _connect_session(app_name, remote, ship_txstore)
     # Workers must run this interpreter, which has txstore's dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -43,7 +53,21 @@ def spark_session(app_name: str) -> object:
     session = (
         SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false").getOrCreate()
     )
+    # Classic only: the log level is the driver JVM's; a Connect client has no sparkContext,
+    # and the server's log level is the server's to set (its log4j2 configuration).
     session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def _connect_session(app_name: str, remote: str, ship_txstore: bool) -> object:
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    session: Any = RemoteSparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+    if ship_txstore:
+        from txstore.pyfiles import build_py_files
+
+        with tempfile.TemporaryDirectory(prefix="txstore-artifact-") as tmp:
+            session.addArtifacts(str(build_py_files(Path(tmp) / "txstore.zip")), pyfile=True)
     return session
 
 
@@ -55,18 +79,31 @@ class LazySparkSession:
     after a JVM has started, and a batch with nothing new starts no Spark at all.
     """
 
-    def __init__(self, app_name: str, started: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        app_name: str,
+        started: Callable[[], object] | None = None,
+        remote: str | None = None,
+        ship_txstore: bool = True,
+    ) -> None:
         """``started`` runs once the session exists (e.g. to reinstall signal handlers)."""
         self.app_name = app_name
         self.started = started
+        self.remote = remote
+        self.ship_txstore = ship_txstore
         self._session: object | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    @property
+    def underlying_session(self) -> Any:
+        """The session itself (started now if need be)."""
         if self._session is None:
-            self._session = spark_session(self.app_name)
+            self._session = spark_session(self.app_name, self.remote, self.ship_txstore)
             if self.started is not None:
                 self.started()
-        return getattr(self._session, name)
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.underlying_session, name)
 
 
 def run_job_main(
@@ -100,7 +137,12 @@ def run_job_main(
         # Before Spark starts, so a SIGTERM while it starts stops the job before its
         # first batch; again after, because SparkContext installs its own SIGINT handler.
         stop = stop_on_signals()
-        spark = LazySparkSession(f"txstore {settings.job}", started=lambda: stop_on_signals(stop))
+        spark = LazySparkSession(
+            f"txstore {settings.job}",
+            started=lambda: stop_on_signals(stop),
+            remote=args.remote,
+            ship_txstore=args.ship_txstore,
+        )
         with TransactionalJob(spark, settings, aggregate) as job:
             job.run(stop)
         return 0

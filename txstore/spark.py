@@ -10,12 +10,17 @@ runs, so a retried task re-reads exactly the same ranges; a task's ranges
 commit in one transaction, or one by one if that is refused
 (:meth:`~txstore.task.RangeTask.run_together`).
 
+Everything here is DataFrame operations that classic PySpark and Spark
+Connect both run (no RDDs, no ``sparkContext`` except behind
+:func:`is_connect` where Connect lacks an equivalent): a task group is a
+partition of ``spark.range(n, numPartitions=n)`` and its work a
+``mapInArrow`` function that picks its group by the id it receives.
+
 For per-batch commits the tasks only aggregate (one per range, or per piece
-with ``min_partitions``): their deltas are summed across all partitions by
-a shuffle (``reduceByKey``, or the user's DataFrame aggregation) and
-collected to the driver, which commits them. A retried or speculative task
-replaces its output in the shuffle, never adds to it, so the collected
-deltas are exact. A message the aggregate fails on is found in the task
+with ``min_partitions``): their partial deltas are collected to the driver
+and summed there exactly (or the user's DataFrame aggregation runs and is
+collected), and the driver commits them. Only a task's successful attempt
+reaches the driver, so the collected deltas are exact. A message the aggregate fails on is found in the task
 (:mod:`txstore.badmessages`) and travels back to the driver with the deltas,
 never as a failed task: the driver stops with its offset, or records it with
 the batch's commit (``--on-bad-message skip``).
@@ -23,10 +28,12 @@ the batch's commit (``--on-bad-message skip``).
 
 from __future__ import annotations
 
+import pickle
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import timezone
 from typing import Any, Generic, TypeVar
 
 from txstore.badmessages import BadOffset, aggregate_range
@@ -122,14 +129,122 @@ def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRa
     return groups
 
 
-@dataclass(frozen=True)
-class _EachRange(Generic[T]):
-    """Runs ``task`` over the ranges of a task's groups."""
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect client session (``sc://``), False for a classic one."""
+    session = getattr(spark, "underlying_session", spark)  # runner.LazySparkSession starts it here
+    return type(session).__module__.startswith("pyspark.sql.connect")
 
+
+_parallelism: dict[int, int] = {}
+
+
+def default_parallelism(spark: Any) -> int:
+    """Spark's default parallelism (cores), on classic and Connect.
+
+    Classic: ``sparkContext.defaultParallelism``. Spark Connect has no
+    ``sparkContext`` and ``spark.default.parallelism`` is usually unset, so
+    it is measured once per session: ``spark.range`` without a partition
+    count is split into the default parallelism, and the highest partition
+    id of a small range says how many that is (one tiny Spark job).
+    """
+    if not is_connect(spark):
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    key = id(getattr(spark, "underlying_session", spark))
+    if key not in _parallelism:
+        configured = spark.conf.get("spark.default.parallelism", None)
+        if configured:
+            _parallelism[key] = max(1, int(configured))
+        else:
+            # A SQL expression, not pyspark.sql.functions: those pick classic or Connect by an
+            # environment variable, not by the session they are used with.
+            probe = spark.range(0, PARALLELISM_PROBE_ROWS).selectExpr("spark_partition_id() AS p")
+            row = probe.groupBy().max("p").first()
+            _parallelism[key] = max(1, int(row[0]) + 1)
+    return _parallelism[key]
+
+
+PARALLELISM_PROBE_ROWS = 4096
+"""Rows of the range that measures the default parallelism under Connect (at most this many cores)."""
+
+
+@contextmanager
+def job_description(spark: Any, description: str) -> Iterator[None]:
+    """Name the Spark jobs started inside (the UI and logs show it).
+
+    Classic: ``setJobDescription``. Spark Connect has no job descriptions
+    (no ``sparkContext``): its equivalent is an operation tag, made of
+    the description's letters and digits.
+    """
+    if not is_connect(spark):
+        # Classic only: Connect lacks setJobDescription, and a tag is no description in the UI.
+        sc = spark.sparkContext
+        sc.setJobDescription(description)
+        try:
+            yield
+        finally:
+            sc.setJobDescription(None)
+        return
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", description).strip("-") or "txstore"
+    spark.addTag(tag)
+    try:
+        yield
+    finally:
+        spark.removeTag(tag)
+
+
+def _one_task_per_group(spark: Any, groups: int) -> Any:
+    """A DataFrame of ids 0..groups-1, id i alone in partition i.
+
+    ``spark.range`` splits its ids evenly: with as many partitions as ids,
+    each partition holds exactly its own index. A function mapped over it
+    picks its work by that id, never by ``TaskContext``, so a retried or
+    speculative task redoes exactly the same work. ``mapInArrow`` straight
+    over ``range`` is a narrow plan without an exchange, so adaptive query
+    execution has nothing to coalesce or split.
+    """
+    return spark.range(0, groups, 1, groups)
+
+
+_RESULT_SCHEMA = "payload binary"
+PICKLES_PER_ROW = 1_000
+"""Task outputs pickled together into one result row."""
+
+
+@dataclass(frozen=True)
+class _EachGroup(Generic[T]):
+    """mapInArrow function: run ``task`` over the ranges of each group whose id arrives; its
+    outputs go back pickled, :data:`PICKLES_PER_ROW` to a row."""
+
+    groups: Sequence[Sequence[OffsetRange]]
     task: Callable[[Iterator[OffsetRange]], Iterable[T]]
 
-    def __call__(self, groups: Iterable[list[OffsetRange]]) -> Iterable[T]:
-        return self.task(r for group in groups for r in group)
+    def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        ids = [i for batch in batches for i in batch.column(0).to_pylist()]
+        chunk: list[T] = []
+        for output in self.task(r for i in ids for r in self.groups[i]):
+            chunk.append(output)
+            if len(chunk) >= PICKLES_PER_ROW:
+                yield pa.RecordBatch.from_pydict({"payload": [pickle.dumps(chunk)]})
+                chunk = []
+        if chunk:
+            yield pa.RecordBatch.from_pydict({"payload": [pickle.dumps(chunk)]})
+
+
+def _map_groups(
+    spark: Any,
+    groups: Sequence[Sequence[OffsetRange]],
+    task: Callable[[Iterator[OffsetRange]], Iterable[T]],
+    description: str,
+) -> list[T]:
+    """One Spark task per group running ``task`` over its ranges; all outputs, in group order."""
+    frame = _one_task_per_group(spark, len(groups)).mapInArrow(
+        _EachGroup([list(g) for g in groups], task), _RESULT_SCHEMA
+    )
+    with job_description(spark, description):
+        rows = frame.collect()
+    return [output for row in rows for output in pickle.loads(row[0])]
 
 
 def run_ranges(
@@ -141,39 +256,26 @@ def run_ranges(
     """Run ``task`` over the ranges (see :func:`task_groups`); return its outputs in range order."""
     if not ranges:
         return []  # never launch a Spark job for nothing
-    sc = spark.sparkContext
-    groups = task_groups(ranges, max(1, int(sc.defaultParallelism)))
-    sc.setJobDescription(description)
-    try:
-        result: list[T] = sc.parallelize(groups, len(groups)).mapPartitions(_EachRange(task)).collect()
-    finally:
-        sc.setJobDescription(None)
-    return result
+    groups = task_groups(ranges, default_parallelism(spark))
+    return _map_groups(spark, groups, task, description)
 
 
 @dataclass(frozen=True)
-class _RangeRows:
+class _RangeBatches:
+    """mapInArrow function: each arriving id's range as Arrow record batches (Kafka-source columns)."""
+
+    ranges: Sequence[OffsetRange]
     kafka_conf: Mapping[str, Any]
     job: str = ""
 
-    def __call__(self, ranges: Iterable[OffsetRange]) -> Iterator[tuple[Any, ...]]:
-        utc = timezone.utc
-        for offset_range in ranges:
+    def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
+        from txstore.arrow import messages_to_record_batch
+
+        ids = [i for batch in batches for i in batch.column(0).to_pylist()]
+        for i in ids:
             # Spark may stop pulling rows early (limit, take): no GC pause that could outlive the read.
-            for batch in RangeReader(self.kafka_conf, offset_range, pause_gc=False, job=self.job):
-                for m in batch:
-                    ts_type, ts = m.timestamp()
-                    headers = m.headers()
-                    yield (
-                        m.key(),
-                        m.value(),
-                        m.topic(),
-                        m.partition(),
-                        m.offset(),
-                        datetime.fromtimestamp(ts / 1000, utc) if ts_type else None,
-                        ts_type - 1,  # librdkafka 0/1/2 -> Kafka's -1 none / 0 create / 1 log append
-                        [(k, v) for k, v in headers] if headers else None,  # type: ignore[str-unpack]
-                    )
+            for batch in RangeReader(self.kafka_conf, self.ranges[i], pause_gc=False, job=self.job):
+                yield messages_to_record_batch(batch)
 
 
 def read_ranges(
@@ -181,16 +283,17 @@ def read_ranges(
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns.
 
-    One Spark partition per range, read exactly like the plain-Python path
+    One Spark partition per range (``mapInArrow`` over :func:`_one_task_per_group`,
+    so classic and Spark Connect alike), read exactly like the plain-Python path
     (a range's ``verify`` is checked; a recreated topic fails the Spark job
     with :class:`~txstore.errors.TopicRecreated`, naming ``job``).
     """
-    sc = spark.sparkContext
     schema = kafka_source_schema()
     if not ranges:
-        return spark.createDataFrame(sc.emptyRDD(), schema)
-    rows = sc.parallelize(list(ranges), len(ranges)).mapPartitions(_RangeRows(dict(kafka_conf), job))
-    return spark.createDataFrame(rows, schema)
+        return spark.createDataFrame([], schema)
+    return _one_task_per_group(spark, len(ranges)).mapInArrow(
+        _RangeBatches(list(ranges), dict(kafka_conf), job), schema
+    )
 
 
 @dataclass(frozen=True)
@@ -253,8 +356,13 @@ def aggregate_batch(
     skip: bool = False,
     job: str = "",
 ) -> BatchResult:
-    """Aggregate every piece in its own task, sum the deltas across partitions, collect them.
+    """Aggregate every piece in its own task, collect the partial deltas, sum them on the driver.
 
+    The partials are few (one per distinct result address per piece) and
+    travel pickled, so ints and Decimals of any size stay exact (Spark SQL's
+    decimals stop at 38 digits); the driver adds them with
+    :func:`~txstore.results.add_metrics`. Only the successful attempt of a
+    retried or speculative task is collected, so nothing is counted twice.
     A range cut in pieces gets the fingerprint of its last piece's last message.
     ``skip`` False: a task stops at the first message its aggregate fails on
     and reports it instead of its deltas (so the result holds at least one bad
@@ -262,19 +370,14 @@ def aggregate_batch(
     """
     if not pieces:
         return BatchResult({}, {})
-    sc = spark.sparkContext
-    sc.setJobDescription(description)
-    try:
-        summed = (
-            sc.parallelize(list(pieces), len(pieces))
-            .mapPartitions(_PartialDeltas(dict(kafka_conf), aggregate, skip, job))
-            .reduceByKey(_combine)
-            .collect()
-        )
-    finally:
-        sc.setJobDescription(None)
+    partials = _map_groups(
+        spark, [[p] for p in pieces], _PartialDeltas(dict(kafka_conf), aggregate, skip, job), description
+    )
+    summed: dict[tuple[Any, ...], Any] = {}
+    for key, value in partials:
+        summed[key] = _combine(summed[key], value) if key in summed else value
     result = BatchResult({}, {})
-    for key, value in summed:
+    for key, value in summed.items():
         if key[0] == "delta":
             result.deltas[(key[1], ResultKey(*key[2:]))] = value
         elif key[0] == "messages":

@@ -1,0 +1,34 @@
+"""The idempotent sink: each Spark task stores its ranges' messages under their offsets.
+
+Insert-or-ignore by ``(job, topic, partition, generation, offset)`` in
+``txn_messages``, in the same transaction as the range's offset move
+(:class:`~txstore.task.MessageTask`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txstore.failpoints import FailPoints
+from txstore.idempotent import MessageTransform
+from txstore.ranges import OffsetRange
+from txstore.settings import JobSettings
+from txstore.spark import run_ranges
+from txstore.task import MessageTask, RangeReport
+
+
+class IdempotentMode:
+    def __init__(
+        self, spark: Any, settings: JobSettings, transform: MessageTransform | None, failpoints: FailPoints
+    ) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.transform = transform
+        self.failpoints = failpoints
+
+    def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
+        s = self.settings
+        task = MessageTask(
+            s.job, s.database_url, s.kafka_conf, self.transform, self.failpoints, s.on_bad_message
+        )
+        return run_ranges(self.spark, ranges, task, description), 0.0

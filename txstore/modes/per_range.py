@@ -1,0 +1,40 @@
+"""Per-range commits (the default): each Spark task reads, aggregates and commits its ranges.
+
+A task's ranges commit in one transaction, or one by one if that is
+refused (:meth:`~txstore.task.RangeTask.run_together`); the driver only
+collects the reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txstore.failpoints import FailPoints
+from txstore.ranges import OffsetRange
+from txstore.settings import JobSettings
+from txstore.spark import run_ranges
+from txstore.task import Aggregate, RangeReport, RangeTask
+
+
+class PerRangeMode:
+    def __init__(
+        self, spark: Any, settings: JobSettings, aggregate: Aggregate, failpoints: FailPoints
+    ) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.aggregate = aggregate
+        self.failpoints = failpoints
+
+    def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
+        s = self.settings
+        task = RangeTask(
+            s.job,
+            s.database_url,
+            s.kafka_conf,
+            self.aggregate,
+            self.failpoints,
+            s.publish_topic,
+            s.publish_max_bytes,
+            s.on_bad_message,
+        )
+        return run_ranges(self.spark, ranges, task, description), 0.0

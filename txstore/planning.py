@@ -1,0 +1,153 @@
+"""Planning a batch: the ranges to run, from the database and Kafka (steps 1-4 of a batch).
+
+1. read the job's committed offsets from ``txn_offsets`` (never from Spark
+   checkpoints);
+2. ask Kafka for every partition's watermarks (after step 1, so that an
+   offset another instance commits meanwhile is never above them);
+3. give partitions without a row their starting offset (``INSERT .. ON
+   CONFLICT DO NOTHING``, then re-read, so concurrent starters agree), and
+   with ``fail_on_data_loss`` off move past aged-out offsets, recording them;
+4. plan one range per partition with new data (capped by
+   ``max_offsets_per_batch``); none means no Spark job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from txstore import store
+from txstore.errors import PRIVILEGE_HINT, DatabaseUnavailable, PermissionDenied, first_line
+from txstore.kafka import offsets_for_timestamp
+from txstore.ranges import (
+    OffsetRange,
+    PartitionHistory,
+    PartitionWatermarks,
+    TopicPartition,
+    aged_out,
+    limit_ranges,
+    plan_ranges,
+)
+from txstore.settings import JobSettings
+from txstore.starting import resolve_starting_offsets
+from txstore.topic_ids import TopicIds
+
+log = logging.getLogger("txstore")
+
+WatermarksSource = Callable[[Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]]
+
+
+class Planner:
+    """Plans a job's batches; keeps each partition's history (fingerprint, topic ID) between them."""
+
+    def __init__(
+        self, settings: JobSettings, watermarks: WatermarksSource, topic_ids: TopicIds | None = None
+    ) -> None:
+        """``topic_ids`` is asked only with the job's own Kafka clients (else None: no topic IDs)."""
+        self.settings = settings
+        self.watermarks = watermarks
+        self.topic_ids_source = topic_ids
+        self.history: dict[TopicPartition, PartitionHistory] = {}
+
+    def plan(self, connection: Callable[[], psycopg.Connection]) -> list[OffsetRange]:
+        """Steps 1-4 on the driver's ``connection()``; PostgreSQL errors become one line
+        (:class:`PermissionDenied`, :class:`DatabaseUnavailable`)."""
+        s = self.settings
+        try:
+            conn = connection()
+            committed, watermarks = self._state(conn)
+            # Both steps, always: a batch may start new partitions and skip aged-out offsets at once.
+            started = self._start_new_partitions(conn, committed, watermarks)
+            skipped = self._skip_lost(conn, committed, watermarks)
+            if started or skipped:
+                committed, watermarks = self._state(conn)
+            topic_ids = self._topic_ids(conn)
+            ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
+            return limit_ranges(ranges, s.max_offsets_per_batch)
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise PermissionDenied(
+                f"planning job {s.job!r}: PostgreSQL said {first_line(e)}; {PRIVILEGE_HINT}"
+            ) from None
+        except psycopg.Error as e:
+            raise DatabaseUnavailable(
+                f"planning job {s.job!r} failed in PostgreSQL: {first_line(e)}"
+            ) from None
+
+    def _state(self, conn: psycopg.Connection) -> tuple[dict[TopicPartition, int], list[PartitionWatermarks]]:
+        # Offsets first, watermarks after: then every legitimately committed
+        # offset is at or below the log end we plan with, even while another
+        # instance of the job commits in between.
+        s = self.settings
+        committed, self.history = store.committed_state(conn, s.job, s.topics)
+        return committed, self.watermarks(s.kafka_conf, s.topics)
+
+    def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
+        """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
+        stored in the rows that have none yet, so a later recreation is seen."""
+        if self.topic_ids_source is None:
+            return {}
+        s = self.settings
+        ids = self.topic_ids_source(s.kafka_conf, s.topics)
+        unknown = {
+            t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in self.history.items())
+        }
+        if unknown:
+            store.record_topic_ids(conn, s.job, unknown)
+        return ids
+
+    def _start_new_partitions(
+        self,
+        conn: psycopg.Connection,
+        committed: dict[TopicPartition, int],
+        watermarks: list[PartitionWatermarks],
+    ) -> bool:
+        """Step 3; True if rows were created (or found created by another instance)."""
+        s = self.settings
+        new = [w for w in watermarks if w.key not in committed]
+        started = {topic for topic, _ in committed}
+        by_time = None
+        if new and s.starting_offsets.timestamp_ms is not None:
+            first_run = [w.key for w in new if w.topic not in started]
+            by_time = offsets_for_timestamp(s.kafka_conf, first_run, s.starting_offsets.timestamp_ms)
+        decisions = resolve_starting_offsets(
+            s.starting_offsets, new, [w.key for w in watermarks], started, by_time
+        )
+        if not decisions:
+            return False
+        created = store.create_start_rows(conn, s.job, decisions)
+        for d in decisions:
+            if (d.topic, d.partition) in created:
+                log.info("job %s: %s/%d starts at %s", s.job, d.topic, d.partition, d.reason)
+            else:
+                log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
+        return True
+
+    def _skip_lost(
+        self,
+        conn: psycopg.Connection,
+        committed: dict[TopicPartition, int],
+        watermarks: list[PartitionWatermarks],
+    ) -> bool:
+        """With ``fail_on_data_loss`` off: move past aged-out offsets, recording them.
+
+        With it on, the planner refuses them instead (:class:`DataLoss`).
+        """
+        s = self.settings
+        lost = [] if s.fail_on_data_loss else aged_out(committed, watermarks)
+        if not lost:
+            return False
+        for r in store.record_lost_ranges(conn, s.job, lost):
+            log.warning(
+                "job %s: %s/%d: offsets %d -> %d (%d messages) aged out of Kafka before they were "
+                "counted; skipped and recorded in txn_lost_ranges (--fail-on-data-loss false)",
+                s.job,
+                r.topic,
+                r.partition,
+                r.from_offset,
+                r.until_offset,
+                r.size,
+            )
+        return True
