@@ -11,7 +11,9 @@ reads the line and runs what it says:
     deleted and recreated with as many partitions, and refilled, per trial,
     either *past* the old log ends (each instance must stop with the
     ``TopicRecreated`` line) or *below* the stored offsets (``OffsetOutOfLog``,
-    or ``TopicRecreated`` where the topic ID is seen first). Instances that stop
+    or ``TopicRecreated`` where the topic ID is seen first; ``OffsetOutOfLog`` is
+    right after a refill past too if the job looked while the new topic was still
+    shorter, as its line shows). Instances that stop
     so are not restarted. Once none runs, the operator step checks the old
     generation (its total equals the sum of its stored offsets, which lie within
     the old log, and per key equals the old messages below them), runs
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -67,6 +70,9 @@ PUBLISH_MAX_BYTES = 4096
 
 RECREATED_LINE = "the topic was deleted and recreated"
 OUT_OF_LOG_LINES = ("is beyond the log-end offset", "Kafka no longer has this partition")
+OUT_OF_LOG = re.compile(
+    r"partition (?P<partition>\d+): stored offset \d+ is beyond the log-end offset (?P<end>\d+)"
+)
 BAD_MESSAGE_LINE = "the aggregate failed on this message"
 
 
@@ -117,6 +123,7 @@ class TrialEvents:
         self.lock = threading.Lock()
         self.sent: dict[int, dict[int, bytes]] = collections.defaultdict(dict)
         self.old: OldGeneration | None = None
+        self.refilled: dict[int, int] = {}  # the new topic's messages per partition, once refilled
         self.old_counted = 0
         self.old_keys: collections.Counter[str] = collections.Counter()
         self.poison: set[tuple[int, int]] = set()
@@ -148,7 +155,10 @@ class TrialEvents:
         if self.old is not None and RECREATED_LINE in tail:
             return "topic-recreated"
         if self.old is not None and any(line in tail for line in OUT_OF_LOG_LINES):
-            if self.refill == "past" and inst.number not in self._judged:
+            # Refilled past, the line is still right if the job looked before the refill was in.
+            seen = OUT_OF_LOG.search(tail)
+            early = seen is not None and int(seen["end"]) < self.refilled.get(int(seen["partition"]), 0)
+            if self.refill == "past" and not early and inst.number not in self._judged:
                 self._judged.add(inst.number)
                 self.trial.result.failures.append(
                     f"instance {inst.number} stopped with OffsetOutOfLog, but the new topic was "
@@ -216,6 +226,7 @@ class TrialEvents:
         else:
             counts = {p: self.rng.randint(0, max(0, self.old.stored.get(p, 0) - 1)) for p in ends}
         self.awaiting = "reset"
+        self.refilled = counts
         self._send({p: [f"k{self.rng.randrange(t.plan.keys)}".encode()] * n for p, n in counts.items()})
         t.say(f"  recreated the topic, refilled {self.refill} the stored offsets: {counts}")
         return True

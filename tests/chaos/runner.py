@@ -70,6 +70,7 @@ FAULT_KINDS = (
     "second-instance",  # another instance of the same job at the same time
     "instance-during-batch",  # another instance started while one runs a batch
     "pg-frozen",  # the proxy stops forwarding for seconds, closing and refusing nothing
+    "kafka-frozen",  # the broker answers every request seconds late, closing and refusing nothing
     *EVENT_FAULT_KINDS,  # topic-recreated, poison-message, oversized-publish (tests/chaos/events.py)
 )
 # Known, but only run when asked for (--faults): none now. Adding kinds to FAULT_KINDS
@@ -744,6 +745,18 @@ class Trial:
             self.env.kafka.set_broker_up(1)
         return True
 
+    def _fault_kafka_frozen(self) -> bool:
+        """Delay every answer of the broker by 1-8 s for as long: its connections stay open,
+        requests in that time are answered that late (the mock's round-trip time; a proxy
+        cannot freeze it, clients connect to the address the broker advertises)."""
+        seconds = self.rng.uniform(1.0, 8.0)
+        self.env.kafka.set_broker_rtt(1, int(seconds * 1000))
+        try:
+            time.sleep(seconds)
+        finally:
+            self.env.kafka.set_broker_rtt(1, 0)
+        return True
+
     def _fault_kafka_request_errors(self) -> bool:
         api = self.rng.choice(sorted(KAFKA_APIS.values()))
         errors = [self.rng.choice(KAFKA_ERRORS) for _ in range(self.rng.randint(1, 8))]
@@ -813,6 +826,8 @@ class Trial:
     def _heal(self) -> None:
         with contextlib.suppress(Exception):
             self.env.kafka.set_broker_up(1)
+        with contextlib.suppress(Exception):
+            self.env.kafka.set_broker_rtt(1, 0)
         for api in KAFKA_APIS.values():
             with contextlib.suppress(Exception):
                 self.env.kafka.clear_request_errors(api)

@@ -26,7 +26,7 @@ QUICK: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
     ),
     (103, ("second-instance", "fp-between-upsert-and-offsets", "pg-unreachable", "fp-after-plan"), ()),
     (104, ("instance-during-batch", "fp-before-commit"), ("--by", "key", "--commit", "per-batch")),
-    (105, ("fp-between-batches", "kafka-request-errors"), ()),
+    (105, ("fp-between-batches", "kafka-request-errors", "kafka-frozen"), ()),
     (106, ("speculation", "fp-after-commit"), ()),
     # The events the job stops on (tests/chaos/events.py): a recreated topic refilled past
     # the stored offsets (seed 107's draw) under a frozen database network; a poison
