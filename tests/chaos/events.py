@@ -67,6 +67,8 @@ OPERATOR_EXITS = ("topic-recreated", "offset-out-of-log", "bad-message")
 BEYOND_ANY_CALENDAR_MS = 300_000_000_000_000  # year 11476: --window cannot place it
 POISON_KEY = b"poison"
 PUBLISH_MAX_BYTES = 4096
+PRODUCE_API = 0
+TOPIC_AUTHORIZATION_FAILED = 29  # a Produce error retrying cannot fix: the row is set aside
 
 RECREATED_LINE = "the topic was deleted and recreated"
 OUT_OF_LOG_LINES = ("is beyond the log-end offset", "Kafka no longer has this partition")
@@ -120,6 +122,14 @@ class TrialEvents:
         self.refill = self.rng.choice(("past", "below"))
         self.publish_topic = f"{trial.topic}-results" if "oversized-publish" in plan.faults else None
         self.skip = "skip" in plan.job_args  # --on-bad-message skip from the start
+        # In about half the publishing trials (alone with the producer pause), the broker also
+        # refuses the job's publishing for good once: rows set aside, then --retry-failed.
+        self.refuse_publish = (
+            self.publish_topic is not None
+            and not {"topic-recreated", "poison-message"} & set(plan.faults)
+            and self.rng.random() < 0.5
+        )
+        self.refusals = 0  # Produce errors pushed
         self.lock = threading.Lock()
         self.sent: dict[int, dict[int, bytes]] = collections.defaultdict(dict)
         self.old: OldGeneration | None = None
@@ -257,6 +267,40 @@ class TrialEvents:
             raise RuntimeError("the poison messages were not delivered in 120s")
         t.say(f"  poison messages at {sorted(self.poison)}")
         return bool(self.poison)
+
+    def inject_publish_refused(self) -> bool:
+        """With the trial's producer paused (its requests would take the error), make the
+        broker refuse the next 1-2 Produce requests for good: the job's publisher sets
+        those rows aside and goes on. Waits (bounded) until one is set aside."""
+        if not self.refuse_publish:
+            return False
+        t = self.trial
+        t.pause_producing.set()
+        try:
+            if not t.producing_paused.wait(150):
+                raise TimeoutError("the producer did not pause within 150s")
+            self.refusals = self.rng.randint(1, 2)
+            t.env.kafka.push_request_errors(PRODUCE_API, *[TOPIC_AUTHORIZATION_FAILED] * self.refusals)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not t.window_over.is_set() and not self._set_aside():
+                time.sleep(0.2)
+            t.env.kafka.clear_request_errors(PRODUCE_API)
+            time.sleep(1.0)  # a delivery report of a refused request may come a moment later
+        finally:
+            t.pause_producing.clear()
+        t.say(
+            f"  publish refused for good ({self.refusals} requests): {len(self._set_aside())} rows set aside"
+        )
+        return True
+
+    def _set_aside(self) -> list[tuple[int, str]]:
+        t = self.trial
+        with t.env.connect() as conn:
+            rows = conn.execute(
+                "SELECT id, failed_reason FROM txn_outbox WHERE job = %s AND failed_at IS NOT NULL ORDER BY id",
+                (t.job,),
+            ).fetchall()
+        return [(int(i), str(r)) for i, r in rows]
 
     def _send(self, keys: dict[int, list[bytes]]) -> None:
         t = self.trial
@@ -408,6 +452,24 @@ class TrialEvents:
         t = self.trial
         failures = t.result.failures
         assert self.publish_topic is not None
+        set_aside = self._set_aside()
+        if set_aside and not self.refusals:
+            failures.append(f"outbox rows set aside though Kafka refused nothing: {set_aside[:3]}")
+        elif set_aside:  # the operator, once the cause is gone
+            if any("authoriz" not in reason.lower() for _, reason in set_aside):
+                failures.append(f"rows set aside for another reason: {set_aside[:3]}")
+            retried = subprocess.run(
+                [
+                    sys.executable, "-m", "txstore.cli", "publish", "--database-url", t.env.database_url,
+                    "--bootstrap-servers", t.env.kafka.bootstrap_servers, "--job", t.job, "--retry-failed",
+                ],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            if retried.returncode != 0:
+                failures.append(
+                    f"txstore publish --retry-failed ({retried.returncode}): {retried.stderr[-400:]}"
+                )
+            t.result.events["set-aside-retried"] += len(set_aside)
         with t.env.connect() as conn:
             row = conn.execute(
                 "SELECT count(*) FILTER (WHERE sent_at IS NULL AND failed_at IS NULL), "

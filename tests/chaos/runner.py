@@ -770,7 +770,11 @@ class Trial:
         return self.events.inject_poison_message()
 
     def _fault_oversized_publish(self) -> bool:
-        return False  # planned into the job's flags; counted from what was published
+        """Planned into the job's flags, counted from what was published; in some trials the
+        broker also refuses publishing for good once (rows set aside, then --retry-failed)."""
+        if self.events.inject_publish_refused():
+            self.result.events["publish-refused"] += 1
+        return False
 
     def _fault_second_instance(self) -> bool:
         self.start_instance(self.plan.failpoints, primary=False)
@@ -828,7 +832,7 @@ class Trial:
             self.env.kafka.set_broker_up(1)
         with contextlib.suppress(Exception):
             self.env.kafka.set_broker_rtt(1, 0)
-        for api in KAFKA_APIS.values():
+        for api in (*KAFKA_APIS.values(), 0):  # 0: Produce, refused by oversized-publish
             with contextlib.suppress(Exception):
                 self.env.kafka.clear_request_errors(api)
         self.env.proxy.heal()
