@@ -161,7 +161,8 @@ class TrialEvents:
         code = inst.process.returncode
         if code is None or code <= 0:
             return None
-        tail = "\n".join(inst.log().splitlines()[-30:])
+        # The job's own one-line error, not a range's REFUSED log line of the same event.
+        tail = "\n".join(line for line in inst.log().splitlines()[-30:] if ": error: " in line)
         if self.old is not None and RECREATED_LINE in tail:
             return "topic-recreated"
         if self.old is not None and any(line in tail for line in OUT_OF_LOG_LINES):
