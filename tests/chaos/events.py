@@ -270,9 +270,10 @@ class TrialEvents:
         return bool(self.poison)
 
     def inject_publish_refused(self) -> bool:
-        """With the trial's producer paused (its requests would take the error), make the
-        broker refuse the next 1-2 Produce requests for good: the job's publisher sets
-        those rows aside and goes on. Waits (bounded) until one is set aside."""
+        """With the trial's producer paused (its requests would take the error), send a
+        burst of messages, then make the broker refuse the next 1-2 Produce requests for
+        good: the job's publisher, publishing the burst's results, sets those rows aside
+        and goes on. Waits (bounded) until one is set aside."""
         if not self.refuse_publish:
             return False
         t = self.trial
@@ -280,10 +281,12 @@ class TrialEvents:
         try:
             if not t.producing_paused.wait(150):
                 raise TimeoutError("the producer did not pause within 150s")
+            keys = [f"k{self.rng.randrange(t.plan.keys)}".encode() for _ in range(300)]
+            self._send({p: keys[p :: t.plan.partitions] for p in range(t.plan.partitions)})
             self.refusals = self.rng.randint(1, 2)
             t.env.kafka.push_request_errors(PRODUCE_API, *[TOPIC_AUTHORIZATION_FAILED] * self.refusals)
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not t.window_over.is_set() and not self._set_aside():
+            while time.monotonic() < deadline and not self._set_aside():
                 time.sleep(0.2)
             t.env.kafka.clear_request_errors(PRODUCE_API)
             time.sleep(1.0)  # a delivery report of a refused request may come a moment later
