@@ -16,6 +16,10 @@ replayed with ``python -m tests.chaos --replay SEED``):
    flags, every key's count)
    equals what Kafka holds, every stored offset equals its log end, and the
    last instance exited 0. Any unexplained exit or timeout fails the trial too.
+
+The events a job must stop on (a recreated topic, a poison message) or publish
+in parts are in :mod:`tests.chaos.events`: their injection, the operator's step
+after a stop, and what the end must show; the runner calls them through hooks.
 """
 
 from __future__ import annotations
