@@ -14,13 +14,14 @@ reads the line and runs what it says:
     or ``TopicRecreated`` where the topic ID is seen first; ``OffsetOutOfLog`` is
     right after a refill past too if the job looked while the new topic was still
     shorter, as its line shows). Instances that stop
-    so are not restarted. Once none runs, the operator step checks the old
-    generation (its total equals the sum of its stored offsets, which lie within
-    the old log, and per key equals the old messages below them), runs
-    ``txstore reset --to-earliest --execute`` for every partition, checks that
-    each move starts generation 1, resumes producing and starts the job again.
-    The end: total = what the old generation counted + everything the new topic
-    holds, offsets = the new log ends, generation 1 everywhere.
+    so are not restarted. Once none runs, the operator step runs ``txstore reset
+    --to-earliest`` as a dry run: every partition that counted something of the old
+    log must show ``new generation 1``; it checks what was counted (the total equals
+    the messages below the stored offsets: of the old log in those partitions, of
+    the new log in the others, which had nothing to verify), executes the reset for
+    exactly those partitions, resumes producing and starts the job again. The end:
+    total = what the old generation counted + everything the new topic holds,
+    offsets = the new log ends, generation 1 in the partitions reset, 0 elsewhere.
 
 ``poison-message``
     One to three messages with a timestamp no calendar holds (key ``poison``), so
@@ -136,6 +137,7 @@ class TrialEvents:
         self.refilled: dict[int, int] = {}  # the new topic's messages per partition, once refilled
         self.old_counted = 0
         self.old_keys: collections.Counter[str] = collections.Counter()
+        self.reset_partitions: set[int] = set()  # the partitions reset into generation 1
         self.poison: set[tuple[int, int]] = set()
         self.awaiting: str | None = None  # "reset" (a recreation) or "skip" (a poison, with fail)
         self.extra_args: list[str] = []
@@ -333,30 +335,7 @@ class TrialEvents:
         total, by_key = self._counted()
         failures = t.result.failures
         if self.awaiting == "reset" and self.old is not None:
-            old = self.old
-            if any(stored[p] > old.ends[p] or stored[p] < old.stored[p] for p in old.ends):
-                failures.append(f"old generation offsets {stored} outside {old.stored}..{old.ends}")
-            expected_keys = collections.Counter(
-                k.decode() for p, keys in old.keys.items() for off, k in keys.items() if off < stored[p]
-            )
-            self._compare("old generation", total, sum(stored.values()), by_key, expected_keys)
-            self.old_counted, self.old_keys = total, expected_keys
-            # The plan must see the recreation in every partition that counted something;
-            # one that counted nothing has nothing to compare, and the operator says so.
-            plan = self._reset("--to-earliest")
-            seen = {p for p in stored if f"{t.topic}/{p}: {stored[p]} -> 0, new generation 1" in plan.stdout}
-            if plan.returncode != 0 or seen != {p for p, off in stored.items() if off}:
-                failures.append(
-                    f"txstore reset --to-earliest ({plan.returncode}) planned new generations for "
-                    f"partitions {sorted(seen)} of {stored}: {(plan.stdout + plan.stderr)[-600:]}"
-                )
-            done = self._reset("--to-earliest", "--new-generation", "--execute")
-            if done.returncode != 0 or done.stdout.count("new generation 1") != len(stored):
-                failures.append(
-                    f"txstore reset --execute ({done.returncode}): {(done.stdout + done.stderr)[-600:]}"
-                )
-            t.result.events["operator-reset"] += 1
-            t.pause_producing.clear()
+            self._operate_reset(stored, total, by_key)
         elif self.awaiting == "skip":
             for p, off in self.poison:
                 if stored.get(p, 0) > off:
@@ -367,6 +346,43 @@ class TrialEvents:
             t.result.events["operator-skip"] += 1
         t.say(f"  operator: {self.awaiting} done (stored {stored}, total {total})")
         self.awaiting = None
+
+    def _operate_reset(self, stored: dict[int, int], total: int, by_key: collections.Counter[str]) -> None:
+        """After a recreation: the dry run shows which partitions start a new generation; those
+        are reset (the lines' commands), the others go on as they are.
+
+        A partition that had counted nothing of the old log has nothing to verify (nor,
+        on the mock, a topic ID), so the job counts the new log there in generation 0
+        before another partition stops it. That is counted once and right; resetting it
+        too (``--new-generation``) would count it twice. Every partition that counted
+        something of the old log must be seen as recreated.
+        """
+        t, old, failures = self.trial, self.old, self.trial.result.failures
+        assert old is not None
+        plan = self._reset("--to-earliest")
+        seen = {p for p in stored if f"{t.topic}/{p}: {stored[p]} -> 0, new generation 1" in plan.stdout}
+        if plan.returncode != 0 or not seen or any(old.stored.get(p, 0) for p in stored if p not in seen):
+            failures.append(
+                f"txstore reset --to-earliest ({plan.returncode}) planned new generations for "
+                f"partitions {sorted(seen)} of {stored} (at the recreation {old.stored}): "
+                f"{(plan.stdout + plan.stderr)[-600:]}"
+            )
+        if any(not old.stored.get(p, 0) <= stored[p] <= old.ends[p] for p in seen):
+            failures.append(f"old generation offsets {stored} outside {old.stored}..{old.ends}")
+        old_keys = collections.Counter(
+            k.decode() for p in seen for off, k in old.keys.get(p, {}).items() if off < stored[p]
+        )
+        new_keys = self._kafka_keys({p: off for p, off in stored.items() if p not in seen})
+        self._compare("before the reset", total, sum(stored.values()), by_key, old_keys + new_keys)
+        self.old_counted, self.old_keys, self.reset_partitions = sum(stored[p] for p in seen), old_keys, seen
+        partitions = [a for p in sorted(seen) for a in ("--partition", str(p))]
+        done = self._reset("--to-earliest", *partitions, "--execute")
+        if done.returncode != 0 or done.stdout.count("new generation 1") != len(seen):
+            failures.append(
+                f"txstore reset --execute ({done.returncode}): {(done.stdout + done.stderr)[-600:]}"
+            )
+        t.result.events["operator-reset"] += 1
+        t.pause_producing.clear()
 
     def _reset(self, *args: str) -> subprocess.CompletedProcess[str]:
         t = self.trial
@@ -441,9 +457,9 @@ class TrialEvents:
                 "SELECT part, off, generation FROM txn_bad_messages WHERE job = %s AND topic = %s",
                 (t.job, t.topic),
             ).fetchall()
-        want = 1 if self.old else 0
-        if any(g != want for _, g in generations):
-            failures.append(f"generations {sorted(generations)}, expected {want} everywhere")
+        want = {int(p): int(p in self.reset_partitions) for p, _ in generations}
+        if dict((int(p), int(g)) for p, g in generations) != want:
+            failures.append(f"generations {sorted(generations)}, expected {want}")
         if self.old:
             t.result.events["deleted-uncounted"] += sum(self.old.ends.values()) - self.old_counted
         found = {(int(p), int(o)) for p, o, _ in bad}
