@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,18 @@ def test_a_downed_brokers_port_is_kept_from_outgoing_connections_until_it_is_up(
         produce(kafka.bootstrap_servers, "after-up", {0: 2})
         marks = fetch_watermarks(client_config(kafka.bootstrap_servers), ["after-up"])
         assert {m.partition: m.high for m in marks}[0] == 2
+
+
+def test_a_broker_with_a_round_trip_time_answers_that_late_and_then_at_once_again() -> None:
+    with MockKafkaCluster() as kafka:
+        produce(kafka.bootstrap_servers, "rtt", {0: 2})
+        conf = client_config(kafka.bootstrap_servers)
+        kafka.set_broker_rtt(1, 1500)
+        started = time.monotonic()
+        marks = fetch_watermarks(conf, ["rtt"])
+        late = time.monotonic() - started
+        kafka.set_broker_rtt(1, 0)
+        started = time.monotonic()
+        assert fetch_watermarks(conf, ["rtt"]) == marks
+        assert {m.partition: m.high for m in marks}[0] == 2
+        assert late >= 1.5 > time.monotonic() - started

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--faults",
         help="with --replay or a single trial: these fault kinds instead "
-        f"({', '.join(FAULT_KINDS + OPT_IN_FAULT_KINDS)}; {', '.join(OPT_IN_FAULT_KINDS)} only this way)",
+        f"({', '.join(FAULT_KINDS + OPT_IN_FAULT_KINDS)})",
     )
     parser.add_argument(
         "--job-args",

@@ -16,12 +16,17 @@ replayed with ``python -m tests.chaos --replay SEED``):
    flags, every key's count)
    equals what Kafka holds, every stored offset equals its log end, and the
    last instance exited 0. Any unexplained exit or timeout fails the trial too.
+
+The events a job must stop on (a recreated topic, a poison message) or publish
+in parts are in :mod:`tests.chaos.events`: their injection, the operator's step
+after a stop, and what the end must show; the runner calls them through hooks.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -42,6 +47,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import Producer
 
+from tests.chaos.events import EVENT_FAULT_KINDS, OPERATOR_EXITS, TrialEvents, compatible, plan_job_args
 from tests.chaos.procs import TAG_ENV, busy, handles, kill, kill_tagged, python_workers, tagged
 from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
@@ -67,12 +73,13 @@ FAULT_KINDS = (
     "speculation",  # speculative task copies (standalone cluster; counted from the event log)
     "second-instance",  # another instance of the same job at the same time
     "instance-during-batch",  # another instance started while one runs a batch
-)
-# Known, but only run when asked for (--faults): not in the seed rotation, so that every
-# earlier seed still replays the trial it ran.
-OPT_IN_FAULT_KINDS = (
     "pg-frozen",  # the proxy stops forwarding for seconds, closing and refusing nothing
+    "kafka-frozen",  # the broker answers every request seconds late, closing and refusing nothing
+    *EVENT_FAULT_KINDS,  # topic-recreated, poison-message, oversized-publish (tests/chaos/events.py)
 )
+# Known, but only run when asked for (--faults): none now. Adding kinds to FAULT_KINDS
+# changes what every seed plans (README, "Chaos testing").
+OPT_IN_FAULT_KINDS: tuple[str, ...] = ()
 # The job's frozen PostgreSQL connections fail in seconds (the defaults take 30 s).
 FROZEN_PEER_PARAMS = "tcp_user_timeout=4000&keepalives_idle=2&keepalives_interval=1&keepalives_count=2"
 
@@ -133,12 +140,13 @@ class TrialPlan:
             first = FAULT_KINDS[seed % len(FAULT_KINDS)]
             others = [k for k in FAULT_KINDS if k not in (first, "speculation")]
             faults = (first, *rng.sample(others, rng.choice((0, 1, 1, 2))))
+        faults = compatible(faults)
         unknown = set(faults) - set(FAULT_KINDS) - set(OPT_IN_FAULT_KINDS)
         if unknown:
             known = ", ".join(FAULT_KINDS + OPT_IN_FAULT_KINDS)
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {known}")
         window = rng.uniform(6.0, 11.0) + (10.0 if "speculation" in faults else 0.0)
-        return cls(
+        plan = cls(
             seed=seed,
             faults=tuple(faults),
             fault_times=tuple(round(rng.uniform(0.0, window * 0.7), 2) for _ in faults),
@@ -150,8 +158,9 @@ class TrialPlan:
             launch=rng.choice(("python", "spark-submit")),
             max_offsets_per_batch=rng.choice((None, None, rng.randint(200, 2000))),
             failpoints=_failpoints(rng, faults, intense),
-            job_args=tuple(job_args),
         )
+        args, keys = plan_job_args(rng, faults, job_args)  # what the event faults need
+        return dataclasses.replace(plan, job_args=args, keys=keys or plan.keys)
 
     @property
     def driver_points(self) -> tuple[str, ...]:
@@ -389,6 +398,10 @@ class Trial:
         self.delivered = 0
         self.until = 0.0
         self.delivery_errors: list[str] = []
+        self.pause_producing = threading.Event()  # set: the producer flushes, drops itself and waits
+        self.producing_paused = threading.Event()
+        self.key_grain = "key+window" if "--window" in plan.job_args else "key"
+        self.events = TrialEvents(self)
 
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> TrialResult:
@@ -399,6 +412,7 @@ class Trial:
             if self.plan.standalone:
                 self.env.standalone()  # started once, before the clock of the fail points runs
             self.env.kafka.create_topic(self.topic, self.plan.partitions)
+            self.events.prepare()
             self._produce(self.plan.initial_messages, random.Random(self.plan.seed * 31 + 3))
             # Fail points switch themselves off at `until`: then the running
             # instances can catch up as they are, without a restart.
@@ -429,8 +443,8 @@ class Trial:
             self.window_over.set()
             self.stop_producing.set()
             producer.join(timeout=90)
-            for thread in faults:
-                thread.join(timeout=60)
+            for thread in faults:  # a recreation waits for the operator's step
+                thread.join(timeout=180)
             self._heal()
             self._catch_up_and_stop()
             self._check()
@@ -513,6 +527,7 @@ class Trial:
             if self.plan.max_offsets_per_batch:
                 args += ["--max-offsets-per-batch", str(self.plan.max_offsets_per_batch)]
             args += self.plan.job_args
+            args += self.events.instance_args()
             spark = self._spark_args(tag)
             env = {
                 k: v
@@ -612,6 +627,7 @@ class Trial:
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is None:
             self.delivered += 1
+            self.events.delivered(msg)
         else:
             self.delivery_errors.append(str(err))
 
@@ -631,11 +647,22 @@ class Trial:
             raise RuntimeError("the producer could not deliver the initial messages in 120s")
 
     def _produce_during_window(self) -> None:
-        producer = self._producer()
+        """Produce until the window ends; while ``pause_producing`` is set, with everything
+        delivered and no producer (a recreated topic needs a new idempotent producer)."""
+        producer: Producer | None = self._producer()
         rng = random.Random(self.plan.seed * 31 + 7)
         while not self.stop_producing.wait(rng.uniform(0.05, 0.5)):
+            if self.pause_producing.is_set():
+                if producer is not None and producer.flush(120) != 0:
+                    self.delivery_errors.append("messages still undelivered after 120s")
+                producer = None
+                self.producing_paused.set()
+                continue
+            if producer is None:
+                self.producing_paused.clear()
+                producer = self._producer()
             self._produce(rng.randint(1, 200), rng, producer)
-        if producer.flush(120) != 0:
+        if producer is not None and producer.flush(120) != 0:
             self.delivery_errors.append("messages still undelivered after 120s")
 
     # -- faults ------------------------------------------------------------------------------------
@@ -649,7 +676,7 @@ class Trial:
             with self.lock:
                 self.result.injected[kind] += 1
             self.say(f"  injected {kind}")
-        elif not kind.startswith("fp-") and kind != "speculation":
+        elif not kind.startswith("fp-") and kind not in ("speculation", "oversized-publish"):
             self.say(f"  {kind}: no moment found to inject it")
             self.result.events[f"missed-{kind}"] += 1
 
@@ -722,11 +749,36 @@ class Trial:
             self.env.kafka.set_broker_up(1)
         return True
 
+    def _fault_kafka_frozen(self) -> bool:
+        """Delay every answer of the broker by 1-8 s for as long: its connections stay open,
+        requests in that time are answered that late (the mock's round-trip time; a proxy
+        cannot freeze it, clients connect to the address the broker advertises)."""
+        seconds = self.rng.uniform(1.0, 8.0)
+        self.env.kafka.set_broker_rtt(1, int(seconds * 1000))
+        try:
+            time.sleep(seconds)
+        finally:
+            self.env.kafka.set_broker_rtt(1, 0)
+        return True
+
     def _fault_kafka_request_errors(self) -> bool:
         api = self.rng.choice(sorted(KAFKA_APIS.values()))
         errors = [self.rng.choice(KAFKA_ERRORS) for _ in range(self.rng.randint(1, 8))]
         self.env.kafka.push_request_errors(api, *errors)
         return True
+
+    def _fault_topic_recreated(self) -> bool:
+        return self.events.inject_topic_recreated()
+
+    def _fault_poison_message(self) -> bool:
+        return self.events.inject_poison_message()
+
+    def _fault_oversized_publish(self) -> bool:
+        """Planned into the job's flags, counted from what was published; in some trials the
+        broker also refuses publishing for good once (rows set aside, then --retry-failed)."""
+        if self.events.inject_publish_refused():
+            self.result.events["publish-refused"] += 1
+        return False
 
     def _fault_second_instance(self) -> bool:
         self.start_instance(self.plan.failpoints, primary=False)
@@ -752,12 +804,20 @@ class Trial:
                 )
             else:
                 self.result.events[reason] += 1
+            if reason in OPERATOR_EXITS:  # stopped by an event: the operator restarts it
+                inst.primary = False
             if inst.primary and not inst.stopping and not self.window_over.is_set():
                 inst.primary = False
                 self.start_instance(inst.failpoints, primary=True)
+        if self.events.operator_due(len(self._alive())):
+            self.events.operate()
+            self.start_instance("" if self.window_over.is_set() else self.plan.failpoints, primary=True)
 
     def _exit_reason(self, inst: Instance) -> str | None:
         """Why an instance exited, if that was expected; None for an unexplained exit."""
+        event = self.events.exit_reason(inst)
+        if event is not None:
+            return event
         code = inst.process.returncode
         log = inst.log()
         if inst.killed and code == -signal.SIGKILL:
@@ -774,7 +834,9 @@ class Trial:
     def _heal(self) -> None:
         with contextlib.suppress(Exception):
             self.env.kafka.set_broker_up(1)
-        for api in KAFKA_APIS.values():
+        with contextlib.suppress(Exception):
+            self.env.kafka.set_broker_rtt(1, 0)
+        for api in (*KAFKA_APIS.values(), 0):  # 0: Produce, refused by oversized-publish
             with contextlib.suppress(Exception):
                 self.env.kafka.clear_request_errors(api)
         self.env.proxy.heal()
@@ -816,8 +878,10 @@ class Trial:
             if inst is not keep:
                 self._stop(inst)
         self._supervise()
-        if keep is None or not keep.alive():
-            keep = self.start_instance("", primary=True)
+        if keep is None or not keep.alive():  # the operator's step may have started one
+            keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
+                "", primary=True
+            )
         keep.primary = True
         ends = self._log_ends()
         deadline = time.monotonic() + 240
@@ -825,9 +889,18 @@ class Trial:
         # process a moment after: give that time to show, and then an exit the fail point
         # explains is not the catch-up's failure; a clean instance takes over.
         settle = self.until + DRIVER_EXIT_SECONDS if self._driver_may_fail(keep) else 0.0
-        while self._offsets() != ends or time.time() < settle:
+        while self._offsets() != ends or time.time() < settle or not self.events.settled():
             if not keep.alive():
                 self._supervise()
+                if self._exit_reason(keep) in OPERATOR_EXITS:  # stopped by an event: the operator
+                    if self.events.awaiting is not None:  # step waits for the others to stop
+                        for inst in self._alive():
+                            self._stop(inst)
+                    keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
+                        "", primary=True
+                    )
+                    deadline, settle = time.monotonic() + 240, 0.0
+                    continue
                 if keep.failpoints and self._exit_reason(keep) is not None:
                     keep = self.start_instance("", primary=True)
                     deadline, settle = time.monotonic() + 240, 0.0
@@ -864,7 +937,8 @@ class Trial:
 
     def _check(self) -> None:
         ends = self._log_ends()
-        produced = sum(ends.values())
+        produced = self.events.produced(ends)  # with a recreated topic's old messages
+        expected_total = self.events.expected_total(ends)  # without poison, with the old generation
         with self.env.connect() as conn:
             total = conn.execute(
                 "SELECT coalesce(sum(metric), 0) FROM txn_data WHERE job = %s AND topic = %s "
@@ -872,9 +946,9 @@ class Trial:
                 (self.job, self.topic),
             ).fetchone()
             by_key = conn.execute(
-                "SELECT key, sum(metric) FROM txn_data WHERE job = %s AND topic = %s AND grain = 'key' "
+                "SELECT key, sum(metric) FROM txn_data WHERE job = %s AND topic = %s AND grain = %s "
                 "GROUP BY key",
-                (self.job, self.topic),
+                (self.job, self.topic, self.key_grain),
             ).fetchall()
             lost_ranges = conn.execute(
                 "SELECT count(*) FROM txn_lost_ranges WHERE job = %s", (self.job,)
@@ -882,7 +956,7 @@ class Trial:
         counted = int(total[0]) if total else 0
         r = self.result
         r.produced, r.counted = produced, counted
-        r.lost, r.duplicated = max(0, produced - counted), max(0, counted - produced)
+        r.lost, r.duplicated = max(0, expected_total - counted), max(0, counted - expected_total)
         if self.delivered != produced or self.delivery_errors:
             r.failures.append(
                 f"producer acknowledged {self.delivered} messages but Kafka holds {produced} "
@@ -895,7 +969,7 @@ class Trial:
         if self.plan.counts_per_key and not by_key and produced:
             r.failures.append("the job counts per key but wrote no per-key rows")
         if by_key or self.plan.counts_per_key:
-            expected = self._key_counts(ends)
+            expected = self.events.expected_keys(self._key_counts(ends))
             counted_keys = {str(k): int(v) for k, v in by_key}
             if counted_keys != expected:
                 wrong = {
@@ -906,6 +980,7 @@ class Trial:
                 r.failures.append(f"per-key counts differ (key: produced, counted): {wrong}")
                 r.lost += sum(max(0, p - c) for p, c in wrong.values())
                 r.duplicated += sum(max(0, c - p) for p, c in wrong.values())
+        self.events.check()
 
     def _key_counts(self, ends: dict[int, int]) -> dict[str, int]:
         counts: collections.Counter[str] = collections.Counter()

@@ -54,6 +54,7 @@ def _load_librdkafka() -> ctypes.CDLL:
         "rd_kafka_mock_topic_delete": ([vp, cp], i),
         "rd_kafka_mock_broker_set_down": ([vp, ctypes.c_int32], i),
         "rd_kafka_mock_broker_set_up": ([vp, ctypes.c_int32], i),
+        "rd_kafka_mock_broker_set_rtt": ([vp, ctypes.c_int32, i], i),
         "rd_kafka_mock_partition_set_leader": ([vp, cp, ctypes.c_int32, ctypes.c_int32], i),
         "rd_kafka_mock_push_request_errors_array": ([vp, ctypes.c_int16, sz, ctypes.POINTER(i)], None),
         "rd_kafka_mock_clear_request_errors": ([vp, ctypes.c_int16], None),
@@ -149,6 +150,14 @@ class MockKafkaCluster:
     def set_broker_up(self, broker_id: int) -> None:
         self._check(self._lib.rd_kafka_mock_broker_set_up(self._cluster, broker_id), "broker up")
         self._release_ports()
+
+    def set_broker_rtt(self, broker_id: int, rtt_ms: int) -> None:
+        """Delay every response of the broker by ``rtt_ms`` (0: none) from now on.
+
+        Connections stay open and nothing is refused: a request sent meanwhile
+        is answered ``rtt_ms`` late, as by a broker behind a frozen network.
+        """
+        self._check(self._lib.rd_kafka_mock_broker_set_rtt(self._cluster, broker_id, rtt_ms), "broker rtt")
 
     def _release_ports(self) -> None:
         _release_ports(self._reserved)
