@@ -33,6 +33,10 @@ class ConfigError(TxstoreError):
     """A flag, environment variable or argument is missing or malformed."""
 
 
+class MetricsPortInUse(ConfigError):
+    """``--metrics-port`` cannot be opened (in use, or not ours to bind); the job exits 2."""
+
+
 class DatabaseUnavailable(TxstoreError):
     """PostgreSQL could not be reached, refused the login, or dropped the connection."""
 
