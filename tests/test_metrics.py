@@ -11,12 +11,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import produce
 from tests.test_count_topic import job_for
 from tests.test_job_process import count_topic_args, run_job
+from txstore.errors import BatchFailed
 from txstore.job import TransactionalJob
 from txstore.logformat import JsonFormatter
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -110,6 +112,40 @@ def test_ranges_found_already_committed_are_counted_as_conflicts(
     assert value(samples, "txstore_commit_conflicts_total", kind="gap") == 0
     assert value(samples, "txstore_commit_conflicts_total", kind="overlap") == 0
     assert value(samples, "txstore_batches_total", outcome="ok") == 1
+
+
+@pytest.mark.parametrize("commit", ["per-range", "per-batch"])
+@pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap")])
+def test_a_gap_or_overlap_found_at_commit_is_counted_as_a_conflict_and_a_failed_batch(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    commit: str,
+    moved_to: int,
+    kind: str,
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 10})
+    job_for(spark, kafka, database_url, topic).run_batch()
+    produce(kafka.bootstrap_servers, topic, {0: 10})
+    with job_for(spark, kafka, database_url, topic, metrics_port=0, commit=commit) as job:
+        planned = job.plan()
+        # Someone moves the stored offset between planning and committing.
+        db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
+        with pytest.raises(BatchFailed, match=kind):
+            job.execute(planned)
+        _, samples = scrape(job)
+    assert value(samples, "txstore_commit_conflicts_total", kind=kind) == 1
+    assert value(samples, "txstore_commit_conflicts_total", kind="already_committed") == 0
+    assert value(samples, "txstore_batches_total", outcome="failed") == 1
+    assert value(samples, "txstore_batches_total", outcome="ok") == 0
+    # Nothing was committed by this process: no message counted for the topic.
+    assert (
+        "txstore_messages_total",
+        frozenset({"job": "count_topic", "topic": topic}.items()),
+    ) not in samples
 
 
 def test_without_a_metrics_port_nothing_is_served_or_registered(

@@ -153,12 +153,17 @@ class BatchFailed(TxstoreError):
     ``replan``: the refusal only means the plan is stale (another writer, or a
     late task of an earlier failed batch, committed part of a range after it
     was planned); planning again from the stored offsets is safe at once.
+    ``conflict``: the :class:`CommitConflict` class name when a driver-side
+    (per-batch) commit was refused for a gap or overlap (for the metrics).
     """
 
-    def __init__(self, message: str, *, transient: bool, replan: bool = False) -> None:
+    def __init__(
+        self, message: str, *, transient: bool, replan: bool = False, conflict: str | None = None
+    ) -> None:
         super().__init__(message)
         self.transient = transient or replan
         self.replan = replan
+        self.conflict = conflict
 
 
 def committed_past_start(error: CommitConflict) -> bool:

@@ -255,8 +255,9 @@ class TransactionalJob:
         description = f"txstore {s.job} batch {number}"
         try:
             reports, commit_ms = self.mode(number).run(ranges, description)
-        except TxstoreError:
-            self.metrics.batch_failed(plan_ms / 1000 + time.perf_counter() - started)
+        except TxstoreError as e:
+            conflict = e.conflict if isinstance(e, BatchFailed) else None
+            self.metrics.batch_failed(plan_ms / 1000 + time.perf_counter() - started, conflict)
             raise
         except Exception as e:
             self.metrics.batch_failed(plan_ms / 1000 + time.perf_counter() - started)

@@ -56,7 +56,7 @@ class NoMetrics:
     def batch_finished(self, ranges: Iterable[RangeReport], seconds: float, driver_commit_ms: float) -> None:
         pass
 
-    def batch_failed(self, seconds: float) -> None:
+    def batch_failed(self, seconds: float, conflict: str | None = None) -> None:
         pass
 
     def outbox_pending(self, pending: int) -> None:
@@ -184,7 +184,10 @@ class JobMetrics(NoMetrics):
         self._batches.labels(job, outcome).inc()
         self._batch_seconds.labels(job).observe(seconds)
 
-    def batch_failed(self, seconds: float) -> None:
+    def batch_failed(self, seconds: float, conflict: str | None = None) -> None:
+        """After a batch that raised; ``conflict``: a refused driver-side commit's error class name."""
+        if conflict in CONFLICT_KINDS:
+            self._conflicts.labels(self.job, CONFLICT_KINDS[conflict]).inc()
         self._batches.labels(self.job, FAILED).inc()
         self._batch_seconds.labels(self.job).observe(seconds)
 
