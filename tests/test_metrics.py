@@ -15,12 +15,19 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import produce
+from tests.conftest import produce, send
+from tests.test_bad_messages import MINUTE_MS, messages_with_bad_timestamps
 from tests.test_count_topic import job_for
 from tests.test_job_process import count_topic_args, run_job
-from txstore.errors import BatchFailed
-from txstore.job import TransactionalJob
+from txstore.count_topic import CountMessages
+from txstore.db import connect
+from txstore.errors import BatchFailed, PublishFailed
+from txstore.job import JobSettings, TransactionalJob
 from txstore.logformat import JsonFormatter
+from txstore.outbox import OutboxPublisher, close_producers
+from txstore.ranges import OffsetRange
+from txstore.results import TOPIC_TOTAL
+from txstore.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -146,6 +153,80 @@ def test_a_gap_or_overlap_found_at_commit_is_counted_as_a_conflict_and_a_failed_
         "txstore_messages_total",
         frozenset({"job": "count_topic", "topic": topic}.items()),
     ) not in samples
+
+
+def test_skipped_bad_messages_and_the_outbox_backlog_are_exposed_when_those_features_are_on(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    new_topic: Callable[..., str],
+) -> None:
+    topic, results = new_topic(2), new_topic(1, prefix="results")
+    bad = {(0, 1), (1, 0), (1, 7)}
+    send(kafka.bootstrap_servers, topic, messages_with_bad_timestamps(2, 10, bad))
+    s = JobSettings(
+        "count_topic",
+        (topic,),
+        kafka.bootstrap_servers,
+        database_url,
+        on_bad_message="skip",
+        publish_topic=results,
+        metrics_port=0,
+    )
+    try:
+        with TransactionalJob(spark, s, CountMessages(window_ms=MINUTE_MS)) as job:
+            job.run_batch()
+            _, samples = scrape(job)
+    finally:
+        close_producers()
+    assert value(samples, "txstore_bad_messages_total") == 3
+    assert value(samples, "txstore_messages_total", topic=topic) == 20  # read and committed, bad ones too
+    assert value(samples, "txstore_outbox_pending") == 0  # all published after the batch
+
+
+def test_the_outbox_backlog_is_exposed_when_publishing_fails(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic, results = new_topic(2), new_topic(1, prefix="results")
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+    s = JobSettings(
+        "pub", (topic,), kafka.bootstrap_servers, database_url, publish_topic=results, metrics_port=0
+    )
+    try:
+        with TransactionalJob(spark, s, CountMessages()) as job:
+            job.run_batch()
+            # Committed while the broker is down: the rows wait in the outbox.
+            with connect(database_url) as conn:
+                sink = TransactionalSink(conn, "pub", publish_to=results)
+                kafka.set_broker_down(1)
+                try:
+                    for p, end in ((0, 3), (1, 4)):
+                        sink.commit(OffsetRange(topic, p, end, end + 10), {TOPIC_TOTAL: 10})
+                    job._publisher = OutboxPublisher(s.kafka_conf, "pub", timeout=3.0)
+                    with pytest.raises(PublishFailed):
+                        job.publish()
+                finally:
+                    kafka.set_broker_up(1)
+            _, samples = scrape(job)
+            assert samples[("txstore_outbox_pending", frozenset({("job", "pub")}))] == 2
+            assert job.publish() == 2
+            _, samples = scrape(job)
+            assert samples[("txstore_outbox_pending", frozenset({("job", "pub")}))] == 0
+    finally:
+        close_producers()
+
+
+def test_the_outbox_and_bad_message_metrics_are_absent_when_those_features_are_off(
+    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    with job_for(spark, kafka, database_url, new_topic(1), metrics_port=0) as job:
+        text, _ = scrape(job)
+    assert "txstore_outbox_pending" not in text and "txstore_bad_messages" not in text
+    assert "txstore_batches_total" in text
 
 
 def test_without_a_metrics_port_nothing_is_served_or_registered(

@@ -50,6 +50,7 @@ from txstore.errors import (
     ConfigError,
     DatabaseUnavailable,
     PermissionDenied,
+    PublishFailed,
     TxstoreError,
     first_line,
 )
@@ -305,15 +306,22 @@ class TransactionalJob:
         """
         assert self._publisher is not None
         try:
-            sent = self._publisher.publish_pending(self._connection())
-            if self.metrics.enabled:
-                self.metrics.outbox_pending(pending_count(self._connection(), self.settings.job))
+            try:
+                sent = self._publisher.publish_pending(self._connection())
+            except PublishFailed:  # what still waits is then the number to watch
+                self._outbox_pending()
+                raise
+            self._outbox_pending()
             return sent
         except psycopg.Error as e:
             self._drop_connection()
             raise DatabaseUnavailable(
                 f"reading the outbox of job {self.settings.job!r} failed: {first_line(e)}"
             ) from None
+
+    def _outbox_pending(self) -> None:
+        if self.metrics.enabled:
+            self.metrics.outbox_pending(pending_count(self._connection(), self.settings.job))
 
     def _mirror_offsets(self, report: BatchReport) -> None:
         """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""
