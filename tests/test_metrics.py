@@ -21,7 +21,7 @@ from tests.test_count_topic import job_for
 from tests.test_job_process import count_topic_args, run_job
 from txstore.count_topic import CountMessages
 from txstore.db import connect
-from txstore.errors import BatchFailed, PublishFailed
+from txstore.errors import BatchFailed, DatabaseUnavailable, PublishFailed
 from txstore.job import JobSettings, TransactionalJob
 from txstore.logformat import JsonFormatter
 from txstore.outbox import OutboxPublisher, close_producers
@@ -227,6 +227,23 @@ def test_the_outbox_and_bad_message_metrics_are_absent_when_those_features_are_o
         text, _ = scrape(job)
     assert "txstore_outbox_pending" not in text and "txstore_bad_messages" not in text
     assert "txstore_batches_total" in text
+
+
+def test_a_batch_failing_to_plan_is_counted_and_metrics_stay_served_for_the_next(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    unreachable = "postgresql://postgres@127.0.0.1:5432/txstore_no_such_database?connect_timeout=5"
+    with TransactionalJob(
+        None,
+        JobSettings("count_topic", (new_topic(1),), kafka.bootstrap_servers, unreachable, metrics_port=0),
+        CountMessages(),
+    ) as job:
+        for attempt in (1, 2):
+            with pytest.raises(DatabaseUnavailable):
+                job.run_batch()
+            _, samples = scrape(job)
+            assert value(samples, "txstore_batches_total", outcome="failed") == attempt
+            assert value(samples, "txstore_batch_duration_seconds_count") == attempt
 
 
 def test_without_a_metrics_port_nothing_is_served_or_registered(

@@ -194,7 +194,12 @@ class TransactionalJob:
         self._db.drop()
 
     def close(self) -> None:
+        """Stop serving metrics and release every client (the job's end)."""
         self.metrics.close()
+        self._release_clients()
+
+    def _release_clients(self) -> None:
+        """Drop the database connection and Kafka clients; the next batch opens them again."""
         self._drop_connection()
         if self._mirror is not None:
             self._mirror.close()
@@ -218,7 +223,7 @@ class TransactionalJob:
         try:
             ranges = self.planner.plan(self._connection)
         except (PermissionDenied, DatabaseUnavailable):
-            self.close()
+            self._release_clients()  # metrics keep being served: --interval retries
             raise
         self.metrics.planned(self.planner.backlog)
         return ranges
