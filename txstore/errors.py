@@ -33,6 +33,10 @@ class ConfigError(TxstoreError):
     """A flag, environment variable or argument is missing or malformed."""
 
 
+class MetricsPortInUse(ConfigError):
+    """``--metrics-port`` cannot be opened (in use, or not ours to bind); the job exits 2."""
+
+
 class DatabaseUnavailable(TxstoreError):
     """PostgreSQL could not be reached, refused the login, or dropped the connection."""
 
@@ -149,12 +153,17 @@ class BatchFailed(TxstoreError):
     ``replan``: the refusal only means the plan is stale (another writer, or a
     late task of an earlier failed batch, committed part of a range after it
     was planned); planning again from the stored offsets is safe at once.
+    ``conflict``: the :class:`CommitConflict` class name when a driver-side
+    (per-batch) commit was refused for a gap or overlap (for the metrics).
     """
 
-    def __init__(self, message: str, *, transient: bool, replan: bool = False) -> None:
+    def __init__(
+        self, message: str, *, transient: bool, replan: bool = False, conflict: str | None = None
+    ) -> None:
         super().__init__(message)
         self.transient = transient or replan
         self.replan = replan
+        self.conflict = conflict
 
 
 def committed_past_start(error: CommitConflict) -> bool:

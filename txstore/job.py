@@ -50,19 +50,22 @@ from txstore.errors import (
     ConfigError,
     DatabaseUnavailable,
     PermissionDenied,
+    PublishFailed,
     TxstoreError,
     first_line,
 )
 from txstore.failpoints import FailPoints
 from txstore.idempotent import MessageTransform
 from txstore.kafka import Watermarks
+from txstore.logformat import fields
+from txstore.metrics import job_metrics
 from txstore.mirror import GroupOffsetMirror
 from txstore.modes import Mode, bad_message
 from txstore.modes.dataframe import DataFrameMode
 from txstore.modes.idempotent import IdempotentMode
 from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
 from txstore.modes.per_range import PerRangeMode
-from txstore.outbox import OutboxPublisher, close_producers
+from txstore.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.planning import Planner
 from txstore.ranges import OffsetRange, PartitionWatermarks
 from txstore.settings import (
@@ -151,6 +154,14 @@ class TransactionalJob:
                 "--on-bad-message skip needs a Python aggregate: a DataFrame aggregate fails inside Spark SQL, "
                 "where txstore cannot tell which message it failed on"
             )
+        # First, so a port in use stops the job before it opens anything else (exit 2).
+        self.metrics = job_metrics(
+            settings.job,
+            settings.metrics_port,
+            settings.metrics_host,
+            outbox=settings.publish_topic is not None,
+            bad_messages=settings.on_bad_message == SKIP,
+        )
         self.spark = spark
         self.settings = settings
         self.aggregate = aggregate
@@ -183,6 +194,12 @@ class TransactionalJob:
         self._db.drop()
 
     def close(self) -> None:
+        """Stop serving metrics and release every client (the job's end)."""
+        self.metrics.close()
+        self._release_clients()
+
+    def _release_clients(self) -> None:
+        """Drop the database connection and Kafka clients; the next batch opens them again."""
         self._drop_connection()
         if self._mirror is not None:
             self._mirror.close()
@@ -204,10 +221,12 @@ class TransactionalJob:
     def plan(self) -> list[OffsetRange]:
         """Steps 1-4: the ranges the next batch must commit (capped by ``max_offsets_per_batch``)."""
         try:
-            return self.planner.plan(self._connection)
+            ranges = self.planner.plan(self._connection)
         except (PermissionDenied, DatabaseUnavailable):
-            self.close()
+            self._release_clients()  # metrics keep being served: --interval retries
             raise
+        self.metrics.planned(self.planner.backlog)
+        return ranges
 
     # -- one batch --------------------------------------------------------------
     def mode(self, number: int) -> Mode:
@@ -225,7 +244,11 @@ class TransactionalJob:
     def run_batch(self) -> BatchReport:
         """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
         started = time.perf_counter()
-        ranges = self.plan()
+        try:
+            ranges = self.plan()
+        except TxstoreError:
+            self.metrics.batch_failed(time.perf_counter() - started)
+            raise
         self.failpoints.hit("after-plan")
         return self.execute(ranges, plan_ms=(time.perf_counter() - started) * 1000)
 
@@ -238,9 +261,12 @@ class TransactionalJob:
         description = f"txstore {s.job} batch {number}"
         try:
             reports, commit_ms = self.mode(number).run(ranges, description)
-        except TxstoreError:
+        except TxstoreError as e:
+            conflict = e.conflict if isinstance(e, BatchFailed) else None
+            self.metrics.batch_failed(plan_ms / 1000 + time.perf_counter() - started, conflict)
             raise
         except Exception as e:
+            self.metrics.batch_failed(plan_ms / 1000 + time.perf_counter() - started)
             if type(e).__name__ not in ("Py4JJavaError", "PythonException", "SparkException"):
                 raise
             # Spark already retried the tasks; a later batch may still succeed, unless a
@@ -254,6 +280,7 @@ class TransactionalJob:
             number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000, commit_ms
         )
         self._log(report)
+        self.metrics.batch_finished(report.ranges, (report.plan_ms + report.run_ms) / 1000, report.commit_ms)
         if s.commit_to_kafka_group:
             self._mirror_offsets(report)
         refused = [r for r in report.ranges if r.outcome == REFUSED]
@@ -284,12 +311,22 @@ class TransactionalJob:
         """
         assert self._publisher is not None
         try:
-            return self._publisher.publish_pending(self._connection())
+            try:
+                sent = self._publisher.publish_pending(self._connection())
+            except PublishFailed:  # what still waits is then the number to watch
+                self._outbox_pending()
+                raise
+            self._outbox_pending()
+            return sent
         except psycopg.Error as e:
             self._drop_connection()
             raise DatabaseUnavailable(
                 f"reading the outbox of job {self.settings.job!r} failed: {first_line(e)}"
             ) from None
+
+    def _outbox_pending(self) -> None:
+        if self.metrics.enabled:
+            self.metrics.outbox_pending(pending_count(self._connection(), self.settings.job))
 
     def _mirror_offsets(self, report: BatchReport) -> None:
         """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""
@@ -302,12 +339,18 @@ class TransactionalJob:
         )
 
     def _log(self, report: BatchReport) -> None:
+        """A line per range and a summary line; with ``--log-format json`` each is one JSON
+        object whose fields carry the same numbers (:mod:`txstore.logformat`)."""
+        job = self.settings.job
         if report.commit_ms:
             log.info(
                 "job %s batch %d: committed per batch in %.0f ms",
-                self.settings.job,
+                job,
                 report.number,
                 report.commit_ms,
+                extra=fields(
+                    event="batch_commit", job=job, batch=report.number, commit_ms=_ms(report.commit_ms)
+                ),
             )
         for r in report.ranges:
             log.info(
@@ -318,6 +361,20 @@ class TransactionalJob:
                 r.read_ms,
                 r.commit_ms,
                 r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
+                extra=fields(
+                    event="range",
+                    job=job,
+                    batch=report.number,
+                    topic=r.range.topic,
+                    partition=r.range.partition,
+                    **{"from": r.range.from_offset},
+                    until=r.range.until_offset,
+                    messages=r.messages,
+                    read_ms=_ms(r.read_ms),
+                    commit_ms=_ms(r.commit_ms),
+                    outcome=r.outcome,
+                    error=r.error,
+                ),
             )
             if r.skipped and r.outcome == COMMITTED:
                 n = r.skipped
@@ -331,19 +388,42 @@ class TransactionalJob:
                     describe_skipped(r.bad_messages, n),
                 )
         skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
+        read_ms = sum(r.read_ms for r in report.ranges)
+        commit_ms = sum(r.commit_ms for r in report.ranges)
+        outcome = (
+            "failed"
+            if any(r.outcome == REFUSED for r in report.ranges)
+            else "ok"
+            if report.ranges
+            else "idle"
+        )
         log.info(
             "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; tasks read %.0f, "
             "commit %.0f)%s",
-            self.settings.job,
+            job,
             report.number,
             len(report.ranges),
             report.messages,
             report.plan_ms + report.run_ms,
             report.plan_ms,
             report.run_ms,
-            sum(r.read_ms for r in report.ranges),
-            sum(r.commit_ms for r in report.ranges),
+            read_ms,
+            commit_ms,
             f", {skipped} already committed" if skipped else "",
+            extra=fields(
+                event="batch",
+                job=job,
+                batch=report.number,
+                ranges=len(report.ranges),
+                messages=report.messages,
+                ms=_ms(report.plan_ms + report.run_ms),
+                plan_ms=_ms(report.plan_ms),
+                run_ms=_ms(report.run_ms),
+                read_ms=_ms(read_ms),
+                commit_ms=_ms(commit_ms + report.commit_ms),
+                already_committed=skipped,
+                outcome=outcome,
+            ),
         )
 
     # -- the loop ---------------------------------------------------------------
@@ -398,6 +478,11 @@ class TransactionalJob:
             log.info("job %s: stopped after %d batches", s.job, self.batches)
         finally:
             self.close()
+
+
+def _ms(value: float) -> float:
+    """Milliseconds for a JSON log field: to the microsecond, enough for timings."""
+    return round(value, 3)
 
 
 def stop_on_signals(stop: threading.Event | None = None) -> threading.Event:

@@ -11,6 +11,7 @@ from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
 from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
 from txstore.kafka import BOOTSTRAP_ENV, topic_name_problem
+from txstore.logformat import LOG_FORMATS, TEXT
 from txstore.sink import PUBLISH_MAX_BYTES
 from txstore.starting import parse_starting_offsets, parse_timestamp
 
@@ -177,6 +178,26 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="with --remote: do not add txstore's sources to the Connect session as an artifact "
         "(the server's Python already has txstore installed)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (opened before the first batch; "
+        "a port in use exits 2)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="with --metrics-port: the address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=TEXT,
+        help="text (default), or json: one JSON object per log line, batch and range lines "
+        "with their numbers as fields",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
 
 
@@ -222,4 +243,6 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         publish_topic=args.publish_topic,
         publish_max_bytes=args.publish_max_bytes,
         on_bad_message=args.on_bad_message,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )

@@ -51,6 +51,8 @@ class Planner:
         self.watermarks = watermarks
         self.topic_ids_source = topic_ids
         self.history: dict[TopicPartition, PartitionHistory] = {}
+        self.backlog: dict[TopicPartition, int] = {}
+        """Per partition, the last plan's log end minus committed offset (before any cap)."""
 
     def plan(self, connection: Callable[[], psycopg.Connection]) -> list[OffsetRange]:
         """Steps 1-4 on the driver's ``connection()``; PostgreSQL errors become one line
@@ -64,6 +66,7 @@ class Planner:
             skipped = self._skip_lost(conn, committed, watermarks)
             if started or skipped:
                 committed, watermarks = self._state(conn)
+            self.backlog = {w.key: max(0, w.high - committed.get(w.key, w.high)) for w in watermarks}
             topic_ids = self._topic_ids(conn)
             ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
             return limit_ranges(ranges, s.max_offsets_per_batch)

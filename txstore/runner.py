@@ -15,20 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from txstore.errors import TxstoreError, first_line
+from txstore.errors import MetricsPortInUse, TxstoreError, first_line
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
+from txstore.logformat import TEXT, formatter
 from txstore.options import add_job_options, job_settings
 from txstore.task import Aggregate
 
 log = logging.getLogger("txstore")
 
 
-def configure_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(verbose: bool = False, log_format: str = TEXT) -> None:
+    """Log to stderr as text lines, or with ``log_format="json"`` one JSON object per line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     for noisy in ("py4j", "alembic", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # librdkafka repeats a failing connection many times a second; the error that
@@ -127,7 +127,7 @@ def run_job_main(
     if add_options:
         add_options(parser)
     args = parser.parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, args.log_format)
     try:
         settings: JobSettings = job_settings(args)
         if make_aggregate is not None:
@@ -146,6 +146,9 @@ def run_job_main(
         with TransactionalJob(spark, settings, aggregate) as job:
             job.run(stop)
         return 0
+    except MetricsPortInUse as e:  # a usage error, like argparse's: exit 2
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     except TxstoreError as e:
         if args.verbose:
             log.exception("failed")

@@ -49,6 +49,8 @@ class JobSettings:
     publish_topic: str | None = None  # also publish committed results to this Kafka topic
     publish_max_bytes: int = PUBLISH_MAX_BYTES  # split a commit's results into messages of at most this
     on_bad_message: str = FAIL  # or SKIP: record messages the aggregate fails on, count the rest
+    metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:metrics_port/metrics
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for topic in self.topics:
@@ -71,6 +73,8 @@ class JobSettings:
                 "--min-partitions needs --commit per-batch and a number of at least 1 "
                 "(per-range commits are one task per Kafka partition)"
             )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be a port number 0..65535, got {self.metrics_port}")
         if self.publish_max_bytes < MIN_PUBLISH_MAX_BYTES:
             raise ConfigError(
                 f"--publish-max-bytes must be at least {MIN_PUBLISH_MAX_BYTES}, got {self.publish_max_bytes}"

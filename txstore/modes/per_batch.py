@@ -150,7 +150,9 @@ def commit_on_driver(
                 log.warning("job %s: this batch was already committed by another instance", s.job)
             return ALREADY_COMMITTED
         except (OffsetGap, OffsetOverlap) as e:
-            raise BatchFailed(str(e), transient=False, replan=committed_past_start(e)) from None
+            raise BatchFailed(
+                str(e), transient=False, replan=committed_past_start(e), conflict=type(e).__name__
+            ) from None
         except (psycopg.OperationalError, InjectedFailure) as e:
             connection.drop()
             if attempt + 1 == DRIVER_COMMIT_ATTEMPTS:
