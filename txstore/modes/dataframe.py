@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from txstore.driverdb import DriverConnection
@@ -23,22 +24,14 @@ from txstore.spark import BatchResult, dataframe_deltas, job_description, read_r
 from txstore.task import RangeReport
 
 
+@dataclass(frozen=True)
 class DataFrameMode:
-    def __init__(
-        self,
-        spark: Any,
-        settings: JobSettings,
-        dataframe_aggregate: Callable[[Any], Any],
-        failpoints: FailPoints,
-        connection: DriverConnection,
-        number: int,
-    ) -> None:
-        self.spark = spark
-        self.settings = settings
-        self.dataframe_aggregate = dataframe_aggregate
-        self.failpoints = failpoints
-        self.connection = connection
-        self.number = number
+    spark: Any
+    settings: JobSettings
+    dataframe_aggregate: Callable[[Any], Any]
+    failpoints: FailPoints
+    connection: DriverConnection
+    number: int  # the batch's, for error lines
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings

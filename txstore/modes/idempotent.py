@@ -7,6 +7,7 @@ Insert-or-ignore by ``(job, topic, partition, generation, offset)`` in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from txstore.failpoints import FailPoints
@@ -17,14 +18,12 @@ from txstore.spark import run_ranges
 from txstore.task import MessageTask, RangeReport
 
 
+@dataclass(frozen=True)
 class IdempotentMode:
-    def __init__(
-        self, spark: Any, settings: JobSettings, transform: MessageTransform | None, failpoints: FailPoints
-    ) -> None:
-        self.spark = spark
-        self.settings = settings
-        self.transform = transform
-        self.failpoints = failpoints
+    spark: Any
+    settings: JobSettings
+    transform: MessageTransform | None
+    failpoints: FailPoints
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings

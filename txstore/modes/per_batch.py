@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -55,23 +56,14 @@ DRIVER_COMMIT_ATTEMPTS = 3
 log = logging.getLogger("txstore")
 
 
+@dataclass(frozen=True)
 class PerBatchMode:
-    def __init__(
-        self,
-        spark: Any,
-        settings: JobSettings,
-        aggregate: Aggregate,
-        failpoints: FailPoints,
-        connection: DriverConnection,
-        number: int,
-    ) -> None:
-        """``number`` is the batch's, for error lines."""
-        self.spark = spark
-        self.settings = settings
-        self.aggregate = aggregate
-        self.failpoints = failpoints
-        self.connection = connection
-        self.number = number
+    spark: Any
+    settings: JobSettings
+    aggregate: Aggregate
+    failpoints: FailPoints
+    connection: DriverConnection
+    number: int  # the batch's, for error lines
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings

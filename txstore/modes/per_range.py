@@ -7,6 +7,7 @@ collects the reports.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from txstore.failpoints import FailPoints
@@ -16,14 +17,12 @@ from txstore.spark import run_ranges
 from txstore.task import Aggregate, RangeReport, RangeTask
 
 
+@dataclass(frozen=True)
 class PerRangeMode:
-    def __init__(
-        self, spark: Any, settings: JobSettings, aggregate: Aggregate, failpoints: FailPoints
-    ) -> None:
-        self.spark = spark
-        self.settings = settings
-        self.aggregate = aggregate
-        self.failpoints = failpoints
+    spark: Any
+    settings: JobSettings
+    aggregate: Aggregate
+    failpoints: FailPoints
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
