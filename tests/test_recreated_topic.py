@@ -375,3 +375,45 @@ def test_a_broker_without_topic_ids_is_asked_once_and_answers_at_once(
         assert time.monotonic() - started < 0.1
     finally:
         kafka.set_broker_up(1)
+
+
+@pytest.mark.parametrize("recreated_by", ["the job", "a reset"])
+def test_a_forgotten_partition_that_returns_starts_a_new_generation_and_collides_with_nothing(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    recreated_by: str,
+) -> None:
+    """``--forget`` drops the offset row, not the stored messages: a partition that comes back (the
+    topic recreated) is a new log, so its row starts above every generation still stored. Otherwise
+    the new log's first offsets would collide with the old messages and be dropped while the offset
+    moves on."""
+    topic = new_topic(1)
+    fill(kafka, topic, 5, 1, b"old", OLD_TS)
+    idempotent_job(spark, kafka, database_url, topic).run()
+    kafka.delete_topic(topic)
+    forgot = txstore("reset", "--job", "store", "--topic", topic, "--forget", "--execute", url=database_url)
+    assert forgot.returncode == 0, forgot.stderr
+    kafka.create_topic(topic, 1)
+    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    if recreated_by == "a reset":
+        reset = txstore(
+            "reset",
+            "--job",
+            "store",
+            "--topic",
+            topic,
+            "--to-earliest",
+            "--execute",
+            url=database_url,
+            kafka=kafka,
+        )
+        assert reset.returncode == 0, reset.stderr
+        assert db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(0, 1)]
+
+    idempotent_job(spark, kafka, database_url, topic).run()
+    stored = db.execute("SELECT generation, off, value FROM txn_messages ORDER BY generation, off").fetchall()
+    assert stored == [(0, i, b"old-0-%d" % i) for i in range(5)] + [(1, i, b"new-0-%d" % i) for i in range(8)]
+    assert db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(8, 1)]

@@ -304,8 +304,10 @@ def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) 
                 )
             elif m.old is None:
                 cur = conn.execute(
-                    "INSERT INTO txn_offsets (job, topic, part, off) VALUES (%(job)s, %(topic)s, %(part)s, %(new)s) "
-                    "ON CONFLICT DO NOTHING",
+                    "INSERT INTO txn_offsets (job, topic, part, off, generation) "
+                    "SELECT %(job)s, %(topic)s, %(part)s, %(new)s, "
+                    + store.first_generation_sql("%(job)s", "%(topic)s", "%(part)s")
+                    + " ON CONFLICT DO NOTHING",
                     key,
                 )
             elif m.new_generation is not None:

@@ -61,6 +61,24 @@ def record_topic_ids(conn: psycopg.Connection, job: str, topic_ids: Mapping[str,
     conn.commit()
 
 
+def first_generation_sql(job: str, topic: str, part: str) -> str:
+    """The generation a partition's new offset row starts in, as SQL over the named parameter
+    ``job`` and the columns or parameters ``topic`` and ``part``.
+
+    0 for a partition never seen; otherwise one above every generation that
+    still has stored messages or skipped ones. A row is new again after
+    ``txstore reset --forget``, which drops the offset but keeps the results:
+    if the partition comes back (a recreated topic), its log starts at offset
+    0 again, and in the old generation its messages would collide with the
+    stored ones under the same offsets and be dropped while the offset moved on.
+    """
+    where = f"x.job = {job} AND x.topic = {topic} AND x.part = {part}"
+    return (
+        f"GREATEST((SELECT max(x.generation) + 1 FROM txn_messages x WHERE {where}), "
+        f"(SELECT max(x.generation) + 1 FROM txn_bad_messages x WHERE {where}), 0)"
+    )
+
+
 def create_start_rows(
     conn: psycopg.Connection, job: str, decisions: Iterable[StartDecision]
 ) -> set[TopicPartition]:
@@ -68,18 +86,25 @@ def create_start_rows(
 
     ``ON CONFLICT DO NOTHING`` makes two instances starting at once safe: one
     row wins, the loser keeps the winner's offset (the caller re-reads), so
-    neither can count messages the other will count too.
+    neither can count messages the other will count too. A partition whose
+    row was forgotten starts in a new generation (:func:`first_generation_sql`).
     """
     items = sorted(decisions, key=lambda d: (d.topic, d.partition))
     if not items:
         return set()
     with conn.cursor() as cur:
         cur.execute(
-            "INSERT INTO txn_offsets (job, topic, part, off) "
-            "SELECT %s, t.topic, t.part, t.off FROM unnest(%s::text[], %s::int[], %s::bigint[]) "
-            "AS t(topic, part, off) "
+            "INSERT INTO txn_offsets (job, topic, part, off, generation) "
+            "SELECT %(job)s, t.topic, t.part, t.off, "
+            + first_generation_sql("%(job)s", "t.topic", "t.part")
+            + " FROM unnest(%(topics)s::text[], %(parts)s::int[], %(offs)s::bigint[]) AS t(topic, part, off) "
             "ON CONFLICT (job, topic, part) DO NOTHING RETURNING topic, part",
-            (job, [d.topic for d in items], [d.partition for d in items], [d.offset for d in items]),
+            {
+                "job": job,
+                "topics": [d.topic for d in items],
+                "parts": [d.partition for d in items],
+                "offs": [d.offset for d in items],
+            },
         )
         created = {(topic, part) for topic, part in cur.fetchall()}
     conn.commit()
