@@ -312,7 +312,7 @@ def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) 
                 cur = conn.execute(
                     "UPDATE txn_offsets SET off = %(new)s, generation = %(new_generation)s, "
                     "topic_id = %(topic_id)s, last_off = NULL, last_timestamp = NULL, last_digest = NULL, "
-                    "updated_at = now() WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s "
+                    "lag_samples = '{}', updated_at = now() WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s "
                     "AND off = %(old)s AND generation = %(generation)s",
                     {
                         **key,
@@ -323,7 +323,7 @@ def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) 
                 )
             else:
                 cur = conn.execute(
-                    "UPDATE txn_offsets SET off = %(new)s, updated_at = now() WHERE job = %(job)s "
+                    "UPDATE txn_offsets SET off = %(new)s, lag_samples = '{}', updated_at = now() WHERE job = %(job)s "
                     "AND topic = %(topic)s AND part = %(part)s AND off = %(old)s AND generation = %(generation)s",
                     {**key, "generation": m.generation},
                 )
