@@ -124,12 +124,44 @@ def test_an_offset_outside_the_log_or_a_recreated_log_is_err_with_planning_s_own
 
 
 def test_without_an_answer_from_kafka_the_status_is_unknown_and_the_exit_3() -> None:
-    result = evaluate(facts(watermarks=None, kafka_answered=False, running=False), NOW)
+    result = evaluate(
+        facts(watermarks=None, kafka_problem="Kafka at k:9092 did not answer", running=False), NOW
+    )
     assert (result.status, result.lag) == (UNKNOWN, None)
+    assert result.reason == "job 'j' topic 't' partition 0: lag unknown: Kafka at k:9092 did not answer"
     assert exit_code([result, evaluate(facts(), NOW)]) == 3
     assert exit_code([result, evaluate(facts(offset=4, running=False), NOW)]) == 2
     assert exit_code([]) == 3
     assert health.summary([], "j") == "UNKNOWN: no stored offsets for job 'j'"
+
+
+def test_check_without_kafka_or_without_offsets_is_unknown_exit_3(database_url: str) -> None:
+    result = txstore("status", "--job", "j", "--check", url=database_url)
+    assert (result.returncode, result.stdout) == (3, "UNKNOWN: no stored offsets for job 'j'\n")
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "j", [StartDecision("t", 0, 0, "test")])
+    result = txstore(
+        "status", "--job", "j", "--check", "--bootstrap-servers", "127.0.0.1:1", url=database_url
+    )
+    assert result.returncode == 3, result.stderr
+    summary, line = result.stdout.splitlines()
+    assert summary == "UNKNOWN: job 'j': 1 UNKNOWN"
+    assert line.startswith(
+        "UNKNOWN job 'j' topic 't' partition 0: lag unknown: Kafka at 127.0.0.1:1 did not answer"
+    )
+    as_json = json.loads(
+        txstore(
+            "status",
+            "--job",
+            "j",
+            "--check",
+            "--json",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            url=database_url,
+        ).stdout
+    )
+    assert (as_json["exit_code"], as_json["partitions"][0]["status"]) == (3, UNKNOWN)
 
 
 # -- the lag samples, on real PostgreSQL -----------------------------------------------------------

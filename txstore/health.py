@@ -4,7 +4,7 @@ Pure: :func:`evaluate` turns what is known of one partition (:class:`PartitionFa
 gathered by :func:`txstore.ops.health_facts`) into a :class:`PartitionHealth`, in this
 order:
 
-1. ``UNKNOWN``: Kafka did not answer, so the lag cannot be known;
+1. ``UNKNOWN``: Kafka was not given or did not answer, so the lag cannot be known;
 2. ``ERR``: the stored offset is outside the log (aged out, beyond the log end, the
    partition gone) or the log is another one (a recreated topic: another topic ID, or
    another message at the last offset counted). The same checks, and the same one-line
@@ -53,8 +53,9 @@ LEVELS = {EXIT_OK: "OK", EXIT_WARNING: "WARNING", EXIT_CRITICAL: "CRITICAL", EXI
 class PartitionFacts:
     """What is known of one partition of a job.
 
-    ``watermarks``: Kafka's offsets (None: Kafka does not have the partition, or did not
-    answer: ``kafka_answered``); ``history`` what is stored beside the offset;
+    ``watermarks``: Kafka's offsets (None: Kafka does not have the partition, or Kafka was
+    not asked or did not answer, which ``kafka_problem`` says); ``history`` what is stored
+    beside the offset;
     ``topic_id`` Kafka's topic ID now (None: unknown); ``found`` the message now at
     ``history.last.offset`` (None: none there, or not looked at); ``lag_samples`` the
     backlog the last commits started from, oldest first.
@@ -67,7 +68,7 @@ class PartitionFacts:
     last_commit: datetime
     running: bool
     watermarks: PartitionWatermarks | None
-    kafka_answered: bool = True
+    kafka_problem: str | None = None
     history: PartitionHistory = field(default_factory=PartitionHistory)
     topic_id: str | None = None
     found: Fingerprint | None = None
@@ -114,8 +115,8 @@ def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STAL
             reason,
         )
 
-    if not f.kafka_answered:
-        return health(UNKNOWN, f"{where}: Kafka did not answer, so the lag is unknown; check the brokers")
+    if f.kafka_problem is not None:
+        return health(UNKNOWN, f"{where}: lag unknown: {f.kafka_problem}")
     problem = out_of_log(f)
     if problem:
         return health(ERR, problem)

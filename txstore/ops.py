@@ -14,7 +14,7 @@ from txstore import store
 from txstore.errors import KafkaUnavailable, TxstoreError, UnknownTopic
 from txstore.fingerprint import Fingerprint
 from txstore.health import PartitionFacts
-from txstore.kafka import fetch_watermarks, offsets_for_timestamp
+from txstore.kafka import BOOTSTRAP_ENV, fetch_watermarks, offsets_for_timestamp
 from txstore.locks import job_running, lock_job_for_reset
 from txstore.ranges import PartitionHistory, PartitionWatermarks
 from txstore.reset import ResetMove, ResetTarget, plan_reset
@@ -144,7 +144,7 @@ def health_facts(
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
     marks: dict[tuple[str, int], PartitionWatermarks] = {}
     topic_ids: dict[str, str] = {}
-    answered = kafka_conf is not None
+    problem = None if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
     if kafka_conf:
         for topic in sorted({r[1] for r in rows}):
             try:
@@ -152,8 +152,8 @@ def health_facts(
                     marks[partition.key] = partition
             except UnknownTopic:
                 continue
-            except KafkaUnavailable:
-                answered = False
+            except KafkaUnavailable as e:
+                problem = str(e)
                 break
             topic_ids.update(fetch_topic_ids(kafka_conf, [topic]))
     facts = []
@@ -161,7 +161,13 @@ def health_facts(
         last = Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None
         w = marks.get((topic, part))
         found = None
-        if answered and kafka_conf and last is not None and w is not None and w.low <= last.offset < w.high:
+        if (
+            problem is None
+            and kafka_conf
+            and last is not None
+            and w is not None
+            and w.low <= last.offset < w.high
+        ):
             found = read_message_at(kafka_conf, topic, part, last.offset, STATUS_KAFKA_TIMEOUT_SECONDS)
         facts.append(
             PartitionFacts(
@@ -172,7 +178,7 @@ def health_facts(
                 updated,
                 running[j],
                 w,
-                answered,
+                problem,
                 PartitionHistory(generation, topic_id, last),
                 topic_ids.get(topic),
                 found,

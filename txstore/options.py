@@ -72,7 +72,7 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
         "--check",
         action="store_true",
         help="judge each partition like Burrow (OK, WARN, STALL, STOP, ERR), print one line per "
-        "problem and exit 0 (all OK), 1 (WARN), 2 (STALL, STOP or ERR) or 3 (Kafka did not answer)",
+        "problem and exit 0 (all OK), 1 (WARN), 2 (STALL, STOP or ERR) or 3 (lag unknown: no answer from Kafka)",
     )
     parser.add_argument(
         "--stall-after",
