@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    from txstore.options import add_connection_options
+    from txstore.options import add_check_options, add_connection_options
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     add_connection_options(status)
     status.add_argument("--job", help="only this job")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_check_options(status)
     jobs = commands.add_parser("jobs", help="the jobs in the database with their topics and totals")
     add_connection_options(jobs)
     jobs.add_argument("--json", action="store_true", help="machine-readable output")
@@ -116,6 +118,8 @@ def _operate(args: argparse.Namespace) -> int:
         client_config(args.bootstrap_servers, dict(args.kafka_options)) if args.bootstrap_servers else None
     )
     with connect(url) as conn:
+        if args.command == "status" and args.check:
+            return _check(conn, kafka_conf, args)
         if args.command == "status":
             rows, problem = ops.status(conn, kafka_conf, args.job)
             print(ops.as_json(rows) if args.json else ops.format_status(rows))
@@ -173,6 +177,22 @@ def _operate(args: argparse.Namespace) -> int:
         ops.apply_reset(conn, args.job, moves)
         print("applied")
         return 0
+
+
+def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespace) -> int:
+    """``status --check``: the summary line and one line per problem (or the same as JSON)."""
+    import json
+    from datetime import timedelta
+
+    from txstore import health, ops
+
+    facts, now = ops.health_facts(conn, kafka_conf, args.job)
+    results = [health.evaluate(f, now, timedelta(seconds=args.stall_after)) for f in facts]
+    if args.json:
+        print(json.dumps(health.as_json(results, args.job), default=lambda v: v.isoformat(), indent=2))
+    else:
+        print(health.format_check(results, args.job))
+    return health.exit_code(results)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from txstore.failpoints import FailPoints
 from txstore.fingerprint import fingerprint
 from txstore.ranges import OffsetRange
 from txstore.sink import RECORD_BAD_MESSAGES, bad_message_params, classify_conflict, require_transactions
-from txstore.store import stored_offsets
+from txstore.store import append_lag_sample, stored_offsets
 
 MessageTransform = Callable[[Message], "tuple[bytes | None, bytes | None] | None"]
 """A message's output ``(key, value)`` to store, or None to store nothing for it.
@@ -56,11 +56,12 @@ FROM unnest(%(offs)s::bigint[], %(keys)s::bytea[], %(values)s::bytea[], %(tss)s:
 ON CONFLICT DO NOTHING
 """
 
-_ADVANCE = """
+_ADVANCE = f"""
 UPDATE txn_offsets SET off = %(until)s, updated_at = now(),
     last_off = coalesce(%(last_off)s, last_off),
     last_timestamp = CASE WHEN %(last_off)s::bigint IS NULL THEN last_timestamp ELSE %(last_ts)s END,
-    last_digest = coalesce(%(last_digest)s, last_digest)
+    last_digest = coalesce(%(last_digest)s, last_digest),
+    lag_samples = {append_lag_sample("lag_samples", "%(log_end)s::bigint", "%(from)s::bigint")}
 WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s AND off >= %(from)s AND off < %(until)s
   AND generation = %(generation)s
 """
@@ -121,6 +122,7 @@ class IdempotentSink:
             "from": offset_range.from_offset,
             "until": offset_range.until_offset,
             "generation": offset_range.generation,
+            "log_end": offset_range.log_end,
         }
         conn = self.conn
         hit = self.failpoints.hit

@@ -15,7 +15,7 @@ from alembic.config import Config
 from txstore.db import redact
 from txstore.errors import SchemaMissing
 
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 """The Alembic head this code was written for; a test keeps it equal to the real head."""
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

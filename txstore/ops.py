@@ -1,21 +1,22 @@
-"""Operator commands over the database (and Kafka where it answers): status, jobs, reset."""
+"""Operator commands over the database (and Kafka where it answers): status, its check, jobs, reset."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from txstore import store
-from txstore.errors import KafkaUnavailable, TxstoreError
+from txstore.errors import KafkaUnavailable, TxstoreError, UnknownTopic
 from txstore.fingerprint import Fingerprint
-from txstore.kafka import fetch_watermarks, offsets_for_timestamp
+from txstore.health import PartitionFacts
+from txstore.kafka import BOOTSTRAP_ENV, fetch_watermarks, offsets_for_timestamp
 from txstore.locks import job_running, lock_job_for_reset
-from txstore.ranges import PartitionWatermarks
+from txstore.ranges import PartitionHistory, PartitionWatermarks
 from txstore.reset import ResetMove, ResetTarget, plan_reset
 from txstore.results import plain_number
 from txstore.topic_ids import fetch_topic_ids, read_message_at
@@ -119,6 +120,72 @@ def status(
             )
         )
     return result, problem
+
+
+def health_facts(
+    conn: psycopg.Connection, kafka_conf: Mapping[str, Any] | None, job: str | None = None
+) -> tuple[list[PartitionFacts], datetime]:
+    """What :func:`txstore.health.evaluate` needs of every stored partition (of ``job``, or of
+    all jobs), and the database's clock now (the one ``updated_at`` is written with).
+
+    Kafka is asked for each topic's watermarks and topic ID, and for the message at each
+    partition's last-counted offset where the log still holds it, as ``txstore reset``
+    does to tell a recreated topic. A topic Kafka does not have leaves its partitions
+    without watermarks; Kafka not answering (or not given) leaves them all unknown.
+    """
+    rows = conn.execute(
+        "SELECT job, topic, part, off, updated_at, generation, topic_id, last_off, last_timestamp, "
+        "    last_digest, lag_samples, now() "
+        "FROM txn_offsets WHERE %(job)s::text IS NULL OR job = %(job)s ORDER BY job, topic, part",
+        {"job": job},
+    ).fetchall()
+    now = rows[0][-1] if rows else datetime.now(UTC)
+    conn.commit()
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    marks: dict[tuple[str, int], PartitionWatermarks] = {}
+    topic_ids: dict[str, str] = {}
+    problem = None if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
+    if kafka_conf:
+        for topic in sorted({r[1] for r in rows}):
+            try:
+                for partition in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
+                    marks[partition.key] = partition
+            except UnknownTopic:
+                continue
+            except KafkaUnavailable as e:
+                problem = str(e)
+                break
+            topic_ids.update(fetch_topic_ids(kafka_conf, [topic]))
+    facts = []
+    for j, topic, part, off, updated, generation, topic_id, last_off, last_ts, digest, samples, _ in rows:
+        last = Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None
+        w = marks.get((topic, part))
+        found = None
+        if (
+            problem is None
+            and kafka_conf
+            and last is not None
+            and w is not None
+            and w.low <= last.offset < w.high
+        ):
+            found = read_message_at(kafka_conf, topic, part, last.offset, STATUS_KAFKA_TIMEOUT_SECONDS)
+        facts.append(
+            PartitionFacts(
+                j,
+                topic,
+                part,
+                off,
+                updated,
+                running[j],
+                w,
+                problem,
+                PartitionHistory(generation, topic_id, last),
+                topic_ids.get(topic),
+                found,
+                tuple(samples),
+            )
+        )
+    return facts, now
 
 
 def outbox_status(conn: psycopg.Connection, job: str | None = None) -> list[OutboxStatus]:
@@ -314,7 +381,7 @@ def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) 
                 cur = conn.execute(
                     "UPDATE txn_offsets SET off = %(new)s, generation = %(new_generation)s, "
                     "topic_id = %(topic_id)s, last_off = NULL, last_timestamp = NULL, last_digest = NULL, "
-                    "updated_at = now() WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s "
+                    "lag_samples = '{}', updated_at = now() WHERE job = %(job)s AND topic = %(topic)s AND part = %(part)s "
                     "AND off = %(old)s AND generation = %(generation)s",
                     {
                         **key,
@@ -325,7 +392,7 @@ def apply_reset(conn: psycopg.Connection, job: str, moves: Sequence[ResetMove]) 
                 )
             else:
                 cur = conn.execute(
-                    "UPDATE txn_offsets SET off = %(new)s, updated_at = now() WHERE job = %(job)s "
+                    "UPDATE txn_offsets SET off = %(new)s, lag_samples = '{}', updated_at = now() WHERE job = %(job)s "
                     "AND topic = %(topic)s AND part = %(part)s AND off = %(old)s AND generation = %(generation)s",
                     {**key, "generation": m.generation},
                 )

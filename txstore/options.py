@@ -9,6 +9,7 @@ from dataclasses import replace
 from txstore.badmessages import FAIL, ON_BAD_MESSAGE
 from txstore.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.errors import ConfigError
+from txstore.health import STALL_AFTER
 from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
 from txstore.kafka import BOOTSTRAP_ENV, topic_name_problem
 from txstore.logformat import LOG_FORMATS, TEXT
@@ -52,6 +53,33 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="librdkafka setting for the Kafka clients (TLS, SASL); repeatable",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
+def add_check_options(parser: argparse.ArgumentParser) -> None:
+    """``txstore status --check``: judge each partition (:mod:`txstore.health`), exit 0/1/2/3."""
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="judge each partition like Burrow (OK, WARN, STALL, STOP, ERR), print one line per "
+        "problem and exit 0 (all OK), 1 (WARN), 2 (STALL, STOP or ERR) or 3 (lag unknown: no answer from Kafka)",
+    )
+    parser.add_argument(
+        "--stall-after",
+        type=_positive_seconds,
+        default=STALL_AFTER.total_seconds(),
+        metavar="SECONDS",
+        help="with --check: a running job with lag and no commit for longer is STALL (default 300)",
     )
 
 

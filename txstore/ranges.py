@@ -36,8 +36,10 @@ class OffsetRange:
     log, which the reader compares before delivering anything (a deleted and
     recreated topic holds another message there). ``generation``: the
     partition's generation the range was planned in (``txn_offsets.generation``);
-    a commit only moves an offset of that generation. Neither takes part in
-    comparisons.
+    a commit only moves an offset of that generation. ``log_end``: Kafka's
+    log-end offset when the range was planned (None: not known), so the commit
+    can record the backlog the range started from (``txn_offsets.lag_samples``).
+    None of the three takes part in comparisons.
     """
 
     topic: str
@@ -46,6 +48,7 @@ class OffsetRange:
     until_offset: int
     verify: Fingerprint | None = field(default=None, compare=False)
     generation: int = field(default=0, compare=False)
+    log_end: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.from_offset <= self.until_offset:
@@ -163,7 +166,9 @@ def plan_ranges(
         if stored < marks.high:
             last = past.last
             verify = last if last is not None and marks.low <= last.offset < stored else None
-            ranges.append(OffsetRange(topic, partition, stored, marks.high, verify, past.generation))
+            ranges.append(
+                OffsetRange(topic, partition, stored, marks.high, verify, past.generation, marks.high)
+            )
     return ranges
 
 
@@ -219,6 +224,7 @@ def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list
                 min(r.until_offset, r.from_offset + take),
                 r.verify,
                 r.generation,
+                r.log_end,
             )
         )
     return limited
@@ -240,7 +246,9 @@ def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None) -> l
         parts = max(1, min(r.size, math.ceil(r.size / total * min_partitions))) if total else 1
         bounds = [r.from_offset + (r.size * i) // parts for i in range(parts + 1)]
         pieces += [
-            OffsetRange(r.topic, r.partition, a, b, r.verify if a == r.from_offset else None, r.generation)
+            OffsetRange(
+                r.topic, r.partition, a, b, r.verify if a == r.from_offset else None, r.generation, r.log_end
+            )
             for a, b in itertools.pairwise(bounds)
         ]
     return pieces

@@ -25,7 +25,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 metadata = MetaData(
     naming_convention={
@@ -55,6 +55,9 @@ txn_offsets = Table(
     Column("last_off", BigInteger, nullable=True),
     Column("last_timestamp", BigInteger, nullable=True),
     Column("last_digest", Text, nullable=True),
+    # The backlog (plan's log end minus offset) each of the last few commits started from,
+    # oldest first (txstore.store.LAG_SAMPLES); `txstore status --check` warns when it grows.
+    Column("lag_samples", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
     PrimaryKeyConstraint("job", "topic", "part"),
     CheckConstraint("off >= 0", name="off_nonnegative"),
     CheckConstraint("part >= 0", name="part_nonnegative"),

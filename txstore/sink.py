@@ -13,7 +13,8 @@ a batch (per-batch commits, on the driver), in one PostgreSQL transaction:
    (:mod:`txstore.outbox` sends them to Kafka later);
 2. ``UPDATE txn_offsets SET off = until WHERE job/topic/part AND off = from``
    (and the generation the range was planned in) for every range, in one
-   statement, storing the fingerprint of each range's last message;
+   statement, storing the fingerprint of each range's last message and the backlog
+   the range started from (the last :data:`~txstore.store.LAG_SAMPLES` are kept);
 3. every range's row updated: record the messages skipped as bad
    (``--on-bad-message skip``) in ``txn_bad_messages``, one statement, then COMMIT. Anything else: ROLLBACK, then read the
    stored offsets and raise the :class:`~txstore.errors.CommitConflict`
@@ -39,7 +40,7 @@ from txstore.failpoints import FailPoints
 from txstore.fingerprint import Fingerprint
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.results import TOPIC_TOTAL, Number, ResultKey, metric_text, row_order
-from txstore.store import stored_offsets
+from txstore.store import append_lag_sample, stored_offsets
 
 if TYPE_CHECKING:
     from txstore.badmessages import BadOffset
@@ -123,16 +124,19 @@ VALUES (%(job)s, %(destination)s, %(dedup_key)s || '/1', %(headers)s::jsonb,
                            'ranges', %(ranges)s::jsonb, 'results', '[]'::jsonb), 1, 1)
 """
 
-# Moves each offset from exactly `from` in the planned generation, and stores the
-# fingerprint of the range's last message (kept as it was if the range had none).
-_MOVE_OFFSETS = """
+# Moves each offset from exactly `from` in the planned generation, stores the
+# fingerprint of the range's last message (kept as it was if the range had none), and
+# appends the backlog the range started from to the partition's last lag samples.
+_MOVE_OFFSETS = f"""
 UPDATE txn_offsets o SET off = r.until_off, updated_at = now(),
     last_off = coalesce(r.last_off, o.last_off),
     last_timestamp = CASE WHEN r.last_off IS NULL THEN o.last_timestamp ELSE r.last_ts END,
-    last_digest = coalesce(r.last_digest, o.last_digest)
+    last_digest = coalesce(r.last_digest, o.last_digest),
+    lag_samples = {append_lag_sample("o.lag_samples", "r.log_end", "r.from_off")}
 FROM unnest(%(r_topics)s::text[], %(r_parts)s::int[], %(r_froms)s::bigint[], %(r_untils)s::bigint[],
-            %(r_gens)s::int[], %(r_last_offs)s::bigint[], %(r_last_tss)s::bigint[], %(r_last_digests)s::text[])
-     AS r(topic, part, from_off, until_off, generation, last_off, last_ts, last_digest)
+            %(r_gens)s::int[], %(r_last_offs)s::bigint[], %(r_last_tss)s::bigint[], %(r_last_digests)s::text[],
+            %(r_log_ends)s::bigint[])
+     AS r(topic, part, from_off, until_off, generation, last_off, last_ts, last_digest, log_end)
 WHERE o.job = %(job)s AND o.topic = r.topic AND o.part = r.part AND o.off = r.from_off
   AND o.generation = r.generation
 """
@@ -337,6 +341,7 @@ class TransactionalSink:
             "r_froms": [r.from_offset for r in ranges],
             "r_untils": [r.until_offset for r in ranges],
             "r_gens": [r.generation for r in ranges],
+            "r_log_ends": [r.log_end for r in ranges],
             "r_last_offs": [f.offset if f else None for f in lasts],
             "r_last_tss": [f.timestamp if f else None for f in lasts],
             "r_last_digests": [f.digest if f else None for f in lasts],

@@ -16,6 +16,19 @@ from txstore.ranges import OffsetRange, PartitionHistory, TopicPartition
 from txstore.results import plain_number
 from txstore.starting import StartDecision
 
+LAG_SAMPLES = 5
+"""How many lag samples ``txn_offsets.lag_samples`` keeps per partition (the newest)."""
+
+
+def append_lag_sample(samples: str, log_end: str, from_offset: str) -> str:
+    """SQL for ``samples`` with the backlog ``log_end - from_offset`` appended, keeping the last
+    :data:`LAG_SAMPLES` (unchanged when ``log_end`` is NULL: not known to the commit)."""
+    keep = f"greatest(cardinality({samples}) + 2 - {LAG_SAMPLES}, 1)"
+    return (
+        f"CASE WHEN {log_end} IS NULL THEN {samples} "
+        f"ELSE ({samples} || ({log_end} - {from_offset}))[{keep}:] END"
+    )
+
 
 def committed_offsets(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> dict[TopicPartition, int]:
     """The job's stored next-offset per partition of ``topics``."""

@@ -1,0 +1,228 @@
+"""``txstore status --check``: each partition of a job judged the way Burrow judges a consumer.
+
+Pure: :func:`evaluate` turns what is known of one partition (:class:`PartitionFacts`,
+gathered by :func:`txstore.ops.health_facts`) into a :class:`PartitionHealth`, in this
+order:
+
+1. ``UNKNOWN``: Kafka was not given or did not answer, so the lag cannot be known;
+2. ``ERR``: the stored offset is outside the log (aged out, beyond the log end, the
+   partition gone) or the log is another one (a recreated topic: another topic ID, or
+   another message at the last offset counted). The same checks, and the same one-line
+   errors, as a batch's planning (:func:`txstore.ranges.plan_ranges`) and reading;
+3. ``OK``: no lag (whether or not an instance runs);
+4. ``STOP``: lag, and no instance holds the job lock;
+5. ``STALL``: lag, an instance runs, but nothing was committed for longer than
+   ``stall_after``;
+6. ``WARN``: the backlog grew at each of the partition's last commits
+   (``txn_offsets.lag_samples``: at least :data:`MIN_SAMPLES`, each larger than the
+   one before): the job runs and commits, but falls behind;
+7. ``OK`` otherwise.
+
+STALL, STOP and ERR are critical (exit 2), WARN a warning (exit 1); UNKNOWN exits 3,
+as Nagios plugins do.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from txstore.errors import TxstoreError
+from txstore.fingerprint import Fingerprint, recreated_error
+from txstore.ranges import PartitionHistory, PartitionWatermarks, plan_ranges, reset_command
+
+OK = "OK"
+WARN = "WARN"
+STALL = "STALL"
+STOP = "STOP"
+ERR = "ERR"
+UNKNOWN = "UNKNOWN"
+CRITICAL = frozenset({STALL, STOP, ERR})
+MIN_SAMPLES = 3
+"""A WARN needs at least this many lag samples, each larger than the one before."""
+STALL_AFTER = timedelta(minutes=5)
+
+EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+LEVELS = {EXIT_OK: "OK", EXIT_WARNING: "WARNING", EXIT_CRITICAL: "CRITICAL", EXIT_UNKNOWN: "UNKNOWN"}
+
+
+@dataclass(frozen=True)
+class PartitionFacts:
+    """What is known of one partition of a job.
+
+    ``watermarks``: Kafka's offsets (None: Kafka does not have the partition, or Kafka was
+    not asked or did not answer, which ``kafka_problem`` says); ``history`` what is stored
+    beside the offset;
+    ``topic_id`` Kafka's topic ID now (None: unknown); ``found`` the message now at
+    ``history.last.offset`` (None: none there, or not looked at); ``lag_samples`` the
+    backlog the last commits started from, oldest first.
+    """
+
+    job: str
+    topic: str
+    partition: int
+    offset: int
+    last_commit: datetime
+    running: bool
+    watermarks: PartitionWatermarks | None
+    kafka_problem: str | None = None
+    history: PartitionHistory = field(default_factory=PartitionHistory)
+    topic_id: str | None = None
+    found: Fingerprint | None = None
+    lag_samples: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartitionHealth:
+    job: str
+    topic: str
+    partition: int
+    status: str
+    offset: int
+    log_end: int | None
+    lag: int | None
+    last_commit: datetime
+    seconds_since_commit: int
+    running: bool
+    lag_samples: tuple[int, ...]
+    reason: str  # one line: what is wrong and what to run next ("" when OK)
+
+
+def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STALL_AFTER) -> PartitionHealth:
+    """The partition's status (see the module's docstring for the rules, in order)."""
+    f = facts
+    where = f"job {f.job!r} topic {f.topic!r} partition {f.partition}"
+    idle = max(0, int((now - f.last_commit).total_seconds()))
+    marks = f.watermarks
+    lag = marks.high - f.offset if marks is not None else None
+
+    def health(status: str, reason: str = "") -> PartitionHealth:
+        return PartitionHealth(
+            f.job,
+            f.topic,
+            f.partition,
+            status,
+            f.offset,
+            marks.high if marks is not None else None,
+            lag,
+            f.last_commit,
+            idle,
+            f.running,
+            f.lag_samples,
+            reason,
+        )
+
+    if f.kafka_problem is not None:
+        return health(UNKNOWN, f"{where}: lag unknown: {f.kafka_problem}")
+    problem = out_of_log(f)
+    if problem:
+        return health(ERR, problem)
+    assert lag is not None
+    if lag <= 0:
+        return health(OK)
+    if not f.running:
+        return health(
+            STOP,
+            f"{where}: lag {lag} and no instance of the job is running (last commit {idle}s ago); "
+            "start the job",
+        )
+    if now - f.last_commit > stall_after:
+        return health(
+            STALL,
+            f"{where}: lag {lag} and no commit for {idle}s (--stall-after {_seconds(stall_after)}s) "
+            "although an instance holds the job lock; read its log for the batch it is stuck in, "
+            "or restart it",
+        )
+    if growing(f.lag_samples):
+        samples = ", ".join(str(s) for s in f.lag_samples)
+        return health(
+            WARN,
+            f"{where}: the backlog grew at each of the last {len(f.lag_samples)} commits ({samples}; "
+            f"lag now {lag}): the job falls behind; give it more executors, or a larger "
+            "--max-offsets-per-batch",
+        )
+    return health(OK)
+
+
+def out_of_log(f: PartitionFacts) -> str | None:
+    """Planning's own error for this partition (offset outside the log, topic recreated), or
+    the reader's for another message at the last offset counted; None: the log is the one counted."""
+    key = (f.topic, f.partition)
+    try:
+        plan_ranges(
+            f.job,
+            {key: f.offset},
+            [f.watermarks] if f.watermarks is not None else [],
+            {key: f.history},
+            {f.topic: f.topic_id} if f.topic_id is not None else {},
+        )
+    except TxstoreError as e:
+        return str(e)
+    last = f.history.last
+    if last is not None and f.found is not None and f.found != last:
+        return str(
+            recreated_error(
+                f.job,
+                f.topic,
+                f.partition,
+                f"last counted message {last.describe()}",
+                f.found.describe(),
+                reset_command(f.job, f.topic, f.partition, "--to-earliest"),
+            )
+        )
+    return None
+
+
+def growing(samples: Sequence[int]) -> bool:
+    """At least :data:`MIN_SAMPLES` samples, each larger than the one before."""
+    return len(samples) >= MIN_SAMPLES and all(a < b for a, b in itertools.pairwise(samples))
+
+
+def exit_code(results: Sequence[PartitionHealth]) -> int:
+    """2 if any partition is critical, else 3 if any is unknown, else 1 if any warns, else 0."""
+    statuses = {r.status for r in results}
+    if statuses & CRITICAL:
+        return EXIT_CRITICAL
+    if UNKNOWN in statuses or not results:
+        return EXIT_UNKNOWN
+    if WARN in statuses:
+        return EXIT_WARNING
+    return EXIT_OK
+
+
+def summary(results: Sequence[PartitionHealth], job: str | None) -> str:
+    """The first line: the level, the jobs checked and how many partitions have each status."""
+    level = LEVELS[exit_code(results)]
+    if not results:
+        return f"{level}: no stored offsets" + (f" for job {job!r}" if job else "")
+    jobs = sorted({r.job for r in results})
+    counts = [f"{sum(r.status == s for r in results)} {s}" for s in (ERR, STOP, STALL, UNKNOWN, WARN, OK)]
+    named = ", ".join(repr(j) for j in jobs)
+    return f"{level}: job{'s' if len(jobs) > 1 else ''} {named}: " + ", ".join(
+        c for c in counts if not c.startswith("0 ")
+    )
+
+
+def format_check(results: Sequence[PartitionHealth], job: str | None) -> str:
+    """The summary line, then one line per partition that is not OK."""
+    lines = [summary(results, job)]
+    lines += [f"{r.status} {r.reason}" for r in results if r.status != OK]
+    return "\n".join(lines)
+
+
+def as_json(results: Sequence[PartitionHealth], job: str | None) -> dict[str, Any]:
+    code = exit_code(results)
+    return {
+        "status": LEVELS[code],
+        "exit_code": code,
+        "summary": summary(results, job),
+        "partitions": [asdict(r) for r in results],
+    }
+
+
+def _seconds(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    return str(int(seconds)) if seconds == int(seconds) else str(seconds)
