@@ -417,3 +417,71 @@ def test_a_forgotten_partition_that_returns_starts_a_new_generation_and_collides
     stored = db.execute("SELECT generation, off, value FROM txn_messages ORDER BY generation, off").fetchall()
     assert stored == [(0, i, b"old-0-%d" % i) for i in range(5)] + [(1, i, b"new-0-%d" % i) for i in range(8)]
     assert db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(8, 1)]
+
+
+@pytest.mark.parametrize("verified", [False, True], ids=["first-range", "verified-range"])
+def test_a_topic_recreated_while_its_range_is_read_is_caught_before_anything_is_counted(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str], verified: bool
+) -> None:
+    """Found by the long chaos run (seed 4017): the check before the read passed on the old log,
+    the topic was deleted and recreated mid-read, and the consumer went on at the next offset in
+    the new log, so one range held both logs' messages. The message the read started from is
+    compared again once the range is read: the new log holds another message there."""
+    topic = new_topic(1)
+    send_one_by_one(
+        kafka.bootstrap_servers, topic, ((0, b"k", b"old-0-%d" % i, OLD_TS + i) for i in range(12))
+    )
+    start = 4 if verified else 0
+    verify = None
+    if verified:
+        _, verify = read(kafka, OffsetRange(topic, 0, 0, start))
+    # Fetch one message set at a time, so most of the range is fetched after the recreation.
+    conf = client_config(
+        kafka.bootstrap_servers, {"queued.min.messages": "1", "max.partition.fetch.bytes": "1"}
+    )
+    reader = RangeReader(conf, OffsetRange(topic, 0, start, 12, verify=verify), batch_size=1, job="j")
+    delivered = []
+    with pytest.raises(TopicRecreated) as raised:
+        for batch in reader:
+            delivered += [m.value() for m in batch]
+            if len(delivered) == 1:
+                kafka.recreate_topic(topic, 1)
+                send_one_by_one(
+                    kafka.bootstrap_servers,
+                    topic,
+                    ((0, b"k", b"new-0-%d" % i, NEW_TS + i) for i in range(20)),
+                )
+    assert delivered[0] == b"old-0-%d" % start
+    assert any(v.startswith(b"new-") for v in delivered)  # the mixed read really happened
+    anchor = start - 1 if verified else start
+    assert str(raised.value).startswith(
+        f"job 'j' topic '{topic}' partition 0: the topic was deleted and recreated while offsets "
+        f"{start} -> 12 were read ("
+    )
+    assert f"found offset {anchor}, timestamp {NEW_TS + anchor}, " in str(raised.value)
+    assert str(raised.value).endswith(
+        f"txstore reset --job j --topic {topic} --partition 0 --to-earliest --new-generation --execute"
+    )
+
+
+@pytest.mark.parametrize("verified", [False, True], ids=["first-range", "verified-range"])
+def test_a_range_planned_on_the_old_log_that_the_new_one_ends_below_is_a_recreation_not_data_loss(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str], verified: bool
+) -> None:
+    """Found by a chaos trial on Spark Connect (seed 132): planned on the old log, read after a
+    recreation refilled below the planned offsets. Kafka answers 'out of range' as for messages
+    that aged out, but the log now ends below the offset: it is another log, not data loss."""
+    topic = new_topic(1)
+    fill(kafka, topic, 10, 1, b"old", OLD_TS)
+    _, verify = read(kafka, OffsetRange(topic, 0, 0, 5))
+    kafka.recreate_topic(topic, 1)
+    fill(kafka, topic, 3, 1, b"new", NEW_TS)
+    planned = OffsetRange(topic, 0, 5, 10, verify=verify if verified else None)
+    with pytest.raises(TopicRecreated) as raised:
+        read(kafka, planned)
+    assert str(raised.value) == (
+        f"job 'j' topic '{topic}' partition 0: the log now ends at offset 3, below offset 5 that "
+        "the range 5 -> 10 was planned to read: the topic was deleted and recreated (or an unclean "
+        "leader election); nothing was counted. To count the new topic from its start as a new "
+        f"generation: txstore reset --job j --topic {topic} --partition 0 --to-earliest --new-generation --execute"
+    )

@@ -65,10 +65,13 @@ def recreated_error(
     stored: str,
     found: str,
     reset: str,
+    during: str = "",
+    stored_label: str = "stored ",
 ) -> TopicRecreated:
-    """The one-line error for a partition whose log is not the one the job counted."""
+    """The one-line error for a partition whose log is not the one the job counted (``during``:
+    when it changed, if not before the read)."""
     return TopicRecreated(
-        f"job {job!r} topic {topic!r} partition {partition}: the topic was deleted and recreated "
-        f"(stored {stored}; found {found}); nothing was counted. To count the new topic from its "
+        f"job {job!r} topic {topic!r} partition {partition}: the topic was deleted and recreated{during} "
+        f"({stored_label}{stored}; found {found}); nothing was counted. To count the new topic from its "
         f"start as a new generation: {reset}"
     )

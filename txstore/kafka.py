@@ -35,7 +35,14 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from txstore.errors import ConfigError, DataLoss, KafkaReadError, KafkaUnavailable, UnknownTopic
+from txstore.errors import (
+    ConfigError,
+    DataLoss,
+    KafkaReadError,
+    KafkaUnavailable,
+    TopicRecreated,
+    UnknownTopic,
+)
 from txstore.fingerprint import Fingerprint, fingerprint, recreated_error
 from txstore.ranges import OffsetRange, PartitionWatermarks, reset_command
 
@@ -466,6 +473,7 @@ class RangeReader:
         self.job = job
         self.messages = 0
         self._last: Message | None = None
+        self._anchor: Fingerprint | None = None  # the message the read started from, as first seen
 
     @property
     def last(self) -> Fingerprint | None:
@@ -535,7 +543,7 @@ class RangeReader:
                         good = []
                         break
                     else:
-                        self._raise_for(error, next_offset)
+                        self._raise_for(consumer, error, next_offset)
                 batch = good
             if verifying and batch:
                 verifying = False
@@ -545,12 +553,64 @@ class RangeReader:
                     batch = [m for m in batch if _offset(m) < r.until_offset]
                     reached_end = True
                 if batch:
+                    if self._anchor is None:
+                        self._anchor = fingerprint(batch[0])
                     next_offset = _offset(batch[-1]) + 1
                     self.messages += len(batch)
                     self._last = batch[-1]
                     yield batch
             if reached_end:
-                return
+                break
+        self._check_same_log(consumer)
+
+    def _check_same_log(self, consumer: Consumer) -> None:
+        """Read the message the range started from again: another one there means the topic was
+        deleted and recreated during the read, and the consumer went on in the new log.
+
+        The check before the read only proves the start was the old log. Without
+        topic IDs the consumer follows the topic's name, so a recreation while
+        the range is read continues at the next offset in the new log and one
+        range would hold both logs' messages. Kafka keeps a log's messages in
+        place, so the first one read (or the verified one before ``from``) is
+        still there unless the log changed; gone (aged out, compacted) or past
+        the log end leaves nothing to compare, as before the read. Costs one
+        fetch of one message per range.
+        """
+        r = self.range
+        anchor = self._anchor
+        if anchor is None:
+            return
+        consumer.assign([TopicPartition(r.topic, r.partition, anchor.offset)])
+        deadline = time.monotonic() + self.idle_timeout
+        while True:
+            for m in consumer.consume(1, POLL_SECONDS):
+                error = m.error()
+                if error is None:
+                    if _offset(m) != anchor.offset:
+                        return  # removed since the read began (compaction): nothing to compare
+                    found = fingerprint(m)
+                    if found != anchor:
+                        seen = "last counted" if r.verify is not None and anchor == r.verify else "first read"
+                        raise recreated_error(
+                            self.job,
+                            r.topic,
+                            r.partition,
+                            f"{seen} message {anchor.describe()}",
+                            found.describe(),
+                            reset_command(self.job, r.topic, r.partition, "--to-earliest --new-generation"),
+                            during=f" while offsets {r.from_offset} -> {r.until_offset} were read",
+                            stored_label="",
+                        )
+                    return
+                if error.code() == KafkaError._PARTITION_EOF or _out_of_range(error):
+                    return  # the log now ends below it, or it aged out: nothing to compare
+                self._raise_for(consumer, error, anchor.offset)
+            if time.monotonic() > deadline:
+                raise KafkaReadError(
+                    f"no data from Kafka at {_servers(self.conf)} for {self.idle_timeout:g}s while "
+                    f"checking {r.topic!r} partition {r.partition} at offset {anchor.offset} after "
+                    f"reading {r.from_offset} -> {r.until_offset}; is the broker up?"
+                )
 
     def _verified(self, batch: list[Message]) -> list[Message]:
         """The first batch read from the verified offset: compare, then keep ``offset >= from``.
@@ -563,6 +623,7 @@ class RangeReader:
         first = batch[0]
         if _offset(first) == expected.offset:
             found = fingerprint(first)
+            self._anchor = found
             if found != expected:
                 raise recreated_error(
                     self.job,
@@ -577,9 +638,28 @@ class RangeReader:
             skip += 1
         return batch[skip:] if skip else batch
 
-    def _raise_for(self, error: KafkaError, next_offset: int) -> None:
+    def _raise_for(self, consumer: Consumer, error: KafkaError, next_offset: int) -> None:
         r = self.range
         if _out_of_range(error):
+            # Kafka says "out of range" both below the log start (aged out) and at or past the
+            # log end: a log that now ends below a planned offset is another log.
+            try:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(r.topic, r.partition),
+                    timeout=min(METADATA_TIMEOUT_SECONDS, self.idle_timeout),
+                    cached=False,
+                )
+            except KafkaException:
+                high = None
+            if high is not None and 0 <= high <= next_offset:
+                raise TopicRecreated(
+                    f"job {self.job!r} topic {r.topic!r} partition {r.partition}: the log now ends at "
+                    f"offset {high}, below offset {next_offset} that the range {r.from_offset} -> "
+                    f"{r.until_offset} was planned to read: the topic was deleted and recreated (or an "
+                    "unclean leader election); nothing was counted. To count the new topic from its "
+                    "start as a new generation: "
+                    + reset_command(self.job, r.topic, r.partition, "--to-earliest --new-generation")
+                )
             raise DataLoss(
                 f"{r.topic!r} partition {r.partition}: offset {next_offset} is no longer in Kafka "
                 f"(range {r.from_offset} -> {r.until_offset}); messages aged out before they "
