@@ -6,7 +6,8 @@ replayed with ``python -m tests.chaos --replay SEED``):
 1. a new topic with several partitions, keyed messages produced before the job
    starts and all through the fault window;
 2. ``jobs/count_topic.py --interval`` started as a real process (``python`` or
-   ``spark-submit``), talking to PostgreSQL through a proxy the runner can cut;
+   ``spark-submit``, or with ``connect`` a Spark Connect client of a server the
+   trials share), talking to PostgreSQL through a proxy the runner can cut;
 3. once it has run its first batch, the fault window: faults at random moments
    (see :data:`FAULT_KINDS`), crashed or killed instances restarted;
 4. the faults stop (fail points switch themselves off, ``TXSTORE_FAILPOINTS_UNTIL``;
