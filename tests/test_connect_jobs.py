@@ -10,12 +10,16 @@ error transport) and one job process started with ``SPARK_REMOTE``: enough to sh
 Spark-facing path works on both, while the rest of the suite (failure
 injection, gaps, retries, bad messages) runs on classic only, because the
 Spark-facing code is the same and the Connect server costs ~25 s to start
-and slows each batch on this machine.
+and slows each batch on this machine. The thin client (``pyspark-client``,
+no JVM) runs a job process against the server under ``./dev lowest``,
+which builds that interpreter.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +31,7 @@ from tests.conftest import produce, send
 from tests.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import read_topic, stored_messages
-from tests.test_job_process import count_topic_args, job_env, run_job
+from tests.test_job_process import JOB, count_topic_args, job_env, run_job
 from tests.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.test_sink import snapshot
 from txstore.count_topic import CountMessages, count_messages
@@ -194,6 +198,46 @@ def test_a_job_process_with_spark_remote_counts_exactly(
     result = run_job(
         *count_topic_args(kafka, database_url, topic, "--once"),
         env=job_env(SPARK_REMOTE=spark_connect_server.url),
+    )
+    assert result.returncode == 0, result.stderr
+    assert totals(db, topic) == {topic: 175}
+    assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
+
+
+@pytest.mark.connect
+@pytest.mark.skipif(
+    not THIN_CLIENT_PYTHON,
+    reason="needs TXSTORE_THIN_CLIENT_PYTHON, a Python with pyspark-client instead of pyspark: "
+    "./dev lowest builds one (.venv-thin) and runs this test",
+)
+def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
+    spark_connect_server: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """``pip install pyspark-client`` (no JVM, no jars): the job's txstore reaches the server's
+    Python workers as an artifact (``addArtifacts``), as the README says."""
+    assert THIN_CLIENT_PYTHON is not None
+    probe = (
+        "import importlib.metadata as m, pathlib, pyspark; "
+        "print(m.version('pyspark-client'), (pathlib.Path(pyspark.__file__).parent / 'jars').is_dir())"
+    )
+    thin = subprocess.run([THIN_CLIENT_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert thin.returncode == 0 and thin.stdout.split()[1] == "False", thin.stdout + thin.stderr
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 70, 2: 5})
+    env = {k: v for k, v in job_env().items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+    result = subprocess.run(
+        [THIN_CLIENT_PYTHON, JOB, *count_topic_args(kafka, database_url, topic, "--once")],
+        env={**env, "SPARK_REMOTE": spark_connect_server.url},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert totals(db, topic) == {topic: 175}

@@ -1,4 +1,4 @@
-"""python -m tests.chaos --trials N [--seed S] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
+"""python -m tests.chaos --trials N [--seed S] [--connect] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         "(default: the topic total, committed per range)",
     )
     parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="run the jobs as Spark Connect clients (--remote) of a local Connect server the run "
+        "starts; without the fault kinds that do not apply there (runner.CONNECT_EXCLUDED)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         metavar="DIR",
@@ -74,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         first = args.seed if args.seed is not None else random.randrange(1_000_000)
         seeds = [first + i for i in range(args.trials)]
-    plans = [TrialPlan.generate(s, faults, job_args=shlex.split(args.job_args)) for s in seeds]
+    plans = [
+        TrialPlan.generate(s, faults, job_args=shlex.split(args.job_args), connect=args.connect)
+        for s in seeds
+    ]
     summary = Summary(seed=seeds[0])
     started = time.monotonic()
 

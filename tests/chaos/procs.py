@@ -4,7 +4,10 @@ Every process the runner starts gets ``TXSTORE_CHAOS_TAG=<tag>`` in its
 environment, and so does everything it starts in turn (the driver's JVM, the
 PySpark daemon and its forked workers, executors of a standalone cluster via
 ``spark.executorEnv``). The runner finds them by that tag and kills them by
-pid, also after their parent died (orphaned workers keep the tag).
+pid, also after their parent died (orphaned workers keep the tag). A Spark
+Connect server's workers are found below the server's pid instead
+(:func:`server_python_workers`): the server may be the tests' own, started
+without a tag, and serves every trial.
 """
 
 from __future__ import annotations
@@ -38,6 +41,18 @@ def _read(path: str, binary: bool = False) -> bytes | str | None:
         return None
 
 
+def _proc(entry: str, tag: str = "") -> Proc | None:
+    """The live process ``/proc/<entry>`` (None if gone or a zombie)."""
+    stat = _read(f"/proc/{entry}/stat")
+    cmdline = _read(f"/proc/{entry}/cmdline", binary=True)
+    if not isinstance(stat, str) or not isinstance(cmdline, bytes):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return Proc(int(entry), int(fields[1]), tag, cmdline.replace(b"\0", b" ").decode(errors="replace"))
+
+
 def tagged(prefix: str) -> list[Proc]:
     """Live processes whose tag starts with ``prefix`` (not zombies)."""
     wanted = f"{TAG_ENV}={prefix}".encode()
@@ -48,27 +63,38 @@ def tagged(prefix: str) -> list[Proc]:
         environ = _read(f"/proc/{entry}/environ", binary=True)
         if not isinstance(environ, bytes) or wanted not in environ:
             continue
-        stat = _read(f"/proc/{entry}/stat")
-        cmdline = _read(f"/proc/{entry}/cmdline", binary=True)
-        if not isinstance(stat, str) or not isinstance(cmdline, bytes):
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            continue
         tag = next(
             v.decode(errors="replace").partition("=")[2]
             for v in environ.split(b"\0")
             if v.startswith(f"{TAG_ENV}=".encode())
         )
-        found.append(
-            Proc(int(entry), int(fields[1]), tag, cmdline.replace(b"\0", b" ").decode(errors="replace"))
-        )
+        proc = _proc(entry, tag)
+        if proc is not None:
+            found.append(proc)
     return found
 
 
 def python_workers(prefix: str) -> list[Proc]:
     """PySpark worker processes (forked by ``pyspark.daemon``) of tagged processes."""
     procs = tagged(prefix)
+    daemons = {p.pid for p in procs if "pyspark.daemon" in p.cmdline}
+    return [p for p in procs if p.ppid in daemons]
+
+
+def descendants(root: int) -> list[Proc]:
+    """Live processes below ``root`` (children, their children, ...), tagged or not: the
+    Python workers of a Spark Connect server the runner did not start with a tag."""
+    procs = [p for p in map(_proc, filter(str.isdigit, os.listdir("/proc"))) if p is not None]
+    below, found = {root}, []
+    while more := [p for p in procs if p.ppid in below and p.pid not in below]:
+        found += more
+        below.update(p.pid for p in more)
+    return found
+
+
+def server_python_workers(server_pid: int) -> list[Proc]:
+    """PySpark worker processes (forked by ``pyspark.daemon``) of the server whose pid is given."""
+    procs = descendants(server_pid)
     daemons = {p.pid for p in procs if "pyspark.daemon" in p.cmdline}
     return [p for p in procs if p.ppid in daemons]
 

@@ -6,7 +6,8 @@ replayed with ``python -m tests.chaos --replay SEED``):
 1. a new topic with several partitions, keyed messages produced before the job
    starts and all through the fault window;
 2. ``jobs/count_topic.py --interval`` started as a real process (``python`` or
-   ``spark-submit``), talking to PostgreSQL through a proxy the runner can cut;
+   ``spark-submit``, or with ``connect`` a Spark Connect client of a server the
+   trials share), talking to PostgreSQL through a proxy the runner can cut;
 3. once it has run its first batch, the fault window: faults at random moments
    (see :data:`FAULT_KINDS`), crashed or killed instances restarted;
 4. the faults stop (fail points switch themselves off, ``TXSTORE_FAILPOINTS_UNTIL``;
@@ -48,9 +49,19 @@ import psycopg
 from confluent_kafka import Producer
 
 from tests.chaos.events import EVENT_FAULT_KINDS, OPERATOR_EXITS, TrialEvents, compatible, plan_job_args
-from tests.chaos.procs import TAG_ENV, busy, handles, kill, kill_tagged, python_workers, tagged
+from tests.chaos.procs import (
+    TAG_ENV,
+    busy,
+    handles,
+    kill,
+    kill_tagged,
+    python_workers,
+    server_python_workers,
+    tagged,
+)
 from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
+from tests.spark_connect import SparkConnectServer
 from txstore.kafka import RangeReader, client_config, close_idle_consumers, fetch_watermarks
 from txstore.migrate import upgrade
 from txstore.ranges import OffsetRange
@@ -77,6 +88,18 @@ FAULT_KINDS = (
     "kafka-frozen",  # the broker answers every request seconds late, closing and refusing nothing
     *EVENT_FAULT_KINDS,  # topic-recreated, poison-message, oversized-publish (tests/chaos/events.py)
 )
+# Under Spark Connect (``launch == "connect"``: the job is a Connect client, ``--remote sc://``,
+# of a server the runner shares between trials) every kind means what it means on classic,
+# with the driver split in two: kill-driver kills the client process mid-batch (the server
+# may finish the batch's tasks after its client is gone, as an abandoned driver's would);
+# kill-python-worker kills a Python worker of the server's executor; task fail points
+# ship with the tasks and fire in the server's workers. Excluded there:
+CONNECT_EXCLUDED = (
+    # Speculative copies need the standalone cluster with speculation switched on; the
+    # Connect server is local[2,4], configured once for every trial it serves (its
+    # Spark configuration is the server's, a client cannot turn speculation on).
+    "speculation",
+)
 # Known, but only run when asked for (--faults): none now. Adding kinds to FAULT_KINDS
 # changes what every seed plans (README, "Chaos testing").
 OPT_IN_FAULT_KINDS: tuple[str, ...] = ()
@@ -91,6 +114,8 @@ KAFKA_APIS = {"Fetch": 1, "ListOffsets": 2, "Metadata": 3}
 # fail points) so that "in the middle of a task" is a window, not an instant.
 DRIVER_EXIT_SECONDS = 5.0  # from a driver fail point's raise to its process's exit, at most
 SPECULATION_ALLOWANCE = 20.0  # more time with stragglers, for Spark to speculate on them
+# A Spark Connect client's first batch took 50-65 s on the loaded 2-core machine (later ones ~4 s).
+CONNECT_FIRST_BATCH_SECONDS = 90.0
 NEEDS_SLOW_TASKS = {
     "kill-python-worker",
     "kill-driver",
@@ -111,7 +136,7 @@ class TrialPlan:
     initial_messages: int
     window: float
     interval: float
-    launch: str  # "python" or "spark-submit"
+    launch: str  # "python", "spark-submit", or "connect" (python jobs/count_topic.py --remote sc://...)
     max_offsets_per_batch: int | None
     failpoints: str
     job_args: tuple[str, ...] = ()  # more count_topic flags, e.g. ("--by", "key", "--commit", "per-batch")
@@ -120,6 +145,10 @@ class TrialPlan:
     def standalone(self) -> bool:
         return "speculation" in self.faults
 
+    @property
+    def connect(self) -> bool:
+        return self.launch == "connect"
+
     @classmethod
     def generate(
         cls,
@@ -127,6 +156,7 @@ class TrialPlan:
         faults: Sequence[str] | None = None,
         intense: bool = False,
         job_args: Sequence[str] = (),
+        connect: bool = False,
     ) -> TrialPlan:
         """The trial for ``seed``: its first fault kind rotates with the seed, 0-2 more at random.
 
@@ -134,13 +164,19 @@ class TrialPlan:
         short trial surely injects every fault it plans (the CI subset).
         ``job_args``: how the job counts (``--by key``, ``--commit per-batch``, ...);
         by default the topic total, committed per range.
+        ``connect``: the job runs as a Spark Connect client (without the kinds in
+        :data:`CONNECT_EXCLUDED`); the other draws are the classic plan's.
         """
         rng = random.Random(seed)
         if faults is None:
-            first = FAULT_KINDS[seed % len(FAULT_KINDS)]
-            others = [k for k in FAULT_KINDS if k not in (first, "speculation")]
+            kinds = [k for k in FAULT_KINDS if not (connect and k in CONNECT_EXCLUDED)]
+            first = kinds[seed % len(kinds)]
+            others = [k for k in kinds if k not in (first, "speculation")]
             faults = (first, *rng.sample(others, rng.choice((0, 1, 1, 2))))
         faults = compatible(faults)
+        if connect and set(faults) & set(CONNECT_EXCLUDED):
+            excluded = ", ".join(sorted(set(faults) & set(CONNECT_EXCLUDED)))
+            raise ValueError(f"fault kinds {excluded} do not run under Spark Connect (CONNECT_EXCLUDED)")
         unknown = set(faults) - set(FAULT_KINDS) - set(OPT_IN_FAULT_KINDS)
         if unknown:
             known = ", ".join(FAULT_KINDS + OPT_IN_FAULT_KINDS)
@@ -160,7 +196,8 @@ class TrialPlan:
             failpoints=_failpoints(rng, faults, intense),
         )
         args, keys = plan_job_args(rng, faults, job_args)  # what the event faults need
-        return dataclasses.replace(plan, job_args=args, keys=keys or plan.keys)
+        launch = "connect" if connect else plan.launch
+        return dataclasses.replace(plan, job_args=args, keys=keys or plan.keys, launch=launch)
 
     @property
     def driver_points(self) -> tuple[str, ...]:
@@ -260,9 +297,12 @@ class Summary:
 
 # -- what the trials share --------------------------------------------------------------------------
 class ChaosEnvironment:
-    """The broker, a fresh database, the proxy in front of it, and (lazily) a standalone cluster."""
+    """The broker, a fresh database, the proxy in front of it, and (lazily) a standalone cluster
+    and a Spark Connect server."""
 
-    def __init__(self, admin_url: str, directory: Path | None = None) -> None:
+    def __init__(
+        self, admin_url: str, directory: Path | None = None, connect_server: SparkConnectServer | None = None
+    ) -> None:
         self.tag = f"chaos-{os.getpid()}-{int(time.time())}"
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="txstore-chaos-")
         self.directory = directory or Path(self._tmp.name)  # type: ignore[union-attr]
@@ -271,6 +311,8 @@ class ChaosEnvironment:
         self.kafka = MockKafkaCluster(brokers=1)
         self.database = f"txstore_chaos_{os.getpid()}"
         self._cluster: StandaloneCluster | None = None
+        # Given (the tests' session server): used, not stopped; else started on first use.
+        self._connect_server, self._own_connect_server = connect_server, connect_server is None
         self.startups: list[float] = []  # seconds from starting a job to its first batch, by trial
         info = psycopg.conninfo.conninfo_to_dict(admin_url)
         # In a network namespace of its own where possible, so that pg-frozen is a real freeze.
@@ -300,6 +342,11 @@ class ChaosEnvironment:
             self._cluster = StandaloneCluster(self.directory / "standalone", f"{self.tag}-cluster-")
         return self._cluster
 
+    def spark_connect(self) -> SparkConnectServer:
+        if self._connect_server is None:
+            self._connect_server = SparkConnectServer(self.directory / "spark-connect")
+        return self._connect_server
+
     def connect(self) -> psycopg.Connection:
         """A direct connection for checks (never through the proxy; not named txstore)."""
         return psycopg.connect(self.database_url, autocommit=True, application_name="txstore-chaos")
@@ -309,6 +356,8 @@ class ChaosEnvironment:
             kill_tagged(self.tag)
         if self._cluster is not None:
             self._cluster.close()
+        if self._connect_server is not None and self._own_connect_server:
+            self._connect_server.close()
         self.proxy.close()
         close_idle_consumers()  # the checks' readers, before their broker goes away
         self.kafka.close()
@@ -363,7 +412,7 @@ class Instance:
 
 def driver_pid(inst: Instance) -> int | None:
     """The pid of the instance's Python driver (the process itself, or spark-submit's child)."""
-    if inst.launch == "python":
+    if inst.launch in ("python", "connect"):
         return inst.process.pid
     for p in tagged(inst.tag):
         program = os.path.basename(p.cmdline.split(" ")[0])
@@ -402,6 +451,8 @@ class Trial:
         self.producing_paused = threading.Event()
         self.key_grain = "key+window" if "--window" in plan.job_args else "key"
         self.events = TrialEvents(self)
+        # Where this trial's part of the Connect server's log (task fail points) begins.
+        self.server_log_start = self._server_log_size()
 
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> TrialResult:
@@ -411,6 +462,9 @@ class Trial:
         try:
             if self.plan.standalone:
                 self.env.standalone()  # started once, before the clock of the fail points runs
+            if self.plan.connect:
+                self.env.spark_connect()  # likewise
+                self.server_log_start = self._server_log_size()
             self.env.kafka.create_topic(self.topic, self.plan.partitions)
             self.events.prepare()
             self._produce(self.plan.initial_messages, random.Random(self.plan.seed * 31 + 3))
@@ -478,7 +532,7 @@ class Trial:
             name = kind.removeprefix("fp-")
             action = self.rng.choice(("raise", "exit"))
             spec = f"{name}:{action}" if name in DRIVER_POINTS else f"{name}:{action}@first"
-            until = time.time() + self.env.startup_seconds + 15.0
+            until = time.time() + self._make_up_startup_seconds() + 15.0
             self.say(f"  {kind} had not fired in the window; making it up")
             inst = self.start_instance(spec, primary=False, until=until)
             while time.time() < until and inst.alive() and not self._fired(self._logs())[kind]:
@@ -488,13 +542,33 @@ class Trial:
                 self._stop(inst)
             self._supervise()
 
+    def _make_up_startup_seconds(self) -> float:
+        """How long a make-up instance may take to its first batch: as measured, and under
+        Connect at least :data:`CONNECT_FIRST_BATCH_SECONDS` (a new client's first batch is
+        much slower than its later ones, and the trial's first instance may have been quick).
+        Only a bound: the make-up stops as soon as its point fires."""
+        seconds = self.env.startup_seconds
+        return max(seconds, CONNECT_FIRST_BATCH_SECONDS) if self.plan.connect else seconds
+
     def _logs(self, events: _EventCounts | None = None) -> str:
-        """The jobs' own output so far, with the executors' on a standalone cluster."""
+        """The jobs' own output so far, with the executors' on a standalone cluster and the
+        Connect server's since this trial began (where task fail points report)."""
         logs = "\n".join(inst.log() for inst in self.instances)
         if self.plan.standalone:
             app_ids = (events or _event_counts(self.event_logs)).app_ids
             logs += "\n" + self.env.standalone().executor_logs(app_ids)
+        if self.plan.connect:
+            with open(self.env.spark_connect().log, "rb") as f:
+                f.seek(self.server_log_start)
+                logs += "\n" + f.read().decode(errors="replace")
         return logs
+
+    def _server_log_size(self) -> int:
+        if not self.plan.connect:
+            return 0
+        with contextlib.suppress(OSError):
+            return self.env.spark_connect().log.stat().st_size
+        return 0
 
     @staticmethod
     def _fired(logs: str) -> collections.Counter[str]:
@@ -545,7 +619,9 @@ class Trial:
             if failpoints:
                 env["TXSTORE_FAILPOINTS"] = failpoints
                 env["TXSTORE_FAILPOINTS_UNTIL"] = f"{until or self.until:.3f}"
-            if self.plan.launch == "python":
+            if self.plan.connect:  # a client: its Spark configuration is the server's
+                command = [sys.executable, str(JOB), *args, "--remote", self.env.spark_connect().url]
+            elif self.plan.launch == "python":
                 env["PYSPARK_SUBMIT_ARGS"] = shlex.join([*spark, "pyspark-shell"])
                 command = [sys.executable, str(JOB), *args]
             else:
@@ -688,11 +764,27 @@ class Trial:
         """An instance with a Python worker in the middle of a task, and that worker."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.window_over.is_set():
+            if self.plan.connect:
+                found = self._busy_server_worker()
+                if found is not None:
+                    return found
             for inst in self._alive():
                 for worker in python_workers(inst.tag):
                     if busy(worker.pid):
                         return inst, worker.pid
             time.sleep(0.02)
+        return None
+
+    def _busy_server_worker(self) -> tuple[Instance, int] | None:
+        """Under Connect the workers are the server's, shared by the trial's clients: a busy
+        one is some client's batch; with one client alive that is surely its batch, with
+        several the primary's is assumed (a client shows nothing of the batch it waits on)."""
+        alive = self._alive()
+        if not alive:
+            return None
+        for worker in server_python_workers(self.env.spark_connect().process.pid):
+            if busy(worker.pid):
+                return next((i for i in alive if i.primary), alive[0]), worker.pid
         return None
 
     def _fault_kill_python_worker(self) -> bool:
@@ -705,7 +797,8 @@ class Trial:
             return False
         inst = found[0]
         was_primary, inst.primary, inst.killed = inst.primary, False, True
-        if not kill(inst.process.pid):  # python jobs/count_topic.py, or spark-submit's JVM
+        # python jobs/count_topic.py (under Connect the client: its server goes on), or spark-submit's JVM
+        if not kill(inst.process.pid):
             return False
         self.start_instance(inst.failpoints, primary=was_primary)
         return True
@@ -1057,9 +1150,15 @@ def run_trials(
 
 
 @contextlib.contextmanager
-def environment(admin_url: str | None = None, directory: Path | None = None) -> Iterator[ChaosEnvironment]:
+def environment(
+    admin_url: str | None = None,
+    directory: Path | None = None,
+    connect_server: SparkConnectServer | None = None,
+) -> Iterator[ChaosEnvironment]:
+    """What the trials share; ``connect_server``: the Connect server for ``connect`` trials
+    (default: one started on first use and stopped at the end)."""
     url = admin_url or default_admin_url()
-    env = ChaosEnvironment(url, directory)
+    env = ChaosEnvironment(url, directory, connect_server)
     try:
         yield env
     finally:

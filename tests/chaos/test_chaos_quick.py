@@ -1,4 +1,5 @@
-"""The CI subset of the chaos suite: eight trials that together inject every fault kind.
+"""The CI subset of the chaos suite: eight trials that together inject every fault kind,
+and one on Spark Connect.
 
 The long run is ``python -m tests.chaos --trials 200`` (see the README).
 """
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.runner import FAULT_KINDS, Summary, TrialPlan, environment, run_trials
+from tests.chaos.runner import CONNECT_EXCLUDED, FAULT_KINDS, Summary, TrialPlan, environment, run_trials
 from tests.conftest import pg_url
+from tests.spark_connect import SparkConnectServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
@@ -37,6 +39,20 @@ QUICK: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
+# On Spark Connect (the job a client of the tests' Connect server, --remote sc://): one trial
+# with the kinds whose mechanics differ there. The client is killed mid-batch while the
+# server may still finish that batch's tasks; a Python worker of the server's executor is
+# killed mid-task; a task fail point fires in the server's workers (shipped with the
+# task, reported in the server's log); a second client runs the same job on the same
+# server. The database, Kafka and driver-loop kinds behave as on classic (the job's
+# plan and commits are the same code) and stay in the classic trials above; speculation
+# does not run under Connect (runner.CONNECT_EXCLUDED). One trial, because the CI suite's
+# budget is minutes: it shares the session's Connect server with tests/test_connect_jobs.py.
+QUICK_CONNECT: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
+    (121, ("kill-driver", "kill-python-worker", "fp-before-commit", "second-instance"), ("--by", "key")),
+)
+
+
 def test_the_quick_plans_cover_every_fault_kind() -> None:
     assert {kind for _, faults, _ in QUICK for kind in faults} == set(FAULT_KINDS)
 
@@ -54,3 +70,34 @@ def test_under_every_kind_of_fault_every_message_is_counted_exactly_once(tmp_pat
     assert sum(r.duplicated for r in summary.results) == 0, report
     assert sum(r.produced for r in summary.results) > 0
     assert [k for k in FAULT_KINDS if summary.injected[k] == 0] == [], report
+
+
+@pytest.mark.connect
+@pytest.mark.timeout(900)
+def test_on_spark_connect_under_client_and_worker_kills_every_message_is_counted_exactly_once(
+    spark_connect_server: SparkConnectServer, tmp_path: Path
+) -> None:
+    plans = [
+        TrialPlan.generate(seed, faults, intense=True, job_args=args, connect=True)
+        for seed, faults, args in QUICK_CONNECT
+    ]
+    lines: list[str] = []
+    with environment(pg_url("postgres"), tmp_path, connect_server=spark_connect_server) as env:
+        summary = run_trials(env, plans, log=lines.append, summary=Summary(seed=QUICK_CONNECT[0][0]))
+    report = "\n".join([*lines, summary.line()])
+    print(report)
+    assert [r.plan.seed for r in summary.failed] == [], report
+    assert sum(r.lost for r in summary.results) == 0, report
+    assert sum(r.duplicated for r in summary.results) == 0, report
+    assert sum(r.produced for r in summary.results) > 0
+    planned = {kind for _, faults, _ in QUICK_CONNECT for kind in faults}
+    assert sorted(k for k in planned if summary.injected[k] == 0) == [], report
+
+
+def test_connect_plans_never_draw_a_kind_connect_excludes_and_run_as_clients() -> None:
+    plans = [TrialPlan.generate(seed, connect=True) for seed in range(2 * len(FAULT_KINDS))]
+    assert [p.seed for p in plans if set(p.faults) & set(CONNECT_EXCLUDED)] == []
+    assert {p.launch for p in plans} == {"connect"}
+    assert not any(p.standalone for p in plans)
+    # Every other kind still comes first in some seed's rotation.
+    assert {p.faults[0] for p in plans} == set(FAULT_KINDS) - set(CONNECT_EXCLUDED)
