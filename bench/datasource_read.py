@@ -6,7 +6,7 @@ Produces the messages to the test broker (in its own process), then measures,
 alternating in each round so both see the same machine load:
 
 1. in this process, the reader's work per message: a range read with
-   :class:`~txstore.kafka.RangeReader` and converted to what a Python data
+   :class:`~txstore.reader.RangeReader` and converted to what a Python data
    source hands Spark: Arrow batches (:func:`txstore.arrow.messages_to_record_batch`)
    or tuples (as ``read_ranges`` built them before it yielded Arrow batches) that PySpark's
    worker then turns into Arrow itself (``records_to_arrow_batches``);
@@ -33,8 +33,9 @@ from bench.broker import BrokerProcess
 from bench.workload import Workload, produce
 from txstore.arrow import messages_to_record_batch
 from txstore.datasource import RangePartition, TxstoreDataSource, TxstoreReader, parse_read_options
-from txstore.kafka import RangeReader, client_config
+from txstore.kafka import client_config
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 from txstore.spark import kafka_source_schema
 
 

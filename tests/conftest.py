@@ -27,8 +27,8 @@ from pytest_postgresql import factories
 
 from tests import pg_server
 from txstore.db import connect
-from txstore.kafka import close_idle_consumers
 from txstore.migrate import upgrade
+from txstore.reader import close_idle_consumers
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,9 +21,10 @@ from txstore.db import connect
 from txstore.errors import AlreadyCommitted, OffsetGap, PublishFailed
 from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.kafka import client_config, fetch_watermarks
 from txstore.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 from txstore.results import TOPIC_TOTAL, by_key
 from txstore.sink import TransactionalSink
 from txstore.task import ALREADY_COMMITTED, COMMITTED, RangeTask

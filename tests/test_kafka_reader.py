@@ -9,10 +9,11 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
-from txstore import kafka as kafka_module
+from txstore import reader as reader_module
 from txstore.errors import DataLoss, KafkaReadError
-from txstore.kafka import RangeReader, client_config, fetch_watermarks, gc_paused, reader_config
+from txstore.kafka import client_config, fetch_watermarks, reader_config
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader, gc_paused
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
@@ -108,17 +109,17 @@ def test_one_process_reuses_its_consumer_and_still_reads_exactly_each_range(
     # The partition goes on past the first range (data beyond `until` is prefetched),
     # the next ranges switch partition, go back to lower offsets, and read to the end.
     assert offsets_read(kafka, OffsetRange(topic, 0, 0, 50)) == list(range(50))
-    pooled, topics = kafka_module._consumers.take(reader_config(conf))
-    kafka_module._consumers.give_back(reader_config(conf), pooled, topics)
+    pooled, topics = reader_module._consumers.take(reader_config(conf))
+    reader_module._consumers.give_back(reader_config(conf), pooled, topics)
     assert offsets_read(kafka, OffsetRange(topic, 1, 5, 15)) == list(range(5, 15))
     assert offsets_read(kafka, OffsetRange(topic, 0, 10, 20)) == list(range(10, 20))
     assert offsets_read(kafka, OffsetRange(topic, 0, 50, 100)) == list(range(50, 100))
     assert offsets_read(kafka, OffsetRange(topic, 1, 0, 30)) == list(range(30))
-    again, topics = kafka_module._consumers.take(reader_config(conf))
+    again, topics = reader_module._consumers.take(reader_config(conf))
     try:
         assert again is pooled  # the same consumer served every range
     finally:
-        kafka_module._consumers.give_back(reader_config(conf), again, topics)
+        reader_module._consumers.give_back(reader_config(conf), again, topics)
 
 
 def test_a_consumer_that_failed_or_was_abandoned_is_closed_not_reused(
@@ -128,17 +129,17 @@ def test_a_consumer_that_failed_or_was_abandoned_is_closed_not_reused(
     produce(kafka.bootstrap_servers, topic, {0: 20})
     conf = reader_config(client_config(kafka.bootstrap_servers))
     assert offsets_read(kafka, OffsetRange(topic, 0, 0, 5)) == list(range(5))
-    first, topics = kafka_module._consumers.take(conf)
-    kafka_module._consumers.give_back(conf, first, topics)
+    first, topics = reader_module._consumers.take(conf)
+    reader_module._consumers.give_back(conf, first, topics)
 
     reader = iter(RangeReader(conf, OffsetRange(topic, 0, 0, 20), batch_size=4))
     assert len(next(reader)) == 4
     reader.close()  # the caller stops half-way: the consumer may hold half a range
     with pytest.raises(RuntimeError):
         first.assignment()  # closed
-    second, topics = kafka_module._consumers.take(conf)
+    second, topics = reader_module._consumers.take(conf)
     assert second is not first
-    kafka_module._consumers.give_back(conf, second, topics)
+    reader_module._consumers.give_back(conf, second, topics)
     assert offsets_read(kafka, OffsetRange(topic, 0, 3, 9)) == list(range(3, 9))
 
 

@@ -14,9 +14,10 @@ from tests.conftest import produce
 from txstore import store
 from txstore.db import connect
 from txstore.idempotent import IdempotentSink
-from txstore.kafka import RangeReader, client_config
+from txstore.kafka import client_config
 from txstore.locks import hold_job_lock
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 from txstore.results import TOPIC_TOTAL
 from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision

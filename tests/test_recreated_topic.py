@@ -25,9 +25,10 @@ from txstore.errors import BatchFailed, TopicRecreated
 from txstore.fingerprint import Fingerprint, digest
 from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.kafka import client_config, fetch_watermarks
 from txstore.ops import apply_reset, plan_job_reset
 from txstore.ranges import OffsetRange, PartitionHistory
+from txstore.reader import RangeReader
 from txstore.reset import ResetTarget
 from txstore.sink import TransactionalSink
 from txstore.starting import StartDecision

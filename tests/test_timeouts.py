@@ -33,8 +33,9 @@ from txstore.db import (
 from txstore.errors import DatabaseUnavailable, KafkaReadError, TxstoreError
 from txstore.failpoints import FailPoints
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import IDLE_TIMEOUT_SECONDS, METADATA_TIMEOUT_SECONDS, RangeReader, client_config
+from txstore.kafka import METADATA_TIMEOUT_SECONDS, client_config
 from txstore.ranges import OffsetRange
+from txstore.reader import IDLE_TIMEOUT_SECONDS, RangeReader
 from txstore.results import TOPIC_TOTAL
 from txstore.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster

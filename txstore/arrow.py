@@ -1,7 +1,7 @@
 """Kafka messages as Arrow record batches with the columns of Spark's Kafka source.
 
 One function, :func:`messages_to_record_batch`, turns a batch of consumed
-messages (a :class:`~txstore.kafka.RangeReader` batch, or any list of
+messages (a :class:`~txstore.reader.RangeReader` batch, or any list of
 ``confluent_kafka.Message``) into a ``pyarrow.RecordBatch`` whose schema is
 exactly :data:`KAFKA_ARROW_SCHEMA`: what PySpark derives from
 :func:`txstore.spark.kafka_source_schema` with the session time zone UTC, so

@@ -41,8 +41,8 @@ from confluent_kafka import KafkaException, Message
 
 from txstore.errors import TxstoreError, first_line
 from txstore.fingerprint import Fingerprint
-from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 from txstore.results import Number, ResultKey, add_metrics
 
 FAIL = "fail"

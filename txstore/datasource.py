@@ -49,7 +49,7 @@ Kafka for the watermarks (and the database for the job's offsets) and plans
 one :class:`~txstore.ranges.OffsetRange` per partition with data, each in
 its own :class:`RangePartition`; ``read(partition)`` runs in a task and
 yields one Arrow record batch (:func:`txstore.arrow.messages_to_record_batch`)
-per batch of messages the :class:`~txstore.kafka.RangeReader` delivers, so
+per batch of messages the :class:`~txstore.reader.RangeReader` delivers, so
 no row ever becomes a Python tuple. A task retried by Spark reads the same
 range again.
 
@@ -69,9 +69,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from txstore import store
 from txstore.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.errors import ConfigError, DataLoss, OffsetOutOfLog
-from txstore.kafka import RangeReader, client_config, fetch_watermarks, topic_name_problem
+from txstore.kafka import client_config, fetch_watermarks, topic_name_problem
 from txstore.migrate import check_schema
 from txstore.ranges import OffsetRange, PartitionWatermarks, TopicPartition, plan_ranges, split_ranges
+from txstore.reader import RangeReader
 from txstore.starting import (
     EARLIEST,
     LATEST,

@@ -39,8 +39,8 @@ from typing import Any, Generic, TypeVar
 from txstore.badmessages import BadOffset, aggregate_range
 from txstore.errors import TopicRecreated
 from txstore.fingerprint import Fingerprint
-from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange, TopicPartition
+from txstore.reader import RangeReader
 from txstore.results import (
     GRAIN_KEY,
     GRAIN_KEY_WINDOW,

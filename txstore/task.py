@@ -41,8 +41,8 @@ from txstore.errors import (
 )
 from txstore.failpoints import FailPoints
 from txstore.idempotent import IdempotentSink, MessageTransform
-from txstore.kafka import RangeReader
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 from txstore.results import Number, ResultKey, add_metrics
 from txstore.sink import PUBLISH_MAX_BYTES, TransactionalSink
 

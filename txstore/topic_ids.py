@@ -14,8 +14,9 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicCollection
 
 from txstore.fingerprint import Fingerprint, fingerprint
-from txstore.kafka import METADATA_TIMEOUT_SECONDS, RangeReader, _Admin
+from txstore.kafka import METADATA_TIMEOUT_SECONDS, _Admin
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic

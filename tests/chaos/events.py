@@ -56,8 +56,9 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer
 
-from txstore.kafka import RangeReader, client_config, fetch_watermarks
+from txstore.kafka import client_config, fetch_watermarks
 from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 
 if TYPE_CHECKING:
     from tests.chaos.runner import Instance, Trial
