@@ -1,0 +1,179 @@
+"""A results table of the user's own: a DataFrame aggregate merged into it, committed per batch.
+
+1. the batch's ranges, cut into pieces like per-batch commits, become one
+   DataFrame with Spark's Kafka-source columns (:func:`~txstore.spark.read_ranges`);
+   the user's aggregate (or ``--sql`` over the view ``batch``) turns it into
+   rows of the table's key and merged columns;
+2. the driver checks the offsets are still at the batch's start (a batch an
+   earlier attempt or another instance committed is recognised without
+   running the query), then runs the query and streams its rows
+   (``toLocalIterator``, a partition at a time) into ``COPY`` to a
+   temporary table, so the driver never holds the result;
+3. in the same transaction: every range's offset moves conditionally
+   (:data:`~txstore.sink.MOVE_OFFSETS`), then one statement merges the rows
+   into the table by their rules, in key order
+   (:func:`~txstore.results_table.merge_statement`), then COMMIT; a range
+   not at its start rolls everything back and is classified like every
+   per-batch commit (already committed, gap, overlap), and a dropped
+   connection commits again on a new one
+   (:func:`~txstore.modes.per_batch.commit_with_retries`).
+
+The Spark work of step 2 starts before the transaction (the first row is
+awaited outside it), so a slow query holds no transaction open; the rows
+are then copied as fast as Spark hands them over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+
+from txstore.driverdb import DriverConnection
+from txstore.errors import ResultsTableInvalid, first_line
+from txstore.failpoints import FailPoints
+from txstore.modes.per_batch import commit_with_retries
+from txstore.ranges import OffsetRange, split_ranges
+from txstore.results_check import describe_table, table_problems
+from txstore.results_table import ResultsTable, copy_rows, create_temp_table, merge_statement
+from txstore.settings import JobSettings
+from txstore.sink import MOVE_OFFSETS, classify_batch_conflict, move_offsets_params
+from txstore.spark import job_description, kafka_source_schema, read_ranges
+from txstore.store import stored_offsets
+from txstore.task import RangeReport
+
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ResultsTableMode:
+    spark: Any
+    settings: JobSettings
+    dataframe_aggregate: Callable[[Any], Any]
+    table: ResultsTable
+    types: dict[str, str]  # each column's declared PostgreSQL type (format_type), for the temp table
+    failpoints: FailPoints
+    connection: DriverConnection
+    number: int  # the batch's, for error lines
+
+    def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
+        s = self.settings
+        if not ranges:
+            return [], 0.0
+        pieces = split_ranges(ranges, s.min_partitions)
+        columns = list(self.table.columns)
+
+        def rows() -> Iterator[Row]:
+            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
+            return stream_rows(frame.select(*columns))
+
+        def commit(conn: psycopg.Connection, attempt: int) -> None:
+            with job_description(self.spark, description):
+                commit_rows(conn, s.job, self.table, self.types, ranges, rows, self.failpoints, attempt)
+
+        started = time.perf_counter()
+        outcome = commit_with_retries(s, self.connection, self.number, commit)
+        commit_ms = (time.perf_counter() - started) * 1000
+        return [RangeReport(r, outcome, r.size) for r in ranges], commit_ms
+
+
+def stream_rows(frame: Any) -> Iterator[Row]:
+    """The frame's rows, a partition at a time (the next one computed while this one is copied),
+    timestamps as aware datetimes (PySpark hands them over as naive local time)."""
+    from pyspark.sql.types import TimestampType
+
+    stamps = [i for i, f in enumerate(frame.schema.fields) if isinstance(f.dataType, TimestampType)]
+    for row in frame.toLocalIterator(prefetchPartitions=True):
+        if not stamps:
+            yield tuple(row)
+            continue
+        values = list(row)
+        for i in stamps:
+            value = values[i]
+            if isinstance(value, datetime) and value.tzinfo is None:
+                values[i] = value.astimezone(timezone.utc)
+        yield tuple(values)
+
+
+def commit_rows(
+    conn: psycopg.Connection,
+    job: str,
+    table: ResultsTable,
+    types: dict[str, str],
+    ranges: list[OffsetRange],
+    rows: Callable[[], Iterator[Row]],
+    failpoints: FailPoints,
+    attempt: int,
+) -> None:
+    """One transaction: the batch's rows merged into ``table`` and every range's offset moved, or
+    nothing and a :class:`~txstore.errors.CommitConflict` saying why."""
+    stored = stored_offsets(conn, job, ranges)
+    if any(stored.get(r.key) != r.from_offset for r in ranges):
+        raise classify_batch_conflict(job, ranges, stored)  # committed before: no query to run
+    produced = rows()
+    first = next(produced, None)  # Spark computes the result before the transaction opens
+    hit = failpoints.hit
+    ordered = table.ordered
+    try:
+        with conn.cursor() as cur:
+            hit("before-upsert", attempt)
+            if first is not None:
+                cur.execute(create_temp_table(table, types))
+                with cur.copy(copy_rows(table)) as copy:
+                    if ordered:
+                        copy.write_row((*first, 0))
+                        for i, row in enumerate(produced, 1):
+                            copy.write_row((*row, i))
+                    else:
+                        copy.write_row(first)
+                        for row in produced:
+                            copy.write_row(row)
+            hit("between-upsert-and-offsets", attempt)
+            cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges))
+            if cur.rowcount == len(ranges):
+                if first is not None:
+                    cur.execute(merge_statement(table))
+                hit("before-commit", attempt)
+                conn.commit()
+                hit("after-commit", attempt)
+                return
+        conn.rollback()
+    except BaseException:
+        if not conn.closed:
+            conn.rollback()
+        raise
+    raise classify_batch_conflict(job, ranges, stored_offsets(conn, job, ranges))
+
+
+def query_columns(spark: Any, aggregate: Callable[[Any], Any]) -> list[tuple[str, str]]:
+    """The aggregate's output columns as (name, Spark type), from its plan over an empty batch:
+    Spark analyses the query, nothing is read. A query Spark refuses is one line."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        frame = aggregate(spark.createDataFrame([], kafka_source_schema()))
+        fields = frame.schema.fields
+    except AnalysisException as e:
+        raise ResultsTableInvalid([f"query: Spark cannot run it: {first_line(e)}"]) from None
+    return [(f.name, f.dataType.simpleString()) for f in fields]
+
+
+def check_results_table(
+    spark: Any, conn: psycopg.Connection, table: ResultsTable, aggregate: Callable[[Any], Any]
+) -> dict[str, str]:
+    """Refuse, with every problem (:class:`ResultsTableInvalid`), a table the batches could not
+    merge into; else return each column's declared type (for the temporary table)."""
+    problems = table.problems()
+    if problems:
+        raise ResultsTableInvalid(problems)
+    output = query_columns(spark, aggregate)
+    facts = describe_table(conn, table)
+    problems = table_problems(table, facts, output, f"role {conn.info.user}")
+    if problems:
+        raise ResultsTableInvalid(problems)
+    assert facts is not None
+    return {c: facts.columns[c].type for c in table.columns}
