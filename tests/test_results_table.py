@@ -1,0 +1,249 @@
+"""Results tables of the user's own (jobs/aggregate.py, ``results_table=``), end to end.
+
+Real Spark (local[2,4]), real PostgreSQL, the Kafka-protocol test broker. The
+expected rows are computed here, independently, from the messages produced.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import REPO, Outgoing, send
+from tests.test_count_topic import log_ends, offsets
+from tests.test_job_process import job_env
+from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
+from txstore.aggregate import SqlAggregate
+from txstore.failpoints import FAILPOINTS_ENV
+from txstore.job import JobSettings
+from txstore.task import ALREADY_COMMITTED, COMMITTED
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+AGGREGATE = str(REPO / "jobs" / "aggregate.py")
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+COUNTRIES = ["DE", "FR", "NL", "PL", "ES"]
+
+SALES = """
+CREATE TABLE {name} (
+    country text PRIMARY KEY,
+    revenue numeric(18, 2) NOT NULL,
+    orders bigint NOT NULL,
+    smallest numeric(12, 2),
+    largest numeric(12, 2),
+    first_seen timestamptz,
+    last_seen timestamptz
+)
+"""
+
+SALES_SQL = """
+SELECT get_json_object(CAST(value AS STRING), '$.country') AS country,
+       sum(CAST(get_json_object(CAST(value AS STRING), '$.amount') AS DECIMAL(12, 2))) AS revenue,
+       count(*) AS orders,
+       min(CAST(get_json_object(CAST(value AS STRING), '$.amount') AS DECIMAL(12, 2))) AS smallest,
+       max(CAST(get_json_object(CAST(value AS STRING), '$.amount') AS DECIMAL(12, 2))) AS largest,
+       min(timestamp) AS first_seen,
+       max(timestamp) AS last_seen
+FROM batch GROUP BY 1
+"""
+
+SALES_KEYS = ("country",)
+SALES_MERGE = {
+    "revenue": "sum",
+    "orders": "sum",
+    "smallest": "min",
+    "largest": "max",
+    "first_seen": "keep",
+    "last_seen": "replace",
+}
+
+Sale = tuple[str, Decimal, int]  # country, amount, timestamp ms
+Stored = dict[str, tuple[Decimal, int, Decimal, Decimal, datetime, datetime]]
+
+
+def sales(rng: random.Random, n: int, run: int) -> list[Sale]:
+    """Orders of run ``run``: amounts with cents, timestamps within the run's own hour (later runs later)."""
+    start = BASE_MS + run * 3_600_000
+    return [
+        (rng.choice(COUNTRIES), Decimal(rng.randrange(1, 100_000)) / 100, start + rng.randrange(3_600_000))
+        for _ in range(n)
+    ]
+
+
+def to_messages(orders: Sequence[Sale], partitions: int) -> list[Outgoing]:
+    return [
+        (i % partitions, None, json.dumps({"country": c, "amount": str(a)}).encode(), ts)
+        for i, (c, a, ts) in enumerate(orders)
+    ]
+
+
+def at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
+def expected_sales(runs: Sequence[Sequence[Sale]]) -> Stored:
+    """Sums and counts over everything; min and max amounts; first_seen kept from the first run that
+    had the country (its earliest order), last_seen replaced by the last such run (its latest)."""
+    out: Stored = {}
+    for orders in runs:
+        for country in {c for c, _, _ in orders}:
+            mine = [(a, ts) for c, a, ts in orders if c == country]
+            amounts = [a for a, _ in mine]
+            revenue, count = sum(amounts, Decimal(0)), len(mine)
+            low, high = min(amounts), max(amounts)
+            first, last = at(min(ts for _, ts in mine)), at(max(ts for _, ts in mine))
+            if country in out:
+                r, n, lo, hi, f, _ = out[country]
+                out[country] = (r + revenue, n + count, min(lo, low), max(hi, high), f, last)
+            else:
+                out[country] = (revenue, count, low, high, first, last)
+    return out
+
+
+def stored_sales(db: psycopg.Connection, table: str = "sales") -> Stored:
+    rows = db.execute(
+        f"SELECT country, revenue, orders, smallest, largest, first_seen, last_seen FROM {table}"
+    ).fetchall()
+    return {c: (r, n, lo, hi, f, la) for c, r, n, lo, hi, f, la in rows}
+
+
+def sales_table(name: str = "sales", schema: str | None = None) -> ResultsTable:
+    metadata = sa.MetaData(schema=schema)
+    table = sa.Table(
+        name,
+        metadata,
+        sa.Column("country", sa.Text, primary_key=True),
+        sa.Column("revenue", sa.Numeric(18, 2), nullable=False),
+        sa.Column("orders", sa.BigInteger, nullable=False),
+        sa.Column("smallest", sa.Numeric(12, 2)),
+        sa.Column("largest", sa.Numeric(12, 2)),
+        sa.Column("first_seen", sa.DateTime(timezone=True)),
+        sa.Column("last_seen", sa.DateTime(timezone=True)),
+    )
+    return ResultsTable.of(table, SALES_KEYS, SALES_MERGE)
+
+
+def settings(kafka: MockKafkaCluster, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
+    return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
+
+
+def run_once(spark: Any, s: JobSettings, table: ResultsTable, query: str = SALES_SQL) -> set[str]:
+    with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
+        return {r.outcome for r in job.run_batch().ranges}
+
+
+def test_sums_counts_min_max_and_first_and_last_seen_stay_exact_over_runs_retries_and_lost_acks(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(3)
+    rng = random.Random(20261122)
+    s = settings(kafka, database_url, "sales", topic)
+    runs: list[list[Sale]] = []
+    # Run 1 plain; run 2 rolls back its first commit (the retry commits); run 3 commits,
+    # then the acknowledgement is lost (the retry finds it committed).
+    for run, failpoint in enumerate((None, "before-commit@first", "after-commit@first")):
+        orders = sales(rng, 400, run)
+        send(kafka.bootstrap_servers, topic, to_messages(orders, 3))
+        runs.append(orders)
+        if failpoint:
+            monkeypatch.setenv(FAILPOINTS_ENV, failpoint)
+        else:
+            monkeypatch.delenv(FAILPOINTS_ENV, raising=False)
+        outcomes = run_once(spark, s, sales_table())
+        assert outcomes == ({ALREADY_COMMITTED} if run == 2 else {COMMITTED}), run
+        assert stored_sales(db) == expected_sales(runs), run
+        assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+    # Nothing new: an idle batch changes nothing.
+    monkeypatch.delenv(FAILPOINTS_ENV)
+    assert run_once(spark, s, sales_table()) == set()
+    assert stored_sales(db) == expected_sales(runs)
+
+
+def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(2)
+    orders = sales(random.Random(3), 300, 0)
+    send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+    s = settings(kafka, database_url, "sales", topic)
+    aggregate = SqlAggregate(SALES_SQL)
+    with TransactionalJob(spark, s, dataframe_aggregate=aggregate, results_table=sales_table()) as job:
+        job.check_results_table()
+        ranges = job.plan()
+        assert {r.outcome for r in job.execute(ranges).ranges} == {COMMITTED}
+        before = stored_sales(db)
+        # The same planned batch again (a retried batch after a lost acknowledgement, or a
+        # second instance that planned it too): recognised, nothing merged twice.
+        assert {r.outcome for r in job.execute(ranges).ranges} == {ALREADY_COMMITTED}
+    assert stored_sales(db) == before == expected_sales([orders])
+
+
+def test_a_schema_qualified_table_takes_the_rows(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute("CREATE SCHEMA reporting")
+    db.execute(SALES.format(name="reporting.sales"))
+    db.execute(SALES.format(name="sales"))  # the same name on the search path stays empty
+    topic = new_topic(2)
+    orders = sales(random.Random(4), 200, 0)
+    send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+    assert run_once(spark, settings(kafka, database_url, "r", topic), sales_table(schema="reporting")) == {
+        COMMITTED
+    }
+    assert stored_sales(db, "reporting.sales") == expected_sales([orders])
+    assert stored_sales(db) == {}
+
+
+def test_rows_with_the_same_key_in_one_batch_merge_by_their_rules_in_output_order(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute("CREATE TABLE per_key (k text PRIMARY KEY, n bigint, lo bigint, hi bigint, latest bigint, first bigint)")
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, None, str(v).encode(), None) for v in (5, 3, 9, 4)])
+    # One row per message, all with key 'a', in offset order: no GROUP BY in the query.
+    query = (
+        "SELECT 'a' AS k, CAST(1 AS BIGINT) AS n, CAST(CAST(value AS STRING) AS BIGINT) AS lo, "
+        "CAST(CAST(value AS STRING) AS BIGINT) AS hi, CAST(CAST(value AS STRING) AS BIGINT) AS latest, "
+        "CAST(CAST(value AS STRING) AS BIGINT) AS first FROM batch ORDER BY offset"
+    )
+    table = ResultsTable(
+        "per_key", ("k",), (("n", "sum"), ("lo", "min"), ("hi", "max"), ("latest", "replace"), ("first", "keep"))
+    )
+    assert run_once(spark, settings(kafka, database_url, "dups", topic), table, query) == {COMMITTED}
+    assert db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [("a", 4, 3, 9, 4, 5)]
+    send(kafka.bootstrap_servers, topic, [(0, None, b"7", None)])
+    assert run_once(spark, settings(kafka, database_url, "dups", topic), table, query) == {COMMITTED}
+    assert db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [("a", 5, 3, 9, 7, 5)]
