@@ -247,3 +247,176 @@ def test_rows_with_the_same_key_in_one_batch_merge_by_their_rules_in_output_orde
     send(kafka.bootstrap_servers, topic, [(0, None, b"7", None)])
     assert run_once(spark, settings(kafka, database_url, "dups", topic), table, query) == {COMMITTED}
     assert db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [("a", 5, 3, 9, 7, 5)]
+
+
+def by_country(frame: Any) -> Any:
+    """The sales query as a library DataFrame aggregate: ``spark.sql`` with the batch as a named
+    DataFrame argument (its own temporary view, so concurrent jobs in one session never mix)."""
+    query = SALES_SQL.replace("FROM batch", "FROM {batch}")
+    return frame.sparkSession.sql(query, batch=frame)
+
+
+ORDER_FREE_MERGE = {**SALES_MERGE, "first_seen": "min", "last_seen": "max"}
+
+
+def totals_of(orders: Sequence[Sale]) -> Stored:
+    out: Stored = {}
+    for country in {c for c, _, _ in orders}:
+        mine = [(a, ts) for c, a, ts in orders if c == country]
+        amounts = [a for a, _ in mine]
+        stamps = [ts for _, ts in mine]
+        out[country] = (
+            sum(amounts, Decimal(0)),
+            len(mine),
+            min(amounts),
+            max(amounts),
+            at(min(stamps)),
+            at(max(stamps)),
+        )
+    return out
+
+
+def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_anything(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    rng = random.Random(11)
+    topics = [new_topic(2), new_topic(2)]
+    everything: list[Sale] = []
+    for run, topic in enumerate(topics):
+        orders = sales(rng, 600, run)
+        send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        everything += orders
+    table = ResultsTable("sales", SALES_KEYS, tuple(ORDER_FREE_MERGE.items()))
+    errors: list[BaseException] = []
+
+    def run(job: str, topic: str) -> None:
+        # Small batches: many commits of each job land while the other's are in flight.
+        s = settings(kafka, database_url, job, topic, max_offsets_per_batch=100)
+        try:
+            with TransactionalJob(spark, s, dataframe_aggregate=by_country, results_table=table) as runner:
+                while runner.run_batch().ranges:
+                    pass
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(f"job{i}", t)) for i, t in enumerate(topics)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    assert stored_sales(db) == totals_of(everything)
+    for i, topic in enumerate(topics):
+        assert offsets(db, topic, f"job{i}") == log_ends(kafka, topic)
+
+
+def aggregate_args(kafka: MockKafkaCluster, database_url: str, topic: str, *more: str) -> list[str]:
+    return [
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--database-url",
+        database_url,
+        "--topic",
+        topic,
+        "--job",
+        "sales",
+        "--table",
+        "sales",
+        "--key",
+        "country",
+        "--merge",
+        ",".join(f"{c}={r}" for c, r in SALES_MERGE.items()),
+        *more,
+    ]
+
+
+def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(3)
+    orders = sales(random.Random(12), 900, 0)
+    send(kafka.bootstrap_servers, topic, to_messages(orders, 3))
+    query = tmp_path / "sales.sql"
+    query.write_text(SALES_SQL + ";\n")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, AGGREGATE, *aggregate_args(kafka, database_url, topic, "--sql-file", str(query))],
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    # Either both succeed (one merged, the other found the batch committed) or the later one
+    # is refused as an overlap; never is a batch merged twice.
+    for p, (_, err) in zip(processes, outputs, strict=True):
+        assert p.returncode == 0 or "overlap" in err, err
+    assert any(p.returncode == 0 for p in processes)
+    assert stored_sales(db) == expected_sales([orders])
+    assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+
+
+def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute("CREATE TABLE hits (id bigint PRIMARY KEY, hits bigint NOT NULL, last_offset bigint)")
+    topic = new_topic(1)
+    # Each message becomes a million rows, one per id.
+    query = (
+        "SELECT n AS id, CAST(1 AS BIGINT) AS hits, offset AS last_offset "
+        "FROM batch LATERAL VIEW explode(sequence(CAST(1 AS BIGINT), CAST(1000000 AS BIGINT))) s AS n"
+    )
+    table = ResultsTable("hits", ("id",), (("hits", "sum"), ("last_offset", "replace")))
+    s = settings(kafka, database_url, "million", topic)
+    peak = [0]
+    stop = threading.Event()
+
+    def watch_memory() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], resident_bytes())
+            time.sleep(0.05)
+
+    for run in range(2):
+        send(kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
+        with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
+            job.check_results_table()
+            before = resident_bytes()
+            peak[0] = before
+            watcher = threading.Thread(target=watch_memory)
+            watcher.start()
+            started = time.monotonic()
+            try:
+                report = job.run_batch()
+            finally:
+                stop.set()
+                watcher.join()
+                stop.clear()
+            seconds = time.monotonic() - started
+        assert {r.outcome for r in report.ranges} == {COMMITTED}
+        row = db.execute("SELECT count(*), sum(hits), min(hits), max(hits), min(last_offset) FROM hits").fetchone()
+        assert row == (1_000_000, 1_000_000 * (run + 1), run + 1, run + 1, run)
+        # A million rows held at once as Python tuples would take well over 100 MB.
+        grown = (peak[0] - before) / 2**20
+        print(f"batch {run + 1}: {seconds:.1f} s, driver grew {grown:.0f} MB")
+        assert grown < 60, f"the driver grew by {grown:.0f} MB while merging a million rows"
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096

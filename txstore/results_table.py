@@ -164,7 +164,7 @@ def storable(spark_type: str, pg_type: str, category: str) -> bool:
         whole = scale is not None and scale.group(1) == "0"
         return pg_type == "numeric" or (whole and pg_type in _INTEGER_COLUMNS)
     if spark_type in ("float", "double"):
-        return pg_type in (*_FLOAT_COLUMNS, "numeric")
+        return pg_type in _FLOAT_COLUMNS  # never into numeric: the binary fraction is not the decimal
     if spark_type == "string":
         return category in ("S", "E") or pg_type in _STRING_TARGETS
     if spark_type == "boolean":

@@ -167,9 +167,8 @@ def check_results_table(
 ) -> dict[str, str]:
     """Refuse, with every problem (:class:`ResultsTableInvalid`), a table the batches could not
     merge into; else return each column's declared type (for the temporary table)."""
-    problems = table.problems()
-    if problems:
-        raise ResultsTableInvalid(problems)
+    if not table.name or not table.keys:
+        raise ResultsTableInvalid(table.problems())
     output = query_columns(spark, aggregate)
     facts = describe_table(conn, table)
     problems = table_problems(table, facts, output, f"role {conn.info.user}")
