@@ -230,7 +230,9 @@ def test_rows_with_the_same_key_in_one_batch_merge_by_their_rules_in_output_orde
     db: psycopg.Connection,
     new_topic: Callable[..., str],
 ) -> None:
-    db.execute("CREATE TABLE per_key (k text PRIMARY KEY, n bigint, lo bigint, hi bigint, latest bigint, first bigint)")
+    db.execute(
+        "CREATE TABLE per_key (k text PRIMARY KEY, n bigint, lo bigint, hi bigint, latest bigint, first bigint)"
+    )
     topic = new_topic(1)
     send(kafka.bootstrap_servers, topic, [(0, None, str(v).encode(), None) for v in (5, 3, 9, 4)])
     # One row per message, all with key 'a', in offset order: no GROUP BY in the query.
@@ -240,7 +242,9 @@ def test_rows_with_the_same_key_in_one_batch_merge_by_their_rules_in_output_orde
         "CAST(CAST(value AS STRING) AS BIGINT) AS first FROM batch ORDER BY offset"
     )
     table = ResultsTable(
-        "per_key", ("k",), (("n", "sum"), ("lo", "min"), ("hi", "max"), ("latest", "replace"), ("first", "keep"))
+        "per_key",
+        ("k",),
+        (("n", "sum"), ("lo", "min"), ("hi", "max"), ("latest", "replace"), ("first", "keep")),
     )
     assert run_once(spark, settings(kafka, database_url, "dups", topic), table, query) == {COMMITTED}
     assert db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [("a", 4, 3, 9, 4, 5)]
@@ -350,7 +354,11 @@ def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
     query.write_text(SALES_SQL + ";\n")
     processes = [
         subprocess.Popen(
-            [sys.executable, AGGREGATE, *aggregate_args(kafka, database_url, topic, "--sql-file", str(query))],
+            [
+                sys.executable,
+                AGGREGATE,
+                *aggregate_args(kafka, database_url, topic, "--sql-file", str(query)),
+            ],
             env=job_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -409,7 +417,9 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
                 stop.clear()
             seconds = time.monotonic() - started
         assert {r.outcome for r in report.ranges} == {COMMITTED}
-        row = db.execute("SELECT count(*), sum(hits), min(hits), max(hits), min(last_offset) FROM hits").fetchone()
+        row = db.execute(
+            "SELECT count(*), sum(hits), min(hits), max(hits), min(last_offset) FROM hits"
+        ).fetchone()
         assert row == (1_000_000, 1_000_000 * (run + 1), run + 1, run + 1, run)
         # A million rows held at once as Python tuples would take well over 100 MB.
         grown = (peak[0] - before) / 2**20

@@ -25,14 +25,16 @@ are then copied as fast as Spark hands them over.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
 
+from txstore.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.driverdb import DriverConnection
 from txstore.errors import ResultsTableInvalid, first_line
 from txstore.failpoints import FailPoints
@@ -46,7 +48,10 @@ from txstore.spark import job_description, kafka_source_schema, read_ranges
 from txstore.store import stored_offsets
 from txstore.task import RangeReport
 
-Row = tuple[Any, ...]
+Chunk = tuple[int, bytes]
+"""A number of result rows and their COPY text."""
+
+log = logging.getLogger("txstore")
 
 
 @dataclass(frozen=True)
@@ -67,13 +72,13 @@ class ResultsTableMode:
         pieces = split_ranges(ranges, s.min_partitions)
         columns = list(self.table.columns)
 
-        def rows() -> Iterator[Row]:
+        def chunks() -> Iterator[Chunk]:
             frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
-            return stream_rows(frame.select(*columns))
+            return copy_chunks(frame.select(*columns), self.table.ordered)
 
         def commit(conn: psycopg.Connection, attempt: int) -> None:
             with job_description(self.spark, description):
-                commit_rows(conn, s.job, self.table, self.types, ranges, rows, self.failpoints, attempt)
+                commit_rows(conn, s.job, self.table, self.types, ranges, chunks, self.failpoints, attempt)
 
         started = time.perf_counter()
         outcome = commit_with_retries(s, self.connection, self.number, commit)
@@ -81,22 +86,12 @@ class ResultsTableMode:
         return [RangeReport(r, outcome, r.size) for r in ranges], commit_ms
 
 
-def stream_rows(frame: Any) -> Iterator[Row]:
-    """The frame's rows, a partition at a time (the next one computed while this one is copied),
-    timestamps as aware datetimes (PySpark hands them over as naive local time)."""
-    from pyspark.sql.types import TimestampType
-
-    stamps = [i for i, f in enumerate(frame.schema.fields) if isinstance(f.dataType, TimestampType)]
-    for row in frame.toLocalIterator(prefetchPartitions=True):
-        if not stamps:
-            yield tuple(row)
-            continue
-        values = list(row)
-        for i in stamps:
-            value = values[i]
-            if isinstance(value, datetime) and value.tzinfo is None:
-                values[i] = value.astimezone(timezone.utc)
-        yield tuple(values)
+def copy_chunks(frame: Any, ordered: bool) -> Iterator[Chunk]:
+    """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.copy_text`),
+    a partition at a time, the next one computed while this one is copied."""
+    text = frame.mapInArrow(CopyChunks(ordered), CHUNK_SCHEMA)
+    for row in text.toLocalIterator(prefetchPartitions=True):
+        yield int(row[0]), row[1]
 
 
 def commit_rows(
@@ -105,7 +100,7 @@ def commit_rows(
     table: ResultsTable,
     types: dict[str, str],
     ranges: list[OffsetRange],
-    rows: Callable[[], Iterator[Row]],
+    chunks: Callable[[], Iterator[Chunk]],
     failpoints: FailPoints,
     attempt: int,
 ) -> None:
@@ -114,29 +109,25 @@ def commit_rows(
     stored = stored_offsets(conn, job, ranges)
     if any(stored.get(r.key) != r.from_offset for r in ranges):
         raise classify_batch_conflict(job, ranges, stored)  # committed before: no query to run
-    produced = rows()
+    produced = chunks()
     first = next(produced, None)  # Spark computes the result before the transaction opens
     hit = failpoints.hit
-    ordered = table.ordered
+    rows = 0
     try:
         with conn.cursor() as cur:
             hit("before-upsert", attempt)
             if first is not None:
                 cur.execute(create_temp_table(table, types))
                 with cur.copy(copy_rows(table)) as copy:
-                    if ordered:
-                        copy.write_row((*first, 0))
-                        for i, row in enumerate(produced, 1):
-                            copy.write_row((*row, i))
-                    else:
-                        copy.write_row(first)
-                        for row in produced:
-                            copy.write_row(row)
+                    for n, text in itertools.chain([first], produced):
+                        copy.write(text)
+                        rows += n
             hit("between-upsert-and-offsets", attempt)
             cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges))
             if cur.rowcount == len(ranges):
                 if first is not None:
                     cur.execute(merge_statement(table))
+                    log.debug("job %s: merged %d result rows into %s", job, rows, table.label)
                 hit("before-commit", attempt)
                 conn.commit()
                 hit("after-commit", attempt)
