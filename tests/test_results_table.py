@@ -7,6 +7,7 @@ expected rows are computed here, independently, from the messages produced.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import REPO, Outgoing, send
+from tests.conftest import REPO, Outgoing, pg_url, send
 from tests.test_count_topic import log_ends, offsets
 from tests.test_job_process import job_env
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
@@ -384,11 +385,12 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
     new_topic: Callable[..., str],
 ) -> None:
     db.execute("CREATE TABLE hits (id bigint PRIMARY KEY, hits bigint NOT NULL, last_offset bigint)")
-    topic = new_topic(1)
-    # Each message becomes a million rows, one per id.
+    topic = new_topic(2)
+    # Each message becomes half a million rows, one per id of its partition's half: a
+    # message in each partition per run, so each run's result is a million rows, every id once.
     query = (
-        "SELECT n AS id, CAST(1 AS BIGINT) AS hits, offset AS last_offset "
-        "FROM batch LATERAL VIEW explode(sequence(CAST(1 AS BIGINT), CAST(1000000 AS BIGINT))) s AS n"
+        "SELECT n AS id, CAST(1 AS BIGINT) AS hits, offset AS last_offset FROM batch LATERAL VIEW "
+        "explode(sequence(partition * 500000 + CAST(1 AS BIGINT), (partition + 1) * CAST(500000 AS BIGINT))) s AS n"
     )
     table = ResultsTable("hits", ("id",), (("hits", "sum"), ("last_offset", "replace")))
     s = settings(kafka, database_url, "million", topic)
@@ -401,7 +403,7 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
             time.sleep(0.05)
 
     for run in range(2):
-        send(kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
+        send(kafka.bootstrap_servers, topic, [(0, None, b"x", None), (1, None, b"x", None)])
         with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
             job.check_results_table()
             before = resident_bytes()
@@ -430,3 +432,122 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
 def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+
+
+def refusal(spark: Any, s: JobSettings, table: ResultsTable, query: str) -> list[str]:
+    with (
+        TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job,
+        pytest.raises(ResultsTableInvalid) as raised,
+    ):
+        job.run_batch()
+    return list(raised.value.problems)
+
+
+def test_every_validation_problem_is_one_line_naming_its_column_before_anything_is_read(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, None, b"{}", None)])
+    s = settings(kafka, database_url, "checks", topic)
+    db.execute(
+        "CREATE TABLE bad (id bigint NOT NULL, day date NOT NULL, amount text, total numeric, flag boolean, "
+        "gen bigint GENERATED ALWAYS AS (id * 2) STORED, UNIQUE (id))"
+    )
+    query = (
+        "SELECT CAST(1 AS BIGINT) AS id, current_date() AS day, CAST(1.5 AS DECIMAL(10, 2)) AS amount, "
+        "CAST(1 AS DOUBLE) AS total, true AS flag, 'x' AS extra, CAST(1 AS BIGINT) AS gen FROM batch"
+    )
+    merge = (("amount", "sum"), ("total", "avg"), ("flag", "max"), ("missing", "max"), ("gen", "max"))
+    assert refusal(spark, s, ResultsTable("bad", ("id", "day"), merge), query) == [
+        "--merge total=avg: unknown rule 'avg'; rules: sum, min, max, replace, keep",
+        "--merge missing=max: bad has no column missing",
+        "--merge missing=max: the query has no column missing (it has id, day, amount, total, flag, extra, gen)",
+        "query column extra: neither a --key nor in --merge; give its rule (--merge extra=sum, min, max, "
+        "replace or keep) or leave it out of the query",
+        "column amount: the query's amount is decimal(10,2), which bad.amount (text) cannot hold; "
+        "cast it in the query or change the column",
+        "--merge amount=sum: bad.amount is text; sum needs a number column",
+        "column total: the query's total is double, which bad.total (numeric) cannot hold; "
+        "cast it in the query or change the column",
+        "--merge flag=max: bad.flag is boolean; max needs an ordered type (PostgreSQL has no max() for bool)",
+        "column gen: bad.gen is a generated column; it cannot be written",
+        "--key id,day: bad has no primary key or unique constraint over exactly (id, day) "
+        "(it has: unique (id)); rows could not be merged by key",
+    ]
+    ok_query = "SELECT CAST(1 AS BIGINT) AS id, CAST(2 AS BIGINT) AS n FROM batch"
+    assert refusal(spark, s, ResultsTable("nowhere", ("id",), (("n", "sum"),)), ok_query) == [
+        "--table nowhere: no such table (txstore never creates it: create it with your own migration, "
+        "or check the name and schema)"
+    ]
+    db.execute("CREATE TABLE nullable_key (id bigint UNIQUE, n bigint)")
+    assert refusal(spark, s, ResultsTable("nullable_key", ("id",), (("n", "sum"),)), ok_query) == [
+        "--key id: key column id of nullable_key may be NULL and its unique constraint treats NULLs as "
+        "distinct, so rows with a NULL key would never merge; make it NOT NULL (or the constraint "
+        "UNIQUE NULLS NOT DISTINCT)"
+    ]
+    db.execute("CREATE VIEW a_view AS SELECT 1::bigint AS id, 1::bigint AS n")
+    assert refusal(spark, s, ResultsTable("a_view", ("id",), (("n", "sum"),)), ok_query)[0] == (
+        "--table a_view: not a table (relkind v); give a table to merge into"
+    )
+    [line] = refusal(spark, s, ResultsTable("bad", ("id",), (("n", "sum"),)), "SELECT nope FROM batch")
+    assert line.startswith("query: Spark cannot run it: [UNRESOLVED_COLUMN"), line
+    # Nothing was planned, read or written: the job has no offsets at all.
+    assert db.execute("SELECT count(*) FROM txn_offsets WHERE job = 'checks'").fetchone() == (0,)
+
+
+def test_a_role_that_may_not_write_the_table_is_refused_in_one_line(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(1)
+    role = f"results_reader_{os.getpid()}"
+    db.execute(SALES.format(name="sales"))
+    db.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        db.execute(f"GRANT SELECT ON alembic_version TO {role}")
+        db.execute(f"GRANT SELECT, INSERT, UPDATE ON txn_offsets, txn_data, txn_lost_ranges TO {role}")
+        db.execute(f"GRANT SELECT ON sales TO {role}")
+        s = settings(kafka, pg_url(db.info.dbname, role), "checks", topic)
+        assert refusal(spark, s, sales_table(), SALES_SQL) == [
+            f"--table sales: role {role} lacks INSERT, UPDATE on it (GRANT SELECT, INSERT, UPDATE ON sales TO ...)"
+        ]
+    finally:
+        db.execute(f"DROP OWNED BY {role}")
+        db.execute(f"DROP ROLE {role}")
+
+
+def test_the_aggregate_command_exits_2_with_a_line_per_problem_and_writes_nothing(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, None, b'{"country": "DE", "amount": "1"}', None)])
+    args = aggregate_args(
+        kafka, database_url, topic, "--sql", SALES_SQL.replace("count(*) AS orders", "count(*) AS n")
+    )
+    args[args.index("--merge") + 1] += ",revenue=median"
+    result = subprocess.run(
+        [sys.executable, AGGREGATE, *args], env=job_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("aggregate: error:")]
+    assert errors == [
+        "aggregate: error: --merge revenue: named twice",
+        "aggregate: error: --merge revenue=median: unknown rule 'median'; rules: sum, min, max, replace, keep",
+        "aggregate: error: --merge orders=sum: the query has no column orders (it has country, revenue, n, "
+        "smallest, largest, first_seen, last_seen)",
+        "aggregate: error: query column n: neither a --key nor in --merge; give its rule (--merge n=sum, min, "
+        "max, replace or keep) or leave it out of the query",
+    ]
+    assert stored_sales(db) == {}
+    assert db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
