@@ -551,3 +551,25 @@ def test_the_aggregate_command_exits_2_with_a_line_per_problem_and_writes_nothin
     ]
     assert stored_sales(db) == {}
     assert db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
+
+
+@pytest.mark.connect
+def test_sql_results_merge_exactly_under_spark_connect(
+    spark_connect: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(2)
+    rng = random.Random(21)
+    s = settings(kafka, database_url, "sales", topic)
+    runs: list[list[Sale]] = []
+    for run in range(2):
+        orders = sales(rng, 300, run)
+        send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        runs.append(orders)
+        assert run_once(spark_connect, s, sales_table()) == {COMMITTED}
+        assert stored_sales(db) == expected_sales(runs)
+        assert offsets(db, topic, "sales") == log_ends(kafka, topic)

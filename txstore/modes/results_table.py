@@ -6,9 +6,10 @@
    rows of the table's key and merged columns;
 2. the driver checks the offsets are still at the batch's start (a batch an
    earlier attempt or another instance committed is recognised without
-   running the query), then runs the query and streams its rows
-   (``toLocalIterator``, a partition at a time) into ``COPY`` to a
-   temporary table, so the driver never holds the result;
+   running the query), then runs the query: the Spark tasks turn its rows
+   into ``COPY`` text (:mod:`txstore.copy_text`), and the driver streams the
+   chunks (``toLocalIterator``, a partition at a time) into ``COPY`` to a
+   temporary table, so it never holds the result;
 3. in the same transaction: every range's offset moves conditionally
    (:data:`~txstore.sink.MOVE_OFFSETS`), then one statement merges the rows
    into the table by their rules, in key order
