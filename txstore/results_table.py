@@ -16,7 +16,8 @@ statement::
 Rows with the same key within one batch are first combined by the same
 rule (``GROUP BY``; for ``replace`` and ``keep`` the last and the first
 in the query's output order), because ``ON CONFLICT`` cannot update one
-row twice in a statement. ``ORDER BY keys`` locks rows in one order in
+row twice in a statement. Most queries group by the key themselves, so the
+rows are first merged as they are, and grouped only if a key comes twice. ``ORDER BY keys`` locks rows in one order in
 every transaction, so concurrent jobs merging into the same rows wait for
 each other instead of deadlocking.
 
@@ -233,18 +234,29 @@ def _merged(column: str, rule: str) -> sql.Composable:
     return sql.SQL("{c} = " + template).format(c=c)
 
 
-def merge_statement(table: ResultsTable) -> sql.Composed:
-    """One statement merging the temporary table into the results table, rows in key order."""
+def merge_statement(table: ResultsTable, grouped: bool = True) -> sql.Composed:
+    """One statement merging the temporary table into the results table, rows in key order.
+
+    ``grouped`` False: the rows as they are, for a batch with one row per key (a row twice
+    fails the statement with a cardinality violation; run it grouped then).
+    """
     keys = sql.SQL(", ").join(map(sql.Identifier, table.keys))
+    if grouped:
+        rows = sql.SQL("SELECT {keys}, {pre} FROM {tmp} GROUP BY {keys} ORDER BY {keys}")
+    else:
+        rows = sql.SQL("SELECT {columns} FROM {tmp} ORDER BY {keys}")
+    columns = sql.SQL(", ").join(map(sql.Identifier, table.columns))
     return sql.SQL(
-        "INSERT INTO {t} AS t ({columns}) "
-        "SELECT {keys}, {pre} FROM {tmp} GROUP BY {keys} ORDER BY {keys} "
-        "ON CONFLICT ({keys}) DO UPDATE SET {merged}"
+        "INSERT INTO {t} AS t ({columns}) {rows} ON CONFLICT ({keys}) DO UPDATE SET {merged}"
     ).format(
         t=table_identifier(table),
-        columns=sql.SQL(", ").join(map(sql.Identifier, table.columns)),
+        columns=columns,
+        rows=rows.format(
+            keys=keys,
+            columns=columns,
+            pre=sql.SQL(", ").join(_pre_merge(c, r) for c, r in table.merge),
+            tmp=sql.Identifier(TEMP_TABLE),
+        ),
         keys=keys,
-        pre=sql.SQL(", ").join(_pre_merge(c, r) for c, r in table.merge),
-        tmp=sql.Identifier(TEMP_TABLE),
         merged=sql.SQL(", ").join(_merged(c, r) for c, r in table.merge),
     )

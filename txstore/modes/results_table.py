@@ -127,7 +127,7 @@ def commit_rows(
             cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges))
             if cur.rowcount == len(ranges):
                 if first is not None:
-                    cur.execute(merge_statement(table))
+                    merge_rows(conn, cur, table)
                     log.debug("job %s: merged %d result rows into %s", job, rows, table.label)
                 hit("before-commit", attempt)
                 conn.commit()
@@ -139,6 +139,15 @@ def commit_rows(
             conn.rollback()
         raise
     raise classify_batch_conflict(job, ranges, stored_offsets(conn, job, ranges))
+
+
+def merge_rows(conn: psycopg.Connection, cur: psycopg.Cursor[Any], table: ResultsTable) -> None:
+    """Merge the copied rows as they are; if a key comes twice, grouped by key instead."""
+    try:
+        with conn.transaction():  # a savepoint: a duplicate key undoes only this statement
+            cur.execute(merge_statement(table, grouped=False))
+    except psycopg.errors.CardinalityViolation:
+        cur.execute(merge_statement(table, grouped=True))
 
 
 def query_columns(spark: Any, aggregate: Callable[[Any], Any]) -> list[tuple[str, str]]:
