@@ -367,7 +367,7 @@ def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
         )
         for _ in range(2)
     ]
-    outputs = [p.communicate(timeout=300) for p in processes]
+    outputs = [p.communicate(timeout=500) for p in processes]
     # Either both succeed (one merged, the other found the batch committed) or the later one
     # is refused as an overlap; never is a batch merged twice.
     for p, (_, err) in zip(processes, outputs, strict=True):

@@ -294,6 +294,7 @@ class TransactionalJob:
     def execute(self, ranges: list[OffsetRange], plan_ms: float = 0.0) -> BatchReport:
         """Steps 5-7: run the planned ranges; no Spark job if there are none."""
         s = self.settings
+        self.check_results_table()  # once; run_batch did it already, before planning
         self.batches += 1
         number = self.batches
         started = time.perf_counter()
