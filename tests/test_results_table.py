@@ -191,7 +191,7 @@ def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
     topic = new_topic(2)
     orders = sales(random.Random(3), 300, 0)
     send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
-    s = settings(kafka, database_url, "sales", topic)
+    s = settings(kafka, database_url, "sales", topic, metrics_port=0)
     aggregate = SqlAggregate(SALES_SQL)
     with TransactionalJob(spark, s, dataframe_aggregate=aggregate, results_table=sales_table()) as job:
         job.check_results_table()
@@ -201,6 +201,11 @@ def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
         # The same planned batch again (a retried batch after a lost acknowledgement, or a
         # second instance that planned it too): recognised, nothing merged twice.
         assert {r.outcome for r in job.execute(ranges).ranges} == {ALREADY_COMMITTED}
+        # Metrics as for every per-batch commit: messages once, both driver commits timed.
+        sample = job.metrics.registry.get_sample_value  # type: ignore[attr-defined]
+        assert sample("txstore_messages_total", {"job": "sales", "topic": topic}) == 300
+        assert sample("txstore_commit_duration_seconds_count", {"job": "sales"}) == 2
+        assert sample("txstore_commit_conflicts_total", {"job": "sales", "kind": "already_committed"}) == 2
     assert stored_sales(db) == before == expected_sales([orders])
 
 
