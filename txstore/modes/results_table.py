@@ -26,10 +26,11 @@ are then copied as fast as Spark hands them over.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,7 @@ class ResultsTableMode:
         pieces = split_ranges(ranges, s.min_partitions)
         columns = list(self.table.columns)
 
-        def chunks() -> Iterator[Chunk]:
+        def chunks() -> Generator[Chunk, None, None]:
             frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
             return copy_chunks(frame.select(*columns), self.table.ordered)
 
@@ -87,12 +88,17 @@ class ResultsTableMode:
         return [RangeReport(r, outcome, r.size) for r in ranges], commit_ms
 
 
-def copy_chunks(frame: Any, ordered: bool) -> Iterator[Chunk]:
+def copy_chunks(frame: Any, ordered: bool) -> Generator[Chunk, None, None]:
     """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.copy_text`),
     a partition at a time, the next one computed while this one is copied."""
-    text = frame.mapInArrow(CopyChunks(ordered), CHUNK_SCHEMA)
-    for row in text.toLocalIterator(prefetchPartitions=True):
-        yield int(row[0]), row[1]
+    rows = frame.mapInArrow(CopyChunks(ordered), CHUNK_SCHEMA).toLocalIterator(prefetchPartitions=True)
+    try:
+        for row in rows:
+            yield int(row[0]), row[1]
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:  # a commit that stops early: Spark stops serving partitions
+            close()
 
 
 def commit_rows(
@@ -101,7 +107,7 @@ def commit_rows(
     table: ResultsTable,
     types: dict[str, str],
     ranges: list[OffsetRange],
-    chunks: Callable[[], Iterator[Chunk]],
+    chunks: Callable[[], Generator[Chunk, None, None]],
     failpoints: FailPoints,
     attempt: int,
 ) -> None:
@@ -111,6 +117,20 @@ def commit_rows(
     if any(stored.get(r.key) != r.from_offset for r in ranges):
         raise classify_batch_conflict(job, ranges, stored)  # committed before: no query to run
     produced = chunks()
+    with contextlib.closing(produced):
+        _copy_and_merge(conn, job, table, types, ranges, produced, failpoints, attempt)
+
+
+def _copy_and_merge(
+    conn: psycopg.Connection,
+    job: str,
+    table: ResultsTable,
+    types: dict[str, str],
+    ranges: list[OffsetRange],
+    produced: Iterator[Chunk],
+    failpoints: FailPoints,
+    attempt: int,
+) -> None:
     first = next(produced, None)  # Spark computes the result before the transaction opens
     hit = failpoints.hit
     rows = 0
