@@ -21,6 +21,7 @@ from txstore.errors import (
     OffsetOutOfLog,
     OffsetOverlap,
     PublishFailed,
+    ResultsTableInvalid,
     SchemaMissing,
     TxstoreError,
     UnknownTopic,
@@ -39,6 +40,7 @@ from txstore.results import (
     by_window,
     decode_key,
 )
+from txstore.results_table import MERGE_RULES, ResultsTable
 from txstore.runner import run_job_main
 from txstore.sink import TransactionalSink, classify_conflict
 from txstore.spark import read_ranges
@@ -59,6 +61,7 @@ def register(spark: Any) -> None:
 
 
 __all__ = [
+    "MERGE_RULES",
     "TOPIC_TOTAL",
     "Aggregate",
     "AlreadyCommitted",
@@ -86,6 +89,8 @@ __all__ = [
     "PublishFailed",
     "RangeReport",
     "ResultKey",
+    "ResultsTable",
+    "ResultsTableInvalid",
     "SchemaMissing",
     "StartingOffsets",
     "TransactionalJob",

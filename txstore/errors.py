@@ -43,6 +43,17 @@ class DatabaseUnavailable(TxstoreError):
     transient = True
 
 
+class ResultsTableInvalid(ConfigError):
+    """The results table, its key or merge rules do not fit the table or the query; the job exits 2.
+
+    ``problems``: one line each, naming the column; ``str()`` is them all, one per line.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(problems))
+
+
 class PermissionDenied(TxstoreError):
     """The database role lacks a privilege the job needs (see the README's job role)."""
 

@@ -65,9 +65,11 @@ from txstore.modes.dataframe import DataFrameMode
 from txstore.modes.idempotent import IdempotentMode
 from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
 from txstore.modes.per_range import PerRangeMode
+from txstore.modes.results_table import ResultsTableMode, check_results_table
 from txstore.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.planning import Planner
 from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.results_table import ResultsTable
 from txstore.settings import (
     COMMIT_MODES,
     IDEMPOTENT,
@@ -132,11 +134,16 @@ class TransactionalJob:
         *,
         dataframe_aggregate: DataFrameAggregate | None = None,
         transform: MessageTransform | None = None,
+        results_table: ResultsTable | None = None,
         watermarks: Callable[[Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]] | None = None,
     ) -> None:
         """Give ``aggregate`` (plain Python over a range's messages) or ``dataframe_aggregate``
         (a DataFrame transformation; always commits per batch). With ``settings.sink ==
         "idempotent"`` give neither, or a ``transform`` choosing what to store per message.
+
+        ``results_table``: merge the ``dataframe_aggregate``'s rows into a table of your own
+        (:class:`~txstore.results_table.ResultsTable`: its key and each column's merge rule),
+        checked against the table and the query before the first batch reads anything.
 
         ``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own.
         By default one Kafka admin client is kept for the job's life (planning an
@@ -149,6 +156,13 @@ class TransactionalJob:
             raise ConfigError("give exactly one of aggregate and dataframe_aggregate")
         elif transform is not None:
             raise ConfigError("transform is for the idempotent sink (settings.sink='idempotent')")
+        if results_table is not None:
+            if dataframe_aggregate is None:
+                raise ConfigError("a results table takes a dataframe_aggregate: a DataFrame of its rows")
+            if settings.publish_topic:
+                raise ConfigError(
+                    "--publish-topic publishes txn_data results; it cannot be combined with a results table"
+                )
         if dataframe_aggregate is not None and settings.on_bad_message == SKIP:
             raise ConfigError(
                 "--on-bad-message skip needs a Python aggregate: a DataFrame aggregate fails inside Spark SQL, "
@@ -167,6 +181,8 @@ class TransactionalJob:
         self.aggregate = aggregate
         self.dataframe_aggregate = dataframe_aggregate
         self.transform = transform
+        self.results_table = results_table
+        self._results_types: dict[str, str] | None = None  # the table's column types, once checked
         self._own_watermarks: Watermarks | None = None
         self._topic_ids_source: TopicIds | None = None  # asked only with the job's own Kafka clients
         if watermarks is None:
@@ -228,10 +244,32 @@ class TransactionalJob:
         self.metrics.planned(self.planner.backlog)
         return ranges
 
+    def check_results_table(self) -> None:
+        """Before the first batch reads anything: refuse a results table the query's rows cannot
+        merge into (:class:`~txstore.errors.ResultsTableInvalid`, every problem one line)."""
+        if self.results_table is None or self._results_types is not None:
+            return
+        assert self.dataframe_aggregate is not None
+        self._results_types = check_results_table(
+            self.spark, self._connection(), self.results_table, self.dataframe_aggregate
+        )
+
     # -- one batch --------------------------------------------------------------
     def mode(self, number: int) -> Mode:
         """How this job runs a batch (:mod:`txstore.modes`)."""
         s = self.settings
+        if self.results_table is not None:
+            assert self.dataframe_aggregate is not None and self._results_types is not None
+            return ResultsTableMode(
+                self.spark,
+                s,
+                self.dataframe_aggregate,
+                self.results_table,
+                self._results_types,
+                self.failpoints,
+                self._db,
+                number,
+            )
         if self.dataframe_aggregate is not None:
             return DataFrameMode(self.spark, s, self.dataframe_aggregate, self.failpoints, self._db, number)
         if s.sink == IDEMPOTENT:
@@ -245,6 +283,7 @@ class TransactionalJob:
         """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
         started = time.perf_counter()
         try:
+            self.check_results_table()
             ranges = self.plan()
         except TxstoreError:
             self.metrics.batch_failed(time.perf_counter() - started)
@@ -255,6 +294,7 @@ class TransactionalJob:
     def execute(self, ranges: list[OffsetRange], plan_ms: float = 0.0) -> BatchReport:
         """Steps 5-7: run the planned ranges; no Spark job if there are none."""
         s = self.settings
+        self.check_results_table()  # once; run_batch did it already, before planning
         self.batches += 1
         number = self.batches
         started = time.perf_counter()

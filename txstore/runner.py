@@ -11,11 +11,11 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from txstore.errors import MetricsPortInUse, TxstoreError, first_line
+from txstore.errors import MetricsPortInUse, ResultsTableInvalid, TxstoreError, first_line
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
 from txstore.logformat import TEXT, formatter
 from txstore.options import add_job_options, job_settings
@@ -115,12 +115,15 @@ def run_job_main(
     aggregate: Aggregate | None = None,
     add_options: Callable[[argparse.ArgumentParser], None] | None = None,
     make_aggregate: Callable[[argparse.Namespace], Aggregate] | None = None,
+    make_job_options: Callable[[argparse.Namespace], Mapping[str, Any]] | None = None,
 ) -> int:
     """Parse the shared options, run the job, and turn any failure into one line.
 
     Give ``aggregate``, or ``make_aggregate`` to build it from the parsed
     options (the job's own, added by ``add_options``). With ``--sink
     idempotent`` the messages are stored instead and the aggregate is unused.
+    ``make_job_options``: more keyword arguments of :class:`TransactionalJob` from the
+    options (a ``dataframe_aggregate`` and ``results_table``, say).
     """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_job_options(parser, default_job)
@@ -134,6 +137,7 @@ def run_job_main(
             aggregate = make_aggregate(args)
         if settings.sink == IDEMPOTENT:
             aggregate = None
+        job_options = dict(make_job_options(args)) if make_job_options is not None else {}
         # Before Spark starts, so a SIGTERM while it starts stops the job before its
         # first batch; again after, because SparkContext installs its own SIGINT handler.
         stop = stop_on_signals()
@@ -143,11 +147,12 @@ def run_job_main(
             remote=args.remote,
             ship_txstore=args.ship_txstore,
         )
-        with TransactionalJob(spark, settings, aggregate) as job:
+        with TransactionalJob(spark, settings, aggregate, **job_options) as job:
             job.run(stop)
         return 0
-    except MetricsPortInUse as e:  # a usage error, like argparse's: exit 2
-        print(f"{prog}: error: {e}", file=sys.stderr)
+    except (MetricsPortInUse, ResultsTableInvalid) as e:  # usage errors, like argparse's: exit 2
+        for line in str(e).splitlines():
+            print(f"{prog}: error: {line}", file=sys.stderr)
         return 2
     except TxstoreError as e:
         if args.verbose:

@@ -127,7 +127,7 @@ VALUES (%(job)s, %(destination)s, %(dedup_key)s || '/1', %(headers)s::jsonb,
 # Moves each offset from exactly `from` in the planned generation, stores the
 # fingerprint of the range's last message (kept as it was if the range had none), and
 # appends the backlog the range started from to the partition's last lag samples.
-_MOVE_OFFSETS = f"""
+MOVE_OFFSETS = f"""
 UPDATE txn_offsets o SET off = r.until_off, updated_at = now(),
     last_off = coalesce(r.last_off, o.last_off),
     last_timestamp = CASE WHEN r.last_off IS NULL THEN o.last_timestamp ELSE r.last_ts END,
@@ -333,18 +333,8 @@ class TransactionalSink:
         if not ranges:
             return
         rows = sorted(deltas.items(), key=lambda item: row_order(item[0]))
-        lasts = [last.get(r.key) for r in ranges]
         params: dict[str, Any] = {
-            "job": self.job,
-            "r_topics": [r.topic for r in ranges],
-            "r_parts": [r.partition for r in ranges],
-            "r_froms": [r.from_offset for r in ranges],
-            "r_untils": [r.until_offset for r in ranges],
-            "r_gens": [r.generation for r in ranges],
-            "r_log_ends": [r.log_end for r in ranges],
-            "r_last_offs": [f.offset if f else None for f in lasts],
-            "r_last_tss": [f.timestamp if f else None for f in lasts],
-            "r_last_digests": [f.digest if f else None for f in lasts],
+            **move_offsets_params(self.job, ranges, last),
             "topics": [t for (t, _), _ in rows],
             "grains": [k.grain for (_, k), _ in rows],
             "keys": [k.key for (_, k), _ in rows],
@@ -365,7 +355,7 @@ class TransactionalSink:
                 if upsert:
                     cur.execute(upsert, params)
                 hit("between-upsert-and-offsets", attempt)
-                cur.execute(_MOVE_OFFSETS, params)
+                cur.execute(MOVE_OFFSETS, params)
                 if cur.rowcount == len(ranges):
                     if bad:
                         cur.execute(RECORD_BAD_MESSAGES, bad_message_params(self.job, bad))
@@ -382,6 +372,25 @@ class TransactionalSink:
         if len(ranges) == 1:
             raise classify_conflict(self.job, ranges[0], stored.get(ranges[0].key))
         raise classify_batch_conflict(self.job, ranges, stored)
+
+
+def move_offsets_params(
+    job: str, ranges: Sequence[OffsetRange], last: Mapping[TopicPartition, Fingerprint] | None = None
+) -> dict[str, Any]:
+    """Parameters of :data:`MOVE_OFFSETS`: every range's move, and its last message's fingerprint."""
+    lasts = [(last or {}).get(r.key) for r in ranges]
+    return {
+        "job": job,
+        "r_topics": [r.topic for r in ranges],
+        "r_parts": [r.partition for r in ranges],
+        "r_froms": [r.from_offset for r in ranges],
+        "r_untils": [r.until_offset for r in ranges],
+        "r_gens": [r.generation for r in ranges],
+        "r_log_ends": [r.log_end for r in ranges],
+        "r_last_offs": [f.offset if f else None for f in lasts],
+        "r_last_tss": [f.timestamp if f else None for f in lasts],
+        "r_last_digests": [f.digest if f else None for f in lasts],
+    }
 
 
 def bad_message_params(job: str, bad: Sequence[BadOffset]) -> dict[str, Any]:

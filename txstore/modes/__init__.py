@@ -11,7 +11,10 @@ milliseconds the driver spent committing (0 when tasks commit):
 * :mod:`~txstore.modes.per_batch`: tasks aggregate, the driver sums and
   commits the whole batch in one transaction;
 * :mod:`~txstore.modes.dataframe`: the user's DataFrame aggregation over
-  the batch's messages, committed like per-batch.
+  the batch's messages, committed like per-batch;
+* :mod:`~txstore.modes.results_table`: the user's DataFrame aggregation (or
+  ``--sql``) merged into a table of their own by merge rules, streamed
+  through ``COPY``, committed with the offsets per batch.
 
 A new mode is a new module with a class like these, chosen in
 :meth:`txstore.job.TransactionalJob.mode`.

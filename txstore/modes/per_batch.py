@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,13 +129,33 @@ def commit_on_driver(
     committed; one that did not happen commits now. Gaps and overlaps
     roll back everything and stop the job.
     """
+
+    def commit(conn: psycopg.Connection, attempt: int) -> None:
+        sink = TransactionalSink(
+            conn, settings.job, failpoints, settings.publish_topic, settings.publish_max_bytes
+        )
+        sink.commit_batch(ranges, deltas, attempt, bad, last)
+
+    return commit_with_retries(settings, connection, number, commit)
+
+
+def commit_with_retries(
+    settings: JobSettings,
+    connection: DriverConnection,
+    number: int,
+    commit: Callable[[psycopg.Connection, int], None],
+) -> str:
+    """Run ``commit(connection, attempt)`` (one transaction: results and every offset move, or
+    nothing); if the connection drops, again on a new one. Returns the outcome.
+
+    ``commit`` raises a :class:`~txstore.errors.CommitConflict` when the offsets were not at
+    the batch's start: all at its end is an earlier attempt (or another instance) that
+    committed, and the batch is ``ALREADY_COMMITTED``; gaps and overlaps stop the job.
+    """
     s = settings
     for attempt in range(DRIVER_COMMIT_ATTEMPTS):
         try:
-            sink = TransactionalSink(
-                connection.get(), s.job, failpoints, s.publish_topic, s.publish_max_bytes
-            )
-            sink.commit_batch(ranges, deltas, attempt, bad, last)
+            commit(connection.get(), attempt)
             return COMMITTED
         except AlreadyCommitted:
             if attempt == 0:

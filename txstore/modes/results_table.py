@@ -1,0 +1,199 @@
+"""A results table of the user's own: a DataFrame aggregate merged into it, committed per batch.
+
+1. the batch's ranges, cut into pieces like per-batch commits, become one
+   DataFrame with Spark's Kafka-source columns (:func:`~txstore.spark.read_ranges`);
+   the user's aggregate (or ``--sql`` over the view ``batch``) turns it into
+   rows of the table's key and merged columns;
+2. the driver checks the offsets are still at the batch's start (a batch an
+   earlier attempt or another instance committed is recognised without
+   running the query), then runs the query: the Spark tasks turn its rows
+   into ``COPY`` text (:mod:`txstore.copy_text`), and the driver streams the
+   chunks (``toLocalIterator``, a partition at a time) into ``COPY`` to a
+   temporary table, so it never holds the result;
+3. in the same transaction: every range's offset moves conditionally
+   (:data:`~txstore.sink.MOVE_OFFSETS`), then one statement merges the rows
+   into the table by their rules, in key order
+   (:func:`~txstore.results_table.merge_statement`), then COMMIT; a range
+   not at its start rolls everything back and is classified like every
+   per-batch commit (already committed, gap, overlap), and a dropped
+   connection commits again on a new one
+   (:func:`~txstore.modes.per_batch.commit_with_retries`).
+
+The Spark work of step 2 starts before the transaction (the first row is
+awaited outside it), so a slow query holds no transaction open; the rows
+are then copied as fast as Spark hands them over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from txstore.copy_text import CHUNK_SCHEMA, CopyChunks
+from txstore.driverdb import DriverConnection
+from txstore.errors import ResultsTableInvalid, first_line
+from txstore.failpoints import FailPoints
+from txstore.modes.per_batch import commit_with_retries
+from txstore.ranges import OffsetRange, split_ranges
+from txstore.results_check import describe_table, table_problems
+from txstore.results_table import ResultsTable, copy_rows, create_temp_table, merge_statement
+from txstore.settings import JobSettings
+from txstore.sink import MOVE_OFFSETS, classify_batch_conflict, move_offsets_params
+from txstore.spark import job_description, kafka_source_schema, read_ranges
+from txstore.store import stored_offsets
+from txstore.task import RangeReport
+
+Chunk = tuple[int, bytes]
+"""A number of result rows and their COPY text."""
+
+log = logging.getLogger("txstore")
+
+
+@dataclass(frozen=True)
+class ResultsTableMode:
+    spark: Any
+    settings: JobSettings
+    dataframe_aggregate: Callable[[Any], Any]
+    table: ResultsTable
+    types: dict[str, str]  # each column's declared PostgreSQL type (format_type), for the temp table
+    failpoints: FailPoints
+    connection: DriverConnection
+    number: int  # the batch's, for error lines
+
+    def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
+        s = self.settings
+        if not ranges:
+            return [], 0.0
+        pieces = split_ranges(ranges, s.min_partitions)
+        columns = list(self.table.columns)
+
+        def chunks() -> Generator[Chunk, None, None]:
+            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
+            return copy_chunks(frame.select(*columns), self.table.ordered)
+
+        def commit(conn: psycopg.Connection, attempt: int) -> None:
+            with job_description(self.spark, description):
+                commit_rows(conn, s.job, self.table, self.types, ranges, chunks, self.failpoints, attempt)
+
+        started = time.perf_counter()
+        outcome = commit_with_retries(s, self.connection, self.number, commit)
+        commit_ms = (time.perf_counter() - started) * 1000
+        return [RangeReport(r, outcome, r.size) for r in ranges], commit_ms
+
+
+def copy_chunks(frame: Any, ordered: bool) -> Generator[Chunk, None, None]:
+    """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.copy_text`),
+    a partition at a time, the next one computed while this one is copied."""
+    rows = frame.mapInArrow(CopyChunks(ordered), CHUNK_SCHEMA).toLocalIterator(prefetchPartitions=True)
+    try:
+        for row in rows:
+            yield int(row[0]), row[1]
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:  # a commit that stops early: Spark stops serving partitions
+            close()
+
+
+def commit_rows(
+    conn: psycopg.Connection,
+    job: str,
+    table: ResultsTable,
+    types: dict[str, str],
+    ranges: list[OffsetRange],
+    chunks: Callable[[], Generator[Chunk, None, None]],
+    failpoints: FailPoints,
+    attempt: int,
+) -> None:
+    """One transaction: the batch's rows merged into ``table`` and every range's offset moved, or
+    nothing and a :class:`~txstore.errors.CommitConflict` saying why."""
+    stored = stored_offsets(conn, job, ranges)
+    if any(stored.get(r.key) != r.from_offset for r in ranges):
+        raise classify_batch_conflict(job, ranges, stored)  # committed before: no query to run
+    produced = chunks()
+    with contextlib.closing(produced):
+        _copy_and_merge(conn, job, table, types, ranges, produced, failpoints, attempt)
+
+
+def _copy_and_merge(
+    conn: psycopg.Connection,
+    job: str,
+    table: ResultsTable,
+    types: dict[str, str],
+    ranges: list[OffsetRange],
+    produced: Iterator[Chunk],
+    failpoints: FailPoints,
+    attempt: int,
+) -> None:
+    first = next(produced, None)  # Spark computes the result before the transaction opens
+    hit = failpoints.hit
+    rows = 0
+    try:
+        with conn.cursor() as cur:
+            hit("before-upsert", attempt)
+            if first is not None:
+                cur.execute(create_temp_table(table, types))
+                with cur.copy(copy_rows(table)) as copy:
+                    for n, text in itertools.chain([first], produced):
+                        copy.write(text)
+                        rows += n
+            hit("between-upsert-and-offsets", attempt)
+            cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges))
+            if cur.rowcount == len(ranges):
+                if first is not None:
+                    merge_rows(conn, cur, table)
+                    log.debug("job %s: merged %d result rows into %s", job, rows, table.label)
+                hit("before-commit", attempt)
+                conn.commit()
+                hit("after-commit", attempt)
+                return
+        conn.rollback()
+    except BaseException:
+        if not conn.closed:
+            conn.rollback()
+        raise
+    raise classify_batch_conflict(job, ranges, stored_offsets(conn, job, ranges))
+
+
+def merge_rows(conn: psycopg.Connection, cur: psycopg.Cursor[Any], table: ResultsTable) -> None:
+    """Merge the copied rows as they are; if a key comes twice, grouped by key instead."""
+    try:
+        with conn.transaction():  # a savepoint: a duplicate key undoes only this statement
+            cur.execute(merge_statement(table, grouped=False))
+    except psycopg.errors.CardinalityViolation:
+        cur.execute(merge_statement(table, grouped=True))
+
+
+def query_columns(spark: Any, aggregate: Callable[[Any], Any]) -> list[tuple[str, str]]:
+    """The aggregate's output columns as (name, Spark type), from its plan over an empty batch:
+    Spark analyses the query, nothing is read. A query Spark refuses is one line."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        frame = aggregate(spark.createDataFrame([], kafka_source_schema()))
+        fields = frame.schema.fields
+    except AnalysisException as e:
+        raise ResultsTableInvalid([f"query: Spark cannot run it: {first_line(e)}"]) from None
+    return [(f.name, f.dataType.simpleString()) for f in fields]
+
+
+def check_results_table(
+    spark: Any, conn: psycopg.Connection, table: ResultsTable, aggregate: Callable[[Any], Any]
+) -> dict[str, str]:
+    """Refuse, with every problem (:class:`ResultsTableInvalid`), a table the batches could not
+    merge into; else return each column's declared type (for the temporary table)."""
+    if not table.name or not table.keys:
+        raise ResultsTableInvalid(table.problems())
+    output = query_columns(spark, aggregate)
+    facts = describe_table(conn, table)
+    problems = table_problems(table, facts, output, f"role {conn.info.user}")
+    if problems:
+        raise ResultsTableInvalid(problems)
+    assert facts is not None
+    return {c: facts.columns[c].type for c in table.columns}
