@@ -486,3 +486,54 @@ def test_a_range_planned_on_the_old_log_that_the_new_one_ends_below_is_a_recreat
         "leader election); nothing was counted. To count the new topic from its start as a new "
         f"generation: txstore reset --job j --topic {topic} --partition 0 --to-earliest --new-generation --execute"
     )
+
+
+@pytest.mark.parametrize("mode", ["dataframe", "results-table"])
+def test_dataframe_and_results_table_jobs_record_their_last_message_and_stop_at_a_recreated_topic(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    mode: str,
+) -> None:
+    """Modes where Spark, not txstore, reads the messages used to store no fingerprint, so a job
+    that only ever ran them counted a recreated topic refilled past its offsets as the old one.
+    The driver now reads each range's last message before the Spark job; the readers must end on
+    it and the commit stores it."""
+    from pyspark.sql import functions as F
+
+    from tests.test_results_table import SALES, sales_table
+    from txstore.aggregate import SqlAggregate
+
+    topic = new_topic(1)
+    fill(kafka, topic, 5, 1, b"old", OLD_TS)
+    settings = JobSettings("frames", (topic,), kafka.bootstrap_servers, database_url)
+
+    def total(frame: Any) -> Any:
+        return frame.groupBy("topic").agg(F.count("*").alias("metric"))
+
+    def job() -> TransactionalJob:
+        if mode == "dataframe":
+            return TransactionalJob(spark, settings, dataframe_aggregate=total)
+        query = (
+            "SELECT 'all' AS country, CAST(count(*) AS DECIMAL(18, 2)) AS revenue, count(*) AS orders, "
+            "CAST(NULL AS DECIMAL(12, 2)) AS smallest, CAST(NULL AS DECIMAL(12, 2)) AS largest, "
+            "min(timestamp) AS first_seen, max(timestamp) AS last_seen FROM batch"
+        )
+        return TransactionalJob(
+            spark, settings, dataframe_aggregate=SqlAggregate(query), results_table=sales_table()
+        )
+
+    if mode == "results-table":
+        db.execute(SALES.format(name="sales"))
+    job().run()
+    assert db.execute("SELECT off, last_off, last_timestamp FROM txn_offsets").fetchall() == [
+        (5, 4, OLD_TS + 4)
+    ]
+    kafka.recreate_topic(topic, 1)
+    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    with pytest.raises(BatchFailed) as raised:
+        job().run()
+    assert f"TopicRecreated: {mismatch_line('frames', topic, 0, 4)}" in str(raised.value)
+    assert db.execute("SELECT off FROM txn_offsets").fetchall() == [(5,)]

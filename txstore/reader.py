@@ -23,7 +23,7 @@ import contextlib
 import gc
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -187,8 +187,10 @@ class RangeReader:
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         pause_gc: bool = True,
         job: str = "",
+        expect_last: Fingerprint | None = None,
     ) -> None:
         self.conf = reader_config(conf)
+        self.expect_last = expect_last
         self.range = offset_range
         self.batch_size = batch_size
         self.idle_timeout = idle_timeout
@@ -284,7 +286,30 @@ class RangeReader:
                     yield batch
             if reached_end:
                 break
+        self._check_expected_last()
         self._check_same_log(consumer)
+
+    def _check_expected_last(self) -> None:
+        """With ``expect_last`` (the range's last message as the driver read it before the Spark
+        job, :func:`last_messages`), the read must end on that same message: another one there,
+        or a message past it, is another log."""
+        expected, r = self.expect_last, self.range
+        if expected is None:
+            return
+        last = self.last
+        if last is None or last.offset < expected.offset:
+            return  # removed since the driver looked (compaction): nothing to compare
+        if last != expected:
+            raise recreated_error(
+                self.job,
+                r.topic,
+                r.partition,
+                f"last message {expected.describe()} when the batch was planned",
+                last.describe(),
+                reset_command(self.job, r.topic, r.partition, "--to-earliest --new-generation"),
+                during=f" while offsets {r.from_offset} -> {r.until_offset} were read",
+                stored_label="",
+            )
 
     def _check_same_log(self, consumer: Consumer) -> None:
         """Read the message the range started from again: another one there means the topic was
@@ -392,3 +417,39 @@ class RangeReader:
             raise KafkaReadError(
                 f"reading {r.topic!r} partition {r.partition} at offset {next_offset} failed: {error.str()}"
             )
+
+
+LAST_MESSAGE_LOOKBACK = 64
+"""How far below a range's end :func:`last_messages` looks for its last message (offsets below
+the end can be holes: transaction markers, compacted messages)."""
+
+
+def last_messages(
+    conf: Mapping[str, Any], ranges: Sequence[OffsetRange], job: str = ""
+) -> dict[tuple[str, int], Fingerprint]:
+    """The fingerprint of each range's last message, read before the Spark job that reads it.
+
+    For modes where Spark, not txstore, consumes the messages (a DataFrame
+    aggregate, a results table): the readers check that their range ends on
+    this very message (``expect_last``), and the commit stores it beside the
+    offset, so the next batch can tell a recreated topic from the one counted.
+    One short read per range, of at most :data:`LAST_MESSAGE_LOOKBACK` offsets;
+    a range with no message there records nothing (as before).
+    """
+    found = {}
+    for r in ranges:
+        if r.size == 0:
+            continue
+        tail = OffsetRange(
+            r.topic,
+            r.partition,
+            max(r.from_offset, r.until_offset - LAST_MESSAGE_LOOKBACK),
+            r.until_offset,
+            generation=r.generation,
+        )
+        reader = RangeReader(conf, tail, pause_gc=False, job=job)
+        for _ in reader:
+            pass
+        if reader.last is not None:
+            found[r.key] = reader.last
+    return found

@@ -267,6 +267,7 @@ class _RangeBatches:
     ranges: Sequence[OffsetRange]
     kafka_conf: Mapping[str, Any]
     job: str = ""
+    ends: Mapping[int, Fingerprint] = field(default_factory=dict)  # by range index: its expected last
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
         from txstore.arrow import messages_to_record_batch
@@ -274,25 +275,40 @@ class _RangeBatches:
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         for i in ids:
             # Spark may stop pulling rows early (limit, take): no GC pause that could outlive the read.
-            for batch in RangeReader(self.kafka_conf, self.ranges[i], pause_gc=False, job=self.job):
+            reader = RangeReader(
+                self.kafka_conf, self.ranges[i], pause_gc=False, job=self.job, expect_last=self.ends.get(i)
+            )
+            for batch in reader:
                 yield messages_to_record_batch(batch)
 
 
 def read_ranges(
-    spark: Any, ranges: Sequence[OffsetRange], kafka_conf: Mapping[str, Any], job: str = ""
+    spark: Any,
+    ranges: Sequence[OffsetRange],
+    kafka_conf: Mapping[str, Any],
+    job: str = "",
+    last: Mapping[TopicPartition, Fingerprint] | None = None,
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns.
 
     One Spark partition per range (``mapInArrow`` over :func:`_one_task_per_group`,
     so classic and Spark Connect alike), read exactly like the plain-Python path
     (a range's ``verify`` is checked; a recreated topic fails the Spark job
-    with :class:`~txstore.errors.TopicRecreated`, naming ``job``).
+    with :class:`~txstore.errors.TopicRecreated`, naming ``job``). ``last``: each
+    partition's last message as the driver read it (:func:`~txstore.reader.last_messages`);
+    the range (or piece) that ends the partition's read must end on it.
     """
     schema = kafka_source_schema()
     if not ranges:
         return spark.createDataFrame([], schema)
+    ends = {}
+    if last:
+        final = {r.key: max(q.until_offset for q in ranges if q.key == r.key) for r in ranges}
+        ends = {
+            i: last[r.key] for i, r in enumerate(ranges) if r.key in last and r.until_offset == final[r.key]
+        }
     return _one_task_per_group(spark, len(ranges)).mapInArrow(
-        _RangeBatches(list(ranges), dict(kafka_conf), job), schema
+        _RangeBatches(list(ranges), dict(kafka_conf), job, ends), schema
     )
 
 

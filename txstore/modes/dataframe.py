@@ -5,8 +5,11 @@
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
    the driver (:func:`~txstore.spark.dataframe_deltas`);
-3. the driver commits it like :mod:`txstore.modes.per_batch`. No
-   fingerprint is recorded here: Spark plans the DataFrame, not txstore.
+3. the driver commits it like :mod:`txstore.modes.per_batch`, with each
+   range's last message as the driver read it before the Spark job
+   (:func:`~txstore.reader.last_messages`); every read must end on that
+   message, so a topic recreated meanwhile fails the job rather than being
+   stored as the one counted.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from txstore.driverdb import DriverConnection
 from txstore.failpoints import FailPoints
 from txstore.modes.per_batch import commit_result
 from txstore.ranges import OffsetRange, split_ranges
+from txstore.reader import last_messages
 from txstore.settings import JobSettings
 from txstore.spark import BatchResult, dataframe_deltas, job_description, read_ranges
 from txstore.task import RangeReport
@@ -38,7 +42,8 @@ class DataFrameMode:
         if not ranges:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
+        last = last_messages(s.kafka_conf, ranges, s.job)
         with job_description(self.spark, description):
-            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
-            result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges})
+            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job, last))
+            result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges}, last)
         return commit_result(s, ranges, result, self.failpoints, self.connection, self.number)

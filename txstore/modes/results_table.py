@@ -30,7 +30,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +40,10 @@ from txstore.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.driverdb import DriverConnection
 from txstore.errors import ResultsTableInvalid, first_line
 from txstore.failpoints import FailPoints
+from txstore.fingerprint import Fingerprint
 from txstore.modes.per_batch import commit_with_retries
-from txstore.ranges import OffsetRange, split_ranges
+from txstore.ranges import OffsetRange, TopicPartition, split_ranges
+from txstore.reader import last_messages
 from txstore.results_check import describe_table, table_problems
 from txstore.results_table import ResultsTable, copy_rows, create_temp_table, merge_statement
 from txstore.settings import JobSettings
@@ -74,13 +76,19 @@ class ResultsTableMode:
         pieces = split_ranges(ranges, s.min_partitions)
         columns = list(self.table.columns)
 
+        last: dict[TopicPartition, Fingerprint] = {}  # each range's last message, stored with its offset
+
         def chunks() -> Generator[Chunk, None, None]:
-            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job))
+            last.clear()
+            last.update(last_messages(s.kafka_conf, ranges, s.job))
+            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job, last))
             return copy_chunks(frame.select(*columns), self.table.ordered)
 
         def commit(conn: psycopg.Connection, attempt: int) -> None:
             with job_description(self.spark, description):
-                commit_rows(conn, s.job, self.table, self.types, ranges, chunks, self.failpoints, attempt)
+                commit_rows(
+                    conn, s.job, self.table, self.types, ranges, chunks, self.failpoints, attempt, last
+                )
 
         started = time.perf_counter()
         outcome = commit_with_retries(s, self.connection, self.number, commit)
@@ -110,15 +118,17 @@ def commit_rows(
     chunks: Callable[[], Generator[Chunk, None, None]],
     failpoints: FailPoints,
     attempt: int,
+    last: Mapping[TopicPartition, Fingerprint] | None = None,
 ) -> None:
     """One transaction: the batch's rows merged into ``table`` and every range's offset moved, or
-    nothing and a :class:`~txstore.errors.CommitConflict` saying why."""
+    nothing and a :class:`~txstore.errors.CommitConflict` saying why. ``last``: each range's last
+    message, stored beside its offset (filled by ``chunks`` when it reads them)."""
     stored = stored_offsets(conn, job, ranges)
     if any(stored.get(r.key) != r.from_offset for r in ranges):
         raise classify_batch_conflict(job, ranges, stored)  # committed before: no query to run
     produced = chunks()
     with contextlib.closing(produced):
-        _copy_and_merge(conn, job, table, types, ranges, produced, failpoints, attempt)
+        _copy_and_merge(conn, job, table, types, ranges, produced, failpoints, attempt, last)
 
 
 def _copy_and_merge(
@@ -130,6 +140,7 @@ def _copy_and_merge(
     produced: Iterator[Chunk],
     failpoints: FailPoints,
     attempt: int,
+    last: Mapping[TopicPartition, Fingerprint] | None = None,
 ) -> None:
     first = next(produced, None)  # Spark computes the result before the transaction opens
     hit = failpoints.hit
@@ -144,7 +155,7 @@ def _copy_and_merge(
                         copy.write(text)
                         rows += n
             hit("between-upsert-and-offsets", attempt)
-            cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges))
+            cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges, last))
             if cur.rowcount == len(ranges):
                 if first is not None:
                     merge_rows(conn, cur, table)
