@@ -578,3 +578,25 @@ def test_sql_results_merge_exactly_under_spark_connect(
         assert run_once(spark_connect, s, sales_table()) == {COMMITTED}
         assert stored_sales(db) == expected_sales(runs)
         assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+
+
+@pytest.mark.parametrize("problem", ["unreadable", "empty"])
+def test_an_unreadable_or_empty_query_exits_2_in_one_line_before_anything_is_read(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Path, problem: str
+) -> None:
+    query = tmp_path / "query.sql"
+    if problem == "empty":
+        query.write_text("  \n")
+    args = aggregate_args(kafka, database_url, "sales-events", "--sql-file", str(query))
+    result = subprocess.run(
+        [sys.executable, AGGREGATE, *args], env=job_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("aggregate: error:")]
+    expected = (
+        f"aggregate: error: --sql-file {query}: cannot read it (No such file or directory)"
+        if problem == "unreadable"
+        else f"aggregate: error: --sql-file {query}: the query is empty"
+    )
+    assert errors == [expected]
+    assert db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from txstore.errors import ConfigError, ResultsTableInvalid
+from txstore.errors import ResultsTableInvalid
 from txstore.results_table import MERGE_RULES, parse_results_table
 from txstore.runner import run_job_main
 
@@ -72,14 +72,15 @@ def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
 
 def results_job_options(args: argparse.Namespace) -> Mapping[str, Any]:
     """The parsed flags as :class:`~txstore.job.TransactionalJob` arguments."""
-    query = args.sql
+    query, source = args.sql, "--sql"
     if args.sql_file is not None:
+        source = f"--sql-file {args.sql_file}"
         try:
             query = Path(args.sql_file).read_text()
-        except OSError as e:
-            raise ConfigError(f"--sql-file {args.sql_file}: cannot read it ({e.strerror})") from None
+        except OSError as e:  # a usage error like the others here: exit 2, nothing read
+            raise ResultsTableInvalid([f"{source}: cannot read it ({e.strerror})"]) from None
     if not query or not query.strip():
-        raise ConfigError("--sql: the query is empty")
+        raise ResultsTableInvalid([f"{source}: the query is empty"])
     try:
         table = parse_results_table(args.table, args.key, args.merge)
     except ValueError as e:
