@@ -35,7 +35,6 @@ from txstore import store
 from txstore.count_topic import count_messages
 from txstore.db import connect
 from txstore.job import JobSettings, TransactionalJob
-from txstore.spark import default_parallelism
 from txstore.task import COMMITTED
 
 PER_RANGE = "per-range"
@@ -51,6 +50,7 @@ def topic_totals(frame: Any) -> Any:
 def connect_session(master: str, url: str | None) -> Iterator[tuple[Any, dict[str, float]]]:
     """A Spark Connect client session and its start-up times: a local server started here with
     ``master`` (stopped afterwards), or the one at ``url``."""
+    from bench.run import warm_up
     from txstore.runner import spark_session
 
     with contextlib.ExitStack() as stack:
@@ -68,13 +68,7 @@ def connect_session(master: str, url: str | None) -> Iterator[tuple[Any, dict[st
         spark: Any = spark_session("txstore bench (Connect)", remote=url)
         stack.callback(spark.stop)
         session = time.monotonic()
-        cores = default_parallelism(spark)
-
-        def import_txstore(batches: Any) -> Any:  # nested: pickled by value, not as bench.paths
-            __import__("txstore.task")
-            yield from batches
-
-        spark.range(0, cores, 1, cores).mapInArrow(import_txstore, "id long").collect()
+        warm_up(spark)
         warm = time.monotonic()
         yield (
             spark,
