@@ -269,13 +269,14 @@ class _RangeBatches:
     job: str = ""
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from txstore.arrow import messages_to_record_batch
+        from txstore.arrow import record_batches
 
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         for i in ids:
-            # Spark may stop pulling rows early (limit, take): no GC pause that could outlive the read.
-            for batch in RangeReader(self.kafka_conf, self.ranges[i], pause_gc=False, job=self.job):
-                yield messages_to_record_batch(batch)
+            # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
+            yield from record_batches(
+                RangeReader(self.kafka_conf, self.ranges[i], pause_gc=False, job=self.job)
+            )
 
 
 def read_ranges(
