@@ -63,7 +63,9 @@ def _tail(path: Path, lines: int = 40) -> str:
 class SparkConnectServer:
     """``with SparkConnectServer(directory) as server:`` then ``server.url`` (``sc://127.0.0.1:PORT``)."""
 
-    def __init__(self, directory: Path, timeout: float = START_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, directory: Path, timeout: float = START_TIMEOUT_SECONDS, master: str = "local[2,4]"
+    ) -> None:
         self.directory = directory
         self.port = free_port()
         self.url = f"sc://127.0.0.1:{self.port}"
@@ -81,7 +83,7 @@ class SparkConnectServer:
             "--class",
             SERVER_CLASS,
             "--master",
-            "local[2,4]",
+            master,
             "--name",
             "txstore-tests-connect",
             "--conf",

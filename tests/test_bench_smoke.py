@@ -27,6 +27,8 @@ def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
             "--trickle-rounds=2",
             "--sweep-partitions=1,2",
             "--sweep-messages=400,800",
+            "--path-rounds=1",
+            "--no-connect",
             "--name=smoke",
             f"--output-dir={tmp_path}",
             f"--database-url={database_url}",
@@ -51,6 +53,12 @@ def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
     assert pair["job"]["memory"]["python_worker_max_mib"] > 0
     assert pair["job"]["memory"]["jvm_mib"] > 0
 
+    paths = doc["paths"]
+    assert [r["messages"] for r in paths["runs"]["classic DataFrame"]] == [2000]
+    assert set(paths["messages_per_second_median"]) == {"classic per-range", "classic DataFrame"}
+    assert paths["ratios"]["classic DataFrame / classic per-range"]["median"] > 0
+    assert doc["connect_startup"] is None
+
     idle = doc["main"]["idle"]
     assert idle["batches"] == 2
     assert idle["spark_jobs_launched"] == 0
@@ -71,7 +79,59 @@ def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
     assert any(t.startswith("trickle --interval batch") for t in targets)
     assert any(t.startswith("time per message at") for t in targets)
     assert any(t.startswith("peak memory python_worker_max") for t in targets)
+    assert "DataFrame aggregate path / per-range count path" in targets
+    assert any(t.startswith("steady-state per-range count path / raw parallel read") for t in targets)
 
     png = (tmp_path / "smoke.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert "throughput / raw parallel read rate" in capsys.readouterr().out
+
+
+@pytest.mark.connect
+def test_a_small_benchmark_run_puts_connect_beside_classic(
+    spark: Any,
+    spark_connect_server: Any,
+    database_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(
+        [
+            "--messages=2000",
+            "--partitions=3",
+            "--repeats=1",
+            "--idle-batches=1",
+            "--trickle-partitions=",
+            "--sweep-partitions=",
+            "--path-rounds=2",
+            f"--connect-url={spark_connect_server.url}",
+            "--no-chart",
+            "--name=smoke-connect",
+            f"--output-dir={tmp_path}",
+            f"--database-url={database_url}",
+        ],
+        spark=spark,
+    )
+    assert status == 0
+    doc = json.loads((tmp_path / "smoke-connect.json").read_text())
+    paths = doc["paths"]
+    assert set(paths["runs"]) == {
+        "classic per-range",
+        "classic DataFrame",
+        "Connect per-range",
+        "Connect DataFrame",
+    }
+    assert all(len(runs) == 2 for runs in paths["runs"].values())
+    assert all(
+        r["messages"] == 2000 and r["messages_per_second"] > 0 for rs in paths["runs"].values() for r in rs
+    )
+    assert doc["connect_startup"]["server_seconds"] == 0  # the fixture's server, already up
+    assert doc["connect_startup"]["python_workers_seconds"] > 0
+    targets = {t["target"]: t for t in doc["targets"]}
+    for name in (
+        "DataFrame aggregate path / per-range count path",
+        "Connect / classic, per-range count path",
+        "Connect / classic, DataFrame aggregate path",
+    ):
+        assert targets[name]["measured"] > 0 and targets[name]["limit"] == 0.8
+    assert "Connect / classic, per-range count path" in capsys.readouterr().out

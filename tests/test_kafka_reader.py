@@ -179,6 +179,29 @@ def test_the_cyclic_gc_is_paused_while_a_range_is_read_and_restored_after(
     assert gc.isenabled()
 
 
+def test_record_batches_pause_the_gc_per_batch_only_so_a_read_left_suspended_leaves_it_on(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    from txstore.arrow import record_batches
+
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 20})
+    conf = client_config(kafka.bootstrap_servers)
+    seen_enabled = []
+    rows = 0
+    for batch in record_batches(
+        RangeReader(conf, OffsetRange(topic, 0, 0, 20), batch_size=5, pause_gc=False)
+    ):
+        seen_enabled.append(gc.isenabled())
+        rows += batch.num_rows
+    assert rows == 20 and seen_enabled == [True] * 4
+    left = record_batches(RangeReader(conf, OffsetRange(topic, 0, 0, 20), batch_size=5, pause_gc=False))
+    assert next(left).num_rows == 5
+    assert gc.isenabled()  # Spark stopped pulling (a limit): the collector is on while it waits
+    left.close()
+    assert gc.isenabled()
+
+
 def test_gc_pauses_nest_and_leave_a_disabled_collector_disabled() -> None:
     with gc_paused():
         with gc_paused():

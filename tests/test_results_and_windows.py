@@ -150,3 +150,35 @@ def test_settings_refuse_combinations_that_cannot_work() -> None:
     with pytest.raises(ConfigError, match="--commit must be one of"):
         JobSettings(**base, commit="sometimes")  # type: ignore[arg-type]
     assert JobSettings(**base, commit="per-batch", min_partitions=4).min_partitions == 4  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("by_key", "window_ms"), [(True, None), (False, 60_000), (True, 60_000), (True, 7)])
+def test_count_messages_counts_what_one_message_at_a_time_counts(by_key: bool, window_ms: int | None) -> None:
+    """Batched counting (distinct keys and windows decoded once) against the plain definition."""
+    from collections import Counter
+
+    from confluent_kafka import Message
+
+    from txstore.count_topic import CountMessages
+    from txstore.results import ResultKey
+
+    rng = random.Random(5)
+    keys = [None, b"", b"a", b"\\", b"\\xff", b"\xff", b"a\x00b", "ключ".encode(), b"user-1", b"user-2"]
+    stamps = [(0, -1), (1, 0), (1, -1), (1, -60_001), (2, 1_700_000_000_000), (1, 59_999), (1, 60_000)]
+    messages = [
+        Message(
+            topic="t", partition=0, offset=i, key=rng.choice(keys), value=b"v", timestamp=rng.choice(stamps)
+        )
+        for i in range(3000)
+    ]
+    expected: Counter[ResultKey] = Counter()
+    for m in messages:
+        kind, ts = m.timestamp()
+        start = None if window_ms is None or kind == 0 else window_start(ts, window_ms)
+        grain = "key+window" if by_key and window_ms else ("key" if by_key else "window")
+        expected[ResultKey(grain, decode_key(m.key()) if by_key else None, start)] += 1
+    count = CountMessages(by_key=by_key, window_ms=window_ms)
+    batches = [messages[:1], messages[1:1000], [], messages[1000:]]
+    deltas = count(OffsetRange("t", 0, 0, 3000), batches)
+    assert deltas == {TOPIC_TOTAL: 3000, **expected}
+    assert all(type(k) is ResultKey for k in deltas)

@@ -25,7 +25,7 @@ when a message has no headers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -139,3 +139,28 @@ def messages_to_record_batch(messages: Sequence[Any]) -> pa.RecordBatch:
         ],
         schema=KAFKA_ARROW_SCHEMA,
     )
+
+
+def record_batches(batches: Iterable[Sequence[Any]]) -> Iterator[pa.RecordBatch]:
+    """Each batch of messages (a :class:`~txstore.reader.RangeReader` made with ``pause_gc=False``)
+    as a record batch, with Python's cyclic garbage collector paused while a batch is fetched
+    and converted, and on again at each ``yield``.
+
+    Ten thousand fresh ``Message`` objects per batch make the collector walk them over and
+    over: reading and converting ran at 245,000 messages/s with it on, 725,000 with it
+    paused (one process, 500,000 messages, loaded machine). Pausing it for the whole read, as
+    a task's aggregate does, is not safe here: Spark may stop pulling batches for good (a
+    ``limit``), and the collector would stay off. Paused per batch, it is back on whenever
+    this generator is suspended, and the batch's messages are freed by then.
+    """
+    from txstore.reader import gc_paused
+
+    messages = iter(batches)
+    while True:
+        with gc_paused():
+            batch = next(messages, None)
+            if batch is None:
+                return
+            record_batch = messages_to_record_batch(batch)
+            del batch
+        yield record_batch

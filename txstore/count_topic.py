@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from datetime import datetime
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -29,17 +30,27 @@ from txstore.results import (
 )
 from txstore.runner import run_job_main
 from txstore.task import Aggregate
-from txstore.windows import parse_duration_ms, window_start, window_start_ms
+from txstore.windows import parse_duration_ms, window_start
 
-
-def _bucket(timestamp: tuple[int, int], window_ms: int) -> int | None:
-    ts_type, ts = timestamp
-    return window_start_ms(ts, window_ms) if ts_type else None  # type 0: no timestamp
+_key = Message.key  # unbound: map() calls it without an attribute lookup per message
+_timestamp = Message.timestamp
+_result_key = tuple.__new__  # ResultKey from a tuple, without NamedTuple's Python-level __new__
 
 
 @dataclass(frozen=True)
 class CountMessages:
-    """The count deltas of one range: the topic total, plus per key and/or window if asked."""
+    """The count deltas of one range: the topic total, plus per key and/or window if asked.
+
+    Per batch, raw keys and window starts (epoch milliseconds; None for a
+    message without a timestamp) are counted in a ``Counter`` fed by
+    ``map`` over the batch's C methods; then each distinct key is decoded
+    (:func:`~txstore.results.decode_key`) and each distinct window start
+    made a datetime (:func:`~txstore.windows.window_start`) once, however
+    many ``(key, window)`` pairs share it. A timestamp no calendar can hold
+    raises there, so :mod:`txstore.badmessages` finds its message. Counting
+    on Arrow arrays (``group_by``) was measured and is slower here
+    (``python -m bench.aggregate_counts``; README, Benchmark).
+    """
 
     by_key: bool = False
     window_ms: int | None = None
@@ -50,33 +61,37 @@ class CountMessages:
             for batch in batches:
                 total += len(batch)
             return {TOPIC_TOTAL: total}
-        # Count raw keys and window starts first; decode each distinct one once.
-        counts: Counter[Hashable] = Counter()
+        counts: Counter[Any] = Counter()
         w = self.window_ms
         for batch in batches:
             total += len(batch)
             if w is None:
-                counts.update(m.key() for m in batch)
-            elif self.by_key:
-                counts.update((m.key(), _bucket(m.timestamp(), w)) for m in batch)
-            else:
-                counts.update(_bucket(m.timestamp(), w) for m in batch)
+                counts.update(map(_key, batch))
+                continue
+            # window_start_ms(ts, w), inline; librdkafka's timestamp type 0: no timestamp.
+            starts = [ts - ts % w if kind else None for kind, ts in map(_timestamp, batch)]
+            counts.update(zip(map(_key, batch), starts, strict=True) if self.by_key else starts)
+        return self._deltas(total, counts)
+
+    def _deltas(self, total: int, counts: Mapping[Any, int]) -> dict[ResultKey, int]:
         deltas: dict[ResultKey, int] = {TOPIC_TOTAL: total}
-        for raw, n in counts.items():
-            address = self._address(raw)
+        w = self.window_ms
+        raw_pairs: list[tuple[bytes | None, int | None]]
+        if w is None:
+            grain, raw_pairs = GRAIN_KEY, [(k, None) for k in counts]
+        elif not self.by_key:
+            grain, raw_pairs = GRAIN_WINDOW, [(None, s) for s in counts]
+        else:
+            grain, raw_pairs = GRAIN_KEY_WINDOW, list(counts)
+        texts = {k: decode_key(k) for k in {k for k, _ in raw_pairs}}
+        starts: dict[int | None, datetime | None] = {None: None}
+        if w is not None:
+            distinct = {s for _, s in raw_pairs if s is not None}
+            starts.update({s: window_start(s, w) for s in distinct})
+        for (k, s), n in zip(raw_pairs, counts.values(), strict=True):
+            address = _result_key(ResultKey, (grain, texts[k], starts[s]))
             deltas[address] = deltas.get(address, 0) + n  # distinct raw keys may decode alike
         return deltas
-
-    def _address(self, raw: Hashable) -> ResultKey:
-        w = self.window_ms
-        if w is None:
-            return ResultKey(GRAIN_KEY, decode_key(raw))  # type: ignore[arg-type]
-        if self.by_key:
-            key, start = cast("tuple[bytes | None, int | None]", raw)
-            return ResultKey(
-                GRAIN_KEY_WINDOW, decode_key(key), None if start is None else window_start(start, w)
-            )
-        return ResultKey(GRAIN_WINDOW, None, None if raw is None else window_start(raw, w))  # type: ignore[arg-type]
 
 
 count_messages = CountMessages()

@@ -351,15 +351,14 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
         return [RangePartition(r) for r in plan(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from txstore.arrow import messages_to_record_batch
+        from txstore.arrow import record_batches
 
         if not isinstance(partition, RangePartition):
             # Nothing to read: Spark turns an empty partitions() into one InputPartition(None).
             return
         conf = self.options.kafka_conf
-        # Spark may stop pulling early (limit): no garbage-collector pause that could outlive the read.
-        for batch in RangeReader(conf, partition.range, pause_gc=False):
-            yield messages_to_record_batch(batch)
+        # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
+        yield from record_batches(RangeReader(conf, partition.range, pause_gc=False))
 
 
 class TxstoreDataSource(DataSource):  # type: ignore[misc]

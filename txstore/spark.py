@@ -270,16 +270,20 @@ class _RangeBatches:
     ends: Mapping[int, Fingerprint] = field(default_factory=dict)  # by range index: its expected last
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from txstore.arrow import messages_to_record_batch
+        from txstore.arrow import record_batches
 
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         for i in ids:
-            # Spark may stop pulling rows early (limit, take): no GC pause that could outlive the read.
-            reader = RangeReader(
-                self.kafka_conf, self.ranges[i], pause_gc=False, job=self.job, expect_last=self.ends.get(i)
+            # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
+            yield from record_batches(
+                RangeReader(
+                    self.kafka_conf,
+                    self.ranges[i],
+                    pause_gc=False,
+                    job=self.job,
+                    expect_last=self.ends.get(i),
+                )
             )
-            for batch in reader:
-                yield messages_to_record_batch(batch)
 
 
 def read_ranges(
