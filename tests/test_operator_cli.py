@@ -115,9 +115,19 @@ def test_a_job_holding_its_lock_shows_as_running_and_blocks_reset(
             kafka=kafka,
         )
         assert reset.returncode == 1
+        pid = job_connection.info.backend_pid
+        client, since = db.execute(
+            "SELECT coalesce(host(client_addr), 'local'), "
+            "to_char(backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM pg_stat_activity WHERE pid = %s",
+            (pid,),
+        ).fetchone()
+        # The holder is named: a session an instance left behind (a client gone behind a frozen
+        # network, a proxy that kept the server side open) blocks every reset until it is ended.
         assert reset.stderr.strip() == (
-            "txstore: error: job 'counter' is running (it holds its job lock); stop every instance "
-            "(SIGTERM lets the current batch finish), then run the reset again"
+            "txstore: error: job 'counter' is running (it holds its job lock: PostgreSQL session "
+            f"{pid} from {client} since {since} UTC); stop every instance (SIGTERM lets the current "
+            "batch finish), then run the reset again; if no instance runs, end the left-over session "
+            f"with SELECT pg_terminate_backend({pid})"
         )
         assert offsets(db, counted) == {0: 4, 1: 20, 2: 0}
     status = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)

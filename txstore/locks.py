@@ -42,11 +42,41 @@ def job_running(conn: psycopg.Connection, job: str) -> bool:
     return not free
 
 
+# The sessions holding the job lock: pg_locks shows a bigint advisory key as its high and low
+# 32 bits (classid, objid) with objsubid 1.
+_HOLDERS = f"""
+WITH k AS (SELECT {_KEY} AS key)
+SELECT a.pid, coalesce(host(a.client_addr), 'local'),
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')
+FROM pg_locks l JOIN pg_stat_activity a USING (pid), k
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295
+ORDER BY a.backend_start, a.pid
+"""
+
+
 def lock_job_for_reset(conn: psycopg.Connection, job: str) -> None:
-    """Inside the caller's transaction: take the job lock exclusively, or refuse."""
+    """Inside the caller's transaction: take the job lock exclusively, or refuse, naming the
+    sessions that hold it.
+
+    A holder is usually a running instance. It can also be a session an
+    instance left behind (its client gone behind a frozen network, or a proxy
+    that kept the server side open), which blocks every reset until it ends:
+    the line says how to end it.
+    """
     row = conn.execute(f"SELECT pg_try_advisory_xact_lock({_KEY})", (job,)).fetchone()
     if not (row and row[0]):
+        holders = conn.execute(_HOLDERS, (job,)).fetchall()
+        named = ", ".join(f"{pid} from {client} since {since} UTC" for pid, client, since in holders)
+        terminate = "; ".join(f"SELECT pg_terminate_backend({pid})" for pid, _, _ in holders)
+        plural = "s" if len(holders) > 1 else ""
         raise JobLocked(
-            f"job {job!r} is running (it holds its job lock); stop every instance "
-            "(SIGTERM lets the current batch finish), then run the reset again"
+            f"job {job!r} is running (it holds its job lock"
+            + (f": PostgreSQL session{plural} {named}" if holders else "")
+            + "); stop every instance (SIGTERM lets the current batch finish), then run the reset again"
+            + (
+                f"; if no instance runs, end the left-over session{plural} with {terminate}"
+                if holders
+                else ""
+            )
         )
