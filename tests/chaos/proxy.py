@@ -242,6 +242,7 @@ class TcpProxy:
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:
+        _watch_peer(client)
         self._flowing.wait()  # a connection accepted while frozen reaches the server after the thaw
         try:
             upstream = socket.create_connection(self.target, timeout=5)
@@ -272,6 +273,23 @@ class TcpProxy:
                 s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
+
+
+def _watch_peer(s: socket.socket) -> None:
+    """Keepalives and a user timeout on the client's side, as the server itself sets on its
+    sockets (txstore asks for them, ``txstore.db``): the proxy stands where the server would.
+
+    Without them a client that vanished while the network was frozen (a killed driver's FIN
+    lost on the downed link) stays connected here for good, and the proxy keeps its server
+    session open: that session's job lock then refused every ``txstore reset`` (chaos seed
+    4037, which looped restarting instances until it was stopped).
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 2)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 4000)
 
 
 def _reset(s: socket.socket) -> None:

@@ -114,6 +114,9 @@ KAFKA_APIS = {"Fetch": 1, "ListOffsets": 2, "Metadata": 3}
 # Faults that need a task in flight: their trials also stall some tasks (sleep
 # fail points) so that "in the middle of a task" is a window, not an instant.
 DRIVER_EXIT_SECONDS = 5.0  # from a driver fail point's raise to its process's exit, at most
+# Stops with an event's line tolerated after the operator's step; more is the trial's failure
+# (it used to restart instances for good).
+OPERATOR_RESTARTS = 3
 SPECULATION_ALLOWANCE = 20.0  # more time with stragglers, for Spark to speculate on them
 # A Spark Connect client's first batch took 50-65 s on the loaded 2-core machine (later ones ~4 s).
 CONNECT_FIRST_BATCH_SECONDS = 90.0
@@ -983,6 +986,7 @@ class Trial:
         # process a moment after: give that time to show, and then an exit the fail point
         # explains is not the catch-up's failure; a clean instance takes over.
         settle = self.until + DRIVER_EXIT_SECONDS if self._driver_may_fail(keep) else 0.0
+        stops_after_operator = 0
         while self._offsets() != ends or time.time() < settle or not self.events.settled():
             if not keep.alive():
                 self._supervise()
@@ -990,6 +994,13 @@ class Trial:
                     if self.events.awaiting is not None:  # step waits for the others to stop
                         for inst in self._alive():
                             self._stop(inst)
+                    else:  # the operator's step is done: a stop again is the trial's failure
+                        stops_after_operator += 1
+                        if stops_after_operator > OPERATOR_RESTARTS:
+                            raise RuntimeError(
+                                f"instance {keep.number} stopped with an event's line after the operator's "
+                                f"step, {stops_after_operator} times: {keep.last_lines()}"
+                            )
                     keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
                         "", primary=True
                     )
