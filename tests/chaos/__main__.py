@@ -113,13 +113,25 @@ TRIAL_LINE = re.compile(
 )
 
 
+FAILED_START = re.compile(r"trial seed \d+: FAILED: ")
+MAX_CONTINUATION_LINES = 200
+
+
 def summarize(lines: Iterable[str]) -> Summary:
     """The summary of the trials whose result lines (:meth:`TrialResult.line`) are given."""
     summary = Summary()
+    pending = ""  # a failed trial's line that an older runner broke over several lines
     for line in lines:
+        if pending:
+            line = pending = pending + " / " + line.strip()
+            if pending.count(" / ") > MAX_CONTINUATION_LINES:
+                pending = ""
         m = TRIAL_LINE.search(line)
         if m is None:
+            if not pending and FAILED_START.search(line):
+                pending = line.rstrip("\n")
             continue
+        pending = ""
         seed = int(m["seed"])
         result = TrialResult(
             TrialPlan.generate(seed),

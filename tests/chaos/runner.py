@@ -255,7 +255,9 @@ class TrialResult:
     def line(self) -> str:
         faults = " ".join(f"{k}={v}" for k, v in sorted(self.injected.items())) or "none"
         events = " ".join(f"{k}={v}" for k, v in sorted(self.events.items()))
-        status = "ok" if self.ok else "FAILED: " + "; ".join(self.failures)
+        # One line, whatever the failures quote (a command's output has newlines): the
+        # summary is rebuilt from these lines (``--summarize``).
+        status = "ok" if self.ok else "FAILED: " + "; ".join(f.replace("\n", " / ") for f in self.failures)
         return (
             f"trial seed {self.plan.seed}: {status}; injected {faults}; produced {self.produced}, "
             f"counted {self.counted}, lost {self.lost}, duplicated {self.duplicated}; "

@@ -31,3 +31,20 @@ def test_the_summary_of_printed_trial_lines_equals_the_runs_own() -> None:
     rebuilt = summarize([*noise, *("  " + r.line() for r in results), "%3|librdkafka noise"])
     assert rebuilt.line() == own.line()
     assert "lost 1" in rebuilt.line() and "failed trials: 2001" in rebuilt.line()
+
+
+def test_a_failure_quoting_several_lines_is_one_line_and_old_broken_lines_still_count_as_failed() -> None:
+    """Seed 4017's failure quoted a reset plan: its line broke in four and the summary left the
+    trial out (and its lost and duplicated counts)."""
+    plan = "reset plan:\n  t/0: 34 -> 0\n  t/1: 1516 -> 0, new generation 1"
+    failed = result(4017, 7747, 5929, {"topic-recreated": 1}, failure=plan)
+    failed.lost, failed.duplicated = 1483, 1483
+    ok = result(4018, 10, 10, {})
+    assert "\n" not in failed.line()
+    broken = ("  " + failed.line().replace(" / ", "\n")).split("\n")
+    old_output = [*broken, "  logs: /tmp/x", "  " + ok.line()]
+    for lines in (old_output, ["  " + failed.line(), "  " + ok.line()]):
+        rebuilt = summarize(lines)
+        assert "failed trials: 4017" in rebuilt.line()
+        assert "lost 1483, duplicated 1483" in rebuilt.line()
+        assert len(rebuilt.results) == 2
