@@ -27,14 +27,21 @@ QUICK: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
         ("--commit", "per-batch", "--min-partitions", "8"),
     ),
     (103, ("second-instance", "fp-between-upsert-and-offsets", "pg-unreachable", "fp-after-plan"), ()),
-    (104, ("instance-during-batch", "fp-before-commit"), ("--by", "key", "--commit", "per-batch")),
+    # A frozen database network while a second instance starts mid-batch. (It rode with
+    # seed 107's recreation until a CI run where the job had stopped on the recreation
+    # before the freeze's time came, so the freeze was never injected.)
+    (
+        104,
+        ("instance-during-batch", "fp-before-commit", "pg-frozen"),
+        ("--by", "key", "--commit", "per-batch"),
+    ),
     (105, ("fp-between-batches", "kafka-request-errors", "kafka-frozen"), ()),
     (106, ("speculation", "fp-after-commit"), ()),
     # The events the job stops on (tests/chaos/events.py): a recreated topic refilled past
-    # the stored offsets (seed 107's draw) under a frozen database network; a poison
+    # the stored offsets (seed 107's draw); a poison
     # message stopped on (--on-bad-message fail, seed 112's draw) while results are
     # published in parts.
-    (107, ("topic-recreated", "pg-frozen"), ("--by", "key")),
+    (107, ("topic-recreated",), ("--by", "key")),
     (112, ("poison-message", "oversized-publish"), ()),
 )
 
