@@ -19,7 +19,7 @@ from txstore.locks import job_running, lock_job_for_reset
 from txstore.ranges import PartitionHistory, PartitionWatermarks
 from txstore.reset import ResetMove, ResetTarget, plan_reset
 from txstore.results import plain_number
-from txstore.topic_ids import fetch_topic_ids, read_message_at
+from txstore.topic_ids import fetch_topic_ids, message_at_last_counted
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
 
@@ -161,14 +161,8 @@ def health_facts(
         last = Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None
         w = marks.get((topic, part))
         found = None
-        if (
-            problem is None
-            and kafka_conf
-            and last is not None
-            and w is not None
-            and w.low <= last.offset < w.high
-        ):
-            found = read_message_at(kafka_conf, topic, part, last.offset, STATUS_KAFKA_TIMEOUT_SECONDS)
+        if problem is None and kafka_conf:
+            found = message_at_last_counted(kafka_conf, topic, part, last, w, STATUS_KAFKA_TIMEOUT_SECONDS)
         facts.append(
             PartitionFacts(
                 j,
@@ -325,9 +319,7 @@ def plan_job_reset(
         chosen = partitions or sorted(watermarks)
         for p in chosen:
             last = past[p].last if p in past else None
-            marks = watermarks.get(p)
-            if last is not None and marks is not None and marks.low <= last.offset < marks.high:
-                found[p] = read_message_at(kafka_conf, topic, p, last.offset)
+            found[p] = message_at_last_counted(kafka_conf, topic, p, last, watermarks.get(p))
         if target.kind == "datetime":
             assert target.value is not None
             result = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)

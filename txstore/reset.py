@@ -92,8 +92,8 @@ def plan_reset(
 
     ``history`` is what is stored beside each offset, ``topic_id`` Kafka's
     topic ID now (None: unknown), ``found`` the fingerprint of the message
-    now at each partition's last-counted offset (None: no message there; no
-    entry: not looked at). From them :func:`generation_reason` decides
+    now at each partition's last-counted offset (None or no entry: no message
+    there, or not looked at; either way nothing to compare). From them :func:`generation_reason` decides
     whether the move starts a new generation; ``new_generation`` forces it.
     """
     if target.kind == "forget":

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaException, TopicCollection
 
 from txstore.fingerprint import Fingerprint, fingerprint
 from txstore.kafka import METADATA_TIMEOUT_SECONDS, _Admin
-from txstore.ranges import OffsetRange
+from txstore.ranges import OffsetRange, PartitionWatermarks
 from txstore.reader import RangeReader
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
@@ -91,3 +91,19 @@ def read_message_at(
             if message.offset() == offset:
                 return fingerprint(message)
     return None
+
+
+def message_at_last_counted(
+    conf: Mapping[str, Any],
+    topic: str,
+    partition: int,
+    last: Fingerprint | None,
+    marks: PartitionWatermarks | None,
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> Fingerprint | None:
+    """The message now at the offset of the last one counted (``last``), where the log
+    (``marks``) still holds that offset; None otherwise. What ``reset`` and ``status --check``
+    compare with ``last`` to tell a recreated topic."""
+    if last is None or marks is None or not marks.low <= last.offset < marks.high:
+        return None
+    return read_message_at(conf, topic, partition, last.offset, timeout)
