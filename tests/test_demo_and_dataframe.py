@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from tests.conftest import REPO
 from txstore.kafka import client_config
 from txstore.ranges import OffsetRange
-from txstore.spark import KAFKA_SOURCE_COLUMNS, read_ranges
+from txstore.spark import KAFKA_SOURCE_COLUMNS, TASKS_PER_CORE, default_parallelism, read_ranges
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -66,3 +66,27 @@ def test_a_range_reads_as_a_dataframe_with_the_kafka_source_columns(
     assert [(h.key, h.value) for h in first.headers] == [("h", b"v")]
     assert df.groupBy("partition").count().orderBy("partition").collect()[1]["count"] == 3
     assert read_ranges(spark, [], client_config(kafka.bootstrap_servers)).count() == 0
+
+
+def test_many_ranges_read_as_one_spark_partition_per_core_each_message_once(
+    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """More ranges than TASKS_PER_CORE per core share one task per core (Spark's per-task cost
+    paid per core, not per partition); min_partitions keeps one task per piece."""
+    partitions = 4 * TASKS_PER_CORE * default_parallelism(spark)
+    topic = new_topic(partitions)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for i in range(partitions * 5):
+        producer.produce(topic, value=str(i).encode(), partition=i % partitions)
+    assert producer.flush(10) == 0
+    ranges = [OffsetRange(topic, p, 1, 5) for p in range(partitions)]
+    conf = client_config(kafka.bootstrap_servers)
+    expected = sorted((p, o) for p in range(partitions) for o in range(1, 5))
+
+    grouped = read_ranges(spark, ranges, conf)
+    assert grouped.rdd.getNumPartitions() == default_parallelism(spark)
+    assert sorted((r.partition, r.offset) for r in grouped.collect()) == expected
+
+    one_each = read_ranges(spark, ranges, conf, min_partitions=partitions)
+    assert one_each.rdd.getNumPartitions() == partitions
+    assert sorted((r.partition, r.offset) for r in one_each.collect()) == expected

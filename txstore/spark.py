@@ -16,8 +16,8 @@ Connect both run (no RDDs, no ``sparkContext`` except behind
 partition of ``spark.range(n, numPartitions=n)`` and its work a
 ``mapInArrow`` function that picks its group by the id it receives.
 
-For per-batch commits the tasks only aggregate (one per range, or per piece
-with ``min_partitions``): their partial deltas are collected to the driver
+For per-batch commits the tasks only aggregate (in the same task groups, or
+one task per piece with ``min_partitions``: :func:`spark_tasks`): their partial deltas are collected to the driver
 and summed there exactly (or the user's DataFrame aggregation runs and is
 collected), and the driver commits them. Only a task's successful attempt
 reaches the driver, so the collected deltas are exact. A message the aggregate fails on is found in the task
@@ -262,28 +262,45 @@ def run_ranges(
 
 @dataclass(frozen=True)
 class _RangeBatches:
-    """mapInArrow function: each arriving id's range as Arrow record batches (Kafka-source columns)."""
+    """mapInArrow function: the ranges of each arriving group id, in order, as Arrow record
+    batches (Kafka-source columns)."""
 
-    ranges: Sequence[OffsetRange]
+    groups: Sequence[Sequence[OffsetRange]]
     kafka_conf: Mapping[str, Any]
     job: str = ""
-    ends: Mapping[int, Fingerprint] = field(default_factory=dict)  # by range index: its expected last
+    ends: Mapping[OffsetRange, Fingerprint] = field(default_factory=dict)  # a range's expected last
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
         from txstore.arrow import record_batches
 
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
-        for i in ids:
+        for offset_range in (r for i in ids for r in self.groups[i]):
             # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
             yield from record_batches(
                 RangeReader(
                     self.kafka_conf,
-                    self.ranges[i],
+                    offset_range,
                     pause_gc=False,
                     job=self.job,
-                    expect_last=self.ends.get(i),
+                    expect_last=self.ends.get(offset_range),
                 )
             )
+
+
+def spark_tasks(
+    spark: Any, ranges: Sequence[OffsetRange], min_partitions: int | None
+) -> list[list[OffsetRange]]:
+    """The Spark tasks that read ``ranges`` for a per-batch or DataFrame job.
+
+    Without ``min_partitions``: :func:`task_groups` over the session's cores,
+    as per-range commits run (with many ranges, a task per core reads its
+    share in order, so the batch pays Spark's per-task cost once per core).
+    With it, the user asked for at least that many Spark partitions (the
+    ranges were cut into as many pieces): one task per piece.
+    """
+    if min_partitions is not None:
+        return [[r] for r in ranges]
+    return task_groups(ranges, default_parallelism(spark))
 
 
 def read_ranges(
@@ -292,15 +309,21 @@ def read_ranges(
     kafka_conf: Mapping[str, Any],
     job: str = "",
     last: Mapping[TopicPartition, Fingerprint] | None = None,
+    min_partitions: int | None = None,
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns.
 
-    One Spark partition per range (``mapInArrow`` over :func:`_one_task_per_group`,
-    so classic and Spark Connect alike), read exactly like the plain-Python path
-    (a range's ``verify`` is checked; a recreated topic fails the Spark job
-    with :class:`~txstore.errors.TopicRecreated`, naming ``job``). ``last``: each
-    partition's last message as the driver read it (:func:`~txstore.reader.last_messages`);
-    the range (or piece) that ends the partition's read must end on it.
+    One Spark partition per task of :func:`spark_tasks` (``mapInArrow`` over
+    :func:`_one_task_per_group`, so classic and Spark Connect alike; each
+    task reads its ranges in order, fixed before the job, so a retried task
+    reads the same messages), read exactly like the plain-Python path (a
+    range's ``verify`` is checked; a recreated topic fails the Spark job with
+    :class:`~txstore.errors.TopicRecreated`, naming ``job``). ``last``: each
+    partition's last message as the driver read it
+    (:func:`~txstore.reader.last_messages`); the range (or piece) that ends the
+    partition's read must end on it. ``min_partitions``: at least that many
+    Spark partitions, one per range (cut them with
+    :func:`~txstore.ranges.split_ranges` first).
     """
     schema = kafka_source_schema()
     if not ranges:
@@ -308,11 +331,10 @@ def read_ranges(
     ends = {}
     if last:
         final = {r.key: max(q.until_offset for q in ranges if q.key == r.key) for r in ranges}
-        ends = {
-            i: last[r.key] for i, r in enumerate(ranges) if r.key in last and r.until_offset == final[r.key]
-        }
-    return _one_task_per_group(spark, len(ranges)).mapInArrow(
-        _RangeBatches(list(ranges), dict(kafka_conf), job, ends), schema
+        ends = {r: last[r.key] for r in ranges if r.key in last and r.until_offset == final[r.key]}
+    groups = spark_tasks(spark, ranges, min_partitions)
+    return _one_task_per_group(spark, len(groups)).mapInArrow(
+        _RangeBatches(groups, dict(kafka_conf), job, ends), schema
     )
 
 
@@ -375,8 +397,10 @@ def aggregate_batch(
     description: str,
     skip: bool = False,
     job: str = "",
+    min_partitions: int | None = None,
 ) -> BatchResult:
-    """Aggregate every piece in its own task, collect the partial deltas, sum them on the driver.
+    """Aggregate the pieces in the tasks of :func:`spark_tasks`, collect the partial deltas,
+    sum them on the driver.
 
     The partials are few (one per distinct result address per piece) and
     travel pickled, so ints and Decimals of any size stay exact (Spark SQL's
@@ -391,7 +415,10 @@ def aggregate_batch(
     if not pieces:
         return BatchResult({}, {})
     partials = _map_groups(
-        spark, [[p] for p in pieces], _PartialDeltas(dict(kafka_conf), aggregate, skip, job), description
+        spark,
+        spark_tasks(spark, pieces, min_partitions),
+        _PartialDeltas(dict(kafka_conf), aggregate, skip, job),
+        description,
     )
     summed: dict[tuple[Any, ...], Any] = {}
     for key, value in partials:

@@ -44,6 +44,8 @@ class DataFrameMode:
         pieces = split_ranges(ranges, s.min_partitions)
         last = last_messages(s.kafka_conf, ranges, s.job)
         with job_description(self.spark, description):
-            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job, last))
+            frame = self.dataframe_aggregate(
+                read_ranges(self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions)
+            )
             result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges}, last)
         return commit_result(s, ranges, result, self.failpoints, self.connection, self.number)

@@ -71,7 +71,9 @@ class PerBatchMode:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
         skip = s.on_bad_message == SKIP
-        result = aggregate_batch(self.spark, pieces, s.kafka_conf, self.aggregate, description, skip, s.job)
+        result = aggregate_batch(
+            self.spark, pieces, s.kafka_conf, self.aggregate, description, skip, s.job, s.min_partitions
+        )
         return commit_result(s, ranges, result, self.failpoints, self.connection, self.number)
 
 

@@ -81,7 +81,9 @@ class ResultsTableMode:
         def chunks() -> Generator[Chunk, None, None]:
             last.clear()
             last.update(last_messages(s.kafka_conf, ranges, s.job))
-            frame = self.dataframe_aggregate(read_ranges(self.spark, pieces, s.kafka_conf, s.job, last))
+            frame = self.dataframe_aggregate(
+                read_ranges(self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions)
+            )
             return copy_chunks(frame.select(*columns), self.table.ordered)
 
         def commit(conn: psycopg.Connection, attempt: int) -> None:
