@@ -93,8 +93,9 @@ def plan_reset(
     ``history`` is what is stored beside each offset, ``topic_id`` Kafka's
     topic ID now (None: unknown), ``found`` the fingerprint of the message
     now at each partition's last-counted offset (None or no entry: no message
-    there, or not looked at; either way nothing to compare). From them :func:`generation_reason` decides
-    whether the move starts a new generation; ``new_generation`` forces it.
+    there, or not looked at; either way nothing to compare). From them
+    :func:`generation_reason` decides whether the move starts a new
+    generation; ``new_generation`` forces it.
     """
     if target.kind == "forget":
         chosen = sorted(partitions) if partitions else sorted(stored)

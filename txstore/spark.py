@@ -17,10 +17,11 @@ partition of ``spark.range(n, numPartitions=n)`` and its work a
 ``mapInArrow`` function that picks its group by the id it receives.
 
 For per-batch commits the tasks only aggregate (in the same task groups, or
-one task per piece with ``min_partitions``: :func:`spark_tasks`): their partial deltas are collected to the driver
-and summed there exactly (or the user's DataFrame aggregation runs and is
-collected), and the driver commits them. Only a task's successful attempt
-reaches the driver, so the collected deltas are exact. A message the aggregate fails on is found in the task
+one task per piece with ``min_partitions``: :func:`spark_tasks`): their
+partial deltas are collected to the driver and summed there exactly (or the
+user's DataFrame aggregation runs and is collected), and the driver commits
+them. Only a task's successful attempt reaches the driver, so the collected
+deltas are exact. A message the aggregate fails on is found in the task
 (:mod:`txstore.badmessages`) and travels back to the driver with the deltas,
 never as a failed task: the driver stops with its offset, or records it with
 the batch's commit (``--on-bad-message skip``).
@@ -256,8 +257,7 @@ def run_ranges(
     """Run ``task`` over the ranges (see :func:`task_groups`); return its outputs in range order."""
     if not ranges:
         return []  # never launch a Spark job for nothing
-    groups = task_groups(ranges, default_parallelism(spark))
-    return _map_groups(spark, groups, task, description)
+    return _map_groups(spark, spark_tasks(spark, ranges, None), task, description)
 
 
 @dataclass(frozen=True)
@@ -290,11 +290,11 @@ class _RangeBatches:
 def spark_tasks(
     spark: Any, ranges: Sequence[OffsetRange], min_partitions: int | None
 ) -> list[list[OffsetRange]]:
-    """The Spark tasks that read ``ranges`` for a per-batch or DataFrame job.
+    """The Spark tasks that read ``ranges``: per-range, per-batch and DataFrame jobs alike.
 
-    Without ``min_partitions``: :func:`task_groups` over the session's cores,
-    as per-range commits run (with many ranges, a task per core reads its
-    share in order, so the batch pays Spark's per-task cost once per core).
+    Without ``min_partitions``: :func:`task_groups` over the session's cores
+    (with many ranges, a task per core reads its share in order, so the batch
+    pays Spark's per-task cost once per core).
     With it, the user asked for at least that many Spark partitions (the
     ranges were cut into as many pieces): one task per piece.
     """
