@@ -78,7 +78,7 @@ class TupleDataSource(TxstoreDataSource):
         return "txstore_tuples"
 
     def reader(self, schema: Any) -> TupleReader:
-        return TupleReader(parse_read_options(self.options, os.environ))
+        return TupleReader(parse_read_options(self.options, os.environ), schema)
 
 
 def _in_process(conf: dict[str, Any], ranges: list[OffsetRange], arrow: bool) -> int:

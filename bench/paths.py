@@ -1,14 +1,19 @@
 """Execution paths side by side: the per-range count path and the DataFrame aggregate, on
 classic Spark and on Spark Connect, over the same messages in the same run.
 
-Four jobs count the main workload's topic in each round, in an order that
+Six jobs count the main workload's topic in each round, in an order that
 rotates from round to round (so no path always runs first or last):
 
 - ``classic per-range``: ``count_topic``'s default (tasks read, count and
   commit their ranges), on the benchmark's classic session;
 - ``classic DataFrame``: the same totals as a DataFrame aggregate
-  (``read_ranges`` -> ``groupBy("topic").count()``, committed per batch);
-- ``Connect per-range`` and ``Connect DataFrame``: the same two jobs through a
+  (``read_ranges`` -> ``groupBy("topic").count()``, committed per batch), with
+  all of the Kafka-source columns built and handed to Spark;
+- ``classic DataFrame, read columns``: the same aggregate declaring the one
+  column it uses (``read_columns=("topic",)``), as a job over a DataFrame
+  should: Spark cannot prune a Python reader's columns itself;
+- ``Connect per-range``, ``Connect DataFrame`` and ``Connect DataFrame, read
+  columns``: the same jobs through a
   Spark Connect client (``sc://``) of a local Spark Connect server with the
   same master, txstore shipped to it as an artifact as ``--remote`` does.
 
@@ -39,6 +44,9 @@ from txstore.task import COMMITTED
 
 PER_RANGE = "per-range"
 DATAFRAME = "DataFrame"
+DATAFRAME_READ_COLUMNS = "DataFrame, read columns"
+TOPIC_TOTALS_COLUMNS = ("topic",)
+"""What :func:`topic_totals` reads."""
 
 
 def topic_totals(frame: Any) -> Any:
@@ -91,20 +99,21 @@ class PathRuns:
         self._jobs = 0
 
     def paths(self) -> list[tuple[str, str]]:
-        return [(s, p) for s in self.sessions for p in (PER_RANGE, DATAFRAME)]
+        return [(s, p) for s in self.sessions for p in (PER_RANGE, DATAFRAME, DATAFRAME_READ_COLUMNS)]
 
     def run(self, workload: Workload, session: str, path: str) -> dict[str, Any]:
         self._jobs += 1
         name = f"bench-path-{session}-{path}-{self._jobs}".replace(" ", "-")
         settings = JobSettings(name, (workload.topic,), self.bootstrap, self.database_url)
         spark = self.sessions[session]
-        job = (
-            TransactionalJob(spark, settings, count_messages)
-            if path == PER_RANGE
-            else TransactionalJob(spark, settings, dataframe_aggregate=topic_totals)
-        )
+        if path == PER_RANGE:
+            job = TransactionalJob(spark, settings, count_messages)
+        else:
+            columns = TOPIC_TOTALS_COLUMNS if path == DATAFRAME_READ_COLUMNS else None
+            job = TransactionalJob(spark, settings, dataframe_aggregate=topic_totals, read_columns=columns)
         try:
             job.plan()
+            job.check_query()  # once per job, before its first batch (read_columns: one analysis)
             started = time.monotonic()
             report = job.run_batch()
             wall_ms = (time.monotonic() - started) * 1000
@@ -156,6 +165,11 @@ class PathRuns:
             _label("classic", PER_RANGE),
         )
         ratio(
+            "classic DataFrame, read columns / classic per-range",
+            _label("classic", DATAFRAME_READ_COLUMNS),
+            _label("classic", PER_RANGE),
+        )
+        ratio(
             "Connect per-range / classic per-range",
             _label("Connect", PER_RANGE),
             _label("classic", PER_RANGE),
@@ -166,8 +180,18 @@ class PathRuns:
             _label("classic", DATAFRAME),
         )
         ratio(
+            "Connect DataFrame, read columns / classic DataFrame, read columns",
+            _label("Connect", DATAFRAME_READ_COLUMNS),
+            _label("classic", DATAFRAME_READ_COLUMNS),
+        )
+        ratio(
             "Connect DataFrame / Connect per-range",
             _label("Connect", DATAFRAME),
+            _label("Connect", PER_RANGE),
+        )
+        ratio(
+            "Connect DataFrame, read columns / Connect per-range",
+            _label("Connect", DATAFRAME_READ_COLUMNS),
             _label("Connect", PER_RANGE),
         )
         return result

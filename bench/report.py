@@ -58,9 +58,9 @@ def print_table(document: dict[str, Any]) -> None:
     if paths:
         print(f"  paths over the same messages, median of {paths['rounds']} rounds:")
         for label, rate in paths["messages_per_second_median"].items():
-            print(f"    {label:20s} {rate:>12,.0f} msg/s")
+            print(f"    {label:36s} {rate:>12,.0f} msg/s")
         for name, ratio in paths["ratios"].items():
-            print(f"    {name:40s} {ratio['median']:.2f}")
+            print(f"    {name:66s} {ratio['median']:.2f}")
     c = document["commit_latency_ms"]
     print(f"  commit per range: p50 {_fmt(c['p50'])} ms, p99 {_fmt(c['p99'])} ms over {c['ranges']} ranges")
     print()

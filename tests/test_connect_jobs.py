@@ -154,12 +154,14 @@ def test_committed_results_are_published_through_the_outbox(
     assert {(m.key() or b"").decode() for m in read_topic(kafka, results)} == keys
 
 
+@pytest.mark.parametrize("read_columns", [None, ("timestamp", "key", "topic")])
 def test_a_dataframe_aggregate_commits_exact_counts(
     any_spark: Any,
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
     new_topic: Callable[..., str],
+    read_columns: tuple[str, ...] | None,
 ) -> None:
     topic = new_topic(3)
     messages = keyed_messages(random.Random(8), 600, 3)
@@ -176,7 +178,9 @@ def test_a_dataframe_aggregate_commits_exact_counts(
         )
 
     s = settings(kafka, database_url, "frames", topic)
-    with TransactionalJob(any_spark, s, dataframe_aggregate=per_key_and_minute) as job:
+    with TransactionalJob(
+        any_spark, s, dataframe_aggregate=per_key_and_minute, read_columns=read_columns
+    ) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total

@@ -217,3 +217,59 @@ def test_an_unknown_topic_fails_naming_it(spark: Any, kafka: MockKafkaCluster) -
     with pytest.raises(Exception) as caught:
         read(spark, "no-such-topic", kafka).collect()
     assert "UnknownTopic: topic 'no-such-topic' does not exist on Kafka at" in str(caught.value)
+
+
+def test_a_declared_schema_reads_only_its_columns_in_its_order_with_the_same_values(
+    session: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(2)
+    ms = 1_767_225_600_000
+    sent: list[Outgoing] = [
+        (0, b"a", b"1", ms, None),
+        (1, None, b"2", ms + 1, [("h", b"x")]),
+        (0, b"b", None, ms + 2, None),
+    ]
+    send(kafka.bootstrap_servers, topic, sent)
+    declared = (
+        "timestamp timestamp, key binary, partition int, headers array<struct<key:string,value:binary>>"
+    )
+
+    frame = (
+        session.read.format("txstore")
+        .schema(declared)
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", topic)
+        .load()
+    )
+
+    assert frame.columns == ["timestamp", "key", "partition", "headers"]
+    found = sorted(
+        (r.partition, r.key, r.micros, None if r.headers is None else [(h.key, h.value) for h in r.headers])
+        for r in frame.selectExpr("partition", "key", "unix_micros(timestamp) AS micros", "headers").collect()
+    )
+    assert found == sorted(
+        (p, k, t * 1000, h) for p, k, _v, t, h in sent
+    )  # the same values as the full read, with no value column built
+    everything = read(session, topic, kafka)
+    assert sorted(frame.collect()) == sorted(everything.select(*frame.columns).collect())
+
+
+def test_a_declared_schema_of_another_type_fails_with_its_one_line(
+    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    txstore.register(spark)
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 2})
+    with pytest.raises(Exception) as caught:
+        (
+            spark.read.format("txstore")
+            .schema("topic string, key string")
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .option("subscribe", topic)
+            .load()
+            .collect()
+        )
+    assert spark_failure_reason(caught.value) == (
+        "ConfigError: schema: column key is binary, not string; declare it as key binary and "
+        "cast it after load()"
+    )

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 from confluent_kafka import Message
 
-from txstore.arrow import KAFKA_ARROW_SCHEMA, messages_to_record_batch
+from txstore.arrow import (
+    KAFKA_ARROW_SCHEMA,
+    ColumnsInvalid,
+    arrow_schema,
+    check_columns,
+    coalesce,
+    messages_to_record_batch,
+)
 from txstore.datasource import (
     READER_FIXED_SETTINGS,
     ReadOptions,
     parse_read_options,
     plan_job_ranges,
     plan_read_ranges,
+    schema_columns,
 )
 from txstore.errors import ConfigError, DataLoss, OffsetOutOfLog
 from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.spark import kafka_source_schema
 from txstore.starting import EARLIEST, LATEST, StartingOffsets, parse_starting_offsets
 
 BASE = {"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b"}
@@ -204,8 +214,6 @@ def test_a_job_plan_starts_new_partitions_like_the_job_and_refuses_like_the_job(
 def test_the_arrow_schema_is_what_pyspark_derives_from_the_kafka_source_schema() -> None:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from txstore.spark import kafka_source_schema
-
     assert to_arrow_schema(kafka_source_schema(), timezone="UTC").equals(KAFKA_ARROW_SCHEMA)
 
 
@@ -271,3 +279,106 @@ def test_a_one_partition_batch_and_an_empty_batch_keep_the_schema() -> None:
     empty = messages_to_record_batch([])
     assert empty.num_rows == 0
     assert empty.schema.equals(KAFKA_ARROW_SCHEMA)
+
+
+def test_only_the_columns_asked_for_are_built_in_the_order_asked() -> None:
+    messages = [
+        Message(topic="t", partition=3, offset=7, key=b"k", value=b"v", timestamp=(1, 1700000000123)),
+        Message(topic="t", partition=3, offset=8, key=None, value=b"w", timestamp=(0, 0)),
+    ]
+    full = messages_to_record_batch(messages)
+    schema = arrow_schema(("timestamp", "offset", "topic"))
+
+    batch = messages_to_record_batch(messages, schema)
+
+    assert batch.schema.equals(schema)
+    assert batch.schema.names == ["timestamp", "offset", "topic"]
+    assert batch.to_pylist() == full.select(["timestamp", "offset", "topic"]).to_pylist()
+    assert messages_to_record_batch([], schema).schema.equals(schema)
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"),
+    [
+        (
+            ("topic", "payload"),
+            "read_columns: 'payload' is not a Kafka-source column; choose from key, value",
+        ),
+        ((), "read_columns: no columns; name at least one of key, value"),
+        (("key", "key"), "read_columns: a column is named twice: key, key"),
+    ],
+)
+def test_a_column_choice_that_is_not_distinct_kafka_source_columns_is_refused(
+    columns: tuple[str, ...], expected: str
+) -> None:
+    with pytest.raises(ColumnsInvalid) as caught:
+        check_columns(columns, "read_columns")
+    assert str(caught.value).startswith(expected)
+
+
+def test_batches_are_joined_into_batches_of_about_the_rows_asked_in_order() -> None:
+    batches = [
+        messages_to_record_batch(
+            [Message(topic="t", partition=0, offset=o, value=b"x", timestamp=(1, o)) for o in range(s, s + 3)]
+        )
+        for s in range(0, 30, 3)
+    ]
+    joined = list(coalesce(batches, rows=7))
+    assert [b.num_rows for b in joined] == [9, 9, 9, 3]
+    assert [o for b in joined for o in b.column("offset").to_pylist()] == list(range(30))
+    assert all(b.schema.equals(KAFKA_ARROW_SCHEMA) for b in joined)
+    # Big values: the byte bound comes first.
+    by_bytes = list(coalesce(batches, rows=1_000, max_bytes=2 * batches[0].nbytes))
+    assert [b.num_rows for b in by_bytes] == [6] * 5
+    assert [o for b in by_bytes for o in b.column("offset").to_pylist()] == list(range(30))
+
+
+def struct(*fields: tuple[str, Any, bool]) -> Any:
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(name, kind, nullable) for name, kind, nullable in fields])
+
+
+def test_a_declared_schema_names_the_columns_read_in_its_order_nullability_aside() -> None:
+    from pyspark.sql.types import BinaryType, IntegerType, StringType, TimestampType
+
+    declared = struct(
+        ("timestamp", TimestampType(), True),
+        ("partition", IntegerType(), True),  # NOT NULL in the source: nullable is fine
+        ("key", BinaryType(), True),
+        ("topic", StringType(), False),
+    )
+    assert schema_columns(declared) == ("timestamp", "partition", "key", "topic")
+    assert schema_columns(kafka_source_schema()) == tuple(KAFKA_ARROW_SCHEMA.names)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            (("topic", "string", True), ("payload", "binary", True)),
+            "schema: 'payload' is not a column of format('txstore'); name some of key, value, topic, "
+            "partition, offset, timestamp, timestampType, headers, or leave out .schema() for all of them",
+        ),
+        (
+            (("key", "string", True),),
+            "schema: column key is binary, not string; declare it as key binary and cast it after load()",
+        ),
+        (
+            (("offset", "int", True),),
+            "schema: column offset is bigint, not int; declare it as offset bigint and cast it after load()",
+        ),
+        ((("value", "binary", False),), "schema: column value can be null; do not declare it NOT NULL"),
+        ((("key", "binary", True), ("key", "binary", True)), "schema: a column is named twice: key, key"),
+        ((), "schema: no columns; name at least one, or leave out .schema() for all of them"),
+    ],
+)
+def test_a_declared_schema_outside_the_kafka_source_columns_is_one_line(
+    fields: tuple[tuple[str, str, bool], ...], expected: str
+) -> None:
+    from pyspark.sql.types import BinaryType, IntegerType, StringType
+
+    kinds = {"string": StringType(), "binary": BinaryType(), "int": IntegerType()}
+    with pytest.raises(ConfigError) as caught:
+        schema_columns(struct(*((name, kinds[kind], nullable) for name, kind, nullable in fields)))
+    assert str(caught.value) == expected

@@ -194,7 +194,7 @@ def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
     s = settings(kafka, database_url, "sales", topic, metrics_port=0)
     aggregate = SqlAggregate(SALES_SQL)
     with TransactionalJob(spark, s, dataframe_aggregate=aggregate, results_table=sales_table()) as job:
-        job.check_results_table()
+        job.check_query()
         ranges = job.plan()
         assert {r.outcome for r in job.execute(ranges).ranges} == {COMMITTED}
         before = stored_sales(db)
@@ -410,7 +410,7 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
     for run in range(2):
         send(kafka.bootstrap_servers, topic, [(0, None, b"x", None), (1, None, b"x", None)])
         with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
-            job.check_results_table()
+            job.check_query()
             before = resident_bytes()
             peak[0] = before
             watcher = threading.Thread(target=watch_memory)
@@ -600,3 +600,65 @@ def test_an_unreadable_or_empty_query_exits_2_in_one_line_before_anything_is_rea
     )
     assert errors == [expected]
     assert db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
+
+
+def aggregate_flags(*given: str) -> dict[str, Any]:
+    """What ``jobs/aggregate.py`` would give TransactionalJob for these flags (its own parser)."""
+    import argparse
+
+    from txstore.aggregate import add_aggregate_options, results_job_options
+
+    parser = argparse.ArgumentParser()
+    add_aggregate_options(parser)
+    keys = ["--table", "sales", "--key", "country", "--merge"]
+    merge = ",".join(f"{c}={r}" for c, r in SALES_MERGE.items())
+    return dict(results_job_options(parser.parse_args([*keys, merge, "--sql", SALES_SQL, *given])))
+
+
+def test_read_columns_give_the_query_only_those_columns_and_the_same_rows(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(2)
+    orders = sales(random.Random(23), 200, 0)
+    send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+    options = aggregate_flags("--read-columns", "value, timestamp")
+    assert options["read_columns"] == ("value", "timestamp")
+
+    with TransactionalJob(spark, settings(kafka, database_url, "sales", topic), **options) as job:
+        assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
+
+    assert stored_sales(db) == expected_sales([orders])
+    assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+
+
+def test_read_columns_that_leave_out_what_the_query_uses_are_refused_in_one_line(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    db.execute(SALES.format(name="sales"))
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, to_messages(sales(random.Random(24), 5, 0), 1))
+    with pytest.raises(ResultsTableInvalid) as raised:
+        aggregate_flags("--read-columns", "value,payload")
+    assert list(raised.value.problems) == [
+        "--read-columns: 'payload' is not a Kafka-source column; choose from key, value, topic, "
+        "partition, offset, timestamp, timestampType, headers"
+    ]
+
+    options = aggregate_flags("--read-columns", "value")  # the query also uses timestamp
+    s = settings(kafka, database_url, "sales", topic)
+    with TransactionalJob(spark, s, **options) as job, pytest.raises(ResultsTableInvalid) as raised:
+        job.run_batch()
+    [line] = raised.value.problems
+    assert line.startswith("query: Spark cannot run it: ")
+    assert "`timestamp`" in line
+    assert line.endswith("; it reads only value: add the columns it uses")
+    assert offsets(db, topic, "sales") == {}

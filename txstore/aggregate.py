@@ -7,7 +7,9 @@
 ``--sql`` (or ``--sql-file``) runs over a view named ``batch`` holding the
 batch's messages with the columns of Spark's Kafka source (``key``,
 ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``,
-``timestampType``, ``headers``). Its output columns are the table's
+``timestampType``, ``headers``), or only those ``--read-columns`` names
+(only they are built and handed to Spark: a query over keys and timestamps
+then never pays for values and headers). Its output columns are the table's
 ``--key`` columns and the columns named in ``--merge``, nothing else; each
 batch's rows are merged into the table by their rules in the transaction
 that moves the offsets (:mod:`txstore.modes.results_table`).
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from txstore.arrow import ColumnsInvalid, check_columns
 from txstore.errors import ResultsTableInvalid
 from txstore.results_table import MERGE_RULES, parse_results_table
 from txstore.runner import run_job_main
@@ -50,6 +53,12 @@ def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
         "its columns are the --key columns and the --merge columns",
     )
     query.add_argument("--sql-file", metavar="PATH", help="read the query from this file instead")
+    parser.add_argument(
+        "--read-columns",
+        metavar="COL[,COL...]",
+        help=f"only these Kafka-source columns in the view {VIEW!r} (default: all of them); the query "
+        "is checked against them before anything is read",
+    )
     parser.add_argument(
         "--table",
         required=True,
@@ -85,7 +94,17 @@ def results_job_options(args: argparse.Namespace) -> Mapping[str, Any]:
         table = parse_results_table(args.table, args.key, args.merge)
     except ValueError as e:
         raise ResultsTableInvalid([str(e)]) from None
-    return {"dataframe_aggregate": SqlAggregate(query.strip().rstrip(";")), "results_table": table}
+    options: dict[str, Any] = {
+        "dataframe_aggregate": SqlAggregate(query.strip().rstrip(";")),
+        "results_table": table,
+    }
+    if args.read_columns is not None:
+        columns = tuple(c.strip() for c in args.read_columns.split(",") if c.strip())
+        try:
+            options["read_columns"] = check_columns(columns, "--read-columns")
+        except ColumnsInvalid as e:
+            raise ResultsTableInvalid([str(e)]) from None
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:

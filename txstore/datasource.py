@@ -39,6 +39,12 @@ Options (names are case-insensitive, values strings, as Spark passes them):
   (an explicit offset Kafka no longer has raises :class:`DataLoss`; the
   ``headers`` column is always there). Any other option is refused.
 
+Columns: all of Spark's Kafka-source columns, or only those a schema names
+(``.schema("topic string, timestamp timestamp")``, any order, Spark's types;
+:func:`schema_columns`). Spark cannot prune a Python reader's columns itself,
+so this is how a query that needs two columns stops paying for keys, values
+and headers: only the named columns are built and handed to Spark.
+
 Lowest PySpark: 4.0 (Python data sources, and ``read`` yielding Arrow
 batches); tested with 4.3.
 
@@ -334,6 +340,41 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     return plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
 
 
+def schema_columns(schema: Any) -> tuple[str, ...]:
+    """The Kafka-source columns a user-given schema (``.schema(...)``) names, checked.
+
+    Each field must be one of the Kafka-source columns, with its Spark type
+    (nullability aside); a column that can be null (``key``, ``value``,
+    ``timestamp``, ``headers``) cannot be declared NOT NULL. Anything else is
+    :class:`ConfigError`, one line naming the column.
+    """
+    from txstore.spark import kafka_source_schema
+
+    ours = kafka_source_schema()
+    names: list[str] = []
+    for f in schema.fields:
+        if f.name not in ours.names:
+            raise ConfigError(
+                f"schema: {f.name!r} is not a column of format('txstore'); name some of "
+                f"{', '.join(ours.names)}, or leave out .schema() for all of them"
+            )
+        expected = ours[f.name]
+        if f.dataType.simpleString() != expected.dataType.simpleString():
+            raise ConfigError(
+                f"schema: column {f.name} is {expected.dataType.simpleString()}, not "
+                f"{f.dataType.simpleString()}; declare it as {f.name} {expected.dataType.simpleString()} "
+                "and cast it after load()"
+            )
+        if expected.nullable and not f.nullable:
+            raise ConfigError(f"schema: column {f.name} can be null; do not declare it NOT NULL")
+        names.append(f.name)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"schema: a column is named twice: {', '.join(names)}")
+    if not names:
+        raise ConfigError("schema: no columns; name at least one, or leave out .schema() for all of them")
+    return tuple(names)
+
+
 class RangePartition(InputPartition):  # type: ignore[misc]
     """One Spark task's input: an offset range, fixed when the read was planned."""
 
@@ -343,22 +384,39 @@ class RangePartition(InputPartition):  # type: ignore[misc]
 
 
 class TxstoreReader(DataSourceReader):  # type: ignore[misc]
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, schema: Any) -> None:
         self.options = options
+        self.columns = schema_columns(schema)
+        self.schema = schema  # Spark's, for the Arrow schema Spark expects (its nullability)
 
     def partitions(self) -> list[InputPartition]:
         """Plan the ranges (once, when Spark plans the read); none means an empty DataFrame."""
         return [RangePartition(r) for r in plan(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from txstore.arrow import record_batches
+        from txstore.arrow import arrow_schema, coalesce, record_batches
 
         if not isinstance(partition, RangePartition):
             # Nothing to read: Spark turns an empty partitions() into one InputPartition(None).
             return
+        built = arrow_schema(self.columns)
+        expected = _spark_arrow_schema(self.schema)
+        # A declared schema may differ from the source's in nullability only: a free cast.
+        cast = None if built.equals(expected) else expected
         conf = self.options.kafka_conf
         # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
-        yield from record_batches(RangeReader(conf, partition.range, pause_gc=False))
+        for batch in coalesce(record_batches(RangeReader(conf, partition.range, pause_gc=False), built)):
+            yield batch if cast is None else batch.cast(cast)
+
+
+def _spark_arrow_schema(schema: Any) -> Any:
+    """The Arrow schema PySpark expects ``read`` to yield for ``schema`` (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")  # PySpark 4.1+, as it checks the batches
+    except TypeError:  # PySpark 4.0: no timezone argument; timestamps are UTC by default
+        return to_arrow_schema(schema)
 
 
 class TxstoreDataSource(DataSource):  # type: ignore[misc]
@@ -375,7 +433,7 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         return kafka_source_schema()
 
     def reader(self, schema: Any) -> TxstoreReader:
-        return TxstoreReader(parse_read_options(self.options, os.environ))
+        return TxstoreReader(parse_read_options(self.options, os.environ), schema)
 
 
 def register(spark: Any) -> None:

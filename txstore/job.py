@@ -42,6 +42,7 @@ from typing import Any
 
 import psycopg
 
+from txstore.arrow import ColumnsInvalid, check_columns
 from txstore.badmessages import SKIP, describe_skipped
 from txstore.driverdb import DriverConnection
 from txstore.errors import (
@@ -61,7 +62,7 @@ from txstore.logformat import fields
 from txstore.metrics import job_metrics
 from txstore.mirror import GroupOffsetMirror
 from txstore.modes import Mode, bad_message
-from txstore.modes.dataframe import DataFrameMode
+from txstore.modes.dataframe import DataFrameMode, check_read_columns
 from txstore.modes.idempotent import IdempotentMode
 from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
 from txstore.modes.per_range import PerRangeMode
@@ -135,6 +136,7 @@ class TransactionalJob:
         dataframe_aggregate: DataFrameAggregate | None = None,
         transform: MessageTransform | None = None,
         results_table: ResultsTable | None = None,
+        read_columns: Sequence[str] | None = None,
         watermarks: Callable[[Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]] | None = None,
     ) -> None:
         """Give ``aggregate`` (plain Python over a range's messages) or ``dataframe_aggregate``
@@ -144,6 +146,13 @@ class TransactionalJob:
         ``results_table``: merge the ``dataframe_aggregate``'s rows into a table of your own
         (:class:`~txstore.results_table.ResultsTable`: its key and each column's merge rule),
         checked against the table and the query before the first batch reads anything.
+
+        ``read_columns``: the Kafka-source columns the ``dataframe_aggregate`` uses (say
+        ``("topic",)`` for counts per topic, ``("key", "timestamp")`` for windows per key).
+        Only those are built and handed to Spark; Spark cannot prune the columns of a Python
+        reader itself, and a query over ``topic`` alone then skips every key, value and
+        header. The query is checked against them before the first batch reads anything:
+        a column left out is one line (:class:`ConfigError`). Default: all of them.
 
         ``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own.
         By default one Kafka admin client is kept for the job's life (planning an
@@ -163,6 +172,13 @@ class TransactionalJob:
                 raise ConfigError(
                     "--publish-topic publishes txn_data results; it cannot be combined with a results table"
                 )
+        if read_columns is not None:
+            if dataframe_aggregate is None:
+                raise ConfigError("read_columns names what a dataframe_aggregate reads; this job has none")
+            try:
+                read_columns = check_columns(read_columns, "read_columns")
+            except ColumnsInvalid as e:
+                raise ConfigError(str(e)) from None
         if dataframe_aggregate is not None and settings.on_bad_message == SKIP:
             raise ConfigError(
                 "--on-bad-message skip needs a Python aggregate: a DataFrame aggregate fails inside Spark SQL, "
@@ -182,6 +198,8 @@ class TransactionalJob:
         self.dataframe_aggregate = dataframe_aggregate
         self.transform = transform
         self.results_table = results_table
+        self.read_columns = read_columns
+        self._query_checked = False
         self._results_types: dict[str, str] | None = None  # the table's column types, once checked
         self._own_watermarks: Watermarks | None = None
         self._topic_ids_source: TopicIds | None = None  # asked only with the job's own Kafka clients
@@ -244,15 +262,26 @@ class TransactionalJob:
         self.metrics.planned(self.planner.backlog)
         return ranges
 
-    def check_results_table(self) -> None:
+    def check_query(self) -> None:
         """Before the first batch reads anything: refuse a results table the query's rows cannot
-        merge into (:class:`~txstore.errors.ResultsTableInvalid`, every problem one line)."""
-        if self.results_table is None or self._results_types is not None:
+        merge into (:class:`~txstore.errors.ResultsTableInvalid`, every problem one line), and a
+        ``dataframe_aggregate`` that needs a column ``read_columns`` leaves out
+        (:class:`ConfigError`)."""
+        if self._query_checked:
             return
-        assert self.dataframe_aggregate is not None
-        self._results_types = check_results_table(
-            self.spark, self._connection(), self.results_table, self.dataframe_aggregate
-        )
+        if self.results_table is not None:
+            assert self.dataframe_aggregate is not None
+            self._results_types = check_results_table(
+                self.spark,
+                self._connection(),
+                self.results_table,
+                self.dataframe_aggregate,
+                self.read_columns,
+            )
+        elif self.read_columns is not None:
+            assert self.dataframe_aggregate is not None
+            check_read_columns(self.spark, self.dataframe_aggregate, self.read_columns)
+        self._query_checked = True
 
     # -- one batch --------------------------------------------------------------
     def mode(self, number: int) -> Mode:
@@ -269,9 +298,12 @@ class TransactionalJob:
                 self.failpoints,
                 self._db,
                 number,
+                self.read_columns,
             )
         if self.dataframe_aggregate is not None:
-            return DataFrameMode(self.spark, s, self.dataframe_aggregate, self.failpoints, self._db, number)
+            return DataFrameMode(
+                self.spark, s, self.dataframe_aggregate, self.failpoints, self._db, number, self.read_columns
+            )
         if s.sink == IDEMPOTENT:
             return IdempotentMode(self.spark, s, self.transform, self.failpoints)
         assert self.aggregate is not None
@@ -283,7 +315,7 @@ class TransactionalJob:
         """Plan and run one batch; raise :class:`TxstoreError` if any range was refused."""
         started = time.perf_counter()
         try:
-            self.check_results_table()
+            self.check_query()
             ranges = self.plan()
         except TxstoreError:
             self.metrics.batch_failed(time.perf_counter() - started)
@@ -294,7 +326,7 @@ class TransactionalJob:
     def execute(self, ranges: list[OffsetRange], plan_ms: float = 0.0) -> BatchReport:
         """Steps 5-7: run the planned ranges; no Spark job if there are none."""
         s = self.settings
-        self.check_results_table()  # once; run_batch did it already, before planning
+        self.check_query()  # once; run_batch did it already, before planning
         self.batches += 1
         number = self.batches
         started = time.perf_counter()

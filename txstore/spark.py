@@ -74,7 +74,8 @@ KAFKA_SOURCE_COLUMNS = (
 )
 
 
-def kafka_source_schema() -> Any:
+def kafka_source_schema(columns: Sequence[str] | None = None) -> Any:
+    """Spark's Kafka-source columns as a ``StructType``; with ``columns``, only those, in that order."""
     from pyspark.sql.types import (
         ArrayType,
         BinaryType,
@@ -86,7 +87,7 @@ def kafka_source_schema() -> Any:
         TimestampType,
     )
 
-    return StructType(
+    full = StructType(
         [
             StructField("key", BinaryType(), True),
             StructField("value", BinaryType(), True),
@@ -106,6 +107,11 @@ def kafka_source_schema() -> Any:
             ),
         ]
     )
+    if columns is None:
+        return full
+    from txstore.arrow import check_columns
+
+    return StructType([full[c] for c in check_columns(columns, "columns")])
 
 
 def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRange]]:
@@ -269,22 +275,29 @@ class _RangeBatches:
     kafka_conf: Mapping[str, Any]
     job: str = ""
     ends: Mapping[OffsetRange, Fingerprint] = field(default_factory=dict)  # a range's expected last
+    columns: Sequence[str] = KAFKA_SOURCE_COLUMNS
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from txstore.arrow import record_batches
+        from txstore.arrow import arrow_schema, coalesce, record_batches
 
+        schema = arrow_schema(self.columns)
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
-        for offset_range in (r for i in ids for r in self.groups[i]):
-            # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
-            yield from record_batches(
+        ranges = [r for i in ids for r in self.groups[i]]
+        # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
+        yield from coalesce(
+            converted
+            for offset_range in ranges
+            for converted in record_batches(
                 RangeReader(
                     self.kafka_conf,
                     offset_range,
                     pause_gc=False,
                     job=self.job,
                     expect_last=self.ends.get(offset_range),
-                )
+                ),
+                schema,
             )
+        )
 
 
 def spark_tasks(
@@ -310,8 +323,10 @@ def read_ranges(
     job: str = "",
     last: Mapping[TopicPartition, Fingerprint] | None = None,
     min_partitions: int | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Any:
-    """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns.
+    """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns (``columns``:
+    only those, in that order; nothing else is built, nor sent to Spark).
 
     One Spark partition per task of :func:`spark_tasks` (``mapInArrow`` over
     :func:`_one_task_per_group`, so classic and Spark Connect alike; each
@@ -325,7 +340,8 @@ def read_ranges(
     Spark partitions, one per range (cut them with
     :func:`~txstore.ranges.split_ranges` first).
     """
-    schema = kafka_source_schema()
+    chosen = tuple(columns) if columns is not None else KAFKA_SOURCE_COLUMNS
+    schema = kafka_source_schema(chosen)
     if not ranges:
         return spark.createDataFrame([], schema)
     ends = {}
@@ -334,7 +350,7 @@ def read_ranges(
         ends = {r: last[r.key] for r in ranges if r.key in last and r.until_offset == final[r.key]}
     groups = spark_tasks(spark, ranges, min_partitions)
     return _one_task_per_group(spark, len(groups)).mapInArrow(
-        _RangeBatches(groups, dict(kafka_conf), job, ends), schema
+        _RangeBatches(groups, dict(kafka_conf), job, ends, chosen), schema
     )
 
 

@@ -1,7 +1,8 @@
 """A DataFrame aggregate: the user's Spark SQL over the batch's messages, committed per batch.
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
-   DataFrame with Spark's Kafka-source columns (:func:`~txstore.spark.read_ranges`;
+   DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
+   the job declared (:func:`~txstore.spark.read_ranges`;
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
    the driver (:func:`~txstore.spark.dataframe_deltas`);
@@ -14,17 +15,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from txstore.driverdb import DriverConnection
+from txstore.errors import ConfigError, first_line
 from txstore.failpoints import FailPoints
 from txstore.modes.per_batch import commit_result
 from txstore.ranges import OffsetRange, split_ranges
 from txstore.reader import last_messages
 from txstore.settings import JobSettings
-from txstore.spark import BatchResult, dataframe_deltas, job_description, read_ranges
+from txstore.spark import BatchResult, dataframe_deltas, job_description, kafka_source_schema, read_ranges
 from txstore.task import RangeReport
 
 
@@ -36,6 +38,7 @@ class DataFrameMode:
     failpoints: FailPoints
     connection: DriverConnection
     number: int  # the batch's, for error lines
+    read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -45,7 +48,23 @@ class DataFrameMode:
         last = last_messages(s.kafka_conf, ranges, s.job)
         with job_description(self.spark, description):
             frame = self.dataframe_aggregate(
-                read_ranges(self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions)
+                read_ranges(
+                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, self.read_columns
+                )
             )
             result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges}, last)
         return commit_result(s, ranges, result, self.failpoints, self.connection, self.number)
+
+
+def check_read_columns(spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str]) -> None:
+    """Refuse, in one line, an aggregate that needs a Kafka-source column ``read_columns`` leaves
+    out: Spark analyses it over an empty DataFrame of those columns, nothing is read."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        _ = aggregate(spark.createDataFrame([], kafka_source_schema(read_columns))).columns
+    except AnalysisException as e:
+        raise ConfigError(
+            f"the dataframe_aggregate cannot run over read_columns {', '.join(read_columns)}: "
+            f"{first_line(e).rstrip(';')}; add the columns it uses to read_columns"
+        ) from None

@@ -1,7 +1,8 @@
 """A results table of the user's own: a DataFrame aggregate merged into it, committed per batch.
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
-   DataFrame with Spark's Kafka-source columns (:func:`~txstore.spark.read_ranges`);
+   DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
+   declared (:func:`~txstore.spark.read_ranges`);
    the user's aggregate (or ``--sql`` over the view ``batch``) turns it into
    rows of the table's key and merged columns;
 2. the driver checks the offsets are still at the batch's start (a batch an
@@ -30,7 +31,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ class ResultsTableMode:
     failpoints: FailPoints
     connection: DriverConnection
     number: int  # the batch's, for error lines
+    read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -82,7 +84,9 @@ class ResultsTableMode:
             last.clear()
             last.update(last_messages(s.kafka_conf, ranges, s.job))
             frame = self.dataframe_aggregate(
-                read_ranges(self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions)
+                read_ranges(
+                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, self.read_columns
+                )
             )
             return copy_chunks(frame.select(*columns), self.table.ordered)
 
@@ -183,27 +187,37 @@ def merge_rows(conn: psycopg.Connection, cur: psycopg.Cursor[Any], table: Result
         cur.execute(merge_statement(table, grouped=True))
 
 
-def query_columns(spark: Any, aggregate: Callable[[Any], Any]) -> list[tuple[str, str]]:
-    """The aggregate's output columns as (name, Spark type), from its plan over an empty batch:
-    Spark analyses the query, nothing is read. A query Spark refuses is one line."""
+def query_columns(
+    spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str] | None = None
+) -> list[tuple[str, str]]:
+    """The aggregate's output columns as (name, Spark type), from its plan over an empty batch
+    (of ``read_columns`` only, if given): Spark analyses the query, nothing is read. A query
+    Spark refuses is one line."""
     from pyspark.errors import AnalysisException
 
     try:
-        frame = aggregate(spark.createDataFrame([], kafka_source_schema()))
+        frame = aggregate(spark.createDataFrame([], kafka_source_schema(read_columns)))
         fields = frame.schema.fields
     except AnalysisException as e:
-        raise ResultsTableInvalid([f"query: Spark cannot run it: {first_line(e)}"]) from None
+        line = f"query: Spark cannot run it: {first_line(e)}"
+        if read_columns is not None:
+            line = f"{line.rstrip(';')}; it reads only {', '.join(read_columns)}: add the columns it uses"
+        raise ResultsTableInvalid([line]) from None
     return [(f.name, f.dataType.simpleString()) for f in fields]
 
 
 def check_results_table(
-    spark: Any, conn: psycopg.Connection, table: ResultsTable, aggregate: Callable[[Any], Any]
+    spark: Any,
+    conn: psycopg.Connection,
+    table: ResultsTable,
+    aggregate: Callable[[Any], Any],
+    read_columns: Sequence[str] | None = None,
 ) -> dict[str, str]:
     """Refuse, with every problem (:class:`ResultsTableInvalid`), a table the batches could not
     merge into; else return each column's declared type (for the temporary table)."""
     if not table.name or not table.keys:
         raise ResultsTableInvalid(table.problems())
-    output = query_columns(spark, aggregate)
+    output = query_columns(spark, aggregate, read_columns)
     facts = describe_table(conn, table)
     problems = table_problems(table, facts, output, f"role {conn.info.user}")
     if problems:
