@@ -133,3 +133,15 @@ def test_taking_the_broker_down_while_its_owner_starts_processes_does_not_abort_
     assert result.returncode == 0, result.stderr[-2000:]
     flips, spawned, high = map(int, result.stdout.split())
     assert flips >= 100 and spawned > 0 and high == 2
+
+
+def test_a_call_the_broker_process_does_not_answer_fails_within_its_timeout_and_stops_it() -> None:
+    with MockKafkaCluster(timeout=3) as kafka:
+        assert kafka.pid is not None
+        os.kill(kafka.pid, signal.SIGSTOP)  # alive, answering nothing
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"no answer to create_topic within 3 s; stopped it"):
+            kafka.create_topic("never")
+        assert time.monotonic() - started < 10
+        with pytest.raises(RuntimeError, match=r"exited \(-9\) (before|during) create_topic"):
+            kafka.create_topic("never")

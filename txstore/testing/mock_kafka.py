@@ -11,6 +11,13 @@ sets, and older ones are dropped (the log-start offset advances).
         kafka.create_topic("events", partitions=4)
         producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
 
+:class:`MockKafkaCluster` serves the cluster from a child process of its own
+(:class:`InProcessMockCluster` in it), driven over a pipe. Taking a broker down
+closes its listening socket and binds a new one to the same port at once; a
+process that forks at that moment (``subprocess`` does, between fork and exec)
+still holds the old listener, the bind fails and librdkafka aborts the whole
+process. The child never forks, so callers may start processes freely.
+
 ``python -m txstore.testing.mock_kafka --topic events:4`` serves one until stopped.
 """
 
@@ -20,10 +27,14 @@ import argparse
 import contextlib
 import ctypes
 import glob
+import json
 import os
+import select
 import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -90,8 +101,12 @@ def _release_ports(ports: set[str]) -> None:
         _RESERVED_PORTS.write_text(",".join(sorted(current - ports)) + "\n")
 
 
-class MockKafkaCluster:
-    """A mock Kafka cluster of ``brokers`` brokers on 127.0.0.1, alive until closed."""
+class InProcessMockCluster:
+    """A mock Kafka cluster of ``brokers`` brokers on 127.0.0.1, in this process, alive until closed.
+
+    Not safe where this process may fork while a broker is taken down (see the module's
+    docstring): use :class:`MockKafkaCluster` there.
+    """
 
     def __init__(self, brokers: int = 1) -> None:
         self._lib = _load_librdkafka()
@@ -139,10 +154,12 @@ class MockKafkaCluster:
     def set_broker_down(self, broker_id: int) -> None:
         """Close the broker's connections and refuse new ones until :meth:`set_broker_up`.
 
-        While it is down its port is free, and the kernel may hand it to some
-        outgoing connection; then librdkafka cannot listen on it again and
-        aborts the whole process. So the ports are reserved against that
-        (``ip_local_reserved_ports``, where this process may write it) until up.
+        librdkafka closes the listener and binds a new one to the port at once,
+        and aborts the whole process if that bind fails: when a forked child
+        still holds the old listener, or when the kernel gave the port to an
+        outgoing connection in between. This process must not fork meanwhile;
+        the ports are reserved against the second (``ip_local_reserved_ports``,
+        where this process may write it) until up.
         """
         self._reserved |= _reserve_ports(self._ports)
         self._check(self._lib.rd_kafka_mock_broker_set_down(self._cluster, broker_id), "broker down")
@@ -186,6 +203,148 @@ class MockKafkaCluster:
             self._lib.rd_kafka_destroy(self._rk)
             self._rk = None
 
+    def __enter__(self) -> InProcessMockCluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# What the child answers over its pipe: InProcessMockCluster's methods, by name.
+_COMMANDS = frozenset(
+    {
+        "create_topic",
+        "delete_topic",
+        "recreate_topic",
+        "set_broker_down",
+        "set_broker_up",
+        "set_broker_rtt",
+        "set_partition_leader",
+        "push_request_errors",
+        "clear_request_errors",
+    }
+)
+
+
+class MockKafkaCluster:
+    """A mock Kafka cluster of ``brokers`` brokers on 127.0.0.1, served by a child process
+    until closed; the same methods as :class:`InProcessMockCluster`.
+
+    Each call is one JSON line to the child's stdin and one answer from its stdout,
+    within ``timeout`` seconds. The child exits when its stdin closes, so it does not
+    outlive this process.
+    """
+
+    def __init__(self, brokers: int = 1, timeout: float = 60.0) -> None:
+        self.brokers = brokers
+        self._timeout = timeout
+        self._lock = threading.Lock()  # one call on the pipe at a time
+        self._pending = b""
+        self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            # This file as a script: it needs only confluent-kafka, not the txstore package.
+            [sys.executable, os.path.abspath(__file__), "--brokers", str(brokers), "--control"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            started = json.loads(self._answer("starting"))
+        except BaseException:
+            self.close()
+            raise
+        self.bootstrap_servers: str = started["bootstrap_servers"]
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None once closed)."""
+        return self._process.pid if self._process is not None else None
+
+    def _answer(self, what: str) -> bytes:
+        """The child's next line, within the timeout; raises if it died or said nothing."""
+        process = self._process
+        if process is None or process.stdout is None:
+            raise RuntimeError(f"mock Kafka cluster: {what} after close")
+        deadline = time.monotonic() + self._timeout
+        fd = process.stdout.fileno()
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                process.kill()  # a late answer would be taken for the next call's: no next call
+                raise RuntimeError(
+                    f"mock Kafka cluster: no answer to {what} within {self._timeout:g} s; stopped it"
+                )
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"mock Kafka cluster: its process exited ({process.wait()}) during {what}")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line
+
+    def _call(self, command: str, *args: object) -> None:
+        with self._lock:
+            process = self._process
+            if process is None or process.stdin is None:
+                raise RuntimeError(f"mock Kafka cluster: {command} after close")
+            try:
+                process.stdin.write(json.dumps([command, *args]).encode() + b"\n")
+                process.stdin.flush()
+            except BrokenPipeError:
+                raise RuntimeError(
+                    f"mock Kafka cluster: its process exited ({process.wait()}) before {command}"
+                ) from None
+            answer = json.loads(self._answer(command))
+        if answer is not None:
+            raise RuntimeError(answer)
+
+    def create_topic(self, topic: str, partitions: int = 1, replication_factor: int = 1) -> None:
+        """Create ``topic`` (AdminClient.create_topics does not work against the mock)."""
+        self._call("create_topic", topic, partitions, replication_factor)
+
+    def delete_topic(self, topic: str) -> None:
+        self._call("delete_topic", topic)
+
+    def recreate_topic(self, topic: str, partitions: int = 1) -> None:
+        """Delete ``topic`` and create it again, empty: its offsets start over at 0."""
+        self._call("recreate_topic", topic, partitions)
+
+    def set_broker_down(self, broker_id: int) -> None:
+        """Close the broker's connections and refuse new ones until :meth:`set_broker_up`."""
+        self._call("set_broker_down", broker_id)
+
+    def set_broker_up(self, broker_id: int) -> None:
+        self._call("set_broker_up", broker_id)
+
+    def set_broker_rtt(self, broker_id: int, rtt_ms: int) -> None:
+        """Delay every response of the broker by ``rtt_ms`` (0: none) from now on."""
+        self._call("set_broker_rtt", broker_id, rtt_ms)
+
+    def set_partition_leader(self, topic: str, partition: int, broker_id: int) -> None:
+        self._call("set_partition_leader", topic, partition, broker_id)
+
+    def push_request_errors(self, api_key: int, *errors: int) -> None:
+        """Make the next requests with Kafka API ``api_key`` fail with ``errors``, in order."""
+        self._call("push_request_errors", api_key, *errors)
+
+    def clear_request_errors(self, api_key: int) -> None:
+        self._call("clear_request_errors", api_key)
+
+    def close(self) -> None:
+        """End the child: its stdin closes, it destroys the cluster and exits (killed after the timeout)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            if process.stdin is not None:
+                process.stdin.close()
+        try:
+            process.wait(timeout=self._timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=self._timeout)
+        if process.stdout is not None:
+            process.stdout.close()
+
     def __enter__(self) -> MockKafkaCluster:
         return self
 
@@ -193,6 +352,26 @@ class MockKafkaCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _serve_control(cluster: InProcessMockCluster) -> None:
+    """Answer :class:`MockKafkaCluster`'s calls: a JSON line ``[command, *args]`` on stdin,
+    ``null`` or an error's text on stdout; until stdin closes."""
+    out = sys.stdout
+    out.write(json.dumps({"bootstrap_servers": cluster.bootstrap_servers}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        answer: str | None = None
+        if command not in _COMMANDS:
+            answer = f"mock Kafka cluster: unknown command {command!r}"
+        else:
+            try:
+                getattr(cluster, command)(*args)
+            except Exception as e:
+                answer = str(e)
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,11 +387,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME[:PARTITIONS]",
         help="create a topic (default 4 partitions); repeatable",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help=argparse.SUPPRESS,  # MockKafkaCluster's child: commands on stdin, until it closes
+    )
     args = parser.parse_args(argv)
+    if args.control:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to handle
+        with InProcessMockCluster(args.brokers) as cluster:
+            _serve_control(cluster)
+        return 0
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with MockKafkaCluster(args.brokers) as cluster:
+    with InProcessMockCluster(args.brokers) as cluster:
         for spec in args.topic:
             name, _, partitions = spec.partition(":")
             cluster.create_topic(name, int(partitions or 4))
