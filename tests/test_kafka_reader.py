@@ -13,7 +13,7 @@ from txstore import reader as reader_module
 from txstore.errors import DataLoss, KafkaReadError
 from txstore.kafka import client_config, fetch_watermarks, reader_config
 from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader, gc_paused
+from txstore.reader import CONSUMERS_KEPT, RangeReader, gc_paused, last_messages
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
@@ -120,6 +120,37 @@ def test_one_process_reuses_its_consumer_and_still_reads_exactly_each_range(
         assert again is pooled  # the same consumer served every range
     finally:
         reader_module._consumers.give_back(reader_config(conf), again, topics)
+
+
+def test_last_messages_reads_every_tail_at_once_and_gives_each_range_its_own_last_message(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(10)
+    produce(kafka.bootstrap_servers, topic, {p: 20 + p for p in range(9)})  # partition 9 stays empty
+    for p in range(9):  # a different last message in every partition
+        produce(kafka.bootstrap_servers, topic, {p: 1}, value=f"last of {p}".encode(), key=str(p).encode())
+    conf = reader_config(client_config(kafka.bootstrap_servers))
+    ranges = [OffsetRange(topic, p, 0, 21 + p) for p in range(9)]
+    ranges += [OffsetRange(topic, 9, 0, 0), OffsetRange(topic, 0, 3, 3)]  # nothing to read: no entry
+
+    def alone(r: OffsetRange) -> object:  # one range, read whole, on this thread
+        reader = RangeReader(conf, r, pause_gc=False)
+        for _ in reader:
+            pass
+        return reader.last
+
+    found = last_messages(conf, ranges, "tails")
+    assert found == {r.key: alone(r) for r in ranges[:9]}
+    assert len(set(found.values())) == 9
+    # The threads' consumers are kept for the next batch's tails, up to CONSUMERS_KEPT of them.
+    kept = [reader_module._consumers.take(conf) for _ in range(CONSUMERS_KEPT)]
+    try:
+        assert len({id(consumer) for consumer, _ in kept}) == CONSUMERS_KEPT
+        assert all(topic in topics for _, topics in kept)  # each has read the topic: no idle metadata wait
+    finally:
+        for consumer, topics in kept:
+            reader_module._consumers.give_back(conf, consumer, topics)
+    assert last_messages(conf, ranges, "tails") == found
 
 
 def test_a_consumer_that_failed_or_was_abandoned_is_closed_not_reused(
