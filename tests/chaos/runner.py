@@ -118,8 +118,11 @@ DRIVER_EXIT_SECONDS = 5.0  # from a driver fail point's raise to its process's e
 # (it used to restart instances for good).
 OPERATOR_RESTARTS = 3
 SPECULATION_ALLOWANCE = 20.0  # more time with stragglers, for Spark to speculate on them
-# A Spark Connect client's first batch took 50-65 s on the loaded 2-core machine (later ones ~4 s).
-CONNECT_FIRST_BATCH_SECONDS = 90.0
+# A make-up instance (Trial._make_up_missed_fail_points) runs until its point fires, for at most
+# this long to its first batch (on the loaded 2-core machine: a fresh spark-submit's first batch
+# took 42 s beside two other instances, a Spark Connect client's 50-65 s), then this much longer.
+MAKE_UP_FIRST_BATCH_SECONDS = 180.0
+MAKE_UP_AFTER_FIRST_BATCH_SECONDS = 15.0
 NEEDS_SLOW_TASKS = {
     "kill-python-worker",
     "kill-driver",
@@ -528,8 +531,13 @@ class Trial:
         A driver point is checked once per batch and a crash costs a restart, so a slow
         machine can spend a whole window without the draw coming up. The make-up
         instance runs beside the others with only that point on, certain to fire
-        (task points on a task's first attempt only), until it fires or a bounded
-        time passes; then it is stopped, so the catch-up runs with every fault over.
+        (task points on a task's first attempt only), until it fires or
+        :data:`MAKE_UP_AFTER_FIRST_BATCH_SECONDS` after its own first batch (its first
+        batch may plan ranges the others commit before it gets there); then it is
+        stopped, so the catch-up runs with every fault over. The bound counts from its
+        first batch, not from an estimate of the start-up: a fresh instance beside
+        running ones on a loaded machine starts much slower than the trial's first did
+        (a CI run stopped one before its first batch, and the point never fired).
         """
         fired = self._fired(self._logs())
         for kind in self.plan.faults:
@@ -538,23 +546,21 @@ class Trial:
             name = kind.removeprefix("fp-")
             action = self.rng.choice(("raise", "exit"))
             spec = f"{name}:{action}" if name in DRIVER_POINTS else f"{name}:{action}@first"
-            until = time.time() + self._make_up_startup_seconds() + 15.0
             self.say(f"  {kind} had not fired in the window; making it up")
+            started = time.monotonic()
+            deadline = started + MAKE_UP_FIRST_BATCH_SECONDS
+            until = time.time() + MAKE_UP_FIRST_BATCH_SECONDS + MAKE_UP_AFTER_FIRST_BATCH_SECONDS
             inst = self.start_instance(spec, primary=False, until=until)
-            while time.time() < until and inst.alive() and not self._fired(self._logs())[kind]:
+            first_batch = False
+            while time.monotonic() < deadline and inst.alive() and not self._fired(self._logs())[kind]:
+                if not first_batch and _FIRST_BATCH.search(inst.log()):
+                    first_batch = True
+                    deadline = time.monotonic() + MAKE_UP_AFTER_FIRST_BATCH_SECONDS
                 self._supervise()
                 time.sleep(0.2)
             if inst.alive():  # SIGTERM: a task point's batch finishes on the retry, then it exits
                 self._stop(inst)
             self._supervise()
-
-    def _make_up_startup_seconds(self) -> float:
-        """How long a make-up instance may take to its first batch: as measured, and under
-        Connect at least :data:`CONNECT_FIRST_BATCH_SECONDS` (a new client's first batch is
-        much slower than its later ones, and the trial's first instance may have been quick).
-        Only a bound: the make-up stops as soon as its point fires."""
-        seconds = self.env.startup_seconds
-        return max(seconds, CONNECT_FIRST_BATCH_SECONDS) if self.plan.connect else seconds
 
     def _logs(self, events: _EventCounts | None = None) -> str:
         """The jobs' own output so far, with the executors' on a standalone cluster and the
