@@ -26,7 +26,8 @@ A batch:
 Where each part lives: settings in :mod:`txstore.settings` (re-exported
 here), steps 1-4 in :mod:`txstore.planning`, step 5 in one module per
 execution mode (:mod:`txstore.modes`), everything Spark-facing in
-:mod:`txstore.spark`; this module holds the driver's resources, logs,
+:mod:`txstore.spark`, a batch's report and log lines in
+:mod:`txstore.batch_report`; this module holds the driver's resources,
 mirrors offsets, publishes, and loops.
 """
 
@@ -37,13 +38,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from txstore.arrow import ColumnsInvalid, check_columns
-from txstore.badmessages import SKIP, describe_skipped
+from txstore.badmessages import SKIP
+from txstore.batch_report import BatchReport, log_batch
 from txstore.driverdb import DriverConnection
 from txstore.errors import (
     BadMessage,
@@ -58,7 +59,6 @@ from txstore.errors import (
 from txstore.failpoints import FailPoints
 from txstore.idempotent import MessageTransform
 from txstore.kafka import Watermarks
-from txstore.logformat import fields
 from txstore.metrics import job_metrics
 from txstore.mirror import GroupOffsetMirror
 from txstore.modes import Mode, bad_message
@@ -83,7 +83,7 @@ from txstore.settings import (
     JobSettings,
 )
 from txstore.spark import spark_failure_reason
-from txstore.task import ALREADY_COMMITTED, COMMITTED, REFUSED, Aggregate, RangeReport
+from txstore.task import REFUSED, Aggregate
 from txstore.topic_ids import TopicIds
 
 __all__ = [
@@ -105,26 +105,13 @@ __all__ = [
 log = logging.getLogger("txstore")
 
 
-@dataclass(frozen=True)
-class BatchReport:
-    number: int
-    ranges: tuple[RangeReport, ...]
-    plan_ms: float
-    run_ms: float
-    commit_ms: float = 0.0  # per-batch commits: the driver's transaction (part of run_ms)
-
-    @property
-    def messages(self) -> int:
-        return sum(r.messages for r in self.ranges)
-
-
 class TransactionalJob:
     """Runs an aggregate over Kafka with exactly-once results in PostgreSQL.
 
     Planning is :class:`~txstore.planning.Planner`'s, how a batch runs is its
     mode's (:mod:`txstore.modes`); the job holds the driver's resources
-    (database connection, Kafka clients, outbox publisher), logs, mirrors
-    offsets, publishes, and loops.
+    (database connection, Kafka clients, outbox publisher), logs each batch
+    (:mod:`txstore.batch_report`), mirrors offsets, publishes, and loops.
     """
 
     def __init__(
@@ -351,7 +338,7 @@ class TransactionalJob:
         report = BatchReport(
             number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000, commit_ms
         )
-        self._log(report)
+        log_batch(s.job, report, skipped_by="transform" if s.sink == IDEMPOTENT else "aggregate")
         self.metrics.batch_finished(report.ranges, (report.plan_ms + report.run_ms) / 1000, report.commit_ms)
         if s.commit_to_kafka_group:
             self._mirror_offsets(report)
@@ -410,94 +397,6 @@ class TransactionalJob:
             {r.range.key: r.range.until_offset for r in report.ranges if r.outcome != REFUSED}
         )
 
-    def _log(self, report: BatchReport) -> None:
-        """A line per range and a summary line; with ``--log-format json`` each is one JSON
-        object whose fields carry the same numbers (:mod:`txstore.logformat`)."""
-        job = self.settings.job
-        if report.commit_ms:
-            log.info(
-                "job %s batch %d: committed per batch in %.0f ms",
-                job,
-                report.number,
-                report.commit_ms,
-                extra=fields(
-                    event="batch_commit", job=job, batch=report.number, commit_ms=_ms(report.commit_ms)
-                ),
-            )
-        for r in report.ranges:
-            log.info(
-                "range %s: %d messages, %.0f ms (read %.0f, commit %.0f), %s",
-                r.range,
-                r.messages,
-                r.read_ms + r.commit_ms,
-                r.read_ms,
-                r.commit_ms,
-                r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
-                extra=fields(
-                    event="range",
-                    job=job,
-                    batch=report.number,
-                    topic=r.range.topic,
-                    partition=r.range.partition,
-                    **{"from": r.range.from_offset},
-                    until=r.range.until_offset,
-                    messages=r.messages,
-                    read_ms=_ms(r.read_ms),
-                    commit_ms=_ms(r.commit_ms),
-                    outcome=r.outcome,
-                    error=r.error,
-                ),
-            )
-            if r.skipped and r.outcome == COMMITTED:
-                n = r.skipped
-                log.warning(
-                    "job %s: range %s: skipped %d message%s the %s failed on, recorded in txn_bad_messages: %s",
-                    self.settings.job,
-                    r.range,
-                    n,
-                    "" if n == 1 else "s",
-                    "transform" if self.settings.sink == IDEMPOTENT else "aggregate",
-                    describe_skipped(r.bad_messages, n),
-                )
-        skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
-        read_ms = sum(r.read_ms for r in report.ranges)
-        commit_ms = sum(r.commit_ms for r in report.ranges)
-        outcome = (
-            "failed"
-            if any(r.outcome == REFUSED for r in report.ranges)
-            else "ok"
-            if report.ranges
-            else "idle"
-        )
-        log.info(
-            "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; tasks read %.0f, "
-            "commit %.0f)%s",
-            job,
-            report.number,
-            len(report.ranges),
-            report.messages,
-            report.plan_ms + report.run_ms,
-            report.plan_ms,
-            report.run_ms,
-            read_ms,
-            commit_ms,
-            f", {skipped} already committed" if skipped else "",
-            extra=fields(
-                event="batch",
-                job=job,
-                batch=report.number,
-                ranges=len(report.ranges),
-                messages=report.messages,
-                ms=_ms(report.plan_ms + report.run_ms),
-                plan_ms=_ms(report.plan_ms),
-                run_ms=_ms(report.run_ms),
-                read_ms=_ms(read_ms),
-                commit_ms=_ms(commit_ms + report.commit_ms),
-                already_committed=skipped,
-                outcome=outcome,
-            ),
-        )
-
     # -- the loop ---------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
         """``--once``: one batch. ``--interval``: batches until ``stop`` is set.
@@ -550,11 +449,6 @@ class TransactionalJob:
             log.info("job %s: stopped after %d batches", s.job, self.batches)
         finally:
             self.close()
-
-
-def _ms(value: float) -> float:
-    """Milliseconds for a JSON log field: to the microsecond, enough for timings."""
-    return round(value, 3)
 
 
 def stop_on_signals(stop: threading.Event | None = None) -> threading.Event:
