@@ -22,6 +22,8 @@ import random
 import subprocess
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -39,7 +41,15 @@ from txstore.errors import BatchFailed
 from txstore.job import JobSettings, TransactionalJob
 from txstore.outbox import close_producers, pending_count
 from txstore.ranges import OffsetRange, split_ranges
-from txstore.spark import default_parallelism, is_connect, read_ranges, run_ranges, task_groups
+from txstore.results import GRAIN_KEY, GRAIN_KEY_WINDOW, ResultKey
+from txstore.spark import (
+    dataframe_deltas,
+    default_parallelism,
+    is_connect,
+    read_ranges,
+    run_ranges,
+    task_groups,
+)
 from txstore.task import COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -187,6 +197,41 @@ def test_a_dataframe_aggregate_commits_exact_counts(
     assert stored(db, "frames", topic) == want
     assert offsets(db, topic, "frames") == log_ends(kafka, topic)
     assert read_ranges(any_spark, [], {"bootstrap.servers": kafka.bootstrap_servers}).count() == 0
+
+
+def test_collected_deltas_keep_keys_windows_grains_and_exact_sums_from_every_partition(
+    any_spark: Any,
+) -> None:
+    # Duplicate addresses in different partitions, sums past BIGINT and DECIMAL(38, 10), binary
+    # and NULL keys, TIMESTAMP and TIMESTAMP_NTZ windows, an explicit grain column.
+    windowed = any_spark.sql(
+        """SELECT * FROM VALUES
+          ('t', X'6B31', TIMESTAMP '2026-01-01 00:01:00Z', 4611686018427387904),
+          ('t', X'6B31', TIMESTAMP '2026-01-01 00:01:00Z', 4611686018427387904),
+          ('t', X'6B32', TIMESTAMP '2026-01-01 00:02:00Z', 1),
+          ('u', CAST(NULL AS BINARY), TIMESTAMP '2026-01-01 00:01:00Z', 2)
+        AS v(topic, key, window_start, metric)"""
+    ).repartition(3)
+    assert dataframe_deltas(windowed) == {
+        ("t", ResultKey(GRAIN_KEY_WINDOW, "k1", datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc))): 2**63,
+        ("t", ResultKey(GRAIN_KEY_WINDOW, "k2", datetime(2026, 1, 1, 0, 2, tzinfo=timezone.utc))): 1,
+        ("u", ResultKey(GRAIN_KEY_WINDOW, None, datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc))): 2,
+    }
+    graded = any_spark.sql(
+        """SELECT * FROM VALUES
+          ('t', 'key', 'a', TIMESTAMP_NTZ '2026-01-01 00:03:00', CAST(0.1 AS DECIMAL(38, 10))),
+          ('t', 'key', 'a', TIMESTAMP_NTZ '2026-01-01 00:03:00', CAST(0.2 AS DECIMAL(38, 10))),
+          ('t', CAST(NULL AS STRING), CAST(NULL AS STRING), CAST(NULL AS TIMESTAMP_NTZ),
+           CAST(99999999999999999999999999.9999999999 AS DECIMAL(38, 10))),
+          ('t', CAST(NULL AS STRING), CAST(NULL AS STRING), CAST(NULL AS TIMESTAMP_NTZ),
+           CAST(0.0000000001 AS DECIMAL(38, 10)))
+        AS v(topic, grain, key, window_start, metric)"""
+    ).repartition(2)
+    assert dataframe_deltas(graded) == {
+        ("t", ResultKey(GRAIN_KEY, "a", datetime(2026, 1, 1, 0, 3, tzinfo=timezone.utc))): Decimal("0.3"),
+        ("t", ResultKey(GRAIN_KEY_WINDOW, None, None)): Decimal("100000000000000000000000000"),
+    }
+    assert dataframe_deltas(windowed.limit(0)) == {}
 
 
 @pytest.mark.connect
