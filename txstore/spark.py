@@ -114,6 +114,30 @@ def kafka_source_schema(columns: Sequence[str] | None = None) -> Any:
     return StructType([full[c] for c in check_columns(columns, "columns")])
 
 
+class QueryRefused(ValueError):
+    """Spark's analysis refused a DataFrame aggregate; the message is Spark's first line."""
+
+
+def analysed_fields(
+    spark: Any, aggregate: Callable[[Any], Any], columns: Sequence[str] | None = None
+) -> list[Any]:
+    """The output fields (``StructField``) of ``aggregate`` over a batch with the Kafka-source
+    ``columns`` (all if None), or :class:`QueryRefused`.
+
+    Spark analyses the query over an empty DataFrame of those columns:
+    nothing is read and no Spark job runs, classic and Connect alike (a
+    Connect client's ``schema`` asks the server to analyse the plan).
+    """
+    from pyspark.errors import AnalysisException
+
+    from txstore.errors import first_line
+
+    try:
+        return list(aggregate(spark.createDataFrame([], kafka_source_schema(columns))).schema.fields)
+    except AnalysisException as e:
+        raise QueryRefused(first_line(e)) from None
+
+
 def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRange]]:
     """The ranges, in order, as Spark tasks: one each, or ``cores`` runs of about equal work.
 

@@ -20,13 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from txstore.driverdb import DriverConnection
-from txstore.errors import ConfigError, first_line
+from txstore.errors import ConfigError
 from txstore.failpoints import FailPoints
 from txstore.modes.per_batch import commit_result
 from txstore.ranges import OffsetRange, split_ranges
 from txstore.reader import last_messages
 from txstore.settings import JobSettings
-from txstore.spark import BatchResult, dataframe_deltas, job_description, kafka_source_schema, read_ranges
+from txstore.spark import (
+    BatchResult,
+    QueryRefused,
+    analysed_fields,
+    dataframe_deltas,
+    job_description,
+    read_ranges,
+)
 from txstore.task import RangeReport
 
 
@@ -58,13 +65,11 @@ class DataFrameMode:
 
 def check_read_columns(spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str]) -> None:
     """Refuse, in one line, an aggregate that needs a Kafka-source column ``read_columns`` leaves
-    out: Spark analyses it over an empty DataFrame of those columns, nothing is read."""
-    from pyspark.errors import AnalysisException
-
+    out (:func:`~txstore.spark.analysed_fields`: nothing is read)."""
     try:
-        _ = aggregate(spark.createDataFrame([], kafka_source_schema(read_columns))).columns
-    except AnalysisException as e:
+        analysed_fields(spark, aggregate, read_columns)
+    except QueryRefused as e:
         raise ConfigError(
             f"the dataframe_aggregate cannot run over read_columns {', '.join(read_columns)}: "
-            f"{first_line(e).rstrip(';')}; add the columns it uses to read_columns"
+            f"{str(e).rstrip(';')}; add the columns it uses to read_columns"
         ) from None

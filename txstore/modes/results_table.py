@@ -39,7 +39,7 @@ import psycopg
 
 from txstore.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.driverdb import DriverConnection
-from txstore.errors import ResultsTableInvalid, first_line
+from txstore.errors import ResultsTableInvalid
 from txstore.failpoints import FailPoints
 from txstore.fingerprint import Fingerprint
 from txstore.modes.per_batch import commit_with_retries
@@ -49,7 +49,7 @@ from txstore.results_check import describe_table, table_problems
 from txstore.results_table import ResultsTable, copy_rows, create_temp_table, merge_statement
 from txstore.settings import JobSettings
 from txstore.sink import MOVE_OFFSETS, classify_batch_conflict, move_offsets_params
-from txstore.spark import job_description, kafka_source_schema, read_ranges
+from txstore.spark import QueryRefused, analysed_fields, job_description, read_ranges
 from txstore.store import stored_offsets
 from txstore.task import RangeReport
 
@@ -191,15 +191,12 @@ def query_columns(
     spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str] | None = None
 ) -> list[tuple[str, str]]:
     """The aggregate's output columns as (name, Spark type), from its plan over an empty batch
-    (of ``read_columns`` only, if given): Spark analyses the query, nothing is read. A query
-    Spark refuses is one line."""
-    from pyspark.errors import AnalysisException
-
+    (of ``read_columns`` only, if given; :func:`~txstore.spark.analysed_fields`: nothing is
+    read). A query Spark refuses is one line."""
     try:
-        frame = aggregate(spark.createDataFrame([], kafka_source_schema(read_columns)))
-        fields = frame.schema.fields
-    except AnalysisException as e:
-        line = f"query: Spark cannot run it: {first_line(e)}"
+        fields = analysed_fields(spark, aggregate, read_columns)
+    except QueryRefused as e:
+        line = f"query: Spark cannot run it: {e}"
         if read_columns is not None:
             line = f"{line.rstrip(';')}; it reads only {', '.join(read_columns)}: add the columns it uses"
         raise ResultsTableInvalid([line]) from None
