@@ -281,6 +281,19 @@ def test_a_one_partition_batch_and_an_empty_batch_keep_the_schema() -> None:
     assert empty.schema.equals(KAFKA_ARROW_SCHEMA)
 
 
+def test_a_range_readers_batch_takes_topic_and_partition_from_the_range_it_reads() -> None:
+    same = [Message(topic="t", partition=1, offset=o, value=b"x", timestamp=(1, o)) for o in range(3)]
+    schema = arrow_schema(("partition", "topic", "offset"))
+
+    assert messages_to_record_batch(same, source=("t", 1)).equals(messages_to_record_batch(same))
+    assert messages_to_record_batch(same, schema, ("t", 1)).equals(messages_to_record_batch(same, schema))
+    # The source is what the reader's consumer is assigned: taken as it is, no message is asked.
+    assert messages_to_record_batch(same, schema, ("other", 4)).to_pylist() == [
+        {"partition": 4, "topic": "other", "offset": o} for o in range(3)
+    ]
+    assert messages_to_record_batch([], schema, ("t", 1)).schema.equals(schema)
+
+
 def test_only_the_columns_asked_for_are_built_in_the_order_asked() -> None:
     messages = [
         Message(topic="t", partition=3, offset=7, key=b"k", value=b"v", timestamp=(1, 1700000000123)),

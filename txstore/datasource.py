@@ -405,7 +405,8 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
         cast = None if built.equals(expected) else expected
         conf = self.options.kafka_conf
         # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
-        for batch in coalesce(record_batches(RangeReader(conf, partition.range, pause_gc=False), built)):
+        reader = RangeReader(conf, partition.range, pause_gc=False)
+        for batch in coalesce(record_batches(reader, built, partition.range.key)):
             yield batch if cast is None else batch.cast(cast)
 
 

@@ -320,6 +320,7 @@ class _RangeBatches:
                     expect_last=self.ends.get(offset_range),
                 ),
                 schema,
+                offset_range.key,
             )
         )
 
