@@ -11,8 +11,11 @@ import pytest
 from confluent_kafka import Producer
 
 import txstore
-from tests.conftest import produce
+from tests.conftest import produce, produce_in_transactions
 from tests.test_count_topic import job_for, log_ends, offsets
+from txstore.kafka import client_config, fetch_watermarks
+from txstore.ranges import OffsetRange
+from txstore.reader import RangeReader
 from txstore.spark import kafka_source_schema, spark_failure_reason
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -127,6 +130,30 @@ def test_load_returns_exactly_the_messages_of_several_topics_with_the_kafka_sour
         datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=timezone.utc),
         datetime(2026, 1, 1, 0, 0, 0, 128000, tzinfo=timezone.utc),
     }
+
+
+def test_offsets_across_transaction_markers_are_each_messages_own(
+    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Consecutive offsets are built as a range; a marker's hole must not be filled in."""
+    txstore.register(spark)
+    topic = new_topic(2)
+    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=4, partitions=2)
+    conf = client_config(kafka.bootstrap_servers)
+    expected = {
+        (m.partition, m.high): [
+            msg.offset()
+            for batch in RangeReader(conf, OffsetRange(topic, m.partition, 0, m.high))
+            for msg in batch
+        ]
+        for m in fetch_watermarks(conf, [topic])
+    }
+    assert all(len(offs) < high for (_, high), offs in expected.items())  # the markers' holes are there
+
+    found = read(spark, topic, kafka).select("partition", "offset").collect()
+
+    for (partition, _), offs in expected.items():
+        assert sorted(r.offset for r in found if r.partition == partition) == offs
 
 
 def test_an_empty_topic_is_an_empty_dataframe_with_the_kafka_source_schema(

@@ -294,6 +294,27 @@ def test_a_range_readers_batch_takes_topic_and_partition_from_the_range_it_reads
     assert messages_to_record_batch([], schema, ("t", 1)).schema.equals(schema)
 
 
+def test_offsets_are_exact_whether_a_batch_is_consecutive_has_holes_or_mixes_partitions() -> None:
+    schema = arrow_schema(("offset",))
+
+    def offsets(messages: list[Message], source: tuple[str, int] | None) -> list[int]:
+        return messages_to_record_batch(messages, schema, source).column("offset").to_pylist()
+
+    consecutive = [
+        Message(topic="t", partition=1, offset=o, value=b"x", timestamp=(1, o)) for o in range(5, 9)
+    ]
+    assert offsets(consecutive, ("t", 1)) == [5, 6, 7, 8]
+    # A transaction marker or a compacted message leaves a hole: the offsets as they are.
+    holes = [Message(topic="t", partition=1, offset=o, value=b"x", timestamp=(1, o)) for o in (5, 6, 8, 9)]
+    assert offsets(holes, ("t", 1)) == [5, 6, 8, 9]
+    # Two partitions whose first and last offsets are as far apart as a range would be: no range.
+    mixed = [
+        Message(topic="t", partition=p, offset=o, value=b"x", timestamp=(1, o))
+        for p, o in ((0, 5), (1, 0), (0, 7))
+    ]
+    assert offsets(mixed, None) == [5, 0, 7]
+
+
 def test_only_the_columns_asked_for_are_built_in_the_order_asked() -> None:
     messages = [
         Message(topic="t", partition=3, offset=7, key=b"k", value=b"v", timestamp=(1, 1700000000123)),
