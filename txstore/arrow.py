@@ -117,8 +117,14 @@ def _same(values: Sequence[Any]) -> bool:
     return values.count(first) == len(values)
 
 
-def _repeated_or_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
-    """Topic and partition: usually one value for the whole batch, then repeated by Arrow."""
+def _repeated_or_array(
+    messages: Sequence[Any], field: Any, arrow_type: pa.DataType, known: Any | None
+) -> pa.Array:
+    """Topic and partition: ``known`` (the range's, every message's) or one value for the whole
+    batch, repeated by Arrow; else each message's ``field``."""
+    if known is not None:
+        return pa.repeat(pa.scalar(known, arrow_type), len(messages))
+    values = list(map(field, messages))
     if _same(values):
         return pa.repeat(pa.scalar(values[0], arrow_type), len(values))
     return pa.array(values, arrow_type)
@@ -191,15 +197,13 @@ def messages_to_record_batch(
         elif name == "value":
             arrays.append(pa.array(list(map(_value, messages)), pa.binary()))
         elif name == "topic":
-            if source is not None:
-                arrays.append(pa.repeat(pa.scalar(source[0], pa.string()), len(messages)))
-            else:
-                arrays.append(_repeated_or_array(list(map(_topic, messages)), pa.string()))
+            arrays.append(
+                _repeated_or_array(messages, _topic, pa.string(), None if source is None else source[0])
+            )
         elif name == "partition":
-            if source is not None:
-                arrays.append(pa.repeat(pa.scalar(source[1], pa.int32()), len(messages)))
-            else:
-                arrays.append(_repeated_or_array(list(map(_partition, messages)), pa.int32()))
+            arrays.append(
+                _repeated_or_array(messages, _partition, pa.int32(), None if source is None else source[1])
+            )
         elif name == "offset":
             arrays.append(_offsets(messages, source is not None))
         elif name == "timestamp":

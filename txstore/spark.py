@@ -38,7 +38,7 @@ from datetime import timezone
 from typing import Any, Generic, TypeVar
 
 from txstore.badmessages import BadOffset, aggregate_range
-from txstore.errors import TopicRecreated
+from txstore.errors import TopicRecreated, first_line
 from txstore.fingerprint import Fingerprint
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.reader import RangeReader
@@ -129,8 +129,6 @@ def analysed_fields(
     Connect client's ``schema`` asks the server to analyse the plan).
     """
     from pyspark.errors import AnalysisException
-
-    from txstore.errors import first_line
 
     try:
         return list(aggregate(spark.createDataFrame([], kafka_source_schema(columns))).schema.fields)
