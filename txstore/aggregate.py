@@ -9,7 +9,8 @@ batch's messages with the columns of Spark's Kafka source (``key``,
 ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``,
 ``timestampType``, ``headers``), or only those ``--read-columns`` names
 (only they are built and handed to Spark: a query over keys and timestamps
-then never pays for values and headers). Its output columns are the table's
+then never pays for values and headers); by default only those the
+query's optimized plan uses (:mod:`txstore.used_columns`). Its output columns are the table's
 ``--key`` columns and the columns named in ``--merge``, nothing else; each
 batch's rows are merged into the table by their rules in the transaction
 that moves the offsets (:mod:`txstore.modes.results_table`).
@@ -56,8 +57,9 @@ def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--read-columns",
         metavar="COL[,COL...]",
-        help=f"only these Kafka-source columns in the view {VIEW!r} (default: all of them); the query "
-        "is checked against them before anything is read",
+        help=f"only these Kafka-source columns in the view {VIEW!r} (default: those the query's "
+        "optimized plan uses, or all when the plan cannot tell); the query is checked against them "
+        "before anything is read",
     )
     parser.add_argument(
         "--table",

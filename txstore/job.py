@@ -85,6 +85,7 @@ from txstore.settings import (
 from txstore.spark import spark_failure_reason
 from txstore.task import REFUSED, Aggregate
 from txstore.topic_ids import TopicIds
+from txstore.used_columns import infer_read_columns
 
 __all__ = [
     "COMMIT_MODES",
@@ -139,7 +140,10 @@ class TransactionalJob:
         Only those are built and handed to Spark; Spark cannot prune the columns of a Python
         reader itself, and a query over ``topic`` alone then skips every key, value and
         header. The query is checked against them before the first batch reads anything:
-        a column left out is one line (:class:`ConfigError`). Default: all of them.
+        a column left out is one line (:class:`ConfigError`). Default: the columns Spark's
+        optimized plan of the query uses, found once before the first batch
+        (:mod:`txstore.used_columns`; all of them when the plan cannot tell). Declare all
+        of them to read every column.
 
         ``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own.
         By default one Kafka admin client is kept for the job's life (planning an
@@ -256,6 +260,8 @@ class TransactionalJob:
         (:class:`ConfigError`)."""
         if self._query_checked:
             return
+        if self.dataframe_aggregate is not None and self.read_columns is None:
+            self._infer_read_columns()
         if self.results_table is not None:
             assert self.dataframe_aggregate is not None
             self._results_types = check_results_table(
@@ -269,6 +275,22 @@ class TransactionalJob:
             assert self.dataframe_aggregate is not None
             check_read_columns(self.spark, self.dataframe_aggregate, self.read_columns)
         self._query_checked = True
+
+    def _infer_read_columns(self) -> None:
+        """No ``read_columns`` declared: read only the columns Spark's optimized plan of the
+        ``dataframe_aggregate`` uses (:mod:`txstore.used_columns`), or all of them."""
+        assert self.dataframe_aggregate is not None
+        inferred = infer_read_columns(self.spark, self.dataframe_aggregate)
+        if inferred.columns is None:
+            log.info("job %s: reading every Kafka-source column: %s", self.settings.job, inferred.reason)
+        else:
+            log.info(
+                "job %s: reading only %s, %s (declare read_columns to choose)",
+                self.settings.job,
+                ", ".join(inferred.columns),
+                inferred.reason,
+            )
+        self.read_columns = inferred.columns
 
     # -- one batch --------------------------------------------------------------
     def mode(self, number: int) -> Mode:
