@@ -509,9 +509,9 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     for name, limit, what in (
         ("classic DataFrame / classic per-range", 0.8, "DataFrame aggregate path / per-range count path"),
         (
-            "classic DataFrame, read columns / classic per-range",
+            "classic DataFrame, all columns / classic per-range",
             0.8,
-            "DataFrame aggregate path, read columns / per-range count path",
+            "DataFrame aggregate path, all columns declared / per-range count path",
         ),
         ("Connect per-range / classic per-range", 0.8, "Connect / classic, per-range count path"),
         ("Connect DataFrame / classic DataFrame", 0.8, "Connect / classic, DataFrame aggregate path"),
