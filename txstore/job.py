@@ -260,8 +260,9 @@ class TransactionalJob:
         (:class:`ConfigError`)."""
         if self._query_checked:
             return
-        if self.dataframe_aggregate is not None and self.read_columns is None:
-            self._infer_read_columns()
+        declared = self.read_columns is not None
+        if self.dataframe_aggregate is not None and not declared:
+            self._infer_read_columns()  # proven: over them, the aggregate makes the same plan
         if self.results_table is not None:
             assert self.dataframe_aggregate is not None
             self._results_types = check_results_table(
@@ -271,8 +272,8 @@ class TransactionalJob:
                 self.dataframe_aggregate,
                 self.read_columns,
             )
-        elif self.read_columns is not None:
-            assert self.dataframe_aggregate is not None
+        elif declared:
+            assert self.dataframe_aggregate is not None and self.read_columns is not None
             check_read_columns(self.spark, self.dataframe_aggregate, self.read_columns)
         self._query_checked = True
 
