@@ -69,6 +69,7 @@ from txstore.modes.per_range import PerRangeMode
 from txstore.modes.results_table import ResultsTableMode, check_results_table
 from txstore.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.planning import Planner
+from txstore.pushdown import PartialCount, infer_pushdown
 from txstore.ranges import OffsetRange, PartitionWatermarks
 from txstore.results_table import ResultsTable
 from txstore.settings import (
@@ -125,6 +126,7 @@ class TransactionalJob:
         transform: MessageTransform | None = None,
         results_table: ResultsTable | None = None,
         read_columns: Sequence[str] | None = None,
+        push_down_counts: bool = True,
         watermarks: Callable[[Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]] | None = None,
     ) -> None:
         """Give ``aggregate`` (plain Python over a range's messages) or ``dataframe_aggregate``
@@ -144,6 +146,13 @@ class TransactionalJob:
         optimized plan of the query uses, found once before the first batch
         (:mod:`txstore.used_columns`; all of them when the plan cannot tell). Declare all
         of them to read every column.
+
+        ``push_down_counts``: a ``dataframe_aggregate`` that is only counts grouped by
+        Kafka-source columns (``df.groupBy("topic", "key").count()``) is counted in part by
+        the tasks that read the messages, with pyarrow, so Spark groups one row per group and
+        Arrow batch instead of one per message (:mod:`txstore.pushdown`: found once before the
+        first batch and kept only if the result's columns are the same). False: run the
+        aggregate as written.
 
         ``watermarks`` asks Kafka for the topics' partitions and offsets; tests may give their own.
         By default one Kafka admin client is kept for the job's life (planning an
@@ -190,6 +199,8 @@ class TransactionalJob:
         self.transform = transform
         self.results_table = results_table
         self.read_columns = read_columns
+        self.push_down_counts = push_down_counts
+        self.pushdown: PartialCount | None = None  # found by check_query
         self._query_checked = False
         self._results_types: dict[str, str] | None = None  # the table's column types, once checked
         self._own_watermarks: Watermarks | None = None
@@ -275,7 +286,25 @@ class TransactionalJob:
         elif declared:
             assert self.dataframe_aggregate is not None and self.read_columns is not None
             check_read_columns(self.spark, self.dataframe_aggregate, self.read_columns)
+        if self.dataframe_aggregate is not None and self.push_down_counts:
+            self._infer_pushdown()
         self._query_checked = True
+
+    def _infer_pushdown(self) -> None:
+        """Count in the reading tasks when the ``dataframe_aggregate`` is only grouped counts
+        (:mod:`txstore.pushdown`), and say so in one line either way."""
+        assert self.dataframe_aggregate is not None
+        found = infer_pushdown(self.spark, self.dataframe_aggregate, self.read_columns)
+        if found.partial is None:
+            log.info("job %s: Spark runs the whole query: %s", self.settings.job, found.reason)
+        else:
+            log.info(
+                "job %s: %s (reading %s; push_down_counts=False to turn off)",
+                self.settings.job,
+                found.reason,
+                ", ".join(found.partial.read_columns()),
+            )
+        self.pushdown = found.partial
 
     def _infer_read_columns(self) -> None:
         """No ``read_columns`` declared: read only the columns Spark's optimized plan of the
@@ -309,10 +338,18 @@ class TransactionalJob:
                 self._db,
                 number,
                 self.read_columns,
+                self.pushdown,
             )
         if self.dataframe_aggregate is not None:
             return DataFrameMode(
-                self.spark, s, self.dataframe_aggregate, self.failpoints, self._db, number, self.read_columns
+                self.spark,
+                s,
+                self.dataframe_aggregate,
+                self.failpoints,
+                self._db,
+                number,
+                self.read_columns,
+                self.pushdown,
             )
         if s.sink == IDEMPOTENT:
             return IdempotentMode(self.spark, s, self.transform, self.failpoints)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timezone
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from txstore.badmessages import BadOffset, aggregate_range
 from txstore.errors import TopicRecreated, first_line
@@ -52,6 +52,9 @@ from txstore.results import (
     add_metrics,
     decode_key,
 )
+
+if TYPE_CHECKING:
+    from txstore.pushdown import PartialCount
 
 T = TypeVar("T")
 
@@ -298,6 +301,7 @@ class _RangeBatches:
     job: str = ""
     ends: Mapping[OffsetRange, Fingerprint] = field(default_factory=dict)  # a range's expected last
     columns: Sequence[str] = KAFKA_SOURCE_COLUMNS
+    partial: PartialCount | None = None  # the task's counts per group (txstore.pushdown), not messages
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
         from txstore.arrow import arrow_schema, coalesce, record_batches
@@ -306,7 +310,7 @@ class _RangeBatches:
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         ranges = [r for i in ids for r in self.groups[i]]
         # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
-        yield from coalesce(
+        joined = coalesce(
             converted
             for offset_range in ranges
             for converted in record_batches(
@@ -321,6 +325,12 @@ class _RangeBatches:
                 offset_range.key,
             )
         )
+        if self.partial is None:
+            yield from joined
+            return
+        from txstore.pushdown import task_counts
+
+        yield from task_counts(joined, self.partial)
 
 
 def spark_tasks(
@@ -347,9 +357,11 @@ def read_ranges(
     last: Mapping[TopicPartition, Fingerprint] | None = None,
     min_partitions: int | None = None,
     columns: Sequence[str] | None = None,
+    partial: PartialCount | None = None,
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns (``columns``:
-    only those, in that order; nothing else is built, nor sent to Spark).
+    only those, in that order; nothing else is built, nor sent to Spark). ``partial``: instead,
+    each task's counts per group and Arrow batch (:mod:`txstore.pushdown`; ``columns`` are ignored).
 
     One Spark partition per task of :func:`spark_tasks` (``mapInArrow`` over
     :func:`_one_task_per_group`, so classic and Spark Connect alike; each
@@ -365,6 +377,10 @@ def read_ranges(
     """
     chosen = tuple(columns) if columns is not None else KAFKA_SOURCE_COLUMNS
     schema = kafka_source_schema(chosen)
+    if partial is not None:
+        from txstore.pushdown import partial_schema
+
+        chosen, schema = partial.read_columns(), partial_schema(partial)
     if not ranges:
         return spark.createDataFrame([], schema)
     ends = {}
@@ -373,7 +389,7 @@ def read_ranges(
         ends = {r: last[r.key] for r in ranges if r.key in last and r.until_offset == final[r.key]}
     groups = spark_tasks(spark, ranges, min_partitions)
     return _one_task_per_group(spark, len(groups)).mapInArrow(
-        _RangeBatches(groups, dict(kafka_conf), job, ends, chosen), schema
+        _RangeBatches(groups, dict(kafka_conf), job, ends, chosen, partial), schema
     )
 
 
@@ -485,6 +501,18 @@ def _implied_grain(columns: set[str]) -> str:
     return GRAIN_WINDOW if "window_start" in columns else GRAIN_TOPIC
 
 
+def _delta_columns(names: Sequence[str]) -> str:
+    """Refuse an aggregate's output without ``topic`` and ``metric``; the grain its columns imply."""
+    columns = set(names)
+    missing = {"topic", "metric"} - columns
+    if missing:
+        raise ValueError(
+            f"the aggregated DataFrame needs columns topic and metric (missing {sorted(missing)}); "
+            f"it has {sorted(columns)}"
+        )
+    return _implied_grain(columns)
+
+
 def dataframe_deltas(frame: Any) -> dict[tuple[str, ResultKey], Number]:
     """Collect an aggregated DataFrame as per-batch deltas.
 
@@ -493,19 +521,18 @@ def dataframe_deltas(frame: Any) -> dict[tuple[str, ResultKey], Number]:
     (else implied by which of key and window_start the frame has: neither
     is the topic total). Rows with the same address are summed.
     """
-    columns = set(frame.columns)
-    missing = {"topic", "metric"} - columns
-    if missing:
-        raise ValueError(
-            f"the aggregated DataFrame needs columns topic and metric (missing {sorted(missing)}); "
-            f"it has {sorted(columns)}"
-        )
-    implied = _implied_grain(columns)
-    deltas: dict[tuple[str, ResultKey], Number] = {}
+    _delta_columns(frame.columns)  # before any Spark job
     # One collection in Arrow batches, classic and Connect alike: toLocalIterator ran a Spark job
     # per result partition and made a Row per result (about 50 ms more per batch, README).
+    return arrow_deltas(frame.toArrow())
+
+
+def arrow_deltas(table: Any) -> dict[tuple[str, ResultKey], Number]:
+    """:func:`dataframe_deltas` of an aggregate's rows already collected as an Arrow table."""
+    implied = _delta_columns(table.column_names)
+    deltas: dict[tuple[str, ResultKey], Number] = {}
     # Timestamps come as aware UTC datetimes; TIMESTAMP_NTZ ones naive, read as UTC below.
-    for batch in frame.toArrow().to_batches():
+    for batch in table.to_batches():
         named = {name: batch.column(name).to_pylist() for name in batch.schema.names}
         none = [None] * batch.num_rows
         for topic, metric, key, window, grain in zip(

@@ -109,10 +109,16 @@ def _no_rows(batches: Iterable[Any]) -> Iterator[Any]:
     yield from ()
 
 
+def probe_frame(spark: Any, schema: Any) -> Any:
+    """A frame of ``schema`` shaped like a batch's (a ``mapInArrow`` over ``spark.range``), only
+    ever explained or analysed: its function never runs."""
+    return spark.range(0, 1, 1, 1).mapInArrow(_no_rows, schema)
+
+
 def explained_plan(spark: Any, aggregate: Callable[[Any], Any], columns: Sequence[str] | None = None) -> str:
     """``explain(extended=True)`` of ``aggregate`` over a batch-shaped frame with every
     Kafka-source column, or only ``columns`` of it (selected above the source). Nothing runs."""
-    frame = spark.range(0, 1, 1, 1).mapInArrow(_no_rows, kafka_source_schema())
+    frame = probe_frame(spark, kafka_source_schema())
     if columns is not None:
         frame = frame.select(*columns)
     text = io.StringIO()

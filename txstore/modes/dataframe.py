@@ -5,7 +5,12 @@
    the job declared (:func:`~txstore.spark.read_ranges`;
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
-   the driver (:func:`~txstore.spark.dataframe_deltas`);
+   the driver (:func:`~txstore.spark.dataframe_deltas`). A query that is only
+   counts grouped by Kafka-source columns (found before the first batch,
+   :mod:`txstore.pushdown`) is instead counted per group by the reading
+   tasks, and those counts are collected and summed on the driver
+   (:func:`~txstore.pushdown.final_counts`): the same rows, without one
+   Spark row per message or a shuffle;
 3. the driver commits it like :mod:`txstore.modes.per_batch`, with each
    range's last message as the driver read it before the Spark job
    (:func:`~txstore.reader.last_messages`); every read must end on that
@@ -23,6 +28,7 @@ from txstore.driverdb import DriverConnection
 from txstore.errors import ConfigError
 from txstore.failpoints import FailPoints
 from txstore.modes.per_batch import commit_result
+from txstore.pushdown import PartialCount, final_counts
 from txstore.ranges import OffsetRange, split_ranges
 from txstore.reader import last_messages
 from txstore.settings import JobSettings
@@ -30,6 +36,7 @@ from txstore.spark import (
     BatchResult,
     QueryRefused,
     analysed_fields,
+    arrow_deltas,
     dataframe_deltas,
     job_description,
     read_ranges,
@@ -46,6 +53,7 @@ class DataFrameMode:
     connection: DriverConnection
     number: int  # the batch's, for error lines
     read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
+    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.pushdown)
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -54,12 +62,19 @@ class DataFrameMode:
         pieces = split_ranges(ranges, s.min_partitions)
         last = last_messages(s.kafka_conf, ranges, s.job)
         with job_description(self.spark, description):
-            frame = self.dataframe_aggregate(
-                read_ranges(
-                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, self.read_columns
+            if self.pushdown is None:
+                frame = self.dataframe_aggregate(
+                    read_ranges(
+                        self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, self.read_columns
+                    )
                 )
-            )
-            result = BatchResult(dataframe_deltas(frame), {r.key: r.size for r in ranges}, last)
+                deltas = dataframe_deltas(frame)
+            else:  # the tasks' counts per group, summed here: no shuffle, no second Spark stage
+                counts = read_ranges(
+                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, partial=self.pushdown
+                ).toArrow()
+                deltas = arrow_deltas(final_counts(counts, self.pushdown))
+            result = BatchResult(deltas, {r.key: r.size for r in ranges}, last)
         return commit_result(s, ranges, result, self.failpoints, self.connection, self.number)
 
 

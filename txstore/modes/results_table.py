@@ -43,6 +43,7 @@ from txstore.errors import ResultsTableInvalid
 from txstore.failpoints import FailPoints
 from txstore.fingerprint import Fingerprint
 from txstore.modes.per_batch import commit_with_retries
+from txstore.pushdown import PartialCount, batch_frame
 from txstore.ranges import OffsetRange, TopicPartition, split_ranges
 from txstore.reader import last_messages
 from txstore.results_check import describe_table, table_problems
@@ -70,6 +71,7 @@ class ResultsTableMode:
     connection: DriverConnection
     number: int  # the batch's, for error lines
     read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
+    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.pushdown)
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -83,10 +85,13 @@ class ResultsTableMode:
         def chunks() -> Generator[Chunk, None, None]:
             last.clear()
             last.update(last_messages(s.kafka_conf, ranges, s.job))
-            frame = self.dataframe_aggregate(
-                read_ranges(
-                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, self.read_columns
-                )
+            frame = batch_frame(
+                self.dataframe_aggregate,
+                self.pushdown,
+                lambda columns, partial: read_ranges(
+                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, columns, partial
+                ),
+                self.read_columns,
             )
             return copy_chunks(frame.select(*columns), self.table.ordered)
 
