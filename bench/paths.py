@@ -1,21 +1,24 @@
 """Execution paths side by side: the per-range count path and the DataFrame aggregate, on
 classic Spark and on Spark Connect, over the same messages in the same run.
 
-Six jobs count the main workload's topic in each round, in an order that
+Eight jobs count the main workload's topic in each round, in an order that
 rotates from round to round (so no path always runs first or last):
 
 - ``classic per-range``: ``count_topic``'s default (tasks read, count and
   commit their ranges), on the benchmark's classic session;
 - ``classic DataFrame``: the same totals as a DataFrame aggregate
-  (``read_ranges`` -> ``groupBy("topic").count()``, committed per batch), as
-  a job runs it by default: declaring no ``read_columns``, so the job reads
-  the columns Spark's optimized plan of the query uses (``topic``;
-  :mod:`txstore.used_columns`, found once per job, before the clock);
-- ``classic DataFrame, all columns``: the same aggregate declaring every
+  (``groupBy("topic").count()``, committed per batch), as a job runs it by
+  default: a count grouped by a source column, so the reading tasks count
+  per topic and the driver sums their counts (:mod:`txstore.pushdown`,
+  found once per job, before the clock);
+- ``classic DataFrame, counted by Spark``: the same aggregate with
+  ``push_down_counts=False``: Spark runs it over one row per message, of the
+  columns its optimized plan uses (``topic``; :mod:`txstore.used_columns`),
+  as the default did before counts were pushed down;
+- ``classic DataFrame, all columns``: the same, declaring every
   Kafka-source column, so all of them are built and handed to Spark (what
-  a job without ``read_columns`` did before the inference);
-- ``Connect per-range``, ``Connect DataFrame`` and ``Connect DataFrame, all
-  columns``: the same jobs through a
+  the default did before either);
+- ``Connect ...``: the same jobs through a
   Spark Connect client (``sc://``) of a local Spark Connect server with the
   same master, txstore shipped to it as an artifact as ``--remote`` does.
 
@@ -47,7 +50,9 @@ from txstore.task import COMMITTED
 
 PER_RANGE = "per-range"
 DATAFRAME = "DataFrame"
+DATAFRAME_SPARK_COUNTS = "DataFrame, counted by Spark"
 DATAFRAME_ALL_COLUMNS = "DataFrame, all columns"
+DATAFRAME_PATHS = (DATAFRAME, DATAFRAME_SPARK_COUNTS, DATAFRAME_ALL_COLUMNS)
 
 
 def topic_totals(frame: Any) -> Any:
@@ -100,7 +105,7 @@ class PathRuns:
         self._jobs = 0
 
     def paths(self) -> list[tuple[str, str]]:
-        return [(s, p) for s in self.sessions for p in (PER_RANGE, DATAFRAME, DATAFRAME_ALL_COLUMNS)]
+        return [(s, p) for s in self.sessions for p in (PER_RANGE, *DATAFRAME_PATHS)]
 
     def run(self, workload: Workload, session: str, path: str) -> dict[str, Any]:
         self._jobs += 1
@@ -111,7 +116,13 @@ class PathRuns:
             job = TransactionalJob(spark, settings, count_messages)
         else:
             columns = KAFKA_SOURCE_COLUMNS if path == DATAFRAME_ALL_COLUMNS else None
-            job = TransactionalJob(spark, settings, dataframe_aggregate=topic_totals, read_columns=columns)
+            job = TransactionalJob(
+                spark,
+                settings,
+                dataframe_aggregate=topic_totals,
+                read_columns=columns,
+                push_down_counts=path == DATAFRAME,
+            )
         try:
             job.plan()
             job.check_query()  # once per job, before its first batch (the columns it reads)
@@ -160,41 +171,21 @@ class PathRuns:
                 per_round = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
                 result["ratios"][name] = {"median": statistics.median(per_round), "rounds": per_round}
 
-        ratio(
-            "classic DataFrame / classic per-range",
-            _label("classic", DATAFRAME),
-            _label("classic", PER_RANGE),
-        )
-        ratio(
-            "classic DataFrame, all columns / classic per-range",
-            _label("classic", DATAFRAME_ALL_COLUMNS),
-            _label("classic", PER_RANGE),
-        )
+        for path in DATAFRAME_PATHS:
+            ratio(
+                f"classic {path} / classic per-range", _label("classic", path), _label("classic", PER_RANGE)
+            )
         ratio(
             "Connect per-range / classic per-range",
             _label("Connect", PER_RANGE),
             _label("classic", PER_RANGE),
         )
-        ratio(
-            "Connect DataFrame / classic DataFrame",
-            _label("Connect", DATAFRAME),
-            _label("classic", DATAFRAME),
-        )
-        ratio(
-            "Connect DataFrame, all columns / classic DataFrame, all columns",
-            _label("Connect", DATAFRAME_ALL_COLUMNS),
-            _label("classic", DATAFRAME_ALL_COLUMNS),
-        )
-        ratio(
-            "Connect DataFrame / Connect per-range",
-            _label("Connect", DATAFRAME),
-            _label("Connect", PER_RANGE),
-        )
-        ratio(
-            "Connect DataFrame, all columns / Connect per-range",
-            _label("Connect", DATAFRAME_ALL_COLUMNS),
-            _label("Connect", PER_RANGE),
-        )
+        for path in DATAFRAME_PATHS:
+            ratio(f"Connect {path} / classic {path}", _label("Connect", path), _label("classic", path))
+        for path in DATAFRAME_PATHS:
+            ratio(
+                f"Connect {path} / Connect per-range", _label("Connect", path), _label("Connect", PER_RANGE)
+            )
         return result
 
 

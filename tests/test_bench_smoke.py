@@ -56,9 +56,11 @@ def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
     paths = doc["paths"]
     assert [r["messages"] for r in paths["runs"]["classic DataFrame"]] == [2000]
     assert [r["messages"] for r in paths["runs"]["classic DataFrame, all columns"]] == [2000]
+    assert [r["messages"] for r in paths["runs"]["classic DataFrame, counted by Spark"]] == [2000]
     assert set(paths["messages_per_second_median"]) == {
         "classic per-range",
         "classic DataFrame",
+        "classic DataFrame, counted by Spark",
         "classic DataFrame, all columns",
     }
     assert paths["ratios"]["classic DataFrame / classic per-range"]["median"] > 0
@@ -87,6 +89,7 @@ def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
     assert any(t.startswith("peak memory python_worker_max") for t in targets)
     assert "DataFrame aggregate path / per-range count path" in targets
     assert "DataFrame aggregate path, all columns declared / per-range count path" in targets
+    assert "DataFrame aggregate path, push_down_counts=False / per-range count path" in targets
     assert any(t.startswith("steady-state per-range count path / raw parallel read") for t in targets)
 
     png = (tmp_path / "smoke.png").read_bytes()
@@ -125,9 +128,11 @@ def test_a_small_benchmark_run_puts_connect_beside_classic(
     assert set(paths["runs"]) == {
         "classic per-range",
         "classic DataFrame",
+        "classic DataFrame, counted by Spark",
         "classic DataFrame, all columns",
         "Connect per-range",
         "Connect DataFrame",
+        "Connect DataFrame, counted by Spark",
         "Connect DataFrame, all columns",
     }
     assert all(len(runs) == 2 for runs in paths["runs"].values())
