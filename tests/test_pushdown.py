@@ -212,6 +212,25 @@ def test_a_task_with_mostly_distinct_groups_hands_them_on_in_bounded_pieces(
     assert sum(b.num_rows for b in handed) == 600  # every key once: nothing merged away or lost
 
 
+def test_counts_handed_back_with_large_strings_or_another_time_zone_are_summed_alike() -> None:
+    # What Spark's toArrow gives may use large string and binary types and the session's time zone.
+    rows = Count(None)
+    partial = PartialCount(
+        ("key", "topic", "timestamp"), (rows,), (("topic", "topic"), ("key", "key"), ("n", rows))
+    )
+    instant = pa.array([1_767_225_600_000_000, 1_767_225_600_000_000], pa.timestamp("us", tz="UTC"))
+    spark_like = pa.table(
+        {
+            "key": pa.array([b"k", b"k"], pa.large_binary()),
+            "topic": pa.array(["t", "t"], pa.large_string()),
+            "timestamp": instant.cast(pa.timestamp("us", tz="America/New_York")),
+            rows.partial: pa.array([2, 3], pa.int64()),
+        }
+    )
+    result = final_counts(spark_like, partial)
+    assert result.to_pylist() == [{"topic": "t", "key": b"k", "n": 5}]
+
+
 AGGREGATES: dict[str, tuple[Callable[[Any], Any], str | None]] = {
     # SQL text, not pyspark.sql.functions: the same on classic and Connect in one process.
     "per topic": (

@@ -248,15 +248,20 @@ bounded by about this many rows, not by the task's messages)."""
 
 
 def merge_counts(parts: Sequence[pa.RecordBatch | pa.Table], partial: PartialCount) -> pa.Table:
-    """Partial counts (of :func:`partial_arrow_schema`) summed per group: one row per group."""
-    table = pa.Table.from_batches(
-        [b for part in parts for b in (part.to_batches() if isinstance(part, pa.Table) else [part])],
-        schema=partial_arrow_schema(partial),
+    """Partial counts summed per group: one row per group. ``parts`` have the columns of
+    :func:`partial_arrow_schema`, cast to its types (what Spark hands back may use large strings
+    and binaries, or the session's time zone: the same values)."""
+    schema = partial_arrow_schema(partial)
+    table = pa.concat_tables(
+        [
+            (part if isinstance(part, pa.Table) else pa.Table.from_batches([part])).cast(schema)
+            for part in parts
+        ]
+        or [schema.empty_table()]
     )
     summed = table.group_by(list(partial.group), use_threads=False).aggregate(
         [(c.partial, "sum") for c in partial.counts]
     )
-    schema = partial_arrow_schema(partial)
     names = list(partial.group) + [f"{c.partial}_sum" for c in partial.counts]
     return pa.Table.from_arrays(
         [summed.column(n).cast(f.type) for n, f in zip(names, schema, strict=True)], schema=schema
