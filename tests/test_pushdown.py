@@ -357,3 +357,10 @@ def test_a_results_table_of_counts_per_key_is_merged_exactly_when_pushed_down(
             assert job.pushdown is not None and job.pushdown.describe() == "count(1) grouped by key, topic"
     rows = db.execute("SELECT topic, key, n FROM key_counts").fetchall()
     assert {(t, bytes(k)): n for t, k, n in rows} == dict(want)
+
+
+def test_jobs_aggregate_pushes_counts_down_unless_told_not_to() -> None:
+    from tests.test_results_table import aggregate_flags
+
+    assert "push_down_counts" not in aggregate_flags()  # the job's default: pushed down
+    assert aggregate_flags("--no-push-down-counts")["push_down_counts"] is False

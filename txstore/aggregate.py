@@ -10,7 +10,9 @@ batch's messages with the columns of Spark's Kafka source (``key``,
 ``timestampType``, ``headers``), or only those ``--read-columns`` names
 (only they are built and handed to Spark: a query over keys and timestamps
 then never pays for values and headers); by default only those the
-query's optimized plan uses (:mod:`txstore.used_columns`). Its output columns are the table's
+query's optimized plan uses (:mod:`txstore.used_columns`); a query that is only
+counts grouped by Kafka-source columns is counted in part by the reading tasks
+(:mod:`txstore.pushdown`; ``--no-push-down-counts``). Its output columns are the table's
 ``--key`` columns and the columns named in ``--merge``, nothing else; each
 batch's rows are merged into the table by their rules in the transaction
 that moves the offsets (:mod:`txstore.modes.results_table`).
@@ -62,6 +64,14 @@ def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
         "before anything is read",
     )
     parser.add_argument(
+        "--no-push-down-counts",
+        dest="push_down_counts",
+        action="store_false",
+        help="run the query as written even when it is only counts grouped by Kafka-source columns "
+        "(by default those are counted per group by the tasks that read the messages, and Spark "
+        "sums the counts)",
+    )
+    parser.add_argument(
         "--table",
         required=True,
         metavar="[SCHEMA.]NAME",
@@ -100,6 +110,8 @@ def results_job_options(args: argparse.Namespace) -> Mapping[str, Any]:
         "dataframe_aggregate": SqlAggregate(query.strip().rstrip(";")),
         "results_table": table,
     }
+    if not args.push_down_counts:
+        options["push_down_counts"] = False
     if args.read_columns is not None:
         columns = tuple(c.strip() for c in args.read_columns.split(",") if c.strip())
         try:

@@ -299,7 +299,7 @@ class TransactionalJob:
             log.info("job %s: Spark runs the whole query: %s", self.settings.job, found.reason)
         else:
             log.info(
-                "job %s: %s (reading %s; push_down_counts=False to turn off)",
+                "job %s: %s (reading %s; push_down_counts=False or --no-push-down-counts to turn off)",
                 self.settings.job,
                 found.reason,
                 ", ".join(found.partial.read_columns()),
