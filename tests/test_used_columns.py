@@ -187,3 +187,28 @@ def test_a_job_declaring_read_columns_is_not_inferred_for(
     ) as job:
         job.check_query()
         assert job.read_columns == KAFKA_SOURCE_COLUMNS
+
+
+@pytest.mark.spark
+def test_probing_a_query_that_does_not_analyse_prints_no_pyspark_json_dump(
+    spark: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # PySpark logs each AnalysisException with a query context as a JSON line holding the JVM's
+    # stack trace; the probes expect such errors and report them in one line of their own.
+    from pyspark.logger import PySparkLogger
+
+    from txstore.pushdown import infer_pushdown
+    from txstore.spark import QueryRefused, analysed_fields
+
+    def broken(frame: Any) -> Any:
+        return frame.groupBy("no_such_column").count()
+
+    capfd.readouterr()
+    assert infer_read_columns(spark, broken).columns is None
+    assert infer_pushdown(spark, broken, None).partial is None
+    with pytest.raises(QueryRefused):
+        analysed_fields(spark, broken, ("topic",))
+    err = capfd.readouterr().err
+    assert "QueryContextLogger" not in err and "UNRESOLVED_COLUMN" not in err
+    # Only while probing: PySpark's own logging is as it was afterwards.
+    assert not PySparkLogger.getLogger("DataFrameQueryContextLogger").disabled

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstore.errors import first_line
-from txstore.spark import KAFKA_SOURCE_COLUMNS, kafka_source_schema
+from txstore.spark import KAFKA_SOURCE_COLUMNS, kafka_source_schema, quiet_analysis_errors
 from txstore.used_columns import explained_plan, optimized_section, probe_frame
 
 GROUPABLE = tuple(c for c in KAFKA_SOURCE_COLUMNS if c != "headers")
@@ -322,13 +322,14 @@ def infer_pushdown(spark: Any, aggregate: Callable[[Any], Any], columns: Sequenc
     from pyspark.errors import AnalysisException
 
     try:
-        plan = optimized_section(explained_plan(spark, aggregate, columns))
-        partial = partial_count_in_plan(plan or "")
-        if partial is None:
-            return Pushdown(None, "the query is not a count grouped by Kafka-source columns")
-        source = probe_frame(spark, kafka_source_schema())
-        expected = _columns(aggregate(source if columns is None else source.select(*columns)))
-        found = _columns(pushed_query(probe_frame(spark, partial_schema(partial)), partial))
+        with quiet_analysis_errors():
+            plan = optimized_section(explained_plan(spark, aggregate, columns))
+            partial = partial_count_in_plan(plan or "")
+            if partial is None:
+                return Pushdown(None, "the query is not a count grouped by Kafka-source columns")
+            source = probe_frame(spark, kafka_source_schema())
+            expected = _columns(aggregate(source if columns is None else source.select(*columns)))
+            found = _columns(pushed_query(probe_frame(spark, partial_schema(partial)), partial))
     except AnalysisException as e:
         return Pushdown(None, f"the query did not analyse: {first_line(e)}")
     if found != expected:

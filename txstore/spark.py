@@ -121,6 +121,28 @@ class QueryRefused(ValueError):
     """Spark's analysis refused a DataFrame aggregate; the message is Spark's first line."""
 
 
+QUERY_CONTEXT_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+"""PySpark's loggers that print each ``AnalysisException`` with a query context as a JSON line
+holding the JVM's stack trace (``pyspark.errors.exceptions.base``)."""
+
+
+@contextmanager
+def quiet_analysis_errors() -> Iterator[None]:
+    """Silence :data:`QUERY_CONTEXT_LOGGERS` while probing a query that may not analyse: the
+    probe expects that error and reports it in one line of its own. Restored afterwards."""
+    from pyspark.logger import PySparkLogger  # not logging.getLogger: PySpark must create them
+
+    loggers = [PySparkLogger.getLogger(name) for name in QUERY_CONTEXT_LOGGERS]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
+
+
 def analysed_fields(
     spark: Any, aggregate: Callable[[Any], Any], columns: Sequence[str] | None = None
 ) -> list[Any]:
@@ -134,7 +156,8 @@ def analysed_fields(
     from pyspark.errors import AnalysisException
 
     try:
-        return list(aggregate(spark.createDataFrame([], kafka_source_schema(columns))).schema.fields)
+        with quiet_analysis_errors():
+            return list(aggregate(spark.createDataFrame([], kafka_source_schema(columns))).schema.fields)
     except AnalysisException as e:
         raise QueryRefused(first_line(e)) from None
 

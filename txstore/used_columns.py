@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txstore.errors import first_line
-from txstore.spark import KAFKA_SOURCE_COLUMNS, kafka_source_schema
+from txstore.spark import KAFKA_SOURCE_COLUMNS, kafka_source_schema, quiet_analysis_errors
 
 OPTIMIZED_SECTION = "== Optimized Logical Plan =="
 _SHORTENED = ("more fields", "more characters", "[truncated]")
@@ -136,15 +136,16 @@ def infer_read_columns(spark: Any, aggregate: Callable[[Any], Any]) -> Inferred:
     from pyspark.errors import AnalysisException
 
     try:
-        plan = optimized_section(explained_plan(spark, aggregate))
-        columns = columns_in_plan(plan or "")
-        if columns is None:
-            return Inferred(None, "Spark's optimized plan did not show which columns it uses")
-        if not columns:  # a count of rows uses no column: read the cheapest (repeated per range)
-            columns = ("topic",)
-        if columns == KAFKA_SOURCE_COLUMNS:
-            return Inferred(None, "the query uses every column")
-        narrowed = optimized_section(explained_plan(spark, aggregate, columns))
+        with quiet_analysis_errors():
+            plan = optimized_section(explained_plan(spark, aggregate))
+            columns = columns_in_plan(plan or "")
+            if columns is None:
+                return Inferred(None, "Spark's optimized plan did not show which columns it uses")
+            if not columns:  # a count of rows uses no column: read the cheapest (repeated per range)
+                columns = ("topic",)
+            if columns == KAFKA_SOURCE_COLUMNS:
+                return Inferred(None, "the query uses every column")
+            narrowed = optimized_section(explained_plan(spark, aggregate, columns))
     except AnalysisException as e:  # the batch will fail on it as before, in its own words
         return Inferred(None, f"the query did not analyse: {first_line(e)}")
     if narrowed is None or _without_ids(narrowed) != _without_ids(plan or ""):
