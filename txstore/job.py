@@ -149,8 +149,8 @@ class TransactionalJob:
 
         ``push_down_counts``: a ``dataframe_aggregate`` that is only counts grouped by
         Kafka-source columns (``df.groupBy("topic", "key").count()``) is counted in part by
-        the tasks that read the messages, with pyarrow, so Spark groups one row per group and
-        Arrow batch instead of one per message (:mod:`txstore.pushdown`: found once before the
+        the tasks that read the messages, with pyarrow, so Spark gets about one row per group and
+        task instead of one per message (:mod:`txstore.pushdown`: found once before the
         first batch and kept only if the result's columns are the same). False: run the
         aggregate as written.
 

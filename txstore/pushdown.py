@@ -47,7 +47,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstore.errors import first_line
-from txstore.spark import KAFKA_SOURCE_COLUMNS, kafka_source_schema, quiet_analysis_errors
+from txstore.spark import (
+    KAFKA_SOURCE_COLUMNS,
+    QueryRefused,
+    analysed_fields,
+    kafka_source_schema,
+    quiet_analysis_errors,
+)
 from txstore.used_columns import explained_plan, optimized_section, probe_frame
 
 GROUPABLE = tuple(c for c in KAFKA_SOURCE_COLUMNS if c != "headers")
@@ -313,8 +319,8 @@ def pushed_query(frame: Any, partial: PartialCount) -> Any:
     )
 
 
-def _columns(frame: Any) -> list[tuple[str, str]]:
-    return [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
+def _columns(fields: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in fields]
 
 
 def infer_pushdown(spark: Any, aggregate: Callable[[Any], Any], columns: Sequence[str] | None) -> Pushdown:
@@ -327,11 +333,12 @@ def infer_pushdown(spark: Any, aggregate: Callable[[Any], Any], columns: Sequenc
             partial = partial_count_in_plan(plan or "")
             if partial is None:
                 return Pushdown(None, "the query is not a count grouped by Kafka-source columns")
-            source = probe_frame(spark, kafka_source_schema())
-            expected = _columns(aggregate(source if columns is None else source.select(*columns)))
-            found = _columns(pushed_query(probe_frame(spark, partial_schema(partial)), partial))
+            found = _columns(pushed_query(probe_frame(spark, partial_schema(partial)), partial).schema.fields)
+        expected = _columns(analysed_fields(spark, aggregate, columns))
     except AnalysisException as e:
         return Pushdown(None, f"the query did not analyse: {first_line(e)}")
+    except QueryRefused as e:
+        return Pushdown(None, f"the query did not analyse: {e}")
     if found != expected:
         return Pushdown(None, f"counting in the tasks would give columns {found}, not {expected}")
     return Pushdown(partial, f"{partial.describe()}, counted in part by the reading tasks")

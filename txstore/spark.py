@@ -384,7 +384,7 @@ def read_ranges(
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns (``columns``:
     only those, in that order; nothing else is built, nor sent to Spark). ``partial``: instead,
-    each task's counts per group and Arrow batch (:mod:`txstore.pushdown`; ``columns`` are ignored).
+    each task's counts per group (:mod:`txstore.pushdown`; ``columns`` are ignored).
 
     One Spark partition per task of :func:`spark_tasks` (``mapInArrow`` over
     :func:`_one_task_per_group`, so classic and Spark Connect alike; each
