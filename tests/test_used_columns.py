@@ -203,12 +203,20 @@ def test_probing_a_query_that_does_not_analyse_prints_no_pyspark_json_dump(
     def broken(frame: Any) -> Any:
         return frame.groupBy("no_such_column").count()
 
-    capfd.readouterr()
-    assert infer_read_columns(spark, broken).columns is None
-    assert infer_pushdown(spark, broken, None).partial is None
-    with pytest.raises(QueryRefused):
-        analysed_fields(spark, broken, ("topic",))
-    err = capfd.readouterr().err
-    assert "QueryContextLogger" not in err and "UNRESOLVED_COLUMN" not in err
-    # Only while probing: PySpark's own logging is as it was afterwards.
-    assert not PySparkLogger.getLogger("DataFrameQueryContextLogger").disabled
+    logger = PySparkLogger.getLogger("DataFrameQueryContextLogger")
+    was = logger.disabled
+    # On, so that the probes must silence it: logging.config (Alembic's fileConfig in another
+    # test's migration) turns off every logger that exists at the time.
+    logger.disabled = False
+    try:
+        capfd.readouterr()
+        assert infer_read_columns(spark, broken).columns is None
+        assert infer_pushdown(spark, broken, None).partial is None
+        with pytest.raises(QueryRefused):
+            analysed_fields(spark, broken, ("topic",))
+        err = capfd.readouterr().err
+        assert "QueryContextLogger" not in err and "UNRESOLVED_COLUMN" not in err
+        # Only while probing: PySpark's own logging is as it was afterwards.
+        assert not logger.disabled
+    finally:
+        logger.disabled = was
