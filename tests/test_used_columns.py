@@ -205,9 +205,7 @@ def test_probing_a_query_that_does_not_analyse_prints_no_pyspark_json_dump(
 
     logger = PySparkLogger.getLogger("DataFrameQueryContextLogger")
     was = logger.disabled
-    # On, so that the probes must silence it: logging.config (Alembic's fileConfig in another
-    # test's migration) turns off every logger that exists at the time.
-    logger.disabled = False
+    logger.disabled = False  # on, so that the probes must silence it
     try:
         capfd.readouterr()
         assert infer_read_columns(spark, broken).columns is None
@@ -217,6 +215,46 @@ def test_probing_a_query_that_does_not_analyse_prints_no_pyspark_json_dump(
         err = capfd.readouterr().err
         assert "QueryContextLogger" not in err and "UNRESOLVED_COLUMN" not in err
         # Only while probing: PySpark's own logging is as it was afterwards.
+        assert not logger.disabled
+    finally:
+        logger.disabled = was
+
+
+def test_probes_in_two_threads_leave_pysparks_logging_as_it_was() -> None:
+    # Jobs in threads of one process (a test runs two results-table jobs so) probe at once: the
+    # first out must not turn the loggers back on under the other, nor the last leave them off.
+    import threading
+
+    from pyspark.logger import PySparkLogger
+
+    from txstore.spark import quiet_analysis_errors
+
+    logger = PySparkLogger.getLogger("DataFrameQueryContextLogger")
+    was = logger.disabled
+    logger.disabled = False
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first() -> None:
+        with quiet_analysis_errors():
+            first_in.set()
+            assert second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        assert first_in.wait(10)
+        with quiet_analysis_errors():
+            second_in.set()
+            assert first_out.wait(10)
+            seen.append(logger.disabled)  # still probing: still silenced
+
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert seen == [True]
         assert not logger.disabled
     finally:
         logger.disabled = was

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -126,21 +127,35 @@ QUERY_CONTEXT_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
 holding the JVM's stack trace (``pyspark.errors.exceptions.base``)."""
 
 
+_quiet_lock = threading.Lock()
+_quiet_holders = 0  # probes inside quiet_analysis_errors, in any thread
+_quiet_before: list[bool] = []  # the loggers' own state, restored when the last probe leaves
+
+
 @contextmanager
 def quiet_analysis_errors() -> Iterator[None]:
     """Silence :data:`QUERY_CONTEXT_LOGGERS` while probing a query that may not analyse: the
-    probe expects that error and reports it in one line of its own. Restored afterwards."""
+    probe expects that error and reports it in one line of its own. Jobs in threads of one
+    process may probe at once: the loggers are silenced by the first to enter and restored by
+    the last to leave."""
     from pyspark.logger import PySparkLogger  # not logging.getLogger: PySpark must create them
 
+    global _quiet_holders, _quiet_before
     loggers = [PySparkLogger.getLogger(name) for name in QUERY_CONTEXT_LOGGERS]
-    before = [logger.disabled for logger in loggers]
-    for logger in loggers:
-        logger.disabled = True
+    with _quiet_lock:
+        if _quiet_holders == 0:
+            _quiet_before = [logger.disabled for logger in loggers]
+            for logger in loggers:
+                logger.disabled = True
+        _quiet_holders += 1
     try:
         yield
     finally:
-        for logger, disabled in zip(loggers, before, strict=True):
-            logger.disabled = disabled
+        with _quiet_lock:
+            _quiet_holders -= 1
+            if _quiet_holders == 0:
+                for logger, disabled in zip(loggers, _quiet_before, strict=True):
+                    logger.disabled = disabled
 
 
 def analysed_fields(
