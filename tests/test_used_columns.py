@@ -258,3 +258,43 @@ def test_probes_in_two_threads_leave_pysparks_logging_as_it_was() -> None:
         assert not logger.disabled
     finally:
         logger.disabled = was
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("flavour", ["classic", pytest.param("connect", marks=pytest.mark.connect)])
+def test_two_jobs_probing_at_once_each_get_their_own_plan_and_stdout_is_left_alone(
+    request: pytest.FixtureRequest, flavour: str
+) -> None:
+    # Jobs in threads of one process probe their queries at once. Plan text captured by swapping
+    # sys.stdout (process-wide) lands in whichever buffer is current: a filtered job could be
+    # matched on another job's unfiltered plan and pushed down without its filter.
+    import sys
+    import threading
+
+    from txstore.used_columns import explained_plan
+
+    spark = request.getfixturevalue("spark" if flavour == "classic" else "spark_connect")
+    queries: dict[str, Callable[[Any], Any]] = {
+        "filtered": lambda f: f.where("partition = 7").groupBy("topic").count(),
+        "plain": lambda f: f.groupBy("key").count(),
+    }
+    stdout = sys.stdout
+    wrong: list[str] = []
+    start = threading.Barrier(len(queries), timeout=30)
+
+    def probe(name: str) -> None:
+        start.wait()
+        for _ in range(25):
+            plan = explained_plan(spark, queries[name])
+            has_filter = "Filter" in plan and "partition#" in plan and "= 7" in plan
+            if (name == "filtered") != has_filter or plan.count("== Optimized Logical Plan ==") != 1:
+                wrong.append(f"{name}: {plan[:300]!r}")
+
+    threads = [threading.Thread(target=probe, args=(name,)) for name in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert sys.stdout is stdout
+    assert wrong == []
