@@ -35,8 +35,6 @@ never inferred for: declare all of them to turn this off.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -121,10 +119,22 @@ def explained_plan(spark: Any, aggregate: Callable[[Any], Any], columns: Sequenc
     frame = probe_frame(spark, kafka_source_schema())
     if columns is not None:
         frame = frame.select(*columns)
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):  # explain prints, on classic and Connect alike
-        aggregate(frame).explain(extended=True)
-    return text.getvalue()
+    return explain_string(aggregate(frame))
+
+
+def explain_string(frame: Any) -> str:
+    """What ``frame.explain(extended=True)`` prints, returned instead of printed.
+
+    ``explain`` prints, and capturing that by swapping ``sys.stdout`` swaps it for the whole
+    process: jobs probing in threads of one process would read each other's plans. So the
+    text is asked for where ``explain`` gets it: the Connect client's explain string, or on
+    classic the JVM's explain string of the frame's query execution (both since PySpark 3.4,
+    unchanged through 4.3).
+    """
+    if hasattr(type(frame), "_explain_string"):  # the class: a classic frame's attributes are columns
+        return str(frame._explain_string(extended=True))
+    jvm = frame.sparkSession._jvm
+    return str(jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "extended"))
 
 
 def _without_ids(plan: str) -> str:
