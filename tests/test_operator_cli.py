@@ -265,3 +265,27 @@ def test_jobs_shows_an_idempotent_sink_jobs_stored_messages_as_its_total(
         ("copier", 3, 17),
         ("counter", 3, 24),
     ]
+
+
+def test_a_reset_to_a_datetime_shows_the_exact_millisecond_it_looked_up(
+    database_url: str, kafka: MockKafkaCluster, counted: str
+) -> None:
+    """The same instant as --starting-timestamp reads (tests/test_start_timestamps.py): in any
+    zone, never a millisecond early. (The test broker finds no message that late: the log end.)"""
+    result = txstore(
+        "reset",
+        "--job",
+        "counter",
+        "--topic",
+        counted,
+        "--partition",
+        "0",
+        "--to-datetime",
+        "2004-03-15T13:25:47.472+05:30",
+        url=database_url,
+        kafka=kafka,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1] == (
+        f"  {counted}/0: 4 -> 10 (--to-datetime 2004-03-15T07:55:47.472Z; 6 messages will be skipped)"
+    )
