@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from txstore.errors import ConfigError
 from txstore.fingerprint import Fingerprint
 from txstore.ranges import PartitionHistory, PartitionWatermarks
-from txstore.starting import offset_for_time
+from txstore.starting import format_timestamp, offset_for_time
 
 TARGETS = ("earliest", "latest", "offset", "datetime", "shift", "forget")
 
@@ -51,23 +51,25 @@ class ResetMove:
     new_generation: int | None = None
     reason: str | None = None
     topic_id: str | None = None
+    at_ms: int | None = None  # --to-datetime: the instant looked up (epoch ms), shown in the plan
 
     def describe(self) -> str:
         where = f"{self.topic}/{self.partition}"
+        at = f"--to-datetime {format_timestamp(self.at_ms)}; " if self.at_ms is not None else ""
         if self.new_generation is not None:
             return (
-                f"{where}: {self.old} -> {self.new}, new generation {self.new_generation} ({self.reason}); "
+                f"{where}: {self.old} -> {self.new}, new generation {self.new_generation} ({at}{self.reason}); "
                 "the new log is counted from there, results so far are kept"
             )
         if self.new is None:
             return f"{where}: {self.old} -> (row deleted)"
         if self.old is None:
-            return f"{where}: (no row) -> {self.new} (new row)"
+            return f"{where}: (no row) -> {self.new} ({at}new row)"
         if self.new < self.old:
-            return f"{where}: {self.old} -> {self.new} ({self.old - self.new} messages will be counted again)"
+            return f"{where}: {self.old} -> {self.new} ({at}{self.old - self.new} messages will be counted again)"
         if self.new > self.old:
-            return f"{where}: {self.old} -> {self.new} ({self.new - self.old} messages will be skipped)"
-        return f"{where}: {self.old} -> {self.new} (unchanged)"
+            return f"{where}: {self.old} -> {self.new} ({at}{self.new - self.old} messages will be skipped)"
+        return f"{where}: {self.old} -> {self.new} ({at}unchanged)"
 
 
 def plan_reset(
@@ -143,11 +145,12 @@ def plan_reset(
         reason = None
         if old is not None:
             reason = generation_reason(old, marks, past, topic_id, (found or {}).get(p), new_generation)
+        at = target.value if target.kind == "datetime" else None
         if reason is None:
-            moves.append(ResetMove(topic, p, old, new, past.generation))
+            moves.append(ResetMove(topic, p, old, new, past.generation, at_ms=at))
         else:
             moves.append(
-                ResetMove(topic, p, old, new, past.generation, past.generation + 1, reason, topic_id)
+                ResetMove(topic, p, old, new, past.generation, past.generation + 1, reason, topic_id, at)
             )
     return moves
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from txstore.errors import ConfigError
 from txstore.ranges import PartitionWatermarks, TopicPartition
 
 EARLIEST = -2
 LATEST = -1
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,11 @@ def offset_for_time(found: int, marks: PartitionWatermarks) -> int:
 
 
 def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
-    """Epoch milliseconds from ``1767225600000`` or ISO-8601 with a zone (``2026-01-01T00:00:00Z``)."""
+    """Epoch milliseconds from ``1767225600000`` or ISO-8601 with a zone (``2026-01-01T00:00:00Z``).
+
+    What both ``--starting-timestamp`` and ``reset --to-datetime`` read, exactly: see
+    :func:`epoch_ms`.
+    """
     value = text.strip()
     if value.isdigit():
         return int(value)
@@ -81,11 +86,33 @@ def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
         ) from None
     if parsed.tzinfo is None:
         raise ConfigError(f"{flag} {text!r} has no time zone; add one, e.g. {value}Z or {value}+01:00")
-    return int(parsed.timestamp() * 1000)
+    return epoch_ms(parsed)
+
+
+def epoch_ms(moment: datetime) -> int:
+    """The first whole millisecond at or after ``moment`` (an aware datetime), since the epoch.
+
+    Integers only: through float seconds (``moment.timestamp() * 1000``) many instants
+    came out a millisecond early, e.g. 2004-03-15T07:55:47.472Z as 1079337347471, and a
+    job started there would count a message from before the time asked for. Kafka's
+    timestamps are whole milliseconds, so a time between two (microseconds given) starts
+    at the later one: the message at .472 is before .472001. Before 1970 is negative.
+    """
+    delta = moment - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return -(-micros // 1000)
 
 
 def format_timestamp(timestamp_ms: int) -> str:
-    return datetime.fromtimestamp(timestamp_ms / 1000, timezone.utc).isoformat().replace("+00:00", "Z")
+    """``timestamp_ms`` in UTC, ISO-8601 (``2004-03-15T07:55:47.472Z``, no fraction for whole
+    seconds): :func:`parse_timestamp` reads it back as the same millisecond. Epoch
+    milliseconds beyond the calendar (years 1 to 9999) are shown as given."""
+    try:
+        moment = _EPOCH + timedelta(milliseconds=timestamp_ms)
+    except OverflowError:
+        return f"{timestamp_ms} (epoch ms)"
+    text = moment.isoformat(timespec="milliseconds" if timestamp_ms % 1000 else "seconds")
+    return text.replace("+00:00", "Z")
 
 
 def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> StartingOffsets:
