@@ -47,7 +47,13 @@ from txstore.pushdown import PartialCount, batch_frame
 from txstore.ranges import OffsetRange, TopicPartition, split_ranges
 from txstore.reader import last_messages
 from txstore.results_check import describe_table, table_problems
-from txstore.results_table import ResultsTable, copy_rows, create_temp_table, merge_statement
+from txstore.results_table import (
+    ResultsTable,
+    copy_rows,
+    create_temp_table,
+    merge_statement,
+    table_identifier,
+)
 from txstore.settings import JobSettings
 from txstore.sink import MOVE_OFFSETS, classify_batch_conflict, move_offsets_params
 from txstore.spark import QueryRefused, analysed_fields, job_description, read_ranges
@@ -66,7 +72,7 @@ class ResultsTableMode:
     settings: JobSettings
     dataframe_aggregate: Callable[[Any], Any]
     table: ResultsTable
-    types: dict[str, str]  # each column's declared PostgreSQL type (format_type), for the temp table
+    types: dict[str, str]  # each column's type and collation, for the temp table (temp_table_types)
     failpoints: FailPoints
     connection: DriverConnection
     number: int  # the batch's, for error lines
@@ -225,4 +231,36 @@ def check_results_table(
     if problems:
         raise ResultsTableInvalid(problems)
     assert facts is not None
-    return {c: facts.columns[c].type for c in table.columns}
+    return temp_table_types(conn, table)
+
+
+# Each column as the temporary table declares it: its type and, where it has one, its
+# collation, qualified and quoted (format_type() alone drops it).
+_COLUMN_DEFINITIONS = """
+SELECT a.attname,
+       format_type(a.atttypid, a.atttypmod)
+       || coalesce(' COLLATE ' || quote_ident(n.nspname) || '.' || quote_ident(c.collname), '')
+FROM pg_attribute a
+LEFT JOIN pg_collation c ON c.oid = a.attcollation
+LEFT JOIN pg_namespace n ON n.oid = c.collnamespace
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def temp_table_types(conn: psycopg.Connection, table: ResultsTable) -> dict[str, str]:
+    """Each of the table's columns' definition for the batch's temporary table: the declared type
+    and the column's collation.
+
+    The collation matters twice. Rows whose keys are equal under the column's collation (a
+    case-insensitive one: ``'Apple'`` and ``'apple'``) are one key in the table, so the
+    batch's rows must be grouped by that equality, or the merge updates one row twice and
+    fails on every run. And ``min``/``max`` of text must combine a batch's rows in the
+    column's order, as ``least``/``greatest`` then merge them with the stored value.
+    """
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_COLUMN_DEFINITIONS, (table_identifier(table).as_string(conn),))
+            definitions = dict(cur.fetchall())
+    finally:
+        conn.rollback()
+    return {c: definitions[c] for c in table.columns}
