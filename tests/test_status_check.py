@@ -21,11 +21,12 @@ from tests.conftest import produce, send
 from tests.test_count_topic import job_for
 from tests.test_operator_cli import txstore
 from tests.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
-from txstore import health, store
+from txstore import health, ops, store
 from txstore.db import connect
 from txstore.fingerprint import Fingerprint
 from txstore.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFacts, evaluate, exit_code
 from txstore.idempotent import IdempotentSink
+from txstore.kafka import client_config
 from txstore.ops import apply_reset
 from txstore.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
 from txstore.reset import ResetMove
@@ -79,6 +80,34 @@ def test_lag_with_a_running_instance_but_no_commit_for_longer_than_stall_after_i
     )
     assert evaluate(facts(offset=4), NOW, stall_after=timedelta(seconds=30)).status == STALL
     assert exit_code([recent, stalled]) == 2
+
+
+def test_new_messages_after_an_idle_period_are_not_stall_until_they_have_waited_stall_after() -> None:
+    """A healthy --interval job that committed everything, then sat idle for an hour: messages
+    written 20 s ago are lag with an old last commit, yet its next batch will take them."""
+    idle = NOW - timedelta(hours=1)
+    fresh = evaluate(facts(offset=4, last_commit=idle, unread_since=NOW - timedelta(seconds=20)), NOW)
+    assert (fresh.status, fresh.lag, fresh.seconds_since_commit, fresh.reason) == (OK, 6, 3600, "")
+    # No batch took them for longer than --stall-after: the instance is stuck.
+    waited = evaluate(facts(offset=4, last_commit=idle, unread_since=NOW - timedelta(minutes=6)), NOW)
+    assert (waited.status, waited.reason) == (
+        STALL,
+        "job 'j' topic 't' partition 0: lag 6 and no commit for 3600s; the oldest message not counted "
+        "was written 360s ago (--stall-after 300s) although an instance holds the job lock; read its "
+        "log for the batch it is stuck in, or restart it",
+    )
+    assert exit_code([fresh]) == 0 and exit_code([waited]) == 2
+    # Lag already there at the last commit (written before it): judged from the commit, as before.
+    backlog = evaluate(
+        facts(offset=4, last_commit=NOW - timedelta(minutes=6), unread_since=NOW - timedelta(hours=2)), NOW
+    )
+    assert backlog.status == STALL
+    assert backlog.reason.startswith(
+        "job 'j' topic 't' partition 0: lag 6 and no commit for 360s (--stall-after 300s) although"
+    )
+    # Not running is STOP however fresh the messages; no lag is OK however old the commit.
+    assert evaluate(facts(offset=4, last_commit=idle, unread_since=NOW, running=False), NOW).status == STOP
+    assert evaluate(facts(last_commit=idle, unread_since=NOW - timedelta(hours=2)), NOW).status == OK
 
 
 def test_a_backlog_growing_at_each_of_the_last_commits_is_warn() -> None:
@@ -325,3 +354,45 @@ def test_check_reports_offsets_that_aged_out_before_they_were_counted_as_err(
     assert match, line
     assert int(match[2]) == int(match[1]) - 3 > 0
     assert db.execute("SELECT count(*) FROM txn_lost_ranges").fetchone() == (0,)  # the check changes nothing
+
+
+@pytest.mark.spark
+def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messages_arrive(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """Issue 24: a healthy --interval job read STALL after an idle period, until its next batch.
+    The check is run in the process right after the messages are written (the command's start-up
+    could outlast --stall-after on a loaded machine); then through the command once stuck."""
+    topic = new_topic(1)
+    where = f"job 'count_topic' topic '{topic}' partition 0"
+    produce(kafka.bootstrap_servers, topic, {0: 3})
+    stall_after = timedelta(seconds=3)
+    with job_for(spark, kafka, database_url, topic) as job:
+        job.run_batch()  # everything counted
+        time.sleep(3.5)  # idle, with nothing new, for longer than --stall-after
+        produce(kafka.bootstrap_servers, topic, {0: 4})
+        found, now = ops.health_facts(db, client_config(kafka.bootstrap_servers), "count_topic")
+        [result] = [evaluate(f, now, stall_after) for f in found]
+        assert (result.status, result.lag, result.running, result.reason) == (OK, 4, True, "")
+        assert result.seconds_since_commit >= 3
+
+        # No batch takes them: once they have waited longer than --stall-after, the job is stuck.
+        time.sleep(3.5)
+        result = check(database_url, kafka, "--stall-after", "3")
+        assert result.returncode == 2, result.stderr
+        summary, line = result.stdout.splitlines()
+        assert summary == "CRITICAL: job 'count_topic': 1 STALL"
+        assert re.fullmatch(
+            rf"STALL {re.escape(where)}: lag 4 and no commit for \d+s; the oldest message not counted was "
+            r"written \d+s ago \(--stall-after 3s\) although an instance holds the job lock; read its log "
+            "for the batch it is stuck in, or restart it",
+            line,
+        ), line
+
+        job.run_batch()
+        result = check(database_url, kafka, "--stall-after", "3")
+        assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
