@@ -212,6 +212,61 @@ def test_a_task_with_mostly_distinct_groups_hands_them_on_in_bounded_pieces(
     assert sum(b.num_rows for b in handed) == 600  # every key once: nothing merged away or lost
 
 
+WIDE_GROUPS = """
+import sys
+import pyarrow as pa
+from txstore.arrow import arrow_schema
+from txstore.pushdown import Count, PartialCount, task_counts
+
+width, per_batch, batches = (int(a) for a in sys.argv[1:])
+rows = Count(None)
+partial = PartialCount(("key", "topic"), (rows,), (("topic", "topic"), ("key", "key"), ("n", rows)))
+pad = b"x" * (width - 8)
+
+
+def messages():
+    for b in range(batches):
+        keys = [(b * per_batch + i).to_bytes(8, "big") + pad for i in range(per_batch)]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(keys, pa.binary()), pa.array(["t"] * per_batch)], schema=arrow_schema(("key", "topic"))
+        )
+
+
+handed = largest = groups = 0
+for batch in task_counts(messages(), partial):
+    handed += 1
+    largest = max(largest, batch.nbytes)
+    groups += batch.num_rows
+print(handed, largest, groups, pa.default_memory_pool().max_memory())
+"""
+
+
+def test_a_task_counting_wide_distinct_groups_hands_them_on_within_a_byte_budget() -> None:
+    # 8 KiB keys, each its own group: far fewer rows than MERGE_ROWS, yet many times the byte
+    # budget in all. A task must hand its counts on by bytes too, or it holds every group (an
+    # audit's task reached 9.3 GB and failed in Arrow). Measured in a process of its own: the
+    # peak of Arrow's memory pool.
+    import subprocess
+    import sys
+
+    budget = pushdown_module.MERGE_BYTES
+    width, per_batch = 8192, 512  # 4 MiB of keys a batch
+    batches = 16 * budget // (width * per_batch)
+    out = subprocess.run(
+        [sys.executable, "-c", WIDE_GROUPS, str(width), str(per_batch), str(batches)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    handed, largest, groups, peak = (int(n) for n in out.split())
+    assert groups == batches * per_batch  # every group once: nothing merged away or lost
+    assert handed > 1 and largest <= budget + width * per_batch
+    # The held counts, Arrow's hash grouping of them and the piece handed on: about five times
+    # the budget whatever the task's total (held by rows alone: more than the sixteen times fed).
+    assert peak < 8 * budget, f"Arrow held {peak / 2**20:.0f} MiB for a {budget / 2**20:.0f} MiB budget"
+
+
 def test_counts_handed_back_with_large_strings_or_another_time_zone_are_summed_alike() -> None:
     # What Spark's toArrow gives may use large string and binary types and the session's time zone.
     rows = Count(None)
