@@ -11,8 +11,18 @@ order:
    errors, as a batch's planning (:func:`txstore.ranges.plan_ranges`) and reading;
 3. ``OK``: no lag (whether or not an instance runs);
 4. ``STOP``: lag, and no instance holds the job lock;
-5. ``STALL``: lag, an instance runs, but nothing was committed for longer than
-   ``stall_after``;
+5. ``STALL``: lag, an instance runs, and the lag has waited for longer than ``stall_after``
+   with no commit: since the last commit, or since the oldest message not counted was
+   written if that was later (:attr:`PartitionFacts.unread_since`, its Kafka timestamp).
+   A healthy ``--interval`` job that committed everything and sat idle has an old last
+   commit; messages written after it are not STALL until they have waited ``stall_after``
+   (its next batch takes them before). The stored facts cannot tell this alone:
+   ``txn_offsets`` keeps the offset and when it moved, and ``lag_samples`` the backlog each
+   commit started from, but not the log end the last commit was planned with, so whether
+   the lag was already there at the last commit is read off the first message's timestamp.
+   A message without one, or that cannot be read, leaves the last commit as the measure;
+   so do producers' timestamps from before the last commit (a backfill with old event
+   times), and clocks apart (Kafka's and PostgreSQL's) shift the measure by their skew;
 6. ``WARN``: the backlog grew at each of the partition's last commits
    (``txn_offsets.lag_samples``: at least :data:`MIN_SAMPLES`, each larger than the
    one before): the job runs and commits, but falls behind;
@@ -58,7 +68,9 @@ class PartitionFacts:
     beside the offset;
     ``topic_id`` Kafka's topic ID now (None: unknown); ``found`` the message now at
     ``history.last.offset`` (None: none there, or not looked at); ``lag_samples`` the
-    backlog the last commits started from, oldest first.
+    backlog the last commits started from, oldest first; ``unread_since`` when the oldest
+    message not counted (the first at or after ``offset``) was written, by its Kafka
+    timestamp (None: no lag, not looked at, no timestamp, or not read).
     """
 
     job: str
@@ -73,6 +85,7 @@ class PartitionFacts:
     topic_id: str | None = None
     found: Fingerprint | None = None
     lag_samples: tuple[int, ...] = ()
+    unread_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,7 @@ class PartitionHealth:
     running: bool
     lag_samples: tuple[int, ...]
     reason: str  # one line: what is wrong and what to run next ("" when OK)
+    unread_since: datetime | None = None  # when the oldest message not counted was written
 
 
 def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STALL_AFTER) -> PartitionHealth:
@@ -113,6 +127,7 @@ def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STAL
             f.running,
             f.lag_samples,
             reason,
+            f.unread_since,
         )
 
     if f.kafka_problem is not None:
@@ -129,10 +144,14 @@ def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STAL
             f"{where}: lag {lag} and no instance of the job is running (last commit {idle}s ago); "
             "start the job",
         )
-    if now - f.last_commit > stall_after:
+    since, written = f.last_commit, ""
+    if f.unread_since is not None and f.unread_since > since:
+        since = f.unread_since  # written after the last commit: it waits only since then
+        written = f"; the oldest message not counted was written {int((now - since).total_seconds())}s ago"
+    if now - since > stall_after:
         return health(
             STALL,
-            f"{where}: lag {lag} and no commit for {idle}s (--stall-after {_seconds(stall_after)}s) "
+            f"{where}: lag {lag} and no commit for {idle}s{written} (--stall-after {_seconds(stall_after)}s) "
             "although an instance holds the job lock; read its log for the batch it is stuck in, "
             "or restart it",
         )

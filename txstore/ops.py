@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
 from txstore import store
 from txstore.errors import KafkaUnavailable, TxstoreError, UnknownTopic
@@ -16,12 +17,14 @@ from txstore.fingerprint import Fingerprint
 from txstore.health import PartitionFacts
 from txstore.kafka import BOOTSTRAP_ENV, fetch_watermarks, offsets_for_timestamp
 from txstore.locks import job_running, lock_job_for_reset
-from txstore.ranges import PartitionHistory, PartitionWatermarks
+from txstore.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
+from txstore.reader import RangeReader
 from txstore.reset import ResetMove, ResetTarget, plan_reset
 from txstore.results import plain_number
 from txstore.topic_ids import fetch_topic_ids, message_at_last_counted
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,10 @@ def status(
 
 
 def health_facts(
-    conn: psycopg.Connection, kafka_conf: Mapping[str, Any] | None, job: str | None = None
+    conn: psycopg.Connection,
+    kafka_conf: Mapping[str, Any] | None,
+    job: str | None = None,
+    stall_after: timedelta | None = None,
 ) -> tuple[list[PartitionFacts], datetime]:
     """What :func:`txstore.health.evaluate` needs of every stored partition (of ``job``, or of
     all jobs), and the database's clock now (the one ``updated_at`` is written with).
@@ -132,6 +138,10 @@ def health_facts(
     partition's last-counted offset where the log still holds it, as ``txstore reset``
     does to tell a recreated topic. A topic Kafka does not have leaves its partitions
     without watermarks; Kafka not answering (or not given) leaves them all unknown.
+
+    Where a running job has lag, the first message not counted is read too, for when it
+    was written (``unread_since``, what tells STALL from an idle job's new messages); with
+    ``stall_after`` given, only where the last commit is older (else it cannot be STALL).
     """
     rows = conn.execute(
         "SELECT job, topic, part, off, updated_at, generation, topic_id, last_off, last_timestamp, "
@@ -161,8 +171,11 @@ def health_facts(
         last = Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None
         w = marks.get((topic, part))
         found = None
+        unread_since = None
         if problem is None and kafka_conf:
             found = message_at_last_counted(kafka_conf, topic, part, last, w, STATUS_KAFKA_TIMEOUT_SECONDS)
+            if running[j] and (stall_after is None or now - updated > stall_after):
+                unread_since = first_unread_written(kafka_conf, topic, part, off, w)
         facts.append(
             PartitionFacts(
                 j,
@@ -177,9 +190,42 @@ def health_facts(
                 topic_ids.get(topic),
                 found,
                 tuple(samples),
+                unread_since,
             )
         )
     return facts, now
+
+
+def first_unread_written(
+    conf: Mapping[str, Any],
+    topic: str,
+    partition: int,
+    offset: int,
+    marks: PartitionWatermarks | None,
+    timeout: float = STATUS_KAFKA_TIMEOUT_SECONDS,
+) -> datetime | None:
+    """When the first message at or after ``offset`` (below the log end) was written, by its
+    Kafka timestamp; None if there is no such message, it has no timestamp, or it cannot be
+    read in ``timeout`` seconds. Read committed, like the job: an open or aborted
+    transaction's messages are not the job's lag."""
+    if marks is None or not marks.low <= offset < marks.high:
+        return None
+    reader = RangeReader(
+        conf,
+        OffsetRange(topic, partition, offset, marks.high),
+        batch_size=1,
+        idle_timeout=timeout,
+        pause_gc=False,
+    )
+    try:
+        for batch in reader:
+            kind, ms = batch[0].timestamp()
+            if kind == TIMESTAMP_NOT_AVAILABLE:
+                return None
+            return _EPOCH + timedelta(milliseconds=ms)
+    except (TxstoreError, OverflowError):
+        return None
+    return None
 
 
 def outbox_status(conn: psycopg.Connection, job: str | None = None) -> list[OutboxStatus]:
