@@ -1,0 +1,216 @@
+"""In-process fakes of confluent-kafka's Consumer and Producer, for tests that must run in
+milliseconds (the fast core tests, and the mutation run: ``./dev mutate``).
+
+They are fakes of the client library, not of txstore: the reader and the outbox publisher
+run unchanged against them. Messages and events are real ``confluent_kafka.Message``
+objects (which can be built in Python), so ``Message.error`` and friends behave as with a
+broker.
+
+:class:`FakeLog` is one partition: messages at offsets (holes where a transaction marker or
+a compacted message is), a log start and a log end, and optionally the log end a consumer
+sees on each successive ``consume`` call (``visible_ends``: a follower or a fetch that has
+not caught up yet), so that an end-of-partition event below the range's end can be staged.
+:class:`FakeConsumer` behaves like an assigned librdkafka consumer with
+``enable.partition.eof`` on and ``auto.offset.reset=error``: ``consume(n)`` returns up to
+``n`` messages and events from its position, an EOF event once it reaches the visible end,
+and an ``_AUTO_OFFSET_RESET`` error for a position outside the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+TIMESTAMP_TYPE_CREATE_TIME = 1
+
+
+def message(
+    topic: str,
+    partition: int,
+    offset: int,
+    value: bytes | None = b"v",
+    key: bytes | None = b"k",
+    timestamp: int | None = None,
+) -> Message:
+    """A consumed message; ``timestamp`` None: no timestamp (type 0)."""
+    ts = (0, -1) if timestamp is None else (TIMESTAMP_TYPE_CREATE_TIME, timestamp)
+    return Message(topic=topic, partition=partition, offset=offset, key=key, value=value, timestamp=ts)
+
+
+def event(topic: str, partition: int, offset: int, code: int) -> Message:
+    """A consumer event (error) at ``offset``, e.g. ``KafkaError._PARTITION_EOF``."""
+    return Message(topic=topic, partition=partition, offset=offset, error=KafkaError(code))
+
+
+@dataclass
+class FakeLog:
+    """One partition's log: ``messages`` by offset (missing offsets are holes), ``[low, high)``."""
+
+    topic: str
+    partition: int
+    messages: dict[int, Message]
+    low: int
+    high: int
+    visible_ends: list[int] = field(default_factory=list)  # per consume call; then ``high``
+
+    @classmethod
+    def of(
+        cls,
+        topic: str,
+        partition: int,
+        offsets: Iterable[int],
+        high: int | None = None,
+        low: int = 0,
+        value: Callable[[int], bytes] = lambda o: b"v%d" % o,
+        visible_ends: Sequence[int] = (),
+    ) -> FakeLog:
+        found = sorted(offsets)
+        end = high if high is not None else (found[-1] + 1 if found else low)
+        return cls(
+            topic,
+            partition,
+            {o: message(topic, partition, o, value(o), b"k", 1_000 + o) for o in found if o >= low},
+            low,
+            end,
+            list(visible_ends),
+        )
+
+    def visible_end(self) -> int:
+        return self.visible_ends.pop(0) if self.visible_ends else self.high
+
+
+class FakeConsumer:
+    """An assigned consumer over :class:`FakeLog` partitions (one assignment at a time)."""
+
+    def __init__(
+        self, logs: Mapping[tuple[str, int], FakeLog], conf: Mapping[str, Any] | None = None
+    ) -> None:
+        self.logs = logs
+        self.conf = dict(conf or {})
+        self.position: dict[tuple[str, int], int] = {}
+        self.eof_at: dict[tuple[str, int], int] = {}  # the log end each EOF event was sent at
+        self.assigned_at: list[tuple[str, int, int]] = []  # every assign(), in order
+        self.consumed: list[int] = []  # num_messages of every consume()
+        self.closed = False
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return None
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.position = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+        self.eof_at = {}
+        self.assigned_at += [(tp.topic, tp.partition, tp.offset) for tp in partitions]
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p, o) for (t, p), o in self.position.items()]
+
+    def unassign(self) -> None:
+        self.position = {}
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        log = self.logs[(partition.topic, partition.partition)]
+        return log.low, log.high
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self.consumed.append(num_messages)
+        out: list[Message] = []
+        for key, position in list(self.position.items()):
+            log = self.logs[key]
+            if position < log.low or position > log.high:
+                out.append(event(log.topic, log.partition, position, KafkaError._AUTO_OFFSET_RESET))
+                continue
+            end = log.visible_end()
+            offset = position
+            while offset < end and len(out) < num_messages:
+                if offset in log.messages:
+                    out.append(log.messages[offset])
+                offset += 1  # holes (markers, compacted messages) are passed over
+            self.position[key] = offset
+            if offset >= end and len(out) < num_messages and self.eof_at.get(key) != end:
+                out.append(event(log.topic, log.partition, end, KafkaError._PARTITION_EOF))
+                self.eof_at[key] = end
+        return out
+
+
+@dataclass
+class FakeKafka:
+    """The logs a test's consumers read, and every consumer made (``txstore.reader.Consumer``)."""
+
+    logs: dict[tuple[str, int], FakeLog] = field(default_factory=dict)
+    consumers: list[FakeConsumer] = field(default_factory=list)
+
+    def add(self, log: FakeLog) -> FakeLog:
+        self.logs[(log.topic, log.partition)] = log
+        return log
+
+    def consumer(self, conf: Mapping[str, Any]) -> FakeConsumer:
+        made = FakeConsumer(self.logs, conf)
+        self.consumers.append(made)
+        return made
+
+
+class FakeProducer:
+    """Produces into a list; ``flush``/``poll`` report each message's delivery as ``outcome``
+    says: None (delivered) or a ``KafkaError`` code for the message's index (0, 1, ...);
+    ``refuse_at_produce`` raises that code from ``produce`` itself; ``unconfirmed`` leaves
+    messages at those indexes without a report (``flush`` then returns how many)."""
+
+    def __init__(
+        self,
+        outcome: Callable[[int], int | None] = lambda i: None,
+        refuse_at_produce: Callable[[int], int | None] = lambda i: None,
+        unconfirmed: Callable[[int], bool] = lambda i: False,
+    ) -> None:
+        self.outcome = outcome
+        self.refuse_at_produce = refuse_at_produce
+        self.unconfirmed = unconfirmed
+        self.produced: list[tuple[str, bytes, bytes, list[tuple[str, Any]]]] = []
+        self._pending: list[tuple[int, Callable[[KafkaError | None, Message], None], Message]] = []
+        self._waiting = 0
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes,
+        headers: list[tuple[str, Any]] | None = None,
+        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+    ) -> None:
+        index = len(self.produced)
+        refused = self.refuse_at_produce(index)
+        if refused is not None:
+            self.produced.append((topic, value, key, list(headers or [])))
+            raise KafkaException(KafkaError(refused))
+        self.produced.append((topic, value, key, list(headers or [])))
+        assert on_delivery is not None
+        self._pending.append((index, on_delivery, Message(topic=topic, value=value, key=key)))
+
+    def poll(self, timeout: float = 0) -> int:
+        return self._report()
+
+    def flush(self, timeout: float = -1) -> int:
+        self._report()
+        return self._waiting
+
+    def _report(self) -> int:
+        reported = 0
+        pending, self._pending = self._pending, []
+        for index, on_delivery, msg in pending:
+            if self.unconfirmed(index):
+                self._waiting += 1
+                continue
+            code = self.outcome(index)
+            on_delivery(None if code is None else KafkaError(code), msg)
+            reported += 1
+        return reported
+
+    def close(self) -> None:
+        pass
