@@ -178,7 +178,9 @@ def classify_batch_conflict(
     (:class:`AlreadyCommitted`). Otherwise the first range not at its
     ``from`` names the problem; one already committed while others are not
     means another writer committed part of the batch, so committing the
-    rest would count its messages twice (:class:`OffsetOverlap`).
+    rest would count its messages twice (:class:`OffsetOverlap`). Every range
+    at its ``from``: an offset was reset to a new generation since the batch
+    was planned (:class:`OffsetOverlap` too, for the first range).
     """
     off = [r for r in ranges if stored.get(r.key) != r.from_offset]
     conflicts = [classify_conflict(job, r, stored.get(r.key)) for r in off]
@@ -187,7 +189,8 @@ def classify_batch_conflict(
     for c in conflicts:
         if not isinstance(c, AlreadyCommitted):
             return c
-    return OffsetOverlap(job, off[0], stored.get(off[0].key))
+    first = (off or ranges)[0]
+    return OffsetOverlap(job, first, stored.get(first.key))
 
 
 def _json_ranges(ranges: Sequence[OffsetRange]) -> str:
