@@ -27,6 +27,7 @@ from txstore.fingerprint import Fingerprint
 from txstore.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFacts, evaluate, exit_code
 from txstore.idempotent import IdempotentSink
 from txstore.kafka import client_config
+from txstore.locks import hold_job_lock
 from txstore.ops import apply_reset
 from txstore.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
 from txstore.reset import ResetMove
@@ -108,6 +109,35 @@ def test_new_messages_after_an_idle_period_are_not_stall_until_they_have_waited_
     # Not running is STOP however fresh the messages; no lag is OK however old the commit.
     assert evaluate(facts(offset=4, last_commit=idle, unread_since=NOW, running=False), NOW).status == STOP
     assert evaluate(facts(last_commit=idle, unread_since=NOW - timedelta(hours=2)), NOW).status == OK
+
+
+def test_a_partition_with_messages_and_no_offset_row_is_judged_from_its_earliest_offset() -> None:
+    """A partition the job has not started (the topic gained it, or came back with more): the
+    job will read it from its log start, so that is its lag; no commit to measure from."""
+    new = {"offset": None, "last_commit": None, "low": 2, "high": 7}
+    stopped = evaluate(facts(**new, running=False), NOW)
+    assert (stopped.status, stopped.offset, stopped.log_end, stopped.lag) == (STOP, None, 7, 5)
+    assert (stopped.last_commit, stopped.seconds_since_commit) == (None, None)
+    assert stopped.reason == (
+        "job 'j' topic 't' partition 0: lag 5 and no instance of the job is running (no offset stored: "
+        "a partition the job has not started; it starts at the earliest offset 2); start the job"
+    )
+    # Running: its messages wait for the job's next batch, STALL once longer than --stall-after.
+    assert evaluate(facts(**new, unread_since=NOW - timedelta(seconds=20)), NOW).status == OK
+    stalled = evaluate(facts(**new, unread_since=NOW - timedelta(minutes=6)), NOW)
+    assert (stalled.status, stalled.reason) == (
+        STALL,
+        "job 'j' topic 't' partition 0: lag 5 and no offset stored (a partition the job has not "
+        "started); the oldest message not counted was written 360s ago (--stall-after 300s) although "
+        "an instance holds the job lock; read its log for the batch it is stuck in, or restart it",
+    )
+    # Without the first message's timestamp nothing says how long it waited: not STALL.
+    assert evaluate(facts(**new), NOW).status == OK
+    # A new partition with no messages (or none left) is OK, running or not.
+    for running in (True, False):
+        empty = evaluate(facts(offset=None, last_commit=None, low=3, high=3, running=running), NOW)
+        assert (empty.status, empty.lag, empty.reason) == (OK, 0, "")
+    assert exit_code([stopped, empty]) == 2 and exit_code([stalled]) == 2
 
 
 def test_a_backlog_growing_at_each_of_the_last_commits_is_warn() -> None:
@@ -396,3 +426,99 @@ def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messag
         job.run_batch()
         result = check(database_url, kafka, "--stall-after", "3")
         assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
+
+
+def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started(
+    database_url: str, db: psycopg.Connection, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Issue 24: a stopped job whose topic gained partitions holding unread messages read OK.
+    The rows are what a job leaves that last ran while the topic had only partition 0."""
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "j", [StartDecision(topic, 0, 0, "test")])
+        TransactionalSink(conn, "j").commit(OffsetRange(topic, 0, 0, 3), {TOPIC_TOTAL: 3})
+
+    def check_j(*more: str) -> subprocess.CompletedProcess[str]:
+        return txstore("status", "--job", "j", "--check", *more, url=database_url, kafka=kafka)
+
+    result = check_j()
+    assert result.returncode == 2, result.stderr
+    assert result.stdout.splitlines() == [
+        "CRITICAL: job 'j': 1 STOP, 2 OK",
+        f"STOP job 'j' topic '{topic}' partition 1: lag 4 and no instance of the job is running (no "
+        "offset stored: a partition the job has not started; it starts at the earliest offset 0); "
+        "start the job",
+    ]
+    as_json = json.loads(check_j("--json").stdout)
+    partitions = as_json["partitions"]
+    assert [(p["partition"], p["status"], p["offset"], p["lag"]) for p in partitions] == [
+        (0, OK, 3, 0),
+        (1, STOP, None, 4),
+        (2, OK, None, 0),
+    ]
+    assert [p["last_commit"] is None for p in partitions] == [False, True, True]
+
+    # The plain status shows them too: no offset, generation or commit yet, lag from the log start.
+    status = txstore("status", "--job", "j", url=database_url, kafka=kafka)
+    assert status.returncode == 0, status.stderr
+    rows = [line.split() for line in status.stdout.splitlines()[1:]]
+    assert rows[0][2:8] + rows[0][9:] == ["0", "3", "0", "0", "3", "0", "no", "0"]
+    assert [r[2:] for r in rows[1:]] == [
+        ["1", "-", "-", "0", "4", "4", "-", "no", "0"],
+        ["2", "-", "-", "0", "0", "0", "-", "no", "0"],
+    ]
+    as_json = json.loads(txstore("status", "--job", "j", "--json", url=database_url, kafka=kafka).stdout)
+    assert [(r["partition"], r["offset"], r["generation"], r["lag"], r["last_commit"]) for r in as_json][
+        1:
+    ] == [
+        (1, None, None, 4, None),
+        (2, None, None, 0, None),
+    ]
+
+    # Running: the messages wait for the next batch, which creates the row; STALL once they have
+    # waited longer than --stall-after with none.
+    with connect(database_url) as job_connection:
+        hold_job_lock(job_connection, "j")
+        found, now = ops.health_facts(db, client_config(kafka.bootstrap_servers), "j")
+        results = [evaluate(f, now, timedelta(minutes=5)) for f in found]
+        assert [(r.partition, r.status, r.lag, r.running) for r in results] == [
+            (0, OK, 0, True),
+            (1, OK, 4, True),
+            (2, OK, 0, True),
+        ]
+        assert results[1].unread_since is not None
+        time.sleep(1.2)
+        result = check_j("--stall-after", "1")
+        assert result.returncode == 2, result.stderr
+        summary, line = result.stdout.splitlines()
+        assert summary == "CRITICAL: job 'j': 1 STALL, 2 OK"
+        assert re.fullmatch(
+            rf"STALL job 'j' topic '{re.escape(topic)}' partition 1: lag 4 and no offset stored \(a partition "
+            r"the job has not started\); the oldest message not counted was written \d+s ago \(--stall-after "
+            r"1s\) although an instance holds the job lock; read its log for the batch it is stuck in, or "
+            "restart it",
+            line,
+        ), line
+
+
+@pytest.mark.spark
+def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(
+    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    fill(kafka, topic, 5, 1, b"old", OLD_TS)
+    with job_for(spark, kafka, database_url, topic) as job:
+        job.run_batch()
+    kafka.recreate_topic(topic, 3)
+    send(kafka.bootstrap_servers, topic, ((0, b"k", b"new-0-%d" % i, NEW_TS + i) for i in range(8)))
+    send(kafka.bootstrap_servers, topic, ((1, b"k", b"new-1-%d" % i, NEW_TS + i) for i in range(3)))
+    result = check(database_url, kafka)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout.splitlines() == [
+        "CRITICAL: job 'count_topic': 1 ERR, 1 STOP, 1 OK",
+        f"ERR {mismatch_line('count_topic', topic, 0, 4)}",
+        f"STOP job 'count_topic' topic '{topic}' partition 1: lag 3 and no instance of the job is running "
+        "(no offset stored: a partition the job has not started; it starts at the earliest offset 0); "
+        "start the job",
+    ]
