@@ -28,6 +28,15 @@ order:
    one before): the job runs and commits, but falls behind;
 7. ``OK`` otherwise.
 
+A partition Kafka has in a topic the job stores offsets for, but with no row of its own
+(the topic gained partitions, or was recreated with more, since the job last planned;
+``offset`` and ``last_commit`` None), is judged as the job will read it: from its
+log-start offset, so its lag is every message it holds. It cannot be ERR; with no
+messages it is OK; with messages STOP if no instance runs, else STALL once its oldest
+message has waited longer than ``stall_after`` (there is no commit to measure from, and
+a running job starts it at its next batch; without that message's timestamp nothing says
+how long it waited, so it is not STALL).
+
 STALL, STOP and ERR are critical (exit 2), WARN a warning (exit 1); UNKNOWN exits 3,
 as Nagios plugins do.
 """
@@ -63,9 +72,10 @@ LEVELS = {EXIT_OK: "OK", EXIT_WARNING: "WARNING", EXIT_CRITICAL: "CRITICAL", EXI
 class PartitionFacts:
     """What is known of one partition of a job.
 
-    ``watermarks``: Kafka's offsets (None: Kafka does not have the partition, or Kafka was
-    not asked or did not answer, which ``kafka_problem`` says); ``history`` what is stored
-    beside the offset;
+    ``offset`` and ``last_commit`` None: the job has no row for the partition yet (it
+    starts it at the log start). ``watermarks``: Kafka's offsets (None: Kafka does not have
+    the partition, or Kafka was not asked or did not answer, which ``kafka_problem`` says);
+    ``history`` what is stored beside the offset;
     ``topic_id`` Kafka's topic ID now (None: unknown); ``found`` the message now at
     ``history.last.offset`` (None: none there, or not looked at); ``lag_samples`` the
     backlog the last commits started from, oldest first; ``unread_since`` when the oldest
@@ -76,8 +86,8 @@ class PartitionFacts:
     job: str
     topic: str
     partition: int
-    offset: int
-    last_commit: datetime
+    offset: int | None
+    last_commit: datetime | None
     running: bool
     watermarks: PartitionWatermarks | None
     kafka_problem: str | None = None
@@ -94,11 +104,11 @@ class PartitionHealth:
     topic: str
     partition: int
     status: str
-    offset: int
+    offset: int | None  # None: no row yet (lag counted from the log start)
     log_end: int | None
     lag: int | None
-    last_commit: datetime
-    seconds_since_commit: int
+    last_commit: datetime | None
+    seconds_since_commit: int | None
     running: bool
     lag_samples: tuple[int, ...]
     reason: str  # one line: what is wrong and what to run next ("" when OK)
@@ -109,9 +119,11 @@ def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STAL
     """The partition's status (see the module's docstring for the rules, in order)."""
     f = facts
     where = f"job {f.job!r} topic {f.topic!r} partition {f.partition}"
-    idle = max(0, int((now - f.last_commit).total_seconds()))
+    idle = max(0, int((now - f.last_commit).total_seconds())) if f.last_commit is not None else None
     marks = f.watermarks
-    lag = marks.high - f.offset if marks is not None else None
+    start = f.offset if f.offset is not None else marks.low if marks is not None else None
+    lag = marks.high - start if marks is not None and start is not None else None
+    not_started = "a partition the job has not started"
 
     def health(status: str, reason: str = "") -> PartitionHealth:
         return PartitionHealth(
@@ -135,23 +147,26 @@ def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STAL
     problem = out_of_log(f)
     if problem:
         return health(ERR, problem)
-    assert lag is not None
+    assert lag is not None and start is not None
     if lag <= 0:
         return health(OK)
     if not f.running:
+        if idle is None:
+            when = f"no offset stored: {not_started}; it starts at the earliest offset {start}"
+        else:
+            when = f"last commit {idle}s ago"
         return health(
-            STOP,
-            f"{where}: lag {lag} and no instance of the job is running (last commit {idle}s ago); "
-            "start the job",
+            STOP, f"{where}: lag {lag} and no instance of the job is running ({when}); start the job"
         )
     since, written = f.last_commit, ""
-    if f.unread_since is not None and f.unread_since > since:
-        since = f.unread_since  # written after the last commit: it waits only since then
+    if f.unread_since is not None and (since is None or f.unread_since > since):
+        since = f.unread_since  # written after the last commit (or there is none): it waits since then
         written = f"; the oldest message not counted was written {int((now - since).total_seconds())}s ago"
-    if now - since > stall_after:
+    if since is not None and now - since > stall_after:
+        committed = f"no commit for {idle}s" if idle is not None else f"no offset stored ({not_started})"
         return health(
             STALL,
-            f"{where}: lag {lag} and no commit for {idle}s{written} (--stall-after {_seconds(stall_after)}s) "
+            f"{where}: lag {lag} and {committed}{written} (--stall-after {_seconds(stall_after)}s) "
             "although an instance holds the job lock; read its log for the batch it is stuck in, "
             "or restart it",
         )
@@ -168,7 +183,10 @@ def evaluate(facts: PartitionFacts, now: datetime, stall_after: timedelta = STAL
 
 def out_of_log(f: PartitionFacts) -> str | None:
     """Planning's own error for this partition (offset outside the log, topic recreated), or
-    the reader's for another message at the last offset counted; None: the log is the one counted."""
+    the reader's for another message at the last offset counted; None: the log is the one counted
+    (or nothing is stored for the partition yet)."""
+    if f.offset is None:
+        return None
     key = (f.topic, f.partition)
     try:
         plan_ranges(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,15 +29,19 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 @dataclass(frozen=True)
 class PartitionStatus:
+    """One partition of a job. ``offset``, ``generation`` and ``last_commit`` None: a partition
+    Kafka has in one of the job's topics that the job has not started yet (no row; its lag is
+    counted from the log start, where the job will start it)."""
+
     job: str
     topic: str
     partition: int
-    offset: int
-    generation: int
+    offset: int | None
+    generation: int | None
     log_start: int | None
     log_end: int | None
     lag: int | None
-    last_commit: datetime
+    last_commit: datetime | None
     running: bool
     # The job's results in txn_outbox (--publish-topic): waiting to be sent, and set aside
     # because Kafka refused them for good (`txstore publish --job J --retry-failed`).
@@ -78,7 +82,8 @@ class JobSummary:
 def status(
     conn: psycopg.Connection, kafka_conf: Mapping[str, Any] | None, job: str | None = None
 ) -> tuple[list[PartitionStatus], str | None]:
-    """Every stored partition (of ``job``, or of all jobs) with Kafka's view of it.
+    """Every stored partition (of ``job``, or of all jobs) with Kafka's view of it, and every
+    partition Kafka has in a job's topics that the job has not started yet.
 
     Without Kafka (no settings, or no answer in time) the Kafka columns are
     None and the second value says why; the database part is still shown.
@@ -122,7 +127,55 @@ def status(
                 skipped,
             )
         )
+    new = not_started([(r[0], r[1], r[2]) for r in rows], marks) if problem is None else []
+    if new:
+        bad = {
+            (j, t, p): n
+            for j, t, p, n in conn.execute(
+                "SELECT job, topic, part, count(*) FROM txn_bad_messages "
+                "WHERE %(job)s::text IS NULL OR job = %(job)s GROUP BY job, topic, part",
+                {"job": job},
+            ).fetchall()
+        }
+        conn.commit()
+        for j, w in new:
+            result.append(
+                PartitionStatus(
+                    j,
+                    w.topic,
+                    w.partition,
+                    None,
+                    None,
+                    w.low,
+                    w.high,
+                    w.high - w.low,
+                    None,
+                    running[j],
+                    outbox[j].pending if j in outbox else 0,
+                    outbox[j].set_aside if j in outbox else 0,
+                    bad.get((j, w.topic, w.partition), 0),
+                )
+            )
+        result.sort(key=lambda r: (r.job, r.topic, r.partition))
     return result, problem
+
+
+def not_started(
+    stored: Iterable[tuple[str, str, int]], marks: Mapping[tuple[str, int], PartitionWatermarks]
+) -> list[tuple[str, PartitionWatermarks]]:
+    """``(job, Kafka's partition)`` for each partition Kafka has (``marks``) in a topic a job
+    stores offsets for, that the job has no row for (``stored``: job, topic, partition)."""
+    have = set(stored)
+    topics = {(j, t) for j, t, _ in have}
+    return sorted(
+        (
+            (j, w)
+            for j, t in topics
+            for w in marks.values()
+            if w.topic == t and (j, t, w.partition) not in have
+        ),
+        key=lambda found: (found[0], found[1].topic, found[1].partition),
+    )
 
 
 def health_facts(
@@ -138,6 +191,10 @@ def health_facts(
     partition's last-counted offset where the log still holds it, as ``txstore reset``
     does to tell a recreated topic. A topic Kafka does not have leaves its partitions
     without watermarks; Kafka not answering (or not given) leaves them all unknown.
+
+    Partitions Kafka has in those topics that a job has no row for (the topic gained
+    partitions, or was recreated with more) are included with ``offset`` None: the job
+    starts them at their log start.
 
     Where a running job has lag, the first message not counted is read too, for when it
     was written (``unread_since``, what tells STALL from an idle job's new messages); with
@@ -193,6 +250,25 @@ def health_facts(
                 unread_since,
             )
         )
+    if problem is None and kafka_conf:
+        for j, w in not_started([(r[0], r[1], r[2]) for r in rows], marks):
+            unread_since = (
+                first_unread_written(kafka_conf, w.topic, w.partition, w.low, w) if running[j] else None
+            )
+            facts.append(
+                PartitionFacts(
+                    j,
+                    w.topic,
+                    w.partition,
+                    None,
+                    None,
+                    running[j],
+                    w,
+                    topic_id=topic_ids.get(w.topic),
+                    unread_since=unread_since,
+                )
+            )
+        facts.sort(key=lambda f: (f.job, f.topic, f.partition))
     return facts, now
 
 
@@ -304,7 +380,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
                 r.log_start,
                 r.log_end,
                 r.lag,
-                r.last_commit.isoformat(timespec="seconds"),
+                r.last_commit.isoformat(timespec="seconds") if r.last_commit is not None else None,
                 "yes" if r.running else "no",
                 r.skipped,
             )
