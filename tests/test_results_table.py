@@ -662,3 +662,81 @@ def test_read_columns_that_leave_out_what_the_query_uses_are_refused_in_one_line
     assert "`timestamp`" in line
     assert line.endswith("; it reads only value: add the columns it uses")
     assert offsets(db, topic, "sales") == {}
+
+
+def test_columns_that_would_round_the_querys_numbers_are_refused_before_anything_is_read(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """Issue 24's own numbers: a count summed onto a counter at 2^24 in ``real`` (ten one-message
+    batches stored 16777216, not 16777226), 0.050 summed in ``numeric(10,1)``, the bigint
+    9007199254740993 in ``double precision``. Refused, one line each, before anything is read;
+    with the columns the lines' ``ALTER TABLE`` gives, the same batches store them exactly."""
+    db.execute(
+        "CREATE TABLE counters (id text PRIMARY KEY, n real NOT NULL, amount numeric(10, 1), "
+        "big double precision)"
+    )
+    db.execute("INSERT INTO counters VALUES ('c', 16777216, 0, 0)")
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, None, b"x", None)] * 10)
+    query = (
+        "SELECT 'c' AS id, count(*) AS n, sum(CAST('0.050' AS DECIMAL(10, 3))) AS amount, "
+        "max(CAST(9007199254740993 AS BIGINT)) AS big FROM batch"
+    )
+    table = ResultsTable("counters", ("id",), (("n", "sum"), ("amount", "sum"), ("big", "max")))
+    s = settings(kafka, database_url, "counters", topic, max_offsets_per_batch=1)
+    lines = refusal(spark, s, table, query)
+    assert [line[line.index("column ") :] for line in lines] == [
+        "column n: the query's n is bigint, which counters.n (real) cannot hold exactly: real holds integers "
+        "exactly only up to 2^24 = 16777216, larger ones and sums round; "
+        "ALTER TABLE counters ALTER COLUMN n TYPE bigint",
+        "column amount: the query's amount is decimal(20,3), which counters.amount (numeric(10,1)) cannot "
+        "hold exactly: numeric(10,1) rounds to 1 decimal place, the query's values have 3; "
+        "ALTER TABLE counters ALTER COLUMN amount TYPE numeric(20,3)",
+        "column big: the query's big is bigint, which counters.big (double precision) cannot hold exactly: "
+        "double precision holds integers exactly only up to 2^53 = 9007199254740992, larger ones and sums "
+        "round; ALTER TABLE counters ALTER COLUMN big TYPE bigint",
+    ]
+    assert offsets(db, topic, "counters") == {}  # nothing read, nothing written
+    assert db.execute("SELECT n, amount, big FROM counters").fetchall() == [(16777216, 0, 0)]
+
+    for line in lines:
+        db.execute(line[line.index("ALTER TABLE ") :])
+    batches = 0
+    with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
+        while ranges := job.run_batch().ranges:
+            assert {r.outcome for r in ranges} == {COMMITTED}
+            batches += 1
+    assert batches == 10
+    assert db.execute("SELECT n, amount, big FROM counters").fetchall() == [
+        (16777226, Decimal("0.500"), 9007199254740993)
+    ]
+
+
+def test_a_count_too_large_for_an_integer_column_stops_the_batch_and_commits_nothing(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """The check's decision for narrower integer columns (Spark's count is bigint): accepted, because a
+    value or sum they cannot hold makes PostgreSQL raise instead of rounding, so the batch stops loudly
+    with nothing merged and no offset moved."""
+    db.execute("CREATE TABLE small (id text PRIMARY KEY, n integer NOT NULL)")
+    db.execute("INSERT INTO small VALUES ('c', 2147483647)")
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
+    query = "SELECT 'c' AS id, count(*) AS n FROM batch"
+    table = ResultsTable("small", ("id",), (("n", "sum"),))
+    s = settings(kafka, database_url, "small", topic)
+    with (
+        TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job,
+        pytest.raises(Exception, match="integer out of range"),  # PostgreSQL's error, in the job's line
+    ):
+        job.run_batch()
+    assert db.execute("SELECT n FROM small").fetchall() == [(2147483647,)]
+    assert offsets(db, topic, "small") == {0: 0}  # planned from 0, not moved
