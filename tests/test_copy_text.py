@@ -63,3 +63,37 @@ def test_without_positions_the_text_has_only_the_batch_columns() -> None:
     batch = pa.RecordBatch.from_pydict({"k": ["a", None], "n": [1, 2]})
     assert copy_text(batch) == b"a\t1\n\\N\t2\n"
     assert copy_text(batch, 7) == b"a\t1\t7\n\\N\t2\t8\n"
+
+
+def test_instants_are_written_in_utc_so_the_two_hours_of_a_daylight_saving_fold_stay_two_values(
+    db: psycopg.Connection,
+) -> None:
+    """Spark hands instants over in its session's zone (Europe/Berlin here): 00:30 and 01:30 UTC on
+    2026-10-25 are both 02:30 there. The text carries UTC, so even a column without a time zone
+    (which drops the offset) keeps them two values, a UTC wall time each."""
+    first = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)
+    second = datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc)
+    batch = pa.RecordBatch.from_pydict(
+        {"t": pa.array([first, second, None], pa.timestamp("us", tz="Europe/Berlin"))}
+    )
+    assert copy_text(batch) == b"2026-10-25 00:30:00.000000+00\n2026-10-25 01:30:00.000000+00\n\\N\n"
+    db.execute("CREATE TEMP TABLE instants (zoned timestamptz, wall timestamp)")
+    db.execute("SET TimeZone = 'Europe/Berlin'")  # the server's zone does not enter either column
+    text = copy_text(pa.RecordBatch.from_arrays([batch.column(0), batch.column(0)], ["zoned", "wall"]))
+    with db.cursor() as cur, cur.copy("COPY instants FROM STDIN") as copy:
+        copy.write(text)
+    rows = db.execute("SELECT zoned, wall FROM instants WHERE zoned IS NOT NULL ORDER BY zoned").fetchall()
+    # (astimezone: Python never finds a datetime in a fold equal to one in another zone)
+    assert [r[0].astimezone(timezone.utc) for r in rows] == [first, second]
+    assert [r[1] for r in rows] == [first.replace(tzinfo=None), second.replace(tzinfo=None)]
+
+
+def test_wall_times_and_dates_are_written_as_they_are() -> None:
+    """TIMESTAMP_NTZ and DATE values have no zone: their text is the wall time and the day, unchanged."""
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "wall": pa.array([datetime(2026, 10, 25, 2, 30), None], pa.timestamp("us")),
+            "day": pa.array([date(2026, 3, 29), date(1, 1, 1)], pa.date32()),
+        }
+    )
+    assert copy_text(batch) == b"2026-10-25 02:30:00.000000\t2026-03-29\n\\N\t0001-01-01\n"

@@ -740,3 +740,47 @@ def test_a_count_too_large_for_an_integer_column_stops_the_batch_and_commits_not
         job.run_batch()
     assert db.execute("SELECT n FROM small").fetchall() == [(2147483647,)]
     assert offsets(db, topic, "small") == {0: 0}  # planned from 0, not moved
+
+
+def test_two_instants_of_a_daylight_saving_fold_stay_two_rows_and_timestamp_without_zone_is_refused(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """Spark's session zone Europe/Berlin, whose clocks went back from 03:00 to 02:00 on 2026-10-25:
+    the hours 02:00 CEST and 02:00 CET are two instants an hour apart. A ``timestamp`` (without time
+    zone) column would hold both as 02:00 and merge them: refused before anything is read, one line
+    saying to use ``timestamptz``; there they stay two rows."""
+    db.execute("CREATE TABLE hourly (hour timestamp PRIMARY KEY, n bigint NOT NULL)")
+    topic = new_topic(1)
+    first = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)  # 02:30 CEST
+    second = datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc)  # 02:30 CET, an hour later
+    send(
+        kafka.bootstrap_servers,
+        topic,
+        [(0, None, b"x", int(t.timestamp() * 1000)) for t in (first, second)],
+    )
+    query = "SELECT date_trunc('HOUR', timestamp) AS hour, count(*) AS n FROM batch GROUP BY 1"
+    table = ResultsTable("hourly", ("hour",), (("n", "sum"),))
+    s = settings(kafka, database_url, "hourly", topic)
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
+    try:
+        [line] = refusal(spark, s, table, query)
+        assert line[line.index("column ") :] == (
+            "column hour: the query's hour is timestamp, which hourly.hour (timestamp without time zone) "
+            "cannot hold exactly: timestamp without time zone drops the instant's offset, so two instants "
+            "can be one value (the two 02:30 of a daylight-saving fold); "
+            "ALTER TABLE hourly ALTER COLUMN hour TYPE timestamptz"
+        )
+        assert offsets(db, topic, "hourly") == {}
+        db.execute(line[line.index("ALTER TABLE ") :])
+        assert run_once(spark, s, table, query) == {COMMITTED}
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert dict(db.execute("SELECT hour, n FROM hourly").fetchall()) == {
+        datetime(2026, 10, 25, 0, tzinfo=timezone.utc): 1,
+        datetime(2026, 10, 25, 1, tzinfo=timezone.utc): 1,
+    }

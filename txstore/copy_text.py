@@ -10,7 +10,15 @@ Python objects.
 Text format: columns separated by tabs, rows ended by newlines, NULL as
 ``\\N``; backslash, tab, newline and carriage return escaped in strings;
 ``bytea`` as ``\\\\x`` and hex. Numbers are written as Arrow prints them
-(decimals exactly), timestamps with their offset.
+(decimals exactly, floats the shortest text that reads back the same).
+
+Instants (Spark's ``timestamp``, Arrow timestamps with a zone, which Spark hands
+over in its session's time zone) are written in UTC, ``2026-10-25
+00:30:00.000000+00``, whatever the session's zone: the text never depends on it,
+and even a ``timestamp`` column without time zone (which drops the offset; the
+start-up check refuses it, :mod:`txstore.results_check`) would hold UTC wall
+times, so the two 02:30 of a daylight-saving fold never become one value. Wall
+times (``timestamp_ntz``) and dates have no zone and are written as they are.
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ def text_column(column: Any) -> Any:
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         values = [None if v is None else "\\\\x" + v.hex() for v in column.to_pylist()]
         text = pa.array(values, pa.string())
+    elif pa.types.is_timestamp(kind) and kind.tz is not None:
+        utc = pc.cast(column, pa.timestamp(kind.unit))  # the zone dropped: the UTC wall time
+        text = pc.binary_join_element_wise(pc.cast(utc, pa.string()), "+00", "")  # NULL stays NULL
     else:
         text = pc.cast(column, pa.string())
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
