@@ -182,3 +182,12 @@ def test_count_messages_counts_what_one_message_at_a_time_counts(by_key: bool, w
     deltas = count(OffsetRange("t", 0, 0, 3000), batches)
     assert deltas == {TOPIC_TOTAL: 3000, **expected}
     assert all(type(k) is ResultKey for k in deltas)
+
+
+def test_every_duration_with_whole_milliseconds_in_decimals_is_read_exactly() -> None:
+    # Through float arithmetic 1.001s was 1000.9999999999999 ms, refused as not whole.
+    for thousandths in range(1, 100_000):
+        assert parse_duration_ms(f"{thousandths // 1000}.{thousandths % 1000:03d}s") == thousandths
+    for hundredths in range(1, 2000):
+        assert parse_duration_ms(f"{hundredths // 100}.{hundredths % 100:02d}m") == hundredths * 600
+    assert parse_duration_ms("0.27m") == 16_200
