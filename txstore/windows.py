@@ -9,6 +9,7 @@ whether it is counted live, after a restart, in a backlog or in a replay.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from datetime import datetime, timedelta, timezone
 
 from txstore.errors import ConfigError
@@ -27,7 +28,7 @@ def parse_duration_ms(text: str) -> int:
             f"cannot read the duration {text!r}: use a number and a unit (ms, s, m, h, d, w), "
             "e.g. 30s, 1m, 1h30m"
         )
-    ms = sum(float(n) * _UNIT_MS[u] for n, u in parts)
+    ms = sum(Fraction(n) * _UNIT_MS[u] for n, u in parts)  # exact: 1.001s is 1001 ms
     if ms < 1 or ms != int(ms):
         raise ConfigError(f"the duration {text!r} must be a whole number of milliseconds, at least 1ms")
     return int(ms)
