@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -250,6 +251,13 @@ def _watermarks(
     ]
 
 
+def lookup_timestamp(timestamp_ms: int) -> int:
+    """The timestamp to ask Kafka for: never below 0, since Kafka reads -1 as "latest" and -2 as
+    "earliest" (an instant before 1970 would start at the log end). No message is older than
+    the epoch (producers refuse negative timestamps), so 0 finds the same first message."""
+    return max(timestamp_ms, 0)
+
+
 def offsets_for_timestamp(
     conf: Mapping[str, Any],
     partitions: Sequence[tuple[str, int]],
@@ -266,11 +274,27 @@ def offsets_for_timestamp(
     if not partitions:
         return {}
     admin = _Admin(conf)
-    spec = OffsetSpec.for_timestamp(timestamp_ms)  # type: ignore[no-untyped-call]
+    spec = OffsetSpec.for_timestamp(lookup_timestamp(timestamp_ms))  # type: ignore[no-untyped-call]
     try:
         return _list_offsets(admin.client, [TopicPartition(t, p) for t, p in partitions], spec, timeout)
     except (KafkaException, TimeoutError) as e:
         raise admin.unavailable(_servers(conf), "the offsets-for-times lookup", timeout, e) from None
+
+
+# A partition's leadership is moving (a broker restarted, a leader elected): asked again, the
+# broker answers once it has taken up the leader epoch its metadata already names. Kafka's own
+# admin client retries these; librdkafka's fails the partition's future at once.
+_LEADERSHIP_MOVING = frozenset(
+    {
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
+LIST_OFFSETS_RETRY_SECONDS = 0.1
 
 
 def _list_offsets(
@@ -280,11 +304,31 @@ def _list_offsets(
     timeout: float,
     committed: bool = False,
 ) -> dict[tuple[str, int], int]:
+    """One ListOffsets answer per partition; partitions whose leadership is moving are asked
+    again until ``timeout`` (then the last error is raised)."""
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-    futures = admin.list_offsets(
-        {tp: spec for tp in partitions}, isolation_level=level, request_timeout=timeout
-    )
-    return {(tp.topic, tp.partition): int(f.result(timeout=timeout).offset) for tp, f in futures.items()}
+    deadline = time.monotonic() + timeout
+    found: dict[tuple[str, int], int] = {}
+    pending = partitions
+    while pending:
+        left = max(deadline - time.monotonic(), 0.001)
+        futures = admin.list_offsets(
+            {tp: spec for tp in pending}, isolation_level=level, request_timeout=left
+        )
+        again: list[TopicPartition] = []
+        for tp, future in futures.items():
+            try:
+                found[(tp.topic, tp.partition)] = int(future.result(timeout=left).offset)
+            except KafkaException as e:
+                error = e.args[0] if e.args else None
+                moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
+                if not moving or time.monotonic() + LIST_OFFSETS_RETRY_SECONDS >= deadline:
+                    raise
+                again.append(tp)
+        if again:
+            time.sleep(LIST_OFFSETS_RETRY_SECONDS)
+        pending = again
+    return found
 
 
 _EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
