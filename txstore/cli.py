@@ -186,8 +186,9 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
 
     from txstore import health, ops
 
-    facts, now = ops.health_facts(conn, kafka_conf, args.job)
-    results = [health.evaluate(f, now, timedelta(seconds=args.stall_after)) for f in facts]
+    stall_after = timedelta(seconds=args.stall_after)
+    facts, now = ops.health_facts(conn, kafka_conf, args.job, stall_after)
+    results = [health.evaluate(f, now, stall_after) for f in facts]
     if args.json:
         print(json.dumps(health.as_json(results, args.job), default=lambda v: v.isoformat(), indent=2))
     else:

@@ -79,7 +79,8 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
         type=_positive_seconds,
         default=STALL_AFTER.total_seconds(),
         metavar="SECONDS",
-        help="with --check: a running job with lag and no commit for longer is STALL (default 300)",
+        help="with --check: a running job whose lag has waited longer with no commit is STALL: since the "
+        "last commit, or since its oldest uncounted message was written if later (default 300)",
     )
 
 

@@ -9,8 +9,8 @@ whether it is counted live, after a restart, in a backlog or in a replay.
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 from datetime import datetime, timedelta, timezone
+from fractions import Fraction
 
 from txstore.errors import ConfigError
 
