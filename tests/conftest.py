@@ -32,6 +32,7 @@ from txstore.reader import close_idle_consumers
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.real_kafka_fixture"]  # real_kafka, new_real_topic: Apache Kafka for the session
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

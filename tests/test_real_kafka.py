@@ -1,0 +1,465 @@
+"""Against real Apache Kafka (txstore/testing/real_kafka.py): what the mock broker cannot show.
+
+Real PostgreSQL and Spark as everywhere; the broker is Kafka itself (one KRaft
+node per session, ``real_kafka``), so transactions have a last stable offset,
+offsets-for-times answers, and topics have IDs. The first tests check the
+broker module itself (jars, start failures, kill and restart), without Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+from tests.conftest import REPO, produce, send
+from tests.test_count_topic import job_for, log_ends, offsets, totals
+from tests.test_recreated_topic import snapshot
+from txstore.count_topic import count_messages
+from txstore.db import connect
+from txstore.errors import TopicRecreated
+from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka import Watermarks, client_config, offsets_for_timestamp
+from txstore.ops import apply_reset, plan_job_reset
+from txstore.reset import ResetTarget
+from txstore.starting import StartingOffsets
+from txstore.task import COMMITTED
+from txstore.testing.real_kafka import (
+    KafkaJarsUnavailable,
+    KafkaStartFailed,
+    RealKafkaCluster,
+    kafka_jars,
+)
+from txstore.topic_ids import fetch_topic_ids
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+TX_TIMEOUT = 30.0
+
+
+def high_watermarks(kafka: RealKafkaCluster, topic: str, partitions: int) -> dict[int, int]:
+    """The read-uncommitted log ends (past open transactions), unlike :func:`log_ends`."""
+    futures = kafka.admin().list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},  # type: ignore[no-untyped-call]
+        isolation_level=IsolationLevel.READ_UNCOMMITTED,
+        request_timeout=10,
+    )
+    return {tp.partition: f.result(10).offset for tp, f in futures.items()}
+
+
+def transactional(kafka: RealKafkaCluster, name: str) -> Producer:
+    producer = Producer(
+        {"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": name, "linger.ms": 5}
+    )
+    producer.init_transactions(TX_TIMEOUT)
+    return producer
+
+
+def in_transaction(producer: Producer, topic: str, counts: dict[int, int], value: bytes = b"tx") -> None:
+    """Produce ``counts[partition]`` messages in the producer's open transaction, flushed to the log."""
+    for partition, n in counts.items():
+        for _ in range(n):
+            producer.produce(topic, value=value, key=b"k", partition=partition)
+    assert producer.flush(TX_TIMEOUT) == 0
+
+
+# -- the broker module ----------------------------------------------------------------------
+
+
+def test_without_maven_and_cached_jars_the_jars_are_unavailable_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TXSTORE_KAFKA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(KafkaJarsUnavailable) as raised:
+        kafka_jars("4.1.2")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message == (
+        "Kafka 4.1.2's jars (org.apache.kafka:kafka_2.13:4.1.2) are not in "
+        f"{tmp_path / 'cache' / 'kafka-4.1.2' / 'libs'} and Maven (mvn) is not on PATH to fetch them; "
+        "install it (apt-get install maven)"
+    )
+
+
+def test_a_failing_maven_gives_its_first_error_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offline: Maven's own error line, without its colours or help pointer."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "mvn"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "printf '\\033[0m[ERROR] Failed to execute goal on project kafka-broker: Could not resolve "
+        "dependencies: Cannot access central in offline mode -> [Help 1]\\n[ERROR] \\n'\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("TXSTORE_KAFKA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(KafkaJarsUnavailable) as raised:
+        kafka_jars("4.1.2")
+    log = tmp_path / "cache" / "kafka-4.1.2" / "mvn.log"
+    assert str(raised.value) == (
+        "Maven could not fetch Kafka 4.1.2's jars (org.apache.kafka:kafka_2.13:4.1.2) (exit 1, output in "
+        f"{log}): Failed to execute goal on project kafka-broker: Could not resolve dependencies: "
+        "Cannot access central in offline mode"
+    )
+    assert not (tmp_path / "cache" / "kafka-4.1.2" / "libs").exists()
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("", "1 skipped"), ("true", "1 error")])
+def test_the_fixture_skips_without_jars_but_fails_in_ci(tmp_path: Path, ci: str, outcome: str) -> None:
+    env = {
+        **os.environ,
+        "TXSTORE_KAFKA_CACHE": str(tmp_path / "cache"),
+        "PATH": str(tmp_path / "empty"),
+        "CI": ci,
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rsf",
+            "tests/test_real_kafka.py::test_the_broker_answers_metadata_with_its_version_and_topic_ids",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert outcome in done.stdout, done.stdout + done.stderr
+    assert "Maven (mvn) is not on PATH" in done.stdout
+
+
+def test_a_broker_that_cannot_start_names_its_log_and_its_last_lines() -> None:
+    with pytest.raises(KafkaStartFailed) as raised:
+        RealKafkaCluster(broker_config={"num.io.threads": "many"}, start_timeout=60)
+    message = str(raised.value)
+    first, _, tail = message.partition("\n")
+    log = Path(first.rsplit("; log ", 1)[-1].removesuffix(":"))
+    try:
+        assert log.name == "kafka.log" and log.exists()
+        assert "num.io.threads" in tail  # Kafka's own complaint, from the log's last lines
+    finally:
+        shutil.rmtree(log.parent, ignore_errors=True)  # kept for reading after a failed start
+
+
+def test_the_broker_answers_metadata_with_its_version_and_topic_ids(
+    real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
+) -> None:
+    assert real_kafka.start_seconds is not None and real_kafka.start_seconds < 60
+    print(f"real Kafka {real_kafka.version} started in {real_kafka.start_seconds:.1f} s")
+    topic = new_real_topic(3)
+    produce(real_kafka.bootstrap_servers, topic, {0: 2, 1: 1})
+    assert log_ends(real_kafka, topic) == {0: 2, 1: 1, 2: 0}
+    ids = fetch_topic_ids(client_config(real_kafka.bootstrap_servers), [topic])
+    assert len(ids[topic]) == 22  # a real topic ID (the mock has none)
+
+
+# -- count_topic on real Kafka --------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "settings", [{}, {"commit": "per-batch", "min_partitions": 4}], ids=["per-range", "per-batch-pieces"]
+)
+def test_counts_equal_messages_produced_over_several_runs(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+    settings: dict[str, Any],
+) -> None:
+    topic = new_real_topic(4)
+    produced = 0
+    for run, counts in enumerate([{0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}, {0: 7, 3: 700}]):
+        produce(real_kafka.bootstrap_servers, topic, counts)
+        produced += sum(counts.values())
+        report = job_for(spark, real_kafka, database_url, topic, **settings).run_batch()
+        assert report.messages == sum(counts.values()), f"run {run}"
+        assert all(r.outcome == COMMITTED for r in report.ranges)
+        assert totals(db, topic) == {topic: produced}
+        assert offsets(db, topic) == log_ends(real_kafka, topic)
+
+
+@pytest.mark.spark
+def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """Two transactional producers and a plain one interleave in the same partitions; some
+    transactions commit, some abort. Over two runs the counts are exactly the committed and
+    plain messages, and each partition's offset ends past its markers and aborted messages."""
+    topic = new_real_topic(3)
+    bootstrap = real_kafka.bootstrap_servers
+    a, b = transactional(real_kafka, f"a-{topic}"), transactional(real_kafka, f"b-{topic}")
+    expected = 0
+
+    # Run 1: a and b open at once on partition 0, with plain messages between their batches.
+    a.begin_transaction()
+    b.begin_transaction()
+    in_transaction(a, topic, {0: 5, 1: 3}, b"a1")
+    in_transaction(b, topic, {0: 4, 2: 2}, b"b1")
+    produce(bootstrap, topic, {0: 2, 1: 1})
+    in_transaction(a, topic, {0: 3, 2: 6}, b"a1")
+    b.commit_transaction(TX_TIMEOUT)
+    a.abort_transaction(TX_TIMEOUT)
+    expected += 4 + 2 + (2 + 1)
+    a.begin_transaction()
+    in_transaction(a, topic, {1: 7, 2: 1}, b"a2")
+    a.commit_transaction(TX_TIMEOUT)
+    expected += 7 + 1
+    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert report.messages == expected
+    assert totals(db, topic) == {topic: expected}
+    assert offsets(db, topic) == log_ends(real_kafka, topic) == high_watermarks(real_kafka, topic, 3)
+
+    # Run 2: the log ends on an aborted transaction on every partition.
+    b.begin_transaction()
+    in_transaction(b, topic, {0: 1, 1: 1, 2: 1}, b"b2")
+    b.commit_transaction(TX_TIMEOUT)
+    produce(bootstrap, topic, {2: 3})
+    expected += 3 + 3
+    a.begin_transaction()
+    in_transaction(a, topic, {0: 10, 1: 10, 2: 10}, b"a3")
+    a.abort_transaction(TX_TIMEOUT)
+    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert report.messages == 6
+    assert totals(db, topic) == {topic: expected}
+    ends = log_ends(real_kafka, topic)
+    assert offsets(db, topic) == ends
+    assert sum(ends.values()) > expected + 30  # aborted messages and markers take offsets
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_an_open_transaction_stops_planning_at_the_last_stable_offset_and_its_range_waits(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+    outcome: str,
+) -> None:
+    topic = new_real_topic(2)
+    bootstrap = real_kafka.bootstrap_servers
+    produce(bootstrap, topic, {0: 3, 1: 2})
+    open_tx = transactional(real_kafka, f"open-{topic}")
+    open_tx.begin_transaction()
+    in_transaction(open_tx, topic, {0: 4})  # offsets 3-6 of partition 0
+    produce(bootstrap, topic, {0: 2, 1: 3})  # plain, after it: 7-8, above the last stable offset
+    assert high_watermarks(real_kafka, topic, 2) == {0: 9, 1: 5}
+    assert log_ends(real_kafka, topic) == {0: 3, 1: 5}  # read-committed: the last stable offset
+
+    job = job_for(spark, real_kafka, database_url, topic)
+    planned = job.plan()
+    assert [(r.partition, r.from_offset, r.until_offset) for r in planned] == [(0, 0, 3), (1, 0, 5)]
+    job.execute(planned)
+    assert totals(db, topic) == {topic: 8}
+    assert offsets(db, topic) == {0: 3, 1: 5}
+    assert job_for(spark, real_kafka, database_url, topic).run_batch().ranges == ()  # waits, skips nothing
+
+    if outcome == "commit":
+        open_tx.commit_transaction(TX_TIMEOUT)
+    else:
+        open_tx.abort_transaction(TX_TIMEOUT)
+    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert [(r.range.partition, r.range.from_offset, r.range.until_offset) for r in report.ranges] == [
+        (0, 3, 10)  # the marker at 9
+    ]
+    assert report.messages == (4 + 2 if outcome == "commit" else 2)
+    assert totals(db, topic) == {topic: 8 + report.messages}
+    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 10, 1: 5}
+
+
+# -- time -----------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_a_starting_timestamp_starts_at_the_first_message_at_or_after_it_with_create_times_out_of_order(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    topic = new_real_topic(3)
+    bootstrap = real_kafka.bootstrap_servers
+    out_of_order = [5, 1, 9, 3, 20]  # seconds after T0, in partition 0's offset order
+    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in out_of_order])
+    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])  # all before 6 s
+    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + s) for s in range(2)])
+    conf = client_config(bootstrap)
+    lookups = {
+        s: offsets_for_timestamp(conf, [(topic, 0)], T0 + s * 1000)[(topic, 0)] for s in (0, 4, 6, 10, 21)
+    }
+    # Kafka's answer: the first offset whose timestamp is at or after the one asked.
+    assert lookups == {0: 0, 4: 0, 6: 2, 10: 4, 21: -1}
+
+    starting = StartingOffsets(timestamp_ms=T0 + 6_000)
+    report = job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
+    # Partition 0 from offset 2 (9 s), counting offset 3 (3 s) after it, as Kafka's order has it;
+    # partition 1 has no message that late and starts at its end; partition 2 from its start.
+    assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
+        (0, 2, 3),
+        (2, 0, 2),
+    ]
+    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 5, 1: 4, 2: 2}
+
+    send(bootstrap, topic, [(1, b"k", b"new", T0)])  # an old CreateTime, yet new: counted
+    job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
+    assert totals(db, topic) == {topic: 3 + 2 + 1}
+
+
+@pytest.mark.spark
+def test_a_starting_timestamp_past_the_end_starts_every_partition_at_its_end(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    topic = new_real_topic(2)
+    bootstrap = real_kafka.bootstrap_servers
+    send(bootstrap, topic, [(p, b"k", b"old", T0 + i) for p in range(2) for i in range(5)])
+    future = StartingOffsets(timestamp_ms=int(time.time() * 1000) + 86_400_000)
+    assert offsets_for_timestamp(
+        client_config(bootstrap), [(topic, 0), (topic, 1)], future.timestamp_ms or 0
+    ) == {
+        (topic, 0): -1,
+        (topic, 1): -1,
+    }
+    assert job_for(spark, real_kafka, database_url, topic, starting_offsets=future).run_batch().ranges == ()
+    assert offsets(db, topic) == {0: 5, 1: 5}
+    produce(bootstrap, topic, {0: 2, 1: 1})
+    job_for(spark, real_kafka, database_url, topic, starting_offsets=future).run_batch()
+    assert totals(db, topic) == {topic: 3}
+
+
+@pytest.mark.spark
+def test_a_starting_timestamp_inside_an_open_transaction_starts_at_the_last_stable_offset(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """Kafka's lookup is read-uncommitted: it answers past the last stable offset. The job
+    starts at the last stable offset instead, and counts the transaction once it commits."""
+    topic = new_real_topic(1)
+    bootstrap = real_kafka.bootstrap_servers
+    send(bootstrap, topic, [(0, b"k", b"before", T0 + i) for i in range(3)])  # offsets 0-2
+    open_tx = transactional(real_kafka, f"ts-{topic}")
+    open_tx.begin_transaction()
+    for i in range(2):  # offsets 3-4, older than the timestamp asked
+        open_tx.produce(topic, value=b"tx", key=b"k", partition=0, timestamp=T0 + i)
+    assert open_tx.flush(TX_TIMEOUT) == 0
+    send(bootstrap, topic, [(0, b"k", b"after", T0 + 10_000)])  # offset 5, above the last stable offset
+    assert offsets_for_timestamp(client_config(bootstrap), [(topic, 0)], T0 + 10_000) == {(topic, 0): 5}
+
+    starting = StartingOffsets(timestamp_ms=T0 + 10_000)
+    assert job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch().ranges == ()
+    assert offsets(db, topic) == {0: 3}
+    open_tx.commit_transaction(TX_TIMEOUT)
+    report = job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
+    assert report.messages == 2 + 1
+    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 7}
+
+
+# -- topic IDs ------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """Deleted and recreated with byte-identical messages (and timestamps): only the topic ID tells."""
+    topic = new_real_topic(1, prefix="ids")
+    bootstrap = real_kafka.bootstrap_servers
+    same = [(0, b"k", b"same-%d" % i, T0 + i) for i in range(3)]
+    send(bootstrap, topic, same)
+    settings = JobSettings("count_topic", (topic,), bootstrap, database_url)
+    TransactionalJob(spark, settings, count_messages).run()
+    old_id = fetch_topic_ids(client_config(bootstrap), [topic])[topic]
+    assert db.execute("SELECT off, last_off, topic_id FROM txn_offsets").fetchone() == (3, 2, old_id)
+
+    real_kafka.recreate_topic(topic, 1)
+    send(bootstrap, topic, [*same, *same])
+    new_id = fetch_topic_ids(client_config(bootstrap), [topic])[topic]
+    assert new_id != old_id
+    before = snapshot(db)
+    with pytest.raises(TopicRecreated) as raised:
+        TransactionalJob(spark, settings, count_messages).run()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
+        f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
+        "topic from its start as a new generation: "
+        f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
+    )
+    assert snapshot(db) == before
+
+    with connect(database_url) as conn:
+        moves = plan_job_reset(
+            conn, client_config(bootstrap), "count_topic", topic, [0], ResetTarget("earliest")
+        )
+        apply_reset(conn, "count_topic", moves)
+    TransactionalJob(spark, settings, count_messages).run()
+    assert totals(db, topic) == {topic: 3 + 6}
+    assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
+
+
+# -- kill and restart (last: they restart the session's broker) ------------------------------
+
+
+@pytest.mark.spark
+def test_right_after_a_killed_broker_restarts_watermarks_and_a_job_wait_for_the_partitions_leaders(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """The broker answers metadata (with the partitions' new leader epochs) a moment before its
+    partitions take them up; meanwhile ListOffsets answers UNKNOWN_LEADER_EPOCH. Planning waits
+    for it within its timeout rather than failing the batch (and saying Kafka did not answer)."""
+    topic = new_real_topic(32)
+    bootstrap = real_kafka.bootstrap_servers
+    counts = {p: 1 + p % 3 for p in range(32)}
+    produce(bootstrap, topic, counts)
+    kept = Watermarks()  # a running job's admin client, from before the restart
+    assert {w.partition: w.high for w in kept(client_config(bootstrap), [topic])} == counts
+    address, pid = bootstrap, real_kafka.pid
+    real_kafka.kill()
+    assert not real_kafka.running() and real_kafka.pid is None
+    real_kafka.restart()
+    assert real_kafka.bootstrap_servers == address and real_kafka.pid not in (None, pid)
+    assert real_kafka.start_seconds is not None and real_kafka.start_seconds < 60
+    print(f"real Kafka restarted after SIGKILL in {real_kafka.start_seconds:.1f} s")
+    assert {w.partition: w.high for w in kept(client_config(bootstrap), [topic])} == counts
+    assert log_ends(real_kafka, topic) == counts  # a new admin client
+    job_for(spark, real_kafka, database_url, topic).run()  # --once
+    assert totals(db, topic) == {topic: sum(counts.values())}
