@@ -18,10 +18,12 @@ and an ``_AUTO_OFFSET_RESET`` error for a position outside the log.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 TIMESTAMP_TYPE_CREATE_TIME = 1
@@ -40,9 +42,11 @@ def message(
     return Message(topic=topic, partition=partition, offset=offset, key=key, value=value, timestamp=ts)
 
 
-def event(topic: str, partition: int, offset: int, code: int) -> Message:
+def event(topic: str, partition: int, offset: int, error: int | KafkaError) -> Message:
     """A consumer event (error) at ``offset``, e.g. ``KafkaError._PARTITION_EOF``."""
-    return Message(topic=topic, partition=partition, offset=offset, error=KafkaError(code))
+    if not isinstance(error, KafkaError):
+        error = KafkaError(error)
+    return Message(topic=topic, partition=partition, offset=offset, error=error)
 
 
 @dataclass
@@ -55,6 +59,12 @@ class FakeLog:
     low: int
     high: int
     visible_ends: list[int] = field(default_factory=list)  # per consume call; then ``high``
+    # After that many consume calls, the log holds these messages instead (deleted and
+    # recreated while a consumer reads it).
+    replaced_after: tuple[int, dict[int, Message]] | None = None
+    calls: int = 0
+    errors: list[int | KafkaError | None] = field(default_factory=list)  # per consume call: an event, or None
+    eof_never: bool = False  # no end-of-partition events (a broker that stopped answering)
 
     @classmethod
     def of(
@@ -78,6 +88,14 @@ class FakeLog:
             list(visible_ends),
         )
 
+    def next_call(self) -> int | KafkaError | None:
+        """Count a consume call; the error it returns, if one is staged (``errors``)."""
+        self.calls += 1
+        if self.replaced_after is not None and self.calls > self.replaced_after[0]:
+            self.messages = self.replaced_after[1]
+            self.replaced_after = None
+        return self.errors.pop(0) if self.errors else None
+
     def visible_end(self) -> int:
         return self.visible_ends.pop(0) if self.visible_ends else self.high
 
@@ -93,10 +111,12 @@ class FakeConsumer:
         self.position: dict[tuple[str, int], int] = {}
         self.eof_at: dict[tuple[str, int], int] = {}  # the log end each EOF event was sent at
         self.assigned_at: list[tuple[str, int, int]] = []  # every assign(), in order
+        self.listed: list[str | None] = []  # every list_topics()
         self.consumed: list[int] = []  # num_messages of every consume()
         self.closed = False
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        self.listed.append(topic)
         return None
 
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -124,6 +144,10 @@ class FakeConsumer:
         out: list[Message] = []
         for key, position in list(self.position.items()):
             log = self.logs[key]
+            code = log.next_call()
+            if code is not None:
+                out.append(event(log.topic, log.partition, position, code))
+                continue
             if position < log.low or position > log.high:
                 out.append(event(log.topic, log.partition, position, KafkaError._AUTO_OFFSET_RESET))
                 continue
@@ -134,9 +158,16 @@ class FakeConsumer:
                     out.append(log.messages[offset])
                 offset += 1  # holes (markers, compacted messages) are passed over
             self.position[key] = offset
-            if offset >= end and len(out) < num_messages and self.eof_at.get(key) != end:
+            if (
+                offset >= end
+                and len(out) < num_messages
+                and self.eof_at.get(key) != end
+                and not log.eof_never
+            ):
                 out.append(event(log.topic, log.partition, end, KafkaError._PARTITION_EOF))
                 self.eof_at[key] = end
+        if not out:
+            time.sleep(min(max(timeout, 0), 0.005))  # the real one waits up to the timeout
         return out
 
 
@@ -214,3 +245,13 @@ class FakeProducer:
 
     def close(self) -> None:
         pass
+
+
+def install(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
+    """The reader's consumers read :class:`FakeLog` partitions, from a pool of their own."""
+    from txstore import reader
+
+    fake = FakeKafka()
+    monkeypatch.setattr(reader, "Consumer", fake.consumer)
+    monkeypatch.setattr(reader, "_consumers", reader._ConsumerPool())
+    return fake

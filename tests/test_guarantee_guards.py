@@ -14,10 +14,9 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from tests.fake_kafka import FakeKafka, FakeLog, FakeProducer
+from tests.fake_kafka import FakeKafka, FakeLog, FakeProducer, install
 from tests.test_sink import seed, snapshot
 from txstore import outbox as outbox_module
-from txstore import reader as reader_module
 from txstore import store
 from txstore.db import connect
 from txstore.errors import OffsetOverlap, PublishFailed, TopicRecreated
@@ -38,11 +37,7 @@ CONF = {"bootstrap.servers": "fake:9092"}
 
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
-    """The reader's consumers read :class:`FakeLog` partitions (a pool of its own per test)."""
-    fake = FakeKafka()
-    monkeypatch.setattr(reader_module, "Consumer", fake.consumer)
-    monkeypatch.setattr(reader_module, "_consumers", reader_module._ConsumerPool())
-    return fake
+    return install(monkeypatch)
 
 
 def offsets_read(r: OffsetRange, **kwargs: object) -> tuple[list[int], RangeReader]:

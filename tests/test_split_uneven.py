@@ -120,3 +120,22 @@ def test_the_rate_limit_never_exceeds_a_range_and_takes_close_to_the_cap(cap: in
     total = sum(r.size for r in limited)
     assert total <= max(cap, 0) + len(ranges)  # each share is rounded down, or up from below one
     assert total >= min(cap, 49) - len(ranges)
+
+
+def test_a_share_between_one_and_two_is_rounded_down_like_any_other() -> None:
+    ranges = [OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 0, 1)]
+    # 2 offsets over 4: 1.5 -> 1, 0.5 -> at least 1.
+    assert [r.until_offset for r in limit_ranges(ranges, 2)] == [1, 1]
+
+
+def test_an_empty_range_from_the_rate_limit_stays_one_empty_piece_when_split() -> None:
+    """The rate limit can leave a range empty (a share of 0); splitting keeps it as it is."""
+    empty = OffsetRange("t", 2, 5, 5, LAST, 1, 9)
+    assert split_ranges([empty], 3) == [empty]
+    assert split_ranges([empty, OffsetRange("t", 0, 0, 4)], 4) == [
+        empty,
+        OffsetRange("t", 0, 0, 1),
+        OffsetRange("t", 0, 1, 2),
+        OffsetRange("t", 0, 2, 3),
+        OffsetRange("t", 0, 3, 4),
+    ]

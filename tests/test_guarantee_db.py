@@ -1,0 +1,703 @@
+"""The SQL side of exactly-once, against PostgreSQL but without Spark or a broker: planning a
+batch (fake watermarks and topic IDs), the sink's statements, the offset store, the idempotent
+sink and the outbox publisher (a fake of confluent-kafka's Producer). About a second each."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from tests.fake_kafka import FakeProducer
+from tests.test_sink import seed
+from txstore import outbox as outbox_module
+from txstore import planning as planning_module
+from txstore import store
+from txstore.badmessages import BadOffset
+from txstore.db import connect
+from txstore.errors import (
+    AlreadyCommitted,
+    BadMessage,
+    DatabaseUnavailable,
+    DataLoss,
+    OffsetGap,
+    OffsetOverlap,
+    PermissionDenied,
+    PublishFailed,
+)
+from txstore.fingerprint import Fingerprint, fingerprint
+from txstore.idempotent import IdempotentSink
+from txstore.outbox import OutboxPublisher, outbox_counts, pending_count, producer_config, retry_set_aside
+from txstore.planning import Planner
+from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.results import TOPIC_TOTAL, by_key, by_key_and_window, by_window
+from txstore.settings import JobSettings
+from txstore.sink import TransactionalSink
+from txstore.starting import LATEST, StartDecision, StartingOffsets
+
+CONF = {"bootstrap.servers": "fake:9092"}
+WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    with connect(database_url) as c:
+        yield c
+
+
+def rows(db: psycopg.Connection, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    return db.execute(sql, params).fetchall()
+
+
+def offsets(db: psycopg.Connection, job: str = "j") -> dict[tuple[str, int], int]:
+    return {(t, p): o for t, p, o in rows(db, "SELECT topic, part, off FROM txn_offsets WHERE job = %s", job)}
+
+
+def data(db: psycopg.Connection, job: str = "j") -> dict[tuple[Any, ...], Decimal]:
+    found = rows(db, "SELECT topic, grain, key, window_start, metric FROM txn_data WHERE job = %s", job)
+    return {(t, g, k, w): m for t, g, k, w, m in found}
+
+
+# Planning a batch.
+
+
+def planner(
+    database_url: str,
+    marks: Sequence[PartitionWatermarks],
+    topic_ids: dict[str, str] | None = None,
+    **settings: Any,
+) -> Planner:
+    s = JobSettings("j", tuple(sorted({m.topic for m in marks})), "fake:9092", database_url, **settings)
+    source = (lambda conf, topics: dict(topic_ids)) if topic_ids is not None else None
+    return Planner(s, lambda conf, topics: [m for m in marks if m.topic in topics], source)  # type: ignore[arg-type]
+
+
+def test_a_first_plan_starts_every_partition_and_plans_its_backlog(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    marks = [
+        PartitionWatermarks("t", 0, 2, 9),
+        PartitionWatermarks("t", 1, 0, 0),
+        PartitionWatermarks("u", 0, 0, 4),
+    ]
+    p = planner(database_url, marks)
+    assert p.plan(lambda: conn) == [OffsetRange("t", 0, 2, 9), OffsetRange("u", 0, 0, 4)]
+    assert offsets(db) == {("t", 0): 2, ("t", 1): 0, ("u", 0): 0}
+    assert p.backlog == {("t", 0): 7, ("t", 1): 0, ("u", 0): 4}
+    latest = planner(
+        database_url, [PartitionWatermarks("v", 0, 3, 8)], starting_offsets=StartingOffsets(LATEST)
+    )
+    assert latest.plan(lambda: conn) == []
+    assert offsets(db)[("v", 0)] == 8
+
+
+def test_a_plan_is_capped_but_its_backlog_is_the_whole_of_it(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 10, 1: 0})
+    marks = [PartitionWatermarks("t", 0, 0, 40), PartitionWatermarks("t", 1, 0, 10)]
+    p = planner(database_url, marks, max_offsets_per_batch=8)
+    assert p.plan(lambda: conn) == [OffsetRange("t", 0, 10, 16), OffsetRange("t", 1, 0, 2)]
+    assert p.backlog == {("t", 0): 30, ("t", 1): 10}
+
+
+def test_a_plan_carries_each_partitions_generation_and_last_counted_message(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    last = Fingerprint(4, 1_004, "d")
+    TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 5), {TOPIC_TOTAL: 5}, last=last)
+    db.execute("UPDATE txn_offsets SET generation = 2")
+    (planned,) = planner(database_url, [PartitionWatermarks("t", 0, 0, 9)]).plan(lambda: conn)
+    assert (planned, planned.verify, planned.generation, planned.log_end) == (
+        OffsetRange("t", 0, 5, 9),
+        last,
+        2,
+        9,
+    )
+
+
+def test_aged_out_offsets_stop_the_plan_or_are_skipped_and_recorded_beside_a_new_partition(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    seed(db, "j", "t", {0: 3})
+    marks = [PartitionWatermarks("t", 0, 10, 20), PartitionWatermarks("t", 1, 4, 6)]
+    with pytest.raises(DataLoss, match="stored offset 3 is below the log-start offset 10"):
+        planner(database_url, marks).plan(lambda: conn)
+    assert rows(db, "SELECT count(*) FROM txn_lost_ranges") == [(0,)]
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        ranges = planner(database_url, marks, fail_on_data_loss=False).plan(lambda: conn)
+    assert ranges == [OffsetRange("t", 0, 10, 20), OffsetRange("t", 1, 4, 6)]
+    assert rows(db, "SELECT part, from_off, until_off FROM txn_lost_ranges") == [(0, 3, 10)]
+    assert "t/0: offsets 3 -> 10 (7 messages) aged out of Kafka before they were counted" in caplog.text
+    assert planner(database_url, marks, fail_on_data_loss=False).plan(lambda: conn) == ranges
+    assert rows(db, "SELECT count(*) FROM txn_lost_ranges") == [(1,)]
+
+
+def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    marks = [PartitionWatermarks("t", 0, 0, 3), PartitionWatermarks("u", 0, 0, 2)]
+    assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn) == [
+        OffsetRange("t", 0, 0, 3),
+        OffsetRange("u", 0, 0, 2),
+    ]
+    assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
+    assert planner(database_url, marks).plan(lambda: conn) != []  # no topic IDs asked: none compared
+    assert planner(database_url, marks, {}).plan(lambda: conn) != []
+    assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
+
+
+def test_a_starting_timestamp_is_looked_up_only_for_the_topics_first_partitions(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[list[tuple[str, int]]] = []
+
+    def lookup(conf: Any, keys: list[tuple[str, int]], ms: int) -> dict[tuple[str, int], int]:
+        asked.append(keys)
+        return {k: 5 for k in keys}
+
+    monkeypatch.setattr(planning_module, "offsets_for_timestamp", lookup)
+    seed(db, "j", "t", {0: 0})
+    marks = [
+        PartitionWatermarks("t", 0, 0, 9),
+        PartitionWatermarks("t", 1, 1, 9),
+        PartitionWatermarks("u", 0, 0, 9),
+    ]
+    p = planner(database_url, marks, starting_offsets=StartingOffsets(timestamp_ms=1))
+    p.plan(lambda: conn)
+    assert asked == [[("u", 0)]]
+    assert offsets(db) == {("t", 0): 0, ("t", 1): 1, ("u", 0): 5}
+    p.plan(lambda: conn)
+    assert len(asked) == 1
+
+
+def test_planning_failures_in_postgresql_are_one_line(database_url: str) -> None:
+    p = planner(database_url, [PartitionWatermarks("t", 0, 0, 1)])
+
+    def denied() -> psycopg.Connection:
+        raise psycopg.errors.InsufficientPrivilege("permission denied for table txn_offsets")
+
+    def down() -> psycopg.Connection:
+        raise psycopg.OperationalError("connection refused\nDETAIL: more")
+
+    with pytest.raises(
+        PermissionDenied, match="planning job 'j': PostgreSQL said permission denied for table"
+    ):
+        p.plan(denied)
+    with pytest.raises(
+        DatabaseUnavailable, match=r"planning job 'j' failed in PostgreSQL: connection refused$"
+    ):
+        p.plan(down)
+
+
+# The transactional sink's statements.
+
+
+def test_every_grain_is_upserted_and_added_to_exactly(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0, 1: 0})
+    sink = TransactionalSink(conn, "j")
+    deltas = {TOPIC_TOTAL: 3, by_key(None): 1, by_key("a"): Decimal("0.1"), by_window(WHEN): 2.5}
+    deltas[by_key_and_window("a", WHEN)] = -1
+    sink.commit(OffsetRange("t", 0, 0, 3), deltas)
+    sink.commit_batch(
+        [OffsetRange("t", 0, 3, 5), OffsetRange("t", 1, 0, 2)],
+        {("t", TOPIC_TOTAL): 4, ("t", by_key("a")): 0.2, ("u", by_key(None)): 7},
+    )
+    assert data(db) == {
+        ("t", "topic", None, None): 7,
+        ("t", "key", None, None): 1,
+        ("t", "key", "a", None): Decimal("0.3"),
+        ("t", "window", None, WHEN): Decimal("2.5"),
+        ("t", "key+window", "a", WHEN): -1,
+        ("u", "key", None, None): 7,
+    }
+    assert offsets(db) == {("t", 0): 5, ("t", 1): 2}
+
+
+def test_a_commit_without_results_still_moves_its_offset(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 4), {})
+    assert (offsets(db), data(db)) == ({("t", 0): 4}, {})
+    TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 4, 4), {})
+    assert offsets(db) == {("t", 0): 4}
+
+
+def test_a_commit_moves_only_its_own_jobs_topics_and_partitions_offsets(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    for job in ("j", "k"):
+        seed(db, job, "t", {0: 0, 1: 0})
+        seed(db, job, "u", {0: 0})
+    TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 5), {TOPIC_TOTAL: 5})
+    TransactionalSink(conn, "j").commit_batch([OffsetRange("t", 1, 0, 2), OffsetRange("u", 0, 0, 3)], {})
+    assert offsets(db, "j") == {("t", 0): 5, ("t", 1): 2, ("u", 0): 3}
+    assert offsets(db, "k") == {("t", 0): 0, ("t", 1): 0, ("u", 0): 0}
+
+
+@pytest.mark.parametrize("stored", [4, 6])
+def test_a_range_is_committed_only_from_exactly_its_start(
+    conn: psycopg.Connection, db: psycopg.Connection, stored: int
+) -> None:
+    seed(db, "j", "t", {0: stored})
+    with pytest.raises(OffsetGap if stored < 5 else OffsetOverlap):
+        TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 5, 9), {TOPIC_TOTAL: 4})
+    assert (offsets(db), data(db)) == ({("t", 0): stored}, {})
+    if stored < 5:
+        with pytest.raises(OffsetGap):
+            IdempotentSink(conn, "j").store(OffsetRange("t", 0, 5, 9), [_messages(range(5, 9))])
+        assert offsets(db) == {("t", 0): stored}
+    else:  # the idempotent sink stores over what it stored: from <= stored < until is fine
+        IdempotentSink(conn, "j").store(OffsetRange("t", 0, 5, 9), [_messages(range(5, 9))])
+        assert offsets(db) == {("t", 0): 9}
+
+
+def test_a_batch_with_a_duplicate_partition_is_refused(conn: psycopg.Connection) -> None:
+    with pytest.raises(ValueError, match="a batch commit needs one range per partition"):
+        TransactionalSink(conn, "j").commit_batch([OffsetRange("t", 0, 0, 1), OffsetRange("t", 0, 1, 2)], {})
+    TransactionalSink(conn, "j").commit_batch([], {})
+
+
+def test_the_last_message_is_stored_beside_the_offset_and_kept_by_a_range_without_one(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0, 1: 0})
+    sink = TransactionalSink(conn, "j")
+    sink.commit(OffsetRange("t", 0, 0, 5), {}, last=Fingerprint(4, 1_004, "d4"))
+    sink.commit_batch(
+        [OffsetRange("t", 0, 5, 7), OffsetRange("t", 1, 0, 3)],
+        {},
+        last={("t", 1): Fingerprint(2, None, "d2")},
+    )
+    found = rows(db, "SELECT part, last_off, last_timestamp, last_digest FROM txn_offsets ORDER BY part")
+    assert found == [(0, 4, 1_004, "d4"), (1, 2, None, "d2")]
+    history = store.committed_state(conn, "j", ["t"])[1]
+    assert history[("t", 0)].last == Fingerprint(4, 1_004, "d4")
+    assert history[("t", 1)].last == Fingerprint(2, None, "d2")
+
+
+def test_the_backlog_each_range_started_from_is_kept_for_the_last_five_commits(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    sink = TransactionalSink(conn, "j")
+    for i in range(7):
+        sink.commit(OffsetRange("t", 0, i, i + 1, log_end=10 + 2 * i), {})
+    sink.commit(OffsetRange("t", 0, 7, 8), {})  # log end not known: no sample
+    assert rows(db, "SELECT lag_samples FROM txn_offsets") == [([12, 13, 14, 15, 16],)]
+
+
+def test_bad_messages_are_recorded_in_the_generation_their_range_was_read_in(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    seed(db, "k", "t", {0: 0})
+    db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = 'j'")
+    bad = [BadOffset("t", 0, 4, "E: b"), BadOffset("t", 0, 2, "E: a")]
+    TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 5, generation=3), {TOPIC_TOTAL: 3}, bad=bad)
+    assert rows(db, "SELECT job, part, generation, off, reason FROM txn_bad_messages ORDER BY off") == [
+        ("j", 0, 3, 2, "E: a"),
+        ("j", 0, 3, 4, "E: b"),
+    ]
+    with pytest.raises(AlreadyCommitted):
+        TransactionalSink(conn, "j").commit(
+            OffsetRange("t", 0, 0, 5, generation=3), {TOPIC_TOTAL: 3}, bad=bad
+        )
+    assert rows(db, "SELECT count(*) FROM txn_bad_messages") == [(2,)]
+
+
+def test_a_batch_retried_after_its_commit_counts_once(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0, 1: 0})
+    ranges = [OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 0, 2)]
+    TransactionalSink(conn, "j").commit_batch(ranges, {("t", TOPIC_TOTAL): 5})
+    with pytest.raises(AlreadyCommitted):
+        TransactionalSink(conn, "j").commit_batch(ranges, {("t", TOPIC_TOTAL): 5})
+    assert data(db) == {("t", "topic", None, None): 5}
+
+
+def test_a_commit_writes_one_outbox_row_with_its_results_delta_and_total(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    sink = TransactionalSink(conn, "j", publish_to="out")
+    sink.commit(OffsetRange("t", 0, 0, 2), {TOPIC_TOTAL: 2, by_key(None): 1, by_key("a"): 1})
+    sink.commit(OffsetRange("t", 0, 2, 3), {TOPIC_TOTAL: 1, by_key_and_window("a", WHEN): Decimal("0.5")})
+    found = rows(db, "SELECT destination, part, parts, payload FROM txn_outbox ORDER BY id")
+    assert [(d, p, n) for d, p, n, _ in found] == [("out", 1, 1), ("out", 1, 1)]
+    first, second = (payload for *_, payload in found)
+    assert first["ranges"] == [{"topic": "t", "partition": 0, "from": 0, "until": 2}]
+    assert [(r["grain"], r["key"], r["delta"], r["total"]) for r in first["results"]] == [
+        ("key", None, 1, 1),
+        ("key", "a", 1, 1),
+        ("topic", None, 2, 2),
+    ]
+    assert [(r["grain"], r["key"], r["window_start"], r["delta"], r["total"]) for r in second["results"]] == [
+        ("key+window", "a", "2026-01-01T00:00:00+00:00", 0.5, 0.5),
+        ("topic", None, None, 1, 3),
+    ]
+
+
+def test_outbox_parts_are_cut_in_result_order_under_the_size_limit(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    deltas = {by_key(f"key-{i:03d}"): i for i in range(60)}
+    TransactionalSink(conn, "j", publish_to="out", publish_max_bytes=3_000).commit(
+        OffsetRange("t", 0, 0, 60), deltas
+    )
+    found = rows(db, "SELECT part, parts, payload, headers, dedup_key FROM txn_outbox ORDER BY part")
+    assert len(found) > 2 and all(parts == len(found) for _, parts, *_ in found)
+    assert [part for part, *_ in found] == list(range(1, len(found) + 1))
+    keys = [r["key"] for _, _, payload, *_ in found for r in payload["results"]]
+    assert keys == [f"key-{i:03d}" for i in range(60)]
+    for _, _, payload, headers, key in found:
+        assert len(json.dumps(payload)) + len(json.dumps(headers)) + len(key) < 3_000
+    sizes = [len(payload["results"]) for _, _, payload, *_ in found]
+    assert max(sizes) - min(sizes[:-1]) <= 2  # evenly cut, the last part holding what is left
+
+
+def test_the_message_keys_and_the_topic_of_a_batch_commit(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0, 1: 0})
+    TransactionalSink(conn, "j", publish_to="out").commit_batch(
+        [OffsetRange("t", 1, 0, 1), OffsetRange("t", 0, 0, 2)], {}
+    )
+    ((key, headers, payload),) = rows(db, "SELECT dedup_key, headers, payload FROM txn_outbox")
+    assert key.startswith("j/batch/") and key.endswith("/1")
+    assert headers["txstore-offsets"] == "t/0/2,t/1/1"
+    assert payload["ranges"] == [
+        {"topic": "t", "partition": 1, "from": 0, "until": 1},
+        {"topic": "t", "partition": 0, "from": 0, "until": 2},
+    ]
+    assert payload["results"] == [] and payload["commit"] == headers["txstore-commit"]
+
+
+# The offset store.
+
+
+def test_start_rows_begin_a_forgotten_partition_in_a_new_generation(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    decisions = [StartDecision("t", 0, 0, "x"), StartDecision("t", 1, 3, "x")]
+    assert store.create_start_rows(conn, "j", decisions) == {("t", 0), ("t", 1)}
+    assert store.create_start_rows(conn, "j", decisions) == set()
+    assert store.create_start_rows(conn, "j", []) == set()
+    IdempotentSink(conn, "j").store(OffsetRange("t", 0, 0, 2, generation=0), [_messages(range(2))])
+    TransactionalSink(conn, "j").commit(
+        OffsetRange("t", 1, 3, 5), {}, bad=[BadOffset("t", 1, 3, "E"), BadOffset("t", 1, 4, "E")]
+    )
+    db.execute("UPDATE txn_bad_messages SET generation = 4 WHERE off = 4")
+    db.execute("DELETE FROM txn_offsets")
+    assert store.create_start_rows(conn, "j", decisions) == {("t", 0), ("t", 1)}
+    assert rows(db, "SELECT part, off, generation FROM txn_offsets ORDER BY part") == [(0, 0, 1), (1, 3, 5)]
+    assert store.create_start_rows(conn, "k", decisions) == {("t", 0), ("t", 1)}
+    assert rows(db, "SELECT generation FROM txn_offsets WHERE job = 'k'") == [(0,), (0,)]
+
+
+def test_committed_state_is_the_jobs_rows_for_its_topics(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 4, 1: 0})
+    seed(db, "j", "u", {0: 2})
+    seed(db, "k", "t", {0: 9})
+    db.execute("UPDATE txn_offsets SET last_off = 3, last_timestamp = 7, last_digest = 'd' WHERE part = 0")
+    db.execute("UPDATE txn_offsets SET last_off = 3, last_digest = NULL WHERE topic = 'u'")
+    committed, history = store.committed_state(conn, "j", ["t"])
+    assert committed == {("t", 0): 4, ("t", 1): 0}
+    assert history[("t", 0)].last == Fingerprint(3, 7, "d") and history[("t", 1)].last is None
+    assert store.committed_state(conn, "j", ["u"])[1][("u", 0)].last is None
+    assert store.committed_offsets(conn, "j", ["t", "u"]) == {("t", 0): 4, ("t", 1): 0, ("u", 0): 2}
+    assert store.topic_totals(conn, "j", ["t"]) == {"t": 0}
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_stored_offsets_are_read_for_the_refused_ranges_only(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 4, 1: 6})
+    seed(db, "k", "t", {2: 1})
+    ranges = [OffsetRange("t", 1, 0, 1), OffsetRange("t", 2, 0, 1)]
+    assert store.stored_offsets(conn, "j", ranges) == {("t", 1): 6, ("t", 2): None}
+
+
+# The idempotent sink.
+
+
+def _messages(offsets: Any, value: bytes = b"v") -> list[Message]:
+    return [
+        Message(topic="t", partition=0, offset=o, key=b"k%d" % o, value=value, timestamp=(1, 1_000 + o))
+        for o in offsets
+    ]
+
+
+def stored(db: psycopg.Connection) -> list[tuple[Any, ...]]:
+    found = rows(
+        db, "SELECT generation, off, key, value, timestamp FROM txn_messages ORDER BY generation, off"
+    )
+    return [
+        (g, o, bytes(k) if k is not None else None, bytes(v) if v is not None else None, t)
+        for g, o, k, v, t in found
+    ]
+
+
+def test_the_idempotent_sink_stores_each_message_once_and_its_last_fingerprint(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    sink = IdempotentSink(conn, "j")
+    batches = [_messages([0, 1]), [], _messages([3])]
+    assert sink.store(OffsetRange("t", 0, 0, 4, log_end=6), batches) == 3
+    assert stored(db) == [
+        (0, 0, b"k0", b"v", datetime.fromtimestamp(1.0, timezone.utc)),
+        (0, 1, b"k1", b"v", datetime.fromtimestamp(1.001, timezone.utc)),
+        (0, 3, b"k3", b"v", datetime.fromtimestamp(1.003, timezone.utc)),
+    ]
+    found = rows(db, "SELECT off, last_off, last_timestamp, last_digest, lag_samples FROM txn_offsets")
+    assert found == [(4, 3, 1_003, fingerprint(batches[2][0]).digest, [6])]
+    with pytest.raises(AlreadyCommitted):
+        sink.store(OffsetRange("t", 0, 0, 4), batches)
+    with pytest.raises(AlreadyCommitted):
+        sink.store(OffsetRange("t", 0, 2, 4), batches[2:])
+    assert sink.store(OffsetRange("t", 0, 4, 6), [[]]) == 0
+    assert rows(db, "SELECT off, last_off FROM txn_offsets") == [(6, 3)]
+
+
+def test_an_idempotent_replay_overlapping_the_stored_offset_changes_nothing_it_stored(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """After ``txstore reset`` back to 2, the range [2, 6) stores 4 and 5 and keeps 2 and 3."""
+    seed(db, "j", "t", {0: 0})
+    sink = IdempotentSink(conn, "j")
+    sink.store(OffsetRange("t", 0, 0, 4), [_messages(range(4))])
+    db.execute("UPDATE txn_offsets SET off = 2")
+    sink.store(OffsetRange("t", 0, 2, 6), [_messages(range(2, 6), b"again")])
+    assert [(o, v) for _, o, _, v, _ in stored(db)] == [
+        (0, b"v"),
+        (1, b"v"),
+        (2, b"v"),
+        (3, b"v"),
+        (4, b"again"),
+        (5, b"again"),
+    ]
+    assert offsets(db) == {("t", 0): 6}
+
+
+def test_the_idempotent_sink_stores_what_the_transform_returns_and_skips_or_refuses_bad_messages(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+
+    def transform(m: Message) -> tuple[bytes | None, bytes | None] | None:
+        offset = m.offset() or 0
+        if offset == 1:
+            return None
+        if offset in (2, 4):
+            raise ValueError(f"bad {offset}")
+        return None, b"x%d" % offset
+
+    sink = IdempotentSink(conn, "j")
+    with pytest.raises(BadMessage, match="offset 2"):
+        sink.store(OffsetRange("t", 0, 0, 6), [_messages(range(6))], transform)
+    assert (stored(db), offsets(db), sink.skipped) == ([], {("t", 0): 0}, ())
+    assert (
+        sink.store(
+            OffsetRange("t", 0, 0, 6), [_messages(range(3)), _messages(range(3, 6))], transform, skip_bad=True
+        )
+        == 3
+    )
+    assert [(o, k, v) for _, o, k, v, _ in stored(db)] == [
+        (0, None, b"x0"),
+        (3, None, b"x3"),
+        (5, None, b"x5"),
+    ]
+    assert [b.offset for b in sink.skipped] == [2, 4]
+    assert rows(db, "SELECT off, reason FROM txn_bad_messages ORDER BY off") == [
+        (2, "ValueError: bad 2"),
+        (4, "ValueError: bad 4"),
+    ]
+
+
+def test_the_idempotent_sink_inserts_large_ranges_in_chunks(
+    conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from txstore import idempotent
+
+    monkeypatch.setattr(idempotent, "CHUNK_BYTES", 300)
+    seed(db, "j", "t", {0: 0})
+    assert (
+        IdempotentSink(conn, "j").store(OffsetRange("t", 0, 0, 10), [_messages(range(10), b"y" * 50)]) == 10
+    )
+    assert [o for _, o, *_ in stored(db)] == list(range(10))
+
+
+# The outbox publisher.
+
+
+@pytest.fixture
+def committed(conn: psycopg.Connection, db: psycopg.Connection) -> psycopg.Connection:
+    """Five commits of job j and one of job k, each with one outbox row."""
+    seed(db, "j", "t", {0: 0})
+    seed(db, "k", "t", {0: 0})
+    for i in range(5):
+        TransactionalSink(conn, "j", publish_to="out").commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 1})
+    TransactionalSink(conn, "k", publish_to="out").commit(OffsetRange("t", 0, 0, 1), {TOPIC_TOTAL: 1})
+    return conn
+
+
+def state(db: psycopg.Connection, job: str = "j") -> list[tuple[bool, bool]]:
+    found = rows(
+        db,
+        "SELECT sent_at IS NOT NULL, failed_at IS NOT NULL FROM txn_outbox WHERE job = %s ORDER BY id",
+        job,
+    )
+    return [(bool(s), bool(f)) for s, f in found]
+
+
+def publisher(monkeypatch: pytest.MonkeyPatch, producer: FakeProducer, **kwargs: Any) -> OutboxPublisher:
+    monkeypatch.setattr(outbox_module, "shared_producer", lambda conf: producer)
+    kwargs.setdefault("timeout", 1)
+    return OutboxPublisher(CONF, "j", **kwargs)
+
+
+def test_every_pending_row_of_the_job_is_sent_in_chunks_in_commit_order_with_its_headers(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    producer = FakeProducer()
+    assert publisher(monkeypatch, producer, chunk_rows=2).publish_pending(committed) == 5
+    assert state(db) == [(True, False)] * 5 and state(db, "k") == [(False, False)]
+    keys = [k for (k,) in rows(db, "SELECT dedup_key FROM txn_outbox WHERE job = 'j' ORDER BY id")]
+    assert [key.decode() for _, _, key, _ in producer.produced] == keys
+    topic, value, _, headers = producer.produced[0]
+    assert topic == "out" and json.loads(value)["parts"] == 1
+    names = dict(headers)
+    assert names["txstore-job"] == "j" and names["txstore-part"] == "1" and names["txstore-parts"] == "1"
+    assert names["txstore-outbox-id"] == str(rows(db, "SELECT min(id) FROM txn_outbox")[0][0])
+    assert publisher(monkeypatch, FakeProducer()).publish_pending(committed) == 0
+    assert pending_count(committed, "j") == 0 and outbox_counts(committed, "k") == (1, 0)
+
+
+def test_a_chunk_is_bounded_by_its_payload_too(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """Rows are locked 50 at a time until the chunk holds ``chunk_bytes`` of payload."""
+    db.execute(
+        "INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, part, parts) "
+        "SELECT job, destination, dedup_key || '/' || g, headers, payload, part, parts "
+        "FROM txn_outbox, generate_series(1, 23) g WHERE job = 'j'"
+    )
+    size = max(len(p) for (p,) in rows(db, "SELECT payload::text FROM txn_outbox WHERE job = 'j'"))
+    p = publisher(monkeypatch, FakeProducer(), chunk_bytes=60 * size)
+    assert p._publish_chunk(committed) == (100, True)
+    assert p._publish_chunk(committed) == (20, False)
+    assert p._publish_chunk(committed) == (0, False)
+    db.execute("UPDATE txn_outbox SET sent_at = NULL")
+    p = publisher(monkeypatch, FakeProducer(), chunk_rows=60)
+    assert p._publish_chunk(committed) == (60, True)
+    assert p._publish_chunk(committed) == (60, True)
+    assert p._publish_chunk(committed) == (0, False)
+
+
+def test_set_aside_rows_wait_for_retry_failed_and_then_are_sent(
+    monkeypatch: pytest.MonkeyPatch,
+    committed: psycopg.Connection,
+    db: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    producer = FakeProducer(outcome=lambda i: KafkaError.TOPIC_AUTHORIZATION_FAILED if i in (0, 3) else None)
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        assert publisher(monkeypatch, producer).publish_pending(committed) == 3
+    assert state(db) == [(False, True), (True, False), (True, False), (False, True), (True, False)]
+    assert outbox_counts(committed, "j") == (0, 2)
+    assert "set aside 2 outbox rows for Kafka topic 'out'" in caplog.text
+    assert publisher(monkeypatch, FakeProducer()).publish_pending(committed) == 0
+    assert retry_set_aside(committed, "k") == 0
+    assert publisher(monkeypatch, FakeProducer()).publish_pending(committed, retry_failed=True) == 2
+    assert state(db) == [(True, False)] * 5
+    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE failed_reason IS NOT NULL") == [(0,)]
+
+
+def test_a_passing_failure_leaves_the_rest_pending_in_order(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    producer = FakeProducer(outcome=lambda i: KafkaError._MSG_TIMED_OUT if i == 2 else None)
+    with pytest.raises(
+        PublishFailed, match="publishing results of job 'j' to Kafka topic 'out' at fake:9092 failed"
+    ):
+        publisher(monkeypatch, producer, chunk_rows=2).publish_pending(committed)
+    assert state(db) == [(True, False), (True, False), (False, False), (False, False), (False, False)]
+    assert len(producer.produced) == 3  # row 3 is not produced once row 2 failed
+
+
+def test_a_full_local_queue_is_drained_before_producing_again(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    class Full(FakeProducer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.full = 3
+            self.polls = 0
+
+        def produce(self, *args: Any, **kwargs: Any) -> None:
+            if self.full:
+                self.full -= 1
+                raise BufferError("queue full")
+            super().produce(*args, **kwargs)
+
+        def poll(self, timeout: float = 0) -> int:
+            self.polls += 1
+            return super().poll(timeout)
+
+    producer = Full()
+    assert publisher(monkeypatch, producer).publish_pending(committed) == 5
+    assert producer.polls >= 3 and state(db) == [(True, False)] * 5
+
+    class Stuck(FakeProducer):
+        def produce(self, *args: Any, **kwargs: Any) -> None:
+            raise BufferError("queue full")
+
+    db.execute("UPDATE txn_outbox SET sent_at = NULL")
+    with pytest.raises(PublishFailed, match="Local: Queue full"):
+        publisher(monkeypatch, Stuck(), timeout=0.05).publish_pending(committed)
+    assert state(db) == [(False, False)] * 5
+
+
+def test_sent_rows_are_pruned_after_their_retention_and_unsent_ones_never(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    db.execute(
+        "UPDATE txn_outbox SET sent_at = now() - interval '8 days' WHERE id IN (SELECT min(id) FROM txn_outbox WHERE job = 'j')"
+    )
+    db.execute(
+        "UPDATE txn_outbox SET sent_at = now() - interval '6 days' WHERE id IN (SELECT max(id) FROM txn_outbox WHERE job = 'j')"
+    )
+    db.execute(
+        "UPDATE txn_outbox SET failed_at = now() - interval '30 days' WHERE job = 'j' AND sent_at IS NULL"
+    )
+    p = publisher(monkeypatch, FakeProducer())
+    assert p.prune_sent(committed) == 1
+    assert rows(db, "SELECT count(*) FROM txn_outbox") == [(5,)]
+    assert p.prune_sent(committed, keep_days=1) == 1
+
+
+def test_the_producer_keeps_acks_all_and_idempotence_whatever_the_options() -> None:
+    conf = producer_config(
+        {"acks": "1", "enable.idempotence": False, "linger.ms": 50, "message.timeout.ms": 1}, 2
+    )
+    assert conf["acks"] == "all" and conf["enable.idempotence"] is True
+    assert conf["message.timeout.ms"] == 2_000 and conf["linger.ms"] == 50
+    assert producer_config({}, 2)["topic.metadata.propagation.max.ms"] == 1_000
+    assert producer_config({}, 2)["linger.ms"] == 5
