@@ -7,7 +7,11 @@ machine that has none (tests/pg_server.py), which trusts 127.0.0.1.
 
 Each is initialised in a new temporary directory, listens on a free 127.0.0.1
 port, has TLS off, and is stopped by process id; its directory is deleted. As
-root it runs as pgserver's unprivileged system user, like pgserver does.
+root it runs as pgserver's unprivileged system user, like pgserver does, from a
+copy of pgserver's binaries in that directory: the venv's may sit under a
+folder only root may enter (a clone in root's home, whose .venv ``./dev``
+builds), where that user cannot run them. (pgserver itself, which the demo
+uses, opens every parent folder up to ``/`` to other users instead.)
 """
 
 from __future__ import annotations
@@ -63,6 +67,25 @@ def _run_as() -> str | None:
     return user
 
 
+def _reachable_copy(bin_dir: Path, home: Path) -> Path:
+    """A copy of pgserver's binaries, libraries and share files in ``home``, readable by all.
+
+    The layout is pip's (``pgserver/pginstall/{bin,lib,share}`` beside ``pgserver.libs``)
+    because the binaries find their libraries relative to themselves."""
+    install = bin_dir.parent
+    copy = home / "pgserver-copy"
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(install / part, copy / "pgserver" / "pginstall" / part, symlinks=True)
+    libs = install.parent.parent / "pgserver.libs"  # auditwheel's folder of bundled libraries
+    if libs.is_dir():
+        shutil.copytree(libs, copy / "pgserver.libs", symlinks=True)
+    for path in [copy, *copy.rglob("*")]:
+        if not path.is_symlink():
+            mode = path.stat().st_mode
+            path.chmod(mode | 0o044 | (0o011 if path.is_dir() or mode & 0o100 else 0))
+    return copy / "pgserver" / "pginstall" / "bin"
+
+
 @dataclass(frozen=True)
 class Server:
     """A running throwaway server: its TCP port on 127.0.0.1, its directory and its process."""
@@ -96,6 +119,7 @@ def throwaway_postgres(password: str | None = None, max_connections: int = 40) -
         if user:
             entry = pwd.getpwnam(user)
             os.chown(home, entry.pw_uid, entry.pw_gid)
+            bin_dir = _reachable_copy(bin_dir, home)
         auth = ["--auth=trust"]
         if password is not None:
             password_file = home / "pw"

@@ -134,3 +134,55 @@ def test_a_fresh_clone_with_no_postgresql_reachable_runs_database_tests_on_a_thr
     assert directory.startswith(tempfile.gettempdir()), directory
     assert not Path(directory).exists()  # removed at the end
     assert processes_mentioning(directory) == []  # and stopped
+
+
+def _pgserver_install() -> tuple[Path, Path]:
+    """pgserver's package folder and the folder of the libraries its binaries link (pgserver.libs)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    assert spec is not None and spec.submodule_search_locations
+    package = Path(next(iter(spec.submodule_search_locations)))
+    return package, package.parent / "pgserver.libs"
+
+
+@pytest.mark.timeout(180)
+def test_the_throwaway_server_starts_from_a_venv_inside_a_private_folder(tmp_path: Path) -> None:
+    """As root, a clone under a 0700 folder (any clone in root's home) has pgserver's binaries
+    where pgserver's unprivileged user cannot reach them; ``./dev test`` builds .venv there."""
+    if os.geteuid() != 0:
+        pytest.skip("as another user PostgreSQL runs as that user, who can reach the venv")
+    private = tmp_path / "home"
+    site = private / "clone" / ".venv" / "site-packages"
+    site.mkdir(parents=True)
+    private.chmod(0o700)
+    package, libs = _pgserver_install()
+    shutil.copytree(package, site / "pgserver", ignore=shutil.ignore_patterns("include", "__pycache__"))
+    if libs.exists():
+        shutil.copytree(libs, site / "pgserver.libs")
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from tests import pg_server\n"
+        "pg_server.answers = lambda *args, **kwargs: False  # as if nothing answered at 127.0.0.1:5432\n"
+        "environ = {k: v for k, v in os.environ.items()}\n"
+        "server = pg_server.open_session(environ)\n"
+        "import importlib.util\n"
+        "print(list(importlib.util.find_spec('pgserver').submodule_search_locations)[0])\n"
+        "print(server.address.port, server.embedded_in)\n"
+        "assert pg_server.login_problem(server.address) is None\n"
+        "pg_server.close_session()\n"
+        "assert not server.embedded_in.exists()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=clean_env(PYTHONPATH=os.pathsep.join([str(site), str(REPO)])),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    used, _ = result.stdout.splitlines()
+    assert used == str(site / "pgserver")  # the private copy, not this venv's
+    assert oct(private.stat().st_mode & 0o777) == oct(0o700)  # left private
