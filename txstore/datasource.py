@@ -430,11 +430,26 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
     def schema(self) -> Any:
         from txstore.spark import kafka_source_schema
 
-        parse_read_options(self.options, os.environ)  # a bad option fails at load(), not at the action
+        # A bad option fails at load(), not at the action; the stream-only option is checked by
+        # streamReader (txstore.streaming), and refused by reader() for a batch read.
+        given = {k: v for k, v in self.options.items() if str(k).lower() != "maxoffsetspertrigger"}
+        parse_read_options(given, os.environ)
         return kafka_source_schema()
 
     def reader(self, schema: Any) -> TxstoreReader:
         return TxstoreReader(parse_read_options(self.options, os.environ), schema)
+
+    def streamReader(self, schema: Any) -> Any:
+        """``spark.readStream.format("txstore")``: see :mod:`txstore.streaming`."""
+        from txstore.streaming import stream_reader
+
+        return stream_reader(self.options, schema)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        """``writeStream.format("txstore")``: see :mod:`txstore.streaming`."""
+        from txstore.streaming import stream_writer
+
+        return stream_writer(self.options, schema)
 
 
 def register(spark: Any) -> None:
