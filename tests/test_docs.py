@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,3 +36,110 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands on the how-to and getting-started pages are run by tests (or allowed here, with why)
+
+COMMAND_PAGES = ("how-to", "getting-started")
+COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(\./dev|txstore|spark-submit|python|alembic)(?:\s|$)")
+
+AGGREGATE_EXAMPLE = (
+    "spark-submit jobs/aggregate.py --topic orders --job sales --interval 10 --table reporting.sales_by_country "
+    "--key country --merge revenue=sum,orders=sum,largest=max,first_seen=keep,last_seen=replace "
+    """--sql "SELECT get_json_object(CAST(value AS STRING), '$.country') AS country, """
+    "sum(CAST(get_json_object(CAST(value AS STRING), '$.amount') AS DECIMAL(12, 2))) AS revenue, "
+    "count(*) AS orders, max(CAST(get_json_object(CAST(value AS STRING), '$.amount') AS DECIMAL(12, 2))) "
+    'AS largest, min(timestamp) AS first_seen, max(timestamp) AS last_seen FROM batch GROUP BY 1"'
+)
+
+# A command no test runs as shown, and why that is all right. Keyed by the command as shown
+# (continuation lines joined, the trailing comment and a leading "$ " dropped).
+ALLOWED: dict[str, str] = {
+    "./dev demo": "`txstore demo` behind it is run by tests/test_demo_and_dataframe.py; `./dev` only installs first",
+    "./dev test": "what CI runs (.ci/run): the suite this test is part of",
+    "txstore count-topic --topic events --once": "the console command calls txstore.count_topic.main, the same as "
+    "jobs/count_topic.py, which tests run with these flags (test_count_topic.py, test_job_process.py)",
+    "txstore py-files --output txstore-pyfiles.zip": "prints build_py_files(output); test_cluster.py builds the zip "
+    "with build_py_files and runs spark-submit --py-files with it",
+    # results-tables.md, the sales example: continuation lines and the quoted query joined
+    AGGREGATE_EXAMPLE: "test_results_table.py runs jobs/aggregate.py with --table, --key, --merge and --sql "
+    "(its sales query); --interval is the batch loop every job shares (txstore/options.py), run by "
+    "test_job_process.py and the chaos suite",
+}
+
+
+def shown_commands(page: Path) -> list[str]:
+    """The commands of a page's ```bash and ```console blocks that start with a checked program."""
+    commands = []
+    for block in re.finditer(r"^```(?:bash|console)\n(.*?)^```", page.read_text(), re.S | re.M):
+        pending = ""
+        for line in block.group(1).split("\n"):
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            if (pending + line).count('"') % 2:  # a quoted argument over several lines
+                pending += line + " "
+                continue
+            line, pending = (pending + line).strip(), ""
+            line = line.removeprefix("$ ")
+            line = re.sub(r"\s+#.*$", "", line)
+            line = re.sub(r"\s+", " ", line)
+            if COMMAND_START.match(line):
+                commands.append(line)
+    return commands
+
+
+def command_key(command: str) -> tuple[str, list[str]]:
+    """What a test that runs the command must name: its script, module or subcommand, and its flags."""
+    words = [w for w in command.split() if not re.match(r"^[A-Z_]+=", w)]
+    program = words[0]
+    flags = sorted({m.group(1) for m in re.finditer(r"(?<![\w-])(--[a-z][a-z0-9-]*)", command)})
+    if program == "python" and len(words) > 2 and words[1] == "-m":
+        return words[2], flags
+    script = next((w for w in words if w.endswith(".py")), None)
+    if script is not None:
+        return Path(script).name, flags
+    if program in ("txstore", "alembic", "./dev") and len(words) > 1:
+        return f"{program} {words[1]}", flags
+    return program, flags
+
+
+def tests_text() -> dict[Path, str]:
+    return {
+        p: p.read_text(errors="replace") for p in (ROOT / "tests").rglob("*.py") if p.name != "test_docs.py"
+    }
+
+
+def mentions(text: str, key: str) -> bool:
+    if " " in key:  # "txstore status": the subcommand as an argument list element or as typed
+        program, sub = key.split(" ", 1)
+        return program in text and bool(re.search(rf"""["']{re.escape(sub)}["']|{re.escape(key)}\b""", text))
+    return bool(re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", text))
+
+
+def test_every_command_on_the_how_to_pages_is_run_by_a_test_or_allowed() -> None:
+    tests = tests_text()
+    unchecked = []
+    seen = set()
+    for page in sorted(p for d in COMMAND_PAGES for p in (ROOT / "docs" / d).glob("*.md")):
+        for command in shown_commands(page):
+            seen.add(command)
+            if command in ALLOWED:
+                continue
+            key, flags = command_key(command)
+            files = [text for text in tests.values() if mentions(text, key)]
+            missing = [
+                flag for flag in flags if not any(re.search(rf"{flag}(?![\w-])", text) for text in files)
+            ]
+            if not files or missing:
+                why = (
+                    f"no test names {key!r}" if not files else f"no test that names {key!r} passes {missing}"
+                )
+                unchecked.append(f"{page.relative_to(ROOT)}: {command}  ({why})")
+    assert not unchecked, (
+        "commands no test runs (run them in a test, or add them to ALLOWED with why):\n"
+        + "\n".join(unchecked)
+    )
+    stale = sorted(set(ALLOWED) - seen)
+    assert not stale, f"ALLOWED lists commands no page shows any more: {stale}"
