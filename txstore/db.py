@@ -33,12 +33,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from sqlalchemy.engine import URL, make_url
 
 from txstore.errors import ConfigError, DatabaseUnavailable, first_line
+
+if TYPE_CHECKING:  # SQLAlchemy is the driver's (migrations); Spark tasks import this module
+    from sqlalchemy.engine import URL
 
 DATABASE_URL_ENV = "TXSTORE_DATABASE_URL"
 CONNECT_TIMEOUT_SECONDS = 10
@@ -98,6 +101,8 @@ def libpq_url(url: str) -> str:
 
 def sqlalchemy_url(url: str) -> URL:
     """The URL for SQLAlchemy and Alembic, always with the psycopg 3 driver."""
+    from sqlalchemy.engine import make_url  # not on the workers (README: what workers need)
+
     return make_url(libpq_url(url)).set(drivername="postgresql+psycopg")
 
 

@@ -2,18 +2,24 @@
 
 Ops run ``alembic upgrade head`` from a checkout; tests and the demo call
 :func:`upgrade` here, which runs the very same revisions.
+
+Alembic is imported only by the functions that run it: :func:`check_schema`
+is imported wherever a job runs, Spark tasks included, and the workers need
+not have Alembic (README: what workers need).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
-from alembic import command
-from alembic.config import Config
 
 from txstore.db import redact
 from txstore.errors import SchemaMissing
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 SCHEMA_REVISION = "0005"
 """The Alembic head this code was written for; a test keeps it equal to the real head."""
@@ -28,6 +34,8 @@ def alembic_config(database_url: str | None = None) -> Config:
         raise SchemaMissing(
             f"no alembic.ini at {ini}: run migrations from a txstore checkout (`alembic upgrade head`)"
         )
+    from alembic.config import Config
+
     config = Config(str(ini))
     config.attributes["configure_logger"] = False
     if database_url:
@@ -37,6 +45,8 @@ def alembic_config(database_url: str | None = None) -> Config:
 
 def upgrade(database_url: str, revision: str = "head") -> None:
     """Apply the Alembic revisions up to ``revision``."""
+    from alembic import command
+
     command.upgrade(alembic_config(database_url), revision)
 
 
