@@ -1,14 +1,15 @@
 """What a Spark worker needs installed: the README's list, and nothing else.
 
 README section 5 says that with ``--py-files`` the workers "only need the
-dependencies (pyspark, psycopg, confluent-kafka, pyarrow, pandas)". SQLAlchemy
-and Alembic are the driver's (schema and migrations): a task that imports them
-fails in its first batch on such a worker (``No module named 'sqlalchemy'``).
+dependencies (pyspark, psycopg, confluent-kafka, pyarrow, pandas)". The
+project's other dependencies are the driver's: SQLAlchemy and Alembic (schema
+and migrations) and prometheus_client (``--metrics-port``). A task that imports
+one fails in its first batch on such a worker (``No module named 'sqlalchemy'``).
 
 The check here is the cheaper one the issue allows instead of a cluster whose
 executors have a venv of exactly those packages: the functions the job sends
 to its tasks are pickled here as PySpark pickles them (cloudpickle), then, in a
-Python whose import system refuses ``sqlalchemy`` and ``alembic``, unpickled
+Python whose import system refuses those three, unpickled
 (which imports every module they name, the ``txstore`` package first) and run
 over a mock Kafka topic and a migrated database, as a worker runs them.
 """
@@ -33,7 +34,7 @@ from txstore.spark import _EachGroup, _RangeBatches
 from txstore.task import RangeTask
 from txstore.testing.mock_kafka import MockKafkaCluster
 
-DRIVER_ONLY = ("sqlalchemy", "alembic")
+DRIVER_ONLY = ("sqlalchemy", "alembic", "prometheus_client")
 
 WORKER = f"""
 import pickle, sys
@@ -59,7 +60,7 @@ assert not loaded, loaded
 """
 
 
-def test_the_functions_tasks_run_need_neither_sqlalchemy_nor_alembic(
+def test_the_functions_tasks_run_need_none_of_the_driver_only_dependencies(
     tmp_path: Path,
     kafka: MockKafkaCluster,
     database_url: str,
