@@ -289,3 +289,21 @@ def test_a_reset_to_a_datetime_shows_the_exact_millisecond_it_looked_up(
     assert result.stdout.splitlines()[1] == (
         f"  {counted}/0: 4 -> 10 (--to-datetime 2004-03-15T07:55:47.472Z; 6 messages will be skipped)"
     )
+
+
+def test_status_and_its_check_with_kafka_down_print_their_one_line_and_no_client_logs(
+    database_url: str,
+) -> None:
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "counter", [StartDecision("t", p, 0, "test") for p in range(2)])
+    down = ("--bootstrap-servers", "127.0.0.1:1")
+    result = txstore("status", "--job", "counter", *down, url=database_url)
+    assert result.returncode == 0, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(
+        "txstore: warning: Kafka at 127.0.0.1:1 did not answer a metadata request within 5s ("
+    )
+    assert line.endswith("(log offsets and lag unknown)")
+    check = txstore("status", "--job", "counter", "--check", *down, url=database_url)
+    assert (check.returncode, check.stderr) == (3, "")
+    assert check.stdout.splitlines()[0] == "UNKNOWN: job 'counter': 2 UNKNOWN"

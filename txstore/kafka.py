@@ -28,7 +28,41 @@ from txstore.ranges import PartitionWatermarks
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
-"""librdkafka's own log lines from the driver's admin clients (shown with ``--verbose``)."""
+"""Where librdkafka's own log lines go, from every client txstore creates, at DEBUG (shown with
+a job's ``--verbose``)."""
+
+
+class ClientLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """What a client's ``logger`` setting gets: librdkafka's lines on :data:`CLIENT_LOG`, at DEBUG.
+
+    librdkafka repeats a failing connection many times a second (``FAIL ... Connection
+    refused``, as ERROR); the one-line error that ends a call already says what the broker
+    said, so its own lines are kept out of the way: never on stderr (Python's last-resort
+    handler prints a WARNING or above when nothing configured logging, as in the ``txstore``
+    command or a Spark worker), and shown only where DEBUG is. The level librdkafka gave is
+    kept in the line. Pickles by name, so a client setting built on the driver still works
+    in a Spark task; its ``repr`` is fixed, since consumer and producer pools key on it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(CLIENT_LOG, {})
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"[{logging.getLevelName(level)}] {msg}", *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ClientLog {CLIENT_LOG.name}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClientLog)
+
+    def __hash__(self) -> int:
+        return hash(ClientLog)
+
+
+CLIENT_LOGGER = ClientLog()
+"""The ``logger`` setting of every Kafka client (:func:`client_config` puts it in)."""
 METADATA_TIMEOUT_SECONDS = 15.0
 
 # Settings a user's --kafka-option must not change: they are what makes reads exact.
@@ -92,6 +126,7 @@ def client_config(bootstrap_servers: str, options: Mapping[str, str] | None = No
         "log_level": 3,
     }
     conf.update(options or {})
+    conf["logger"] = CLIENT_LOGGER
     conf["bootstrap.servers"] = bootstrap_servers
     return conf
 
@@ -127,7 +162,7 @@ class _Admin:
 
     librdkafka retries a broker it cannot reach or talk to (refused, TLS or SASL
     handshake failed) until the call times out, and would print a line to stderr
-    for every attempt. Here its log lines go to :data:`CLIENT_LOG` and its errors
+    for every attempt. Here its log lines go to :data:`CLIENT_LOG` (at DEBUG) and its errors
     are kept, so a failed call becomes one line that says what the broker said.
     Metadata requests never create topics, whatever the broker allows.
     """
@@ -138,7 +173,7 @@ class _Admin:
             **conf,
             "allow.auto.create.topics": False,
             "error_cb": self.errors.append,
-            "logger": CLIENT_LOG,
+            "logger": CLIENT_LOGGER,
         }
         try:
             self.client = AdminClient(settings)
