@@ -38,6 +38,30 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_readme_fits_on_a_few_screens_and_every_relative_link_in_it_resolves() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 250, "README.md is the front page: move detail into docs/"
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    relative = [t for t in targets if not re.match(r"^[a-z]+:", t) and not t.startswith("#")]
+    assert relative, "README.md links into docs/"
+    broken = [t for t in relative if not (ROOT / t.split("#", 1)[0]).exists()]
+    assert not broken, f"README.md links to files that do not exist: {broken}"
+    anchors = [t.split("#", 1) for t in relative if "#" in t and t.endswith(".md") is False]
+    missing = [f"{path}#{anchor}" for path, anchor in anchors if anchor not in heading_ids(ROOT / path)]
+    assert not missing, f"README.md links to headings that do not exist: {missing}"
+
+
+def heading_ids(page: Path) -> set[str]:
+    """The ids MkDocs gives a page's headings (the toc extension's default slugs)."""
+    ids = set()
+    for heading in re.findall(
+        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M), re.M
+    ):
+        text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+        ids.add(re.sub(r"[-\s]+", "-", text).strip("-"))
+    return ids
+
+
 # ---------------------------------------------------------------------------------------------
 # Commands on the how-to and getting-started pages are run by tests (or allowed here, with why)
 
@@ -105,7 +129,7 @@ def command_key(command: str) -> tuple[str, list[str]]:
     return program, flags
 
 
-def tests_text() -> dict[Path, str]:
+def read_tests() -> dict[Path, str]:
     return {
         p: p.read_text(errors="replace") for p in (ROOT / "tests").rglob("*.py") if p.name != "test_docs.py"
     }
@@ -119,7 +143,7 @@ def mentions(text: str, key: str) -> bool:
 
 
 def test_every_command_on_the_how_to_pages_is_run_by_a_test_or_allowed() -> None:
-    tests = tests_text()
+    tests = read_tests()
     unchecked = []
     seen = set()
     for page in sorted(p for d in COMMAND_PAGES for p in (ROOT / "docs" / d).glob("*.md")):
