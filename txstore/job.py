@@ -179,10 +179,10 @@ class TransactionalJob:
                 read_columns = check_columns(read_columns, "read_columns")
             except ColumnsInvalid as e:
                 raise ConfigError(str(e)) from None
-        if dataframe_aggregate is not None and settings.on_bad_message == SKIP:
+        if dataframe_aggregate is not None and results_table is None and settings.on_bad_message == SKIP:
             raise ConfigError(
-                "--on-bad-message skip needs a Python aggregate: a DataFrame aggregate fails inside Spark SQL, "
-                "where txstore cannot tell which message it failed on"
+                "--on-bad-message skip needs a Python aggregate or a results table: a DataFrame aggregate "
+                "into txn_data fails inside Spark SQL, where txstore cannot tell which message it failed on"
             )
         # First, so a port in use stops the job before it opens anything else (exit 2).
         self.metrics = job_metrics(
@@ -282,6 +282,7 @@ class TransactionalJob:
                 self.results_table,
                 self.dataframe_aggregate,
                 self.read_columns,
+                job=self.settings.job,
             )
         elif declared:
             assert self.dataframe_aggregate is not None and self.read_columns is not None

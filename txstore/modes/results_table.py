@@ -18,7 +18,12 @@
    not at its start rolls everything back and is classified like every
    per-batch commit (already committed, gap, overlap), and a dropped
    connection commits again on a new one
-   (:func:`~txstore.modes.per_batch.commit_with_retries`).
+   (:func:`~txstore.modes.per_batch.commit_with_retries`);
+4. a batch that fails on one message's value (the query's, or PostgreSQL's
+   refusing its row) is tried again piece by piece to find the message
+   (:mod:`txstore.bad_rows`): the job stops naming it, or with
+   ``--on-bad-message skip`` the batch commits without it and records it in
+   ``txn_bad_messages``, in the same transaction.
 
 The Spark work of step 2 starts before the transaction (the first row is
 awaited outside it), so a slow query holds no transaction open; the rows
@@ -37,9 +42,11 @@ from typing import Any
 
 import psycopg
 
+from txstore.bad_rows import failure_reason, find_bad_offsets, is_row_failure, without
+from txstore.badmessages import SKIP, BadOffset
 from txstore.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.driverdb import DriverConnection
-from txstore.errors import ResultsTableInvalid
+from txstore.errors import BadMessage, ResultsTableInvalid
 from txstore.failpoints import FailPoints
 from txstore.fingerprint import Fingerprint
 from txstore.modes.per_batch import commit_with_retries
@@ -55,10 +62,16 @@ from txstore.results_table import (
     table_identifier,
 )
 from txstore.settings import JobSettings
-from txstore.sink import MOVE_OFFSETS, classify_batch_conflict, move_offsets_params
+from txstore.sink import (
+    MOVE_OFFSETS,
+    RECORD_BAD_MESSAGES,
+    bad_message_params,
+    classify_batch_conflict,
+    move_offsets_params,
+)
 from txstore.spark import QueryRefused, analysed_fields, job_description, read_ranges
 from txstore.store import stored_offsets
-from txstore.task import RangeReport
+from txstore.task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
 
 Chunk = tuple[int, bytes]
 """A number of result rows and their COPY text."""
@@ -84,33 +97,119 @@ class ResultsTableMode:
         if not ranges:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
-        columns = list(self.table.columns)
-
         last: dict[TopicPartition, Fingerprint] = {}  # each range's last message, stored with its offset
+        started = time.perf_counter()
+        try:
+            outcome = self._commit(ranges, pieces, last, description)
+        except Exception as e:
+            if not is_row_failure(e):
+                raise
+            failure = e
+        else:
+            return [RangeReport(r, outcome, r.size) for r in ranges], (time.perf_counter() - started) * 1000
+        # One message's value, every time: find it (txstore.bad_rows), on this path only.
+        skip = s.on_bad_message == SKIP
+        with job_description(self.spark, f"{description}: finding the message it fails on"):
+            bad = find_bad_offsets(ranges, self._fails, first_only=not skip)
+        if not bad:
+            raise failure
+        if not skip:
+            raise BadMessage(
+                s.job, bad[0].topic, bad[0].partition, bad[0].offset, bad[0].reason, self._stage(bad[0])
+            )
+        started = time.perf_counter()
+        outcome = self._commit(ranges, without(pieces, bad), last, description, bad)
+        commit_ms = (time.perf_counter() - started) * 1000
+        reports = []
+        for r in ranges:
+            mine = tuple(b for b in bad if (b.topic, b.partition) == r.key)
+            if outcome == COMMITTED and mine:
+                reports.append(
+                    RangeReport(
+                        r, outcome, r.size, bad_messages=mine[:REPORTED_BAD_MESSAGES], skipped=len(mine)
+                    )
+                )
+            else:
+                reports.append(RangeReport(r, outcome, r.size))
+        return reports, commit_ms
+
+    def _commit(
+        self,
+        ranges: list[OffsetRange],
+        pieces: list[OffsetRange],
+        last: dict[TopicPartition, Fingerprint],
+        description: str,
+        bad: Sequence[BadOffset] = (),
+    ) -> str:
+        """The batch's rows (the query over ``pieces``) merged and every range's offset moved, in
+        one transaction, again on a new connection if it drops; ``bad`` recorded beside them."""
+        s = self.settings
+        columns = list(self.table.columns)
+        skipped = {(b.topic, b.partition, b.offset) for b in bad}
 
         def chunks() -> Generator[Chunk, None, None]:
             last.clear()
             last.update(last_messages(s.kafka_conf, ranges, s.job))
-            frame = batch_frame(
-                self.dataframe_aggregate,
-                self.pushdown,
-                lambda columns, partial: read_ranges(
-                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, columns, partial
-                ),
-                self.read_columns,
-            )
-            return copy_chunks(frame.select(*columns), self.table.ordered)
+            # A range whose last message is skipped ends its read before it: nothing to compare.
+            ends = {k: f for k, f in last.items() if (*k, f.offset) not in skipped}
+            return copy_chunks(self._frame(pieces, ends).select(*columns), self.table.ordered)
 
         def commit(conn: psycopg.Connection, attempt: int) -> None:
             with job_description(self.spark, description):
                 commit_rows(
-                    conn, s.job, self.table, self.types, ranges, chunks, self.failpoints, attempt, last
+                    conn, s.job, self.table, self.types, ranges, chunks, self.failpoints, attempt, last, bad
                 )
 
-        started = time.perf_counter()
-        outcome = commit_with_retries(s, self.connection, self.number, commit)
-        commit_ms = (time.perf_counter() - started) * 1000
-        return [RangeReport(r, outcome, r.size) for r in ranges], commit_ms
+        return commit_with_retries(s, self.connection, self.number, commit)
+
+    def _frame(self, pieces: Sequence[OffsetRange], last: Mapping[TopicPartition, Fingerprint]) -> Any:
+        s = self.settings
+        return batch_frame(
+            self.dataframe_aggregate,
+            self.pushdown,
+            lambda columns, partial: read_ranges(
+                self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, columns, partial
+            ),
+            self.read_columns,
+        )
+
+    def _fails(self, piece: OffsetRange) -> str | None:
+        """The query over ``piece`` alone, its rows copied and merged, then rolled back: why that
+        failed (None: it did not). :data:`txstore.bad_rows.Fails`.
+
+        A data exception from the merge itself (not from copying the rows) is a sum past what
+        the column holds, the stored value's doing as much as any message's: it is raised, not
+        blamed on a message (the batch then fails as before, naming the column's error).
+        """
+        conn = self.connection.get()
+        produced = copy_chunks(self._frame([piece], {}).select(*self.table.columns), self.table.ordered)
+        merging = False
+        try:
+            with contextlib.closing(produced):
+                first = next(produced, None)
+                if first is not None:
+                    with conn.cursor() as cur:
+                        cur.execute(create_temp_table(self.table, self.types))
+                        with cur.copy(copy_rows(self.table)) as copy:
+                            for _, text in itertools.chain([first], produced):
+                                copy.write(text)
+                        merging = True
+                        merge_rows(conn, cur, self.table)
+        except Exception as e:
+            if not is_row_failure(e) or (merging and isinstance(e, psycopg.errors.DataError)):
+                raise
+            return failure_reason(e)
+        finally:
+            if not conn.closed:
+                conn.rollback()
+        return None
+
+    def _stage(self, bad: BadOffset) -> str:
+        """What failed on the message, for its error line: PostgreSQL taking its row, or the query."""
+        name = bad.reason.split(":", 1)[0]
+        if isinstance(getattr(psycopg.errors, name, None), type):
+            return f"merge into {self.table.label}"
+        return "query"
 
 
 def copy_chunks(frame: Any, ordered: bool) -> Generator[Chunk, None, None]:
@@ -136,16 +235,19 @@ def commit_rows(
     failpoints: FailPoints,
     attempt: int,
     last: Mapping[TopicPartition, Fingerprint] | None = None,
+    bad: Sequence[BadOffset] = (),
 ) -> None:
     """One transaction: the batch's rows merged into ``table`` and every range's offset moved, or
     nothing and a :class:`~txstore.errors.CommitConflict` saying why. ``last``: each range's last
-    message, stored beside its offset (filled by ``chunks`` when it reads them)."""
+    message, stored beside its offset (filled by ``chunks`` when it reads them); ``bad``:
+    messages left out of ``chunks`` (``--on-bad-message skip``), recorded in
+    ``txn_bad_messages``."""
     stored = stored_offsets(conn, job, ranges)
     if any(stored.get(r.key) != r.from_offset for r in ranges):
         raise classify_batch_conflict(job, ranges, stored)  # committed before: no query to run
     produced = chunks()
     with contextlib.closing(produced):
-        _copy_and_merge(conn, job, table, types, ranges, produced, failpoints, attempt, last)
+        _copy_and_merge(conn, job, table, types, ranges, produced, failpoints, attempt, last, bad)
 
 
 def _copy_and_merge(
@@ -158,6 +260,7 @@ def _copy_and_merge(
     failpoints: FailPoints,
     attempt: int,
     last: Mapping[TopicPartition, Fingerprint] | None = None,
+    bad: Sequence[BadOffset] = (),
 ) -> None:
     first = next(produced, None)  # Spark computes the result before the transaction opens
     hit = failpoints.hit
@@ -174,6 +277,8 @@ def _copy_and_merge(
             hit("between-upsert-and-offsets", attempt)
             cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges, last))
             if cur.rowcount == len(ranges):
+                if bad:
+                    cur.execute(RECORD_BAD_MESSAGES, bad_message_params(job, bad))
                 if first is not None:
                     merge_rows(conn, cur, table)
                     log.debug("job %s: merged %d result rows into %s", job, rows, table.label)
@@ -220,14 +325,15 @@ def check_results_table(
     table: ResultsTable,
     aggregate: Callable[[Any], Any],
     read_columns: Sequence[str] | None = None,
+    job: str | None = None,
 ) -> dict[str, str]:
     """Refuse, with every problem (:class:`ResultsTableInvalid`), a table the batches could not
-    merge into; else return each column's declared type (for the temporary table)."""
+    merge into; else return each column's definition for the temporary table."""
     if not table.name or not table.keys:
         raise ResultsTableInvalid(table.problems())
     output = query_columns(spark, aggregate, read_columns)
     facts = describe_table(conn, table)
-    problems = table_problems(table, facts, output, f"role {conn.info.user}")
+    problems = table_problems(table, facts, output, f"role {conn.info.user}", job=job)
     if problems:
         raise ResultsTableInvalid(problems)
     assert facts is not None
@@ -260,7 +366,7 @@ def temp_table_types(conn: psycopg.Connection, table: ResultsTable) -> dict[str,
     try:
         with conn.cursor() as cur:
             cur.execute(_COLUMN_DEFINITIONS, (table_identifier(table).as_string(conn),))
-            definitions = dict(cur.fetchall())
+            definitions: dict[str, str] = dict(cur.fetchall())
     finally:
         conn.rollback()
     return {c: definitions[c] for c in table.columns}

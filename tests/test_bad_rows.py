@@ -1,0 +1,93 @@
+"""Bisection over offsets for the messages a query or a results table cannot take (pure)."""
+
+from __future__ import annotations
+
+import random
+
+import psycopg
+
+from txstore.bad_rows import find_bad_offsets, is_row_failure, without
+from txstore.badmessages import BadOffset
+from txstore.errors import TopicRecreated
+from txstore.fingerprint import Fingerprint
+from txstore.ranges import OffsetRange
+
+
+def fails_on(bad: set[tuple[int, int]], tried: list[OffsetRange]):  # type: ignore[no-untyped-def]
+    def fails(piece: OffsetRange) -> str | None:
+        tried.append(piece)
+        hit = [o for p, o in bad if p == piece.partition and piece.from_offset <= o < piece.until_offset]
+        return f"ValueError: offset {min(hit)}" if hit else None
+
+    return fails
+
+
+def test_every_bad_offset_is_found_lowest_first_with_the_reason_of_its_own_piece() -> None:
+    rng = random.Random(11)
+    for _ in range(200):
+        starts = [rng.randrange(0, 5) for _ in range(3)]
+        ranges = [OffsetRange("t", p, start, start + rng.randrange(1, 70)) for p, start in enumerate(starts)]
+        bad = {
+            (r.partition, rng.randrange(r.from_offset, r.until_offset))
+            for r in ranges
+            for _ in range(rng.randrange(0, 4))
+        }
+        found = find_bad_offsets(ranges, fails_on(bad, []), first_only=False)
+        assert [(b.partition, b.offset) for b in found] == sorted(bad)
+        assert all(b.reason == f"ValueError: offset {b.offset}" for b in found)
+        first = find_bad_offsets(ranges, fails_on(bad, []), first_only=True)
+        assert list(first) == list(found[:1])
+
+
+def test_the_search_reads_a_few_pieces_per_bad_message_not_every_offset() -> None:
+    tried: list[OffsetRange] = []
+    found = find_bad_offsets([OffsetRange("t", 0, 0, 1_000_000)], fails_on({(0, 654_321)}, tried), True)
+    assert [b.offset for b in found] == [654_321]
+    assert len(tried) <= 2 * 21  # two halves a level, twenty levels
+
+
+def test_a_failure_no_single_message_reproduces_finds_nothing() -> None:
+    # Fails only with offsets 3 and 4 together: no one message is to blame.
+    def fails(piece: OffsetRange) -> str | None:
+        return (
+            "NumericValueOutOfRange: overflow" if piece.from_offset <= 3 and piece.until_offset > 4 else None
+        )
+
+    assert find_bad_offsets([OffsetRange("t", 0, 0, 10)], fails, first_only=False) == ()
+
+
+def test_pieces_without_the_bad_messages_cover_every_other_offset_and_verify_only_from_the_start() -> None:
+    verify = Fingerprint(4, 1, "d")
+    pieces = [
+        OffsetRange("t", 0, 5, 12, verify=verify),
+        OffsetRange("t", 0, 12, 20),
+        OffsetRange("t", 1, 0, 3),
+    ]
+    bad = [
+        BadOffset("t", 0, 5, "r"),
+        BadOffset("t", 0, 9, "r"),
+        BadOffset("t", 0, 19, "r"),
+        BadOffset("t", 1, 1, "r"),
+    ]
+    cut = without(pieces, bad)
+    covered = {(p.partition, o) for p in cut for o in range(p.from_offset, p.until_offset)}
+    everything = {(p.partition, o) for p in pieces for o in range(p.from_offset, p.until_offset)}
+    assert covered == everything - {(b.partition, b.offset) for b in bad}
+    assert [(p.partition, p.from_offset, p.until_offset) for p in cut] == [
+        (0, 6, 9),
+        (0, 10, 12),
+        (0, 12, 19),
+        (1, 0, 1),
+        (1, 2, 3),
+    ]
+    assert all(p.verify is None for p in cut)  # the first piece started on a bad message
+    kept = without([OffsetRange("t", 0, 5, 12, verify=verify)], [BadOffset("t", 0, 8, "r")])
+    assert [p.verify for p in kept] == [verify, None]
+
+
+def test_only_failures_a_message_can_cause_are_searched() -> None:
+    assert is_row_failure(psycopg.errors.CharacterNotInRepertoire("invalid byte sequence"))
+    assert is_row_failure(psycopg.errors.NotNullViolation("null value in column"))
+    assert not is_row_failure(psycopg.OperationalError("server closed the connection"))
+    assert not is_row_failure(TopicRecreated("job 'j' topic 't' partition 0: recreated"))
+    assert not is_row_failure(ValueError("ours, not Spark's"))
