@@ -167,3 +167,12 @@ def test_every_command_on_the_how_to_pages_is_run_by_a_test_or_allowed() -> None
     )
     stale = sorted(set(ALLOWED) - seen)
     assert not stale, f"ALLOWED lists commands no page shows any more: {stale}"
+
+
+def test_the_readme_and_the_roles_page_give_the_same_job_role_sql() -> None:
+    """tests/test_logins_and_tls.py runs the README's copy; the site shows the page's."""
+    pattern = r"```sql\n(-- txstore: a role for jobs\n.*?)```"
+    readme = re.findall(pattern, (ROOT / "README.md").read_text(), re.S)
+    page = re.findall(pattern, (ROOT / "docs" / "how-to" / "tls-and-roles.md").read_text(), re.S)
+    assert len(readme) == 1 and len(page) == 1
+    assert readme == page
