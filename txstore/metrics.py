@@ -23,8 +23,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
 from txstore.errors import MetricsPortInUse
 from txstore.ranges import TopicPartition
 from txstore.task import ALREADY_COMMITTED, COMMITTED, REFUSED, RangeReport
@@ -72,6 +70,10 @@ class JobMetrics(NoMetrics):
     enabled = True
 
     def __init__(self, job: str, *, outbox: bool = False, bad_messages: bool = False) -> None:
+        # Imported here, not above: Spark tasks import this module (through the txstore package)
+        # and the workers need not have prometheus_client (README: what workers need).
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         self.job = job
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self._server: Any = None
@@ -139,6 +141,8 @@ class JobMetrics(NoMetrics):
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` on ``host:port`` in a daemon thread; raise :class:`MetricsPortInUse`."""
+        from prometheus_client import start_http_server
+
         try:
             self._server, _ = start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:
