@@ -66,7 +66,9 @@ def heading_ids(page: Path) -> set[str]:
 # Commands on the how-to and getting-started pages are run by tests (or allowed here, with why)
 
 COMMAND_PAGES = ("how-to", "getting-started")
-COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(\./dev|txstore|spark-submit|python|alembic)(?:\s|$)")
+COMMAND_START = re.compile(
+    r"^(?:[A-Z_]+=\S+\s+)*(\./dev|txstore|(?:\S*/)?spark-submit|python|alembic)(?:\s|$)"
+)
 
 AGGREGATE_EXAMPLE = (
     "spark-submit jobs/aggregate.py --topic orders --job sales --interval 10 --table reporting.sales_by_country "
@@ -121,6 +123,8 @@ def command_key(command: str) -> tuple[str, list[str]]:
     flags = sorted({m.group(1) for m in re.finditer(r"(?<![\w-])(--[a-z][a-z0-9-]*)", command)})
     if program == "python" and len(words) > 2 and words[1] == "-m":
         return words[2], flags
+    if "--class" in words[:-1]:  # spark-submit --class C: a JVM application such as the Connect server
+        return words[words.index("--class") + 1], flags
     script = next((w for w in words if w.endswith(".py")), None)
     if script is not None:
         return Path(script).name, flags
