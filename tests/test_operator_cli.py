@@ -307,3 +307,34 @@ def test_status_and_its_check_with_kafka_down_print_their_one_line_and_no_client
     check = txstore("status", "--job", "counter", "--check", *down, url=database_url)
     assert (check.returncode, check.stderr) == (3, "")
     assert check.stdout.splitlines()[0] == "UNKNOWN: job 'counter': 2 UNKNOWN"
+
+
+def test_a_database_without_the_schema_is_one_line_telling_to_run_alembic_and_check_is_unknown(
+    empty_database_url: str,
+) -> None:
+    from txstore.db import redact
+
+    missing = (
+        f"the txstore tables are missing in {redact(empty_database_url)}; "
+        "run `alembic upgrade head` with TXSTORE_DATABASE_URL set to that database"
+    )
+    for command in (
+        ("status",),
+        ("status", "--job", "counter"),
+        ("jobs",),
+        ("reset", "--job", "counter", "--topic", "t", "--forget"),
+    ):
+        result = txstore(*command, url=empty_database_url)
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", f"txstore: error: {missing}\n"), (
+            command
+        )
+    check = txstore("status", "--check", url=empty_database_url)
+    assert (check.returncode, check.stdout, check.stderr) == (3, f"UNKNOWN: {missing}\n", "")
+    as_json = txstore("status", "--check", "--json", url=empty_database_url)
+    assert (as_json.returncode, as_json.stderr) == (3, "")
+    assert json.loads(as_json.stdout) == {
+        "status": "UNKNOWN",
+        "exit_code": 3,
+        "summary": f"UNKNOWN: {missing}",
+        "partitions": [],
+    }

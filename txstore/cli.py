@@ -98,8 +98,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _operate(args)
     except TxstoreError as e:
+        if args.command == "status" and args.check:
+            return _cannot_check(str(e), args.json)
         print(f"txstore: error: {e}", file=sys.stderr)
         return 1
+
+
+def _cannot_check(reason: str, as_json: bool) -> int:
+    """``status --check`` could not check (no database, no schema, a bad flag): UNKNOWN, exit 3,
+    as Nagios plugins do, with the reason on the line (stdout, where the check's lines go)."""
+    import json
+
+    from txstore.health import EXIT_UNKNOWN, LEVELS
+
+    line = f"{LEVELS[EXIT_UNKNOWN]}: {reason}"
+    if as_json:
+        found = {"status": LEVELS[EXIT_UNKNOWN], "exit_code": EXIT_UNKNOWN, "summary": line, "partitions": []}
+        print(json.dumps(found, indent=2))
+    else:
+        print(line)
+    return EXIT_UNKNOWN
 
 
 def _operate(args: argparse.Namespace) -> int:
@@ -107,6 +125,7 @@ def _operate(args: argparse.Namespace) -> int:
     from txstore.db import connect, resolve_database_url
     from txstore.errors import ConfigError
     from txstore.kafka import BOOTSTRAP_ENV, client_config, topic_name_problem
+    from txstore.migrate import check_schema
     from txstore.reset import ResetTarget
     from txstore.starting import parse_timestamp
 
@@ -118,6 +137,7 @@ def _operate(args: argparse.Namespace) -> int:
         client_config(args.bootstrap_servers, dict(args.kafka_options)) if args.bootstrap_servers else None
     )
     with connect(url) as conn:
+        check_schema(conn, url)
         if args.command == "status" and args.check:
             return _check(conn, kafka_conf, args)
         if args.command == "status":
