@@ -52,7 +52,7 @@ from txstore.windows import parse_duration_ms, window_start
 def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in ``spark`` (classic or Spark Connect).
 
-    Needs PySpark 4.0 or newer and pyarrow (``pip install 'txstore[connect]'``);
+    Needs PySpark 4.0 or newer and pyarrow (from a clone: ``pip install -e '.[connect]'``);
     see :mod:`txstore.datasource` for the options.
     """
     from txstore.datasource import register as register_data_source
