@@ -8,6 +8,7 @@ broker module itself (jars, start failures, kill and restart), without Spark.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -42,6 +43,7 @@ from txstore.testing.real_kafka import (
 )
 from txstore.topic_ids import fetch_topic_ids
 
+CLIENT_LOG = logging.getLogger("tests.real_kafka.client")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 TX_TIMEOUT = 30.0
 
@@ -58,7 +60,14 @@ def high_watermarks(kafka: RealKafkaCluster, topic: str, partitions: int) -> dic
 
 def transactional(kafka: RealKafkaCluster, name: str) -> Producer:
     producer = Producer(
-        {"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": name, "linger.ms": 5}
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "transactional.id": name,
+            "linger.ms": 5,
+            # Its log lines go through logging (pytest captures them): one kept alive past the
+            # session's broker (by a traceback) would otherwise print refused connections at the end.
+            "logger": CLIENT_LOG,
+        }
     )
     producer.init_transactions(TX_TIMEOUT)
     return producer
@@ -199,13 +208,31 @@ def test_counts_equal_messages_produced_over_several_runs(
         assert offsets(db, topic) == log_ends(real_kafka, topic)
 
 
+def per_topic(frame: Any) -> Any:
+    """count_topic's totals as a DataFrame aggregate (SQL text: classic and Connect alike)."""
+    return frame.groupBy("topic").count().selectExpr("topic", "`count` AS metric")
+
+
+def counting_job(
+    spark: Any, kafka: RealKafkaCluster, database_url: str, topic: str, kind: str
+) -> TransactionalJob:
+    """count_topic's job, with the Python aggregate or the DataFrame one (read by Spark tasks through
+    txstore's data source, the range's last message read first by the driver)."""
+    if kind == "python":
+        return job_for(spark, kafka, database_url, topic)
+    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+    return TransactionalJob(spark, settings, dataframe_aggregate=per_topic)
+
+
 @pytest.mark.spark
+@pytest.mark.parametrize("kind", ["python", "dataframe"])
 def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
     spark: Any,
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
     new_real_topic: Callable[..., str],
+    kind: str,
 ) -> None:
     """Two transactional producers and a plain one interleave in the same partitions; some
     transactions commit, some abort. Over two runs the counts are exactly the committed and
@@ -229,8 +256,9 @@ def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
     in_transaction(a, topic, {1: 7, 2: 1}, b"a2")
     a.commit_transaction(TX_TIMEOUT)
     expected += 7 + 1
-    report = job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert report.messages == expected
+    report = counting_job(spark, real_kafka, database_url, topic, kind).run_batch()
+    if kind == "python":  # a DataFrame job reports offsets, not messages (see below)
+        assert report.messages == expected
     assert totals(db, topic) == {topic: expected}
     assert offsets(db, topic) == log_ends(real_kafka, topic) == high_watermarks(real_kafka, topic, 3)
 
@@ -243,12 +271,40 @@ def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
     a.begin_transaction()
     in_transaction(a, topic, {0: 10, 1: 10, 2: 10}, b"a3")
     a.abort_transaction(TX_TIMEOUT)
-    report = job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert report.messages == 6
+    report = counting_job(spark, real_kafka, database_url, topic, kind).run_batch()
+    if kind == "python":
+        assert report.messages == 6
     assert totals(db, topic) == {topic: expected}
     ends = log_ends(real_kafka, topic)
     assert offsets(db, topic) == ends
     assert sum(ends.values()) > expected + 30  # aborted messages and markers take offsets
+
+
+@pytest.mark.spark
+@pytest.mark.xfail(
+    strict=True,
+    reason="a DataFrame job reports each range's offset span (OffsetRange.size) as its messages "
+    "(modes/dataframe.py, modes/results_table.py): transaction markers and aborted messages go into "
+    "the report, its log line and txstore_messages; the counts stored are exact",
+)
+def test_a_dataframe_job_reports_the_messages_it_counted_not_the_offsets_it_passed(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    topic = new_real_topic(1)
+    producer = transactional(real_kafka, f"report-{topic}")
+    producer.begin_transaction()
+    in_transaction(producer, topic, {0: 3})
+    producer.commit_transaction(TX_TIMEOUT)  # offsets 0-2, the marker at 3
+    producer.begin_transaction()
+    in_transaction(producer, topic, {0: 5})
+    producer.abort_transaction(TX_TIMEOUT)  # offsets 4-8, the marker at 9
+    report = counting_job(spark, real_kafka, database_url, topic, "dataframe").run_batch()
+    assert totals(db, topic) == {topic: 3}
+    assert report.messages == 3  # reported: 10
 
 
 @pytest.mark.spark
