@@ -229,6 +229,7 @@ def test_a_reset_creates_rows_for_partitions_the_job_never_committed(
         topic,
         "--to-latest",
         "--execute",
+        "--new-job",  # the job never ran: without it the name is refused as a typo (issue 29 point 4)
         url=database_url,
         kafka=kafka,
     )
@@ -338,3 +339,45 @@ def test_a_database_without_the_schema_is_one_line_telling_to_run_alembic_and_ch
         "summary": f"UNKNOWN: {missing}",
         "partitions": [],
     }
+
+
+def test_an_unknown_job_is_refused_in_one_line_naming_the_known_jobs_unless_said_to_be_new(
+    database_url: str, kafka: MockKafkaCluster, counted: str, db: psycopg.Connection
+) -> None:
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "other", [StartDecision(counted, 0, 0, "test")])
+    status = txstore("status", "--job", "count_topc", url=database_url, kafka=kafka)
+    assert (status.returncode, status.stdout, status.stderr) == (
+        1,
+        "",
+        "txstore: error: no job 'count_topc' in the database (known jobs: 'counter', 'other'); check --job\n",
+    )
+    typo = ("reset", "--job", "count_topc", "--topic", counted, "--to-earliest", "--execute")
+    reset = txstore(*typo, url=database_url, kafka=kafka)
+    assert (reset.returncode, reset.stdout, reset.stderr) == (
+        1,
+        "",
+        "txstore: error: no job 'count_topc' in the database (known jobs: 'counter', 'other'); check --job, "
+        "or add --new-job to store offsets for a job that has not run yet\n",
+    )
+    assert [j["job"] for j in json.loads(txstore("jobs", "--json", url=database_url).stdout)] == [
+        "counter",
+        "other",
+    ]
+    new = txstore(*typo, "--new-job", url=database_url, kafka=kafka)
+    assert new.returncode == 0, new.stderr
+    assert new.stdout.splitlines()[-1] == "applied"
+    assert {p: o for (_, p), o in store.committed_offsets(db, "count_topc", [counted]).items()} == {
+        0: 0,
+        1: 0,
+        2: 0,
+    }
+
+
+def test_an_unknown_job_in_an_empty_database_says_there_are_no_jobs_yet(database_url: str) -> None:
+    status = txstore("status", "--job", "count_topic", url=database_url)
+    assert (status.returncode, status.stdout, status.stderr) == (
+        1,
+        "",
+        "txstore: error: no job 'count_topic' in the database (no jobs yet); check --job\n",
+    )

@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the topic was deleted and recreated: start a new generation even if that is not detected",
     )
+    reset.add_argument(
+        "--new-job",
+        action="store_true",
+        help="the job has not run yet: store offsets for a job name the database does not know "
+        "(without it, an unknown --job is refused as a typo)",
+    )
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the job runs)")
     publish = commands.add_parser(
         "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
@@ -141,6 +147,9 @@ def _operate(args: argparse.Namespace) -> int:
         if args.command == "status" and args.check:
             return _check(conn, kafka_conf, args)
         if args.command == "status":
+            unknown = ops.unknown_job_problem(conn, args.job) if args.job is not None else None
+            if unknown:
+                raise ConfigError(f"{unknown}; check --job")
             rows, problem = ops.status(conn, kafka_conf, args.job)
             print(ops.as_json(rows) if args.json else ops.format_status(rows))
             outbox = ops.outbox_status(conn, args.job)
@@ -173,6 +182,11 @@ def _operate(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 0
+        unknown = None if args.new_job else ops.unknown_job_problem(conn, args.job)
+        if unknown:
+            raise ConfigError(
+                f"{unknown}; check --job, or add --new-job to store offsets for a job that has not run yet"
+            )
         if args.to_earliest:
             target = ResetTarget("earliest")
         elif args.to_latest:

@@ -79,6 +79,38 @@ class JobSummary:
     skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
 
+def known_jobs(conn: psycopg.Connection) -> list[str]:
+    """The jobs the database knows: those with stored offsets or results still to publish."""
+    rows = conn.execute(
+        "SELECT job FROM txn_offsets UNION SELECT job FROM txn_outbox WHERE sent_at IS NULL ORDER BY 1"
+    ).fetchall()
+    conn.commit()
+    return [r[0] for r in rows]
+
+
+def unknown_job_problem(conn: psycopg.Connection, job: str) -> str | None:
+    """Why ``job`` (``--job``) names no job the database knows, listing those it does; None if known.
+
+    A job is known by anything stored for it: offsets, results, messages (a ``--forget`` leaves
+    those), results to publish, messages skipped as bad; each looked up by its index on ``job``.
+    A typo would otherwise show an empty status, or have ``txstore reset`` store offsets for a
+    job that never existed."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM txn_offsets WHERE job = %(job)s) "
+        "OR EXISTS (SELECT FROM txn_data WHERE job = %(job)s) "
+        "OR EXISTS (SELECT FROM txn_messages WHERE job = %(job)s) "
+        "OR EXISTS (SELECT FROM txn_outbox WHERE job = %(job)s AND sent_at IS NULL) "
+        "OR EXISTS (SELECT FROM txn_bad_messages WHERE job = %(job)s)",
+        {"job": job},
+    ).fetchone()
+    conn.commit()
+    if row and row[0]:
+        return None
+    known = known_jobs(conn)
+    listed = f"known jobs: {', '.join(map(repr, known))}" if known else "no jobs yet"
+    return f"no job {job!r} in the database ({listed})"
+
+
 def status(
     conn: psycopg.Connection, kafka_conf: Mapping[str, Any] | None, job: str | None = None
 ) -> tuple[list[PartitionStatus], str | None]:
