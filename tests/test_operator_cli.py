@@ -381,3 +381,20 @@ def test_an_unknown_job_in_an_empty_database_says_there_are_no_jobs_yet(database
         "",
         "txstore: error: no job 'count_topic' in the database (no jobs yet); check --job\n",
     )
+
+
+@pytest.mark.parametrize("command", [("status", "--check", "--json"), ("status", "--json"), ("jobs",)])
+def test_output_into_a_pipe_closed_early_ends_quietly_as_a_command_stopped_by_sigpipe(
+    database_url: str, kafka: MockKafkaCluster, counted: str, command: tuple[str, ...]
+) -> None:
+    """`txstore status --check --json | head`: the reader has gone before the output is written."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "txstore.cli", *command, "--database-url", database_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # like head, done before anything arrives
+    err = process.stderr.read()
+    assert (process.wait(timeout=60), err) == (141, "")

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 
+EXIT_BROKEN_PIPE = 141
+"""Exit status when whoever reads the output stopped reading (``txstore status | head``): a
+shell's for a command ended by SIGPIPE (128 + 13), with no traceback."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; output into a pipe its reader closed ends quietly with
+    :data:`EXIT_BROKEN_PIPE`."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a broken pipe would print a traceback
+        return code
+    except BrokenPipeError:
+        # Python's documented way: nothing more may reach the closed pipe, not even at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     from txstore.options import add_check_options, add_connection_options
 
     argv = list(sys.argv[1:] if argv is None else argv)
