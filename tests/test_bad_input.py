@@ -364,3 +364,28 @@ def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exa
     assert report.messages == 103
     assert totals(db, topic) == {topic: 103}
     assert offsets(db, topic) == log_ends(kafka, topic) == {0: 3, 1: 100}
+
+
+@pytest.mark.parametrize("password", ["se@cret", "a@b@c"])
+def test_a_password_with_an_at_sign_not_percent_encoded_is_one_line_saying_to_encode_it(
+    database_url: str, password: str
+) -> None:
+    from urllib.parse import urlsplit
+
+    given = urlsplit(database_url)
+    url = f"postgresql://{given.username}:{password}@{given.hostname}:{given.port}{given.path}"
+    result = subprocess.run(
+        [sys.executable, "-m", "txstore.cli", "jobs", "--database-url", url],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"txstore: error: cannot connect to PostgreSQL at postgresql://{given.username}:***@"
+        f"{given.hostname}:{given.port}{given.path}: the user name or password holds an '@' that "
+        "is not percent-encoded, so the host was read from the password; percent-encode it "
+        "(@ as %40, : as %3A, / as %2F, % as %25, # as %23, ? as %3F)\n"
+    )
+    assert "cret" not in result.stderr and "b@c" not in result.stderr

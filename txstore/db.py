@@ -111,6 +111,7 @@ _ENCODING_HINT = (
     "percent-encode special characters in the user name and password "
     "(@ as %40, : as %3A, / as %2F, % as %25, # as %23, ? as %3F)"
 )
+_ENCODING_HINT_SHORT = "percent-encode it (@ as %40, : as %3A, / as %2F, % as %25, # as %23, ? as %3F)"
 
 
 def redact(url: str) -> str:
@@ -131,6 +132,13 @@ def redact(url: str) -> str:
 
 def _has_password(url: str) -> bool:
     return redact(url) != libpq_url(url)
+
+
+def _unencoded_at(url: str) -> bool:
+    """Whether the user name or password holds a raw ``@``: libpq ends them at the first ``@``
+    and reads the rest (part of the password) as the host."""
+    _, sep, rest = libpq_url(url).partition("://")
+    return bool(sep) and "@" in rest.rpartition("@")[0]
 
 
 def connection_settings(url: str) -> dict[str, object]:
@@ -167,6 +175,12 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
     except psycopg.OperationalError as e:
+        if _unencoded_at(url):
+            # libpq's message names the host it read, which is part of the password: not shown.
+            raise ConfigError(
+                f"cannot connect to PostgreSQL at {redact(url)}: the user name or password holds an '@' "
+                f"that is not percent-encoded, so the host was read from the password; {_ENCODING_HINT_SHORT}"
+            ) from None
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact(url)}: {first_line(e)}; "
             f"check --database-url / {DATABASE_URL_ENV} and that the server is up"
