@@ -324,6 +324,11 @@ class RealKafkaCluster:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            # After a kill, the restarted controller unfences the broker only once the old
+            # registration's session has expired: 4 s instead of 9 s makes such a restart take
+            # about 8 s rather than 13-17 s here (heartbeats every 0.5 s keep a live one in).
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "4000",
             "num.network.threads": "2",
             "num.io.threads": "4",
             **self._extra,
