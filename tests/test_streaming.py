@@ -1,0 +1,249 @@
+"""readStream/writeStream.format("txstore") on real Spark, real PostgreSQL and the mock broker.
+
+Each checkpoint accident is made on a real query: stopped (or its batch
+killed) and restarted, with the checkpoint kept, deleted, or replaced by an
+older copy.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import txstore
+from tests.conftest import produce
+from tests.test_count_topic import log_ends, offsets, totals
+from txstore.streaming import batch_ranges, check_alignment, offsets_dict, offsets_map
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+JOB = "stream_job"
+
+
+def stream(spark: Any, kafka: MockKafkaCluster, url: str, topic: str, job: str = JOB, **options: str) -> Any:
+    reader = (
+        spark.readStream.format("txstore")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", url)
+    )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def sink(df: Any, url: str, checkpoint: Path, job: str = JOB) -> Any:
+    return (
+        df.writeStream.format("txstore")
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", url)
+        .option("checkpointLocation", str(checkpoint))
+    )
+
+
+def run_available_now(
+    spark: Any, kafka: MockKafkaCluster, url: str, topic: str, checkpoint: Path, **options: str
+) -> Any:
+    query = (
+        sink(stream(spark, kafka, url, topic, **options), url, checkpoint).trigger(availableNow=True).start()
+    )
+    try:
+        query.awaitTermination(120)
+    except Exception as e:  # the query failed: StreamingQueryException with the source's line
+        raise QueryFailed(str(e)) from None
+    assert not query.isActive
+    return query
+
+
+class QueryFailed(Exception):
+    pass
+
+
+@pytest.fixture
+def session(spark: Any) -> Any:
+    txstore.register(spark)
+    return spark
+
+
+# -- pure ----------------------------------------------------------------------------------------
+
+
+def test_batch_ranges_come_from_start_and_end_and_a_new_partition_enters_empty() -> None:
+    start = offsets_map({"t": {"0": 5, "1": 7}})
+    end = offsets_map({"t": {"0": 9, "1": 7, "2": 3}})
+    ranges = batch_ranges(start, end)
+    assert [(r.partition, r.from_offset, r.until_offset) for r in ranges] == [(0, 5, 9), (1, 7, 7), (2, 3, 3)]
+    assert offsets_dict(end) == {"t": {"0": 9, "1": 7, "2": 3}}
+
+
+def test_alignment_commit_replay_or_one_line_mismatch() -> None:
+    ranges = batch_ranges(offsets_map({"t": {"0": 5, "1": 7}}), offsets_map({"t": {"0": 9, "1": 8}}))
+    assert check_alignment("j", ranges, {("t", 0): 5, ("t", 1): 7}) is True
+    assert check_alignment("j", ranges, {("t", 0): 9, ("t", 1): 8}) is False
+    with pytest.raises(txstore.TxstoreError) as e:
+        check_alignment("j", ranges, {("t", 0): 12, ("t", 1): 7})
+    line = str(e.value)
+    assert "\n" not in line
+    for part in ("'j'", "'t'", "partition 0", "offset 12", "at 5", "checkpointLocation"):
+        assert part in line
+
+
+# -- real queries --------------------------------------------------------------------------------
+
+
+def test_stream_counts_each_message_once_over_restarts(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(3)
+    checkpoint = tmp_path / "chk"
+    produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20, 2: 1})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 51}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+    produce(kafka.bootstrap_servers, topic, {1: 5})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 56}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
+def test_max_offsets_per_trigger_cuts_batches_and_available_now_reads_them_all(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 40, 1: 10})
+    query = run_available_now(
+        session, kafka, database_url, topic, tmp_path / "chk", maxOffsetsPerTrigger="10"
+    )
+    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    assert len(batches) == 5, [p["numInputRows"] for p in query.recentProgress]
+    assert totals(db, topic, job=JOB) == {topic: 50}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
+def test_checkpoint_deleted_starts_where_postgresql_says(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(2)
+    checkpoint = tmp_path / "chk"
+    produce(kafka.bootstrap_servers, topic, {0: 8, 1: 3})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    shutil.rmtree(checkpoint)
+    produce(kafka.bootstrap_servers, topic, {0: 2, 1: 4})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 17}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
+def test_older_checkpoint_copy_stops_in_one_line_and_writes_nothing(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(2)
+    checkpoint, old = tmp_path / "chk", tmp_path / "old"
+    produce(kafka.bootstrap_servers, topic, {0: 8, 1: 3})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    shutil.copytree(checkpoint, old)
+    produce(kafka.bootstrap_servers, topic, {0: 5})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 16}
+    stored = offsets(db, topic, job=JOB)
+
+    shutil.rmtree(checkpoint)
+    shutil.copytree(old, checkpoint)  # the older copy "restored"
+    produce(kafka.bootstrap_servers, topic, {1: 2})
+    with pytest.raises(QueryFailed) as e:
+        run_available_now(session, kafka, database_url, topic, checkpoint)
+    message = str(e.value)
+    expected = (
+        f"job '{JOB}' topic '{topic}' partition 0: txn_offsets stores offset 13 but the checkpoint "
+        "starts this micro-batch at 8"
+    )
+    assert expected in message, message
+    assert "new checkpointLocation" in message
+    assert totals(db, topic, job=JOB) == {topic: 16}
+    assert offsets(db, topic, job=JOB) == stored
+
+
+def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_once(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(2)
+    checkpoint = tmp_path / "chk"
+    produce(kafka.bootstrap_servers, topic, {0: 6, 1: 4})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    produce(kafka.bootstrap_servers, topic, {0: 2})
+    second = run_available_now(session, kafka, database_url, topic, checkpoint)
+    last_batch = max(p["batchId"] for p in second.recentProgress if p["numInputRows"] > 0)
+    assert last_batch >= 1  # a batch after the first, whose start comes from the checkpoint
+    assert totals(db, topic, job=JOB) == {topic: 12}
+    # The state a crash leaves between the sink's PostgreSQL commit and Spark's commit log:
+    # the batch is in offsets/ but not in commits/. The restart replays it (same id, same ranges).
+    (checkpoint / "commits" / str(last_batch)).unlink()
+    (checkpoint / "commits" / f".{last_batch}.crc").unlink(missing_ok=True)
+    produce(kafka.bootstrap_servers, topic, {1: 3})
+    again = run_available_now(session, kafka, database_url, topic, checkpoint)
+    replayed = [p for p in again.recentProgress if p["batchId"] == last_batch]
+    assert replayed and replayed[0]["numInputRows"] == 2  # read again, not counted again
+    assert totals(db, topic, job=JOB) == {topic: 15}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
+def test_a_second_query_on_the_same_job_is_refused(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+    running = (
+        sink(stream(session, kafka, database_url, topic), database_url, tmp_path / "a")
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        running.processAllAvailable()
+        with pytest.raises(QueryFailed) as e:
+            run_available_now(session, kafka, database_url, topic, tmp_path / "b")
+        assert f"job '{JOB}': another streaming query of this job is running" in str(e.value)
+        produce(kafka.bootstrap_servers, topic, {0: 2})
+        running.processAllAvailable()
+        assert running.isActive
+    finally:
+        running.stop()
+    assert totals(db, topic, job=JOB) == {topic: 12}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
