@@ -247,3 +247,49 @@ def test_a_second_query_on_the_same_job_is_refused(
         running.stop()
     assert totals(db, topic, job=JOB) == {topic: 12}
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
+def test_a_recreated_topic_stops_the_query_with_count_topics_line(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(1)
+    checkpoint = tmp_path / "chk"
+    produce(kafka.bootstrap_servers, topic, {0: 8})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    kafka.recreate_topic(topic, 1)
+    produce(kafka.bootstrap_servers, topic, {0: 2})
+    with pytest.raises(QueryFailed) as e:
+        run_available_now(session, kafka, database_url, topic, checkpoint)
+    expected = (
+        f"job '{JOB}' topic '{topic}' partition 0: stored offset 8 is beyond the log-end offset 2 "
+        "(topic deleted and recreated, or an unclean leader election); to start over from its "
+        f"earliest offset: txstore reset --job {JOB} --topic {topic} --partition 0 --to-earliest --execute"
+    )
+    assert expected in str(e.value)
+    assert totals(db, topic, job=JOB) == {topic: 8}
+
+
+@pytest.mark.connect
+def test_stream_through_spark_connect(
+    spark_connect: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The same query from a Spark Connect client: source and sink run on the server."""
+    txstore.register(spark_connect)
+    topic = new_topic(2)
+    checkpoint = tmp_path / "chk"
+    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 2})
+    run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
+    produce(kafka.bootstrap_servers, topic, {1: 4})
+    run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 13}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
