@@ -162,9 +162,9 @@ def test_reset_without_execute_prints_the_plan_and_changes_nothing(
         (["--shift-by", "25"], {0: 10, 1: 20, 2: 25}),
         (["--forget", "--partition", "2"], {0: 4, 1: 20}),
         (
-            ["--to-datetime", "2026-01-01T00:00:00Z"],
+            ["--to-datetime", "2026-01-01T00:00:00Z", "--force"],
             {0: 10, 1: 20, 2: 30},
-        ),  # the test broker answers -1: log end
+        ),  # the test broker answers -1: log end, applied only with --force (issue 29 point 8)
     ],
 )
 def test_reset_with_execute_moves_the_offsets(
@@ -398,3 +398,32 @@ def test_output_into_a_pipe_closed_early_ends_quietly_as_a_command_stopped_by_si
     process.stdout.close()  # like head, done before anything arrives
     err = process.stderr.read()
     assert (process.wait(timeout=60), err) == (141, "")
+
+
+def test_a_reset_to_a_datetime_kafka_cannot_look_up_that_would_skip_messages_is_refused_without_force(
+    database_url: str, kafka: MockKafkaCluster, counted: str, db: psycopg.Connection
+) -> None:
+    """The test broker answers -1 (no message at or after the time) to every offsets-for-times
+    request, even for 1970: moving to the log end would skip messages for nothing said."""
+    before = offsets(db, counted)
+    to_2004 = ("reset", "--job", "counter", "--topic", counted, "--to-datetime", "2004-01-01T00:00:00Z")
+    problem = (
+        f"Kafka at {kafka.bootstrap_servers} found no message at or after 2004-01-01T00:00:00Z "
+        f"on topic {counted!r} partitions [0, 2], not even after 1970: it cannot answer time lookups "
+        "there, and moving them to the log end would skip 36 messages"
+    )
+    refused = txstore(*to_2004, "--execute", url=database_url, kafka=kafka)
+    assert (refused.returncode, refused.stderr) == (
+        1,
+        f"txstore: error: {problem}; nothing was changed: use --to-offset, or add --force to skip them\n",
+    )
+    assert offsets(db, counted) == before
+    dry_run = txstore(*to_2004, url=database_url, kafka=kafka)
+    assert (dry_run.returncode, dry_run.stderr) == (
+        0,
+        f"txstore: warning: {problem}; --execute needs --force\n",
+    )
+    forced = txstore(*to_2004, "--execute", "--force", url=database_url, kafka=kafka)
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stdout.splitlines()[-1] == "applied"
+    assert offsets(db, counted) == {0: 10, 1: 20, 2: 30}

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 EXIT_BROKEN_PIPE = 141
 """Exit status when whoever reads the output stopped reading (``txstore status | head``): a
 shell's for a command ended by SIGPIPE (128 + 13), with no traceback."""
@@ -88,6 +87,11 @@ def _main(argv: list[str] | None = None) -> int:
         "(without it, an unknown --job is refused as a typo)",
     )
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the job runs)")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="apply a --to-datetime plan that skips messages where Kafka cannot answer time lookups",
+    )
     publish = commands.add_parser(
         "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
     )
@@ -153,7 +157,7 @@ def _operate(args: argparse.Namespace) -> int:
     from txstore.errors import ConfigError
     from txstore.kafka import BOOTSTRAP_ENV, client_config, topic_name_problem
     from txstore.migrate import check_schema
-    from txstore.reset import ResetTarget
+    from txstore.reset import ResetTarget, blind_skip_problem
     from txstore.starting import parse_timestamp
 
     url = resolve_database_url(args.database_url)
@@ -223,9 +227,14 @@ def _operate(args: argparse.Namespace) -> int:
         moves = ops.plan_job_reset(
             conn, kafka_conf, args.job, args.topic, args.partition, target, args.new_generation
         )
+        blind = None if kafka_conf is None else blind_skip_problem(kafka_conf["bootstrap.servers"], moves)
+        if blind and args.execute and not args.force:
+            raise ConfigError(f"{blind}; nothing was changed: use --to-offset, or add --force to skip them")
         print(f"reset of job {args.job!r}, topic {args.topic!r}:")
         for move in moves:
             print(f"  {move.describe()}")
+        if blind and not args.force:
+            print(f"txstore: warning: {blind}; --execute needs --force", file=sys.stderr)
         if not args.execute:
             print("dry run: nothing was changed; add --execute to apply this plan")
             return 0

@@ -465,6 +465,7 @@ def plan_job_reset(
     past = {part: h for (_, part), h in history.items()}
     watermarks = None
     time_offsets = None
+    unanswered: set[int] = set()
     topic_id = None
     found: dict[int, Fingerprint | None] = {}
     if target.kind != "forget" and kafka_conf:
@@ -478,6 +479,7 @@ def plan_job_reset(
             assert target.value is not None
             result = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)
             time_offsets = {p: o for (_, p), o in result.items()}
+            unanswered = unanswered_time_lookups(kafka_conf, topic, time_offsets, watermarks)
     return plan_reset(
         job,
         topic,
@@ -490,7 +492,28 @@ def plan_job_reset(
         topic_id,
         found,
         new_generation,
+        unanswered,
     )
+
+
+def unanswered_time_lookups(
+    kafka_conf: Mapping[str, Any],
+    topic: str,
+    time_offsets: Mapping[int, int],
+    watermarks: Mapping[int, PartitionWatermarks],
+) -> set[int]:
+    """The partitions with messages whose offsets-for-times answer was -1 (no message at or after
+    the time) and that answer -1 for 1970 too: Kafka cannot look times up there (messages
+    without timestamps, or a broker that does not implement it), so their -1 says nothing."""
+    none_after = [
+        p
+        for p, o in time_offsets.items()
+        if o < 0 and p in watermarks and watermarks[p].low < watermarks[p].high
+    ]
+    if not none_after:
+        return set()
+    since_1970 = offsets_for_timestamp(kafka_conf, [(topic, p) for p in none_after], 0)
+    return {p for p in none_after if since_1970.get((topic, p), -1) < 0}
 
 
 class ResetConflict(TxstoreError):

@@ -15,8 +15,8 @@ its messages are stored apart from the old log's under the same offsets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from txstore.errors import ConfigError
 from txstore.fingerprint import Fingerprint
@@ -52,6 +52,10 @@ class ResetMove:
     reason: str | None = None
     topic_id: str | None = None
     at_ms: int | None = None  # --to-datetime: the instant looked up (epoch ms), shown in the plan
+    # --to-datetime: Kafka found no message at or after it, nor after 1970, in a partition with
+    # messages: it cannot answer time lookups there (see blind_skip_problem).
+    unanswered: bool = False
+    log_start: int | None = field(default=None, compare=False)  # for an unanswered one: what a new row skips
 
     def describe(self) -> str:
         where = f"{self.topic}/{self.partition}"
@@ -84,6 +88,7 @@ def plan_reset(
     topic_id: str | None = None,
     found: Mapping[int, Fingerprint | None] | None = None,
     new_generation: bool = False,
+    unanswered: Collection[int] = (),
 ) -> list[ResetMove]:
     """The moves for ``partitions`` (default: every partition Kafka has, or every stored row for ``forget``).
 
@@ -97,7 +102,8 @@ def plan_reset(
     now at each partition's last-counted offset (None or no entry: no message
     there, or not looked at; either way nothing to compare). From them
     :func:`generation_reason` decides whether the move starts a new
-    generation; ``new_generation`` forces it.
+    generation; ``new_generation`` forces it. ``unanswered``: the partitions where Kafka
+    cannot answer the datetime target's lookup (:func:`blind_skip_problem`).
     """
     if target.kind == "forget":
         chosen = sorted(partitions) if partitions else sorted(stored)
@@ -146,13 +152,56 @@ def plan_reset(
         if old is not None:
             reason = generation_reason(old, marks, past, topic_id, (found or {}).get(p), new_generation)
         at = target.value if target.kind == "datetime" else None
+        blind = p in unanswered
+        low = marks.low if blind else None
         if reason is None:
-            moves.append(ResetMove(topic, p, old, new, past.generation, at_ms=at))
+            moves.append(
+                ResetMove(
+                    topic, p, old, new, past.generation, at_ms=at, unanswered=blind, log_start=marks.low
+                )
+            )
         else:
             moves.append(
-                ResetMove(topic, p, old, new, past.generation, past.generation + 1, reason, topic_id, at)
+                ResetMove(
+                    topic,
+                    p,
+                    old,
+                    new,
+                    past.generation,
+                    past.generation + 1,
+                    reason,
+                    topic_id,
+                    at,
+                    blind,
+                    low,
+                )
             )
     return moves
+
+
+def blind_skip_problem(servers: str, moves: Sequence[ResetMove]) -> str | None:
+    """Why a ``--to-datetime`` plan skips messages on Kafka's word that cannot be trusted, or None.
+
+    Kafka answers "no message at or after the time" (-1) both when every message is older and
+    when it cannot look times up (messages without timestamps, a broker or mock that does not
+    implement the lookup). A partition with messages that answers -1 even for 1970 is the
+    second: moving it to the log end would skip its messages for a wrong reason.
+    """
+    skips = {
+        m.partition: m.new - (m.old if m.old is not None else (m.log_start or 0))
+        for m in moves
+        if m.unanswered and m.new is not None
+    }
+    skipping = sorted(p for p, n in skips.items() if n > 0)
+    if not skipping:
+        return None
+    first = next(m for m in moves if m.partition == skipping[0])
+    at = format_timestamp(first.at_ms) if first.at_ms is not None else "the time given"
+    return (
+        f"Kafka at {servers} found no message at or after {at} on topic {first.topic!r} partitions "
+        f"{skipping}, not even after 1970: it cannot answer time lookups there, and moving them to "
+        f"the log end would skip {sum(skips[p] for p in skipping)} messages"
+    )
 
 
 def generation_reason(
