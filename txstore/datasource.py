@@ -340,6 +340,18 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     return plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
 
 
+def check_explicit_offsets(options: ReadOptions) -> None:
+    """At ``load()``, for a batch read whose ``startingOffsets``/``endingOffsets`` JSON names
+    offsets: plan the read once against Kafka's watermarks, so an offset outside the log (or
+    a partition Kafka does not have, or a start after its end) fails there in its one line,
+    not at the first action inside a long trace. Without explicit offsets (or with
+    ``txstore.job``) nothing is asked of Kafka at ``load()``. With a declared schema Spark does
+    not call ``schema()``: the same checks then run when the read is planned."""
+    explicit = any(o >= 0 for spec in (options.starting, options.ending) for o in spec.specific.values())
+    if explicit and options.job is None:
+        plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
+
+
 def schema_columns(schema: Any) -> tuple[str, ...]:
     """The Kafka-source columns a user-given schema (``.schema(...)``) names, checked.
 
@@ -433,7 +445,8 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         # A bad option fails at load(), not at the action; the stream-only option is checked by
         # streamReader (txstore.streaming), and refused by reader() for a batch read.
         given = {k: v for k, v in self.options.items() if str(k).lower() != "maxoffsetspertrigger"}
-        parse_read_options(given, os.environ)
+        options = parse_read_options(given, os.environ)
+        check_explicit_offsets(options)
         return kafka_source_schema()
 
     def reader(self, schema: Any) -> TxstoreReader:
