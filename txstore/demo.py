@@ -21,6 +21,7 @@ from txstore import store
 from txstore.count_topic import count_messages
 from txstore.db import DATABASE_URL_ENV, connect, redact
 from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka import CLIENT_LOGGER
 from txstore.migrate import upgrade
 from txstore.runner import spark_session
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -48,7 +49,14 @@ def demo_database() -> Iterator[str]:
 
 
 def produce(bootstrap: str, topic: str, count: int, partitions: int, start: int = 0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "logger": CLIENT_LOGGER,  # librdkafka's own lines at DEBUG, not on stderr
+        }
+    )
     for i in range(start, start + count):
         producer.produce(
             topic, key=f"user-{i % 97}".encode(), value=f'{{"n": {i}}}'.encode(), partition=i % partitions
