@@ -95,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_count, default=3, help="rounds of every side and result (default 3)")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument(
+        "--warm-up-messages",
+        type=int,
+        default=WARM_UP_MESSAGES,
+        help="messages of the untimed warm-up topic every side reads first (default 10000; 0: none)",
+    )
+    p.add_argument(
         "--spark-kafka-version",
         help="Spark's Kafka connector version (default: the installed PySpark's, else the newest "
         "release below it on Maven Central)",
@@ -404,12 +410,11 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
             kafka.bootstrap_servers, topic, args.messages, args.partitions, args.keys, args.value_bytes
         )
         say(f"produced {args.messages:,} messages to {args.partitions} partitions in {produce_seconds:.1f} s")
-        warm_topic = f"{topic}-warm-up"
-        kafka.create_topic(warm_topic, args.partitions)
-        warm_messages = min(args.messages, WARM_UP_MESSAGES)
-        produce(
-            kafka.bootstrap_servers, warm_topic, warm_messages, args.partitions, args.keys, args.value_bytes
-        )
+        warm: tuple[str, int] | None = None
+        if args.warm_up_messages:
+            warm = (f"{topic}-warm-up", min(args.messages, args.warm_up_messages))
+            kafka.create_topic(warm[0], args.partitions)
+            produce(kafka.bootstrap_servers, *warm, args.partitions, args.keys, args.value_bytes)
         own_session = spark is None
         session_seconds = 0.0
         if spark is None:
@@ -428,7 +433,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
             args.rounds,
             sides,
             grains,
-            (warm_topic, warm_messages),
+            warm,
         )
     document = {
         "name": args.name,
