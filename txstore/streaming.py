@@ -314,6 +314,11 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         return fetch_watermarks(self.options.read.kafka_conf, self.options.read.topics)
 
     def initialOffset(self) -> Offsets:
+        offsets = self._initial_offsets()
+        self._last_end = offsets
+        return offsets_dict(offsets)
+
+    def _initial_offsets(self) -> dict[TopicPartition, int]:
         conn = self._db()
         topics = self.options.read.topics
         committed = store.committed_offsets(conn, self.options.job, topics)
@@ -325,8 +330,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         )
         offsets = dict(committed)
         offsets.update({(d.topic, d.partition): d.offset for d in decisions})
-        self._last_end = offsets
-        return offsets_dict(offsets)
+        return offsets
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # PySpark 4.2+
@@ -349,7 +353,9 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             begin = offsets_map(start)
             max_offsets = getattr(limit, "max_rows", None)
         else:
-            begin = self._last_end or store.committed_offsets(conn, job, self.options.read.topics)
+            # PySpark 4.0/4.1 may ask before initialOffset() (Trigger.AvailableNow fixes its target
+            # first): the query's first start is then the initial offset.
+            begin = self._last_end if self._last_end is not None else self._initial_offsets()
             max_offsets = self.options.max_offsets_per_trigger
         watermarks = self._watermarks()
         if self._target is not None:
