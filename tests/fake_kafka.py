@@ -112,11 +112,13 @@ class FakeConsumer:
         self.eof_at: dict[tuple[str, int], int] = {}  # the log end each EOF event was sent at
         self.assigned_at: list[tuple[str, int, int]] = []  # every assign(), in order
         self.listed: list[str | None] = []  # every list_topics()
+        self.list_timeouts: list[float] = []
         self.consumed: list[int] = []  # num_messages of every consume()
         self.closed = False
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         self.listed.append(topic)
+        self.list_timeouts.append(timeout)
         return None
 
     def assign(self, partitions: list[TopicPartition]) -> None:

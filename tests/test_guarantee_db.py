@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from tests.fake_kafka import FakeProducer
+from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed
 from txstore import outbox as outbox_module
 from txstore import planning as planning_module
@@ -32,6 +33,7 @@ from txstore.errors import (
     PermissionDenied,
     PublishFailed,
 )
+from txstore.failpoints import FailPoints, InjectedFailure
 from txstore.fingerprint import Fingerprint, fingerprint
 from txstore.idempotent import IdempotentSink
 from txstore.outbox import OutboxPublisher, outbox_counts, pending_count, producer_config, retry_set_aside
@@ -43,6 +45,19 @@ from txstore.sink import TransactionalSink
 from txstore.starting import LATEST, StartDecision, StartingOffsets
 
 CONF = {"bootstrap.servers": "fake:9092"}
+
+
+@pytest.fixture(scope="module")
+def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from shared_database(request, "core")
+
+
+@pytest.fixture
+def database_url(shared_database_url: str) -> str:
+    """An empty migrated database (tests/fast_db.py: shared by the module, truncated per test)."""
+    return emptied(shared_database_url)
+
+
 WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
@@ -179,6 +194,33 @@ def test_a_starting_timestamp_is_looked_up_only_for_the_topics_first_partitions(
     assert len(asked) == 1
 
 
+def test_a_plan_asks_kafka_once_unless_it_started_or_skipped_partitions(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    asked: list[int] = []
+    marks = [PartitionWatermarks("t", 0, 5, 9)]
+    settings = JobSettings("j", ("t",), "fake:9092", database_url, fail_on_data_loss=False)
+    p = Planner(settings, lambda conf, topics: asked.append(1) or marks)  # type: ignore[func-returns-value]
+    assert p.plan(lambda: conn) == [OffsetRange("t", 0, 5, 9)] and len(asked) == 2  # started: read again
+    assert p.plan(lambda: conn) == [OffsetRange("t", 0, 5, 9)] and len(asked) == 3
+    db.execute("UPDATE txn_offsets SET off = 2")
+    assert p.plan(lambda: conn) == [OffsetRange("t", 0, 5, 9)] and len(asked) == 5  # skipped: read again
+
+
+def test_a_partition_another_instance_started_first_keeps_its_start_and_says_so(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    marks = [PartitionWatermarks("t", 0, 0, 9), PartitionWatermarks("t", 1, 0, 9)]
+    p = planner(database_url, marks, starting_offsets=StartingOffsets(LATEST))
+    seed(db, "j", "t", {1: 4})  # after this planner read the offsets, before it created rows
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        assert p._start_new_partitions(conn, {}, marks) is True
+    assert offsets(db) == {("t", 0): 9, ("t", 1): 4}
+    assert "job j: t/0 starts at latest (--starting-offsets)" in caplog.text
+    assert "job j: t/1 was started by another instance" in caplog.text
+    assert p._start_new_partitions(conn, offsets(db), marks) is False
+
+
 def test_planning_failures_in_postgresql_are_one_line(database_url: str) -> None:
     p = planner(database_url, [PartitionWatermarks("t", 0, 0, 1)])
 
@@ -263,6 +305,109 @@ def test_a_range_is_committed_only_from_exactly_its_start(
         assert offsets(db) == {("t", 0): 9}
 
 
+def test_a_commit_moves_exactly_its_own_row_whatever_the_names_around_it(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """Rows of other jobs, topics and partitions at the same offset and generation sort both
+    before and after the committed one: none of them moves."""
+    for job in ("j", "k"):
+        for topic in ("t", "u"):
+            seed(db, job, topic, {0: 0, 1: 0})
+    TransactionalSink(conn, "k").commit(OffsetRange("u", 1, 0, 3), {})
+    TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 2), {})
+    moved = rows(db, "SELECT job, topic, part, off FROM txn_offsets WHERE off <> 0 ORDER BY 1, 2, 3")
+    assert moved == [("j", "t", 0, 2), ("k", "u", 1, 3)]
+
+
+@pytest.mark.parametrize("generation", [0, 2])
+def test_a_range_of_any_other_generation_is_refused(
+    conn: psycopg.Connection, db: psycopg.Connection, generation: int
+) -> None:
+    """Older (planned before a reset) or newer (planned before the row was forgotten and made
+    again): either way another log's messages."""
+    seed(db, "j", "t", {0: 0})
+    db.execute("UPDATE txn_offsets SET generation = 1")
+    with pytest.raises(OffsetOverlap):
+        TransactionalSink(conn, "j").commit(
+            OffsetRange("t", 0, 0, 3, generation=generation), {TOPIC_TOTAL: 3}
+        )
+    with pytest.raises(OffsetOverlap):
+        IdempotentSink(conn, "j").store(
+            OffsetRange("t", 0, 0, 3, generation=generation), [_messages(range(3))]
+        )
+    assert (offsets(db), data(db), stored(db)) == ({("t", 0): 0}, {}, [])
+
+
+def test_an_empty_range_refused_for_its_generation_has_nothing_to_count(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 4})
+    db.execute("UPDATE txn_offsets SET generation = 1")
+    with pytest.raises(AlreadyCommitted):
+        TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 4, 4), {})
+
+
+def test_a_batch_refused_in_part_is_classified_from_the_offsets_as_they_were(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """One range at its start, the other committed by another writer: the update moved one row
+    of two, and the rollback undoes it before the offsets are read, so the refusal names the
+    committed range (an overlap), not a batch "already committed"."""
+    seed(db, "j", "t", {0: 0, 1: 5})
+    with pytest.raises(OffsetOverlap) as raised:
+        TransactionalSink(conn, "j").commit_batch([OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 2, 5)], {})
+    assert (raised.value.offset_range, raised.value.stored_offset) == (OffsetRange("t", 1, 2, 5), 5)
+    with pytest.raises(OffsetGap) as gap:
+        TransactionalSink(conn, "j").commit_batch([OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 7, 9)], {})
+    assert gap.value.offset_range == OffsetRange("t", 1, 7, 9)
+    assert offsets(db) == {("t", 0): 0, ("t", 1): 5}
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize(
+    "point", ["before-upsert", "between-upsert-and-offsets", "before-commit", "after-commit"]
+)
+def test_a_failure_at_any_point_of_a_commit_leaves_all_or_nothing_and_no_open_transaction(
+    conn: psycopg.Connection, db: psycopg.Connection, point: str
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    bad = [BadOffset("t", 0, 1, "E: x")]
+    failing = FailPoints.parse(point)
+    commits: list[tuple[Callable[[], Any], int]] = [
+        (
+            lambda: TransactionalSink(conn, "j", failing, publish_to="out").commit(
+                OffsetRange("t", 0, 0, 3), {TOPIC_TOTAL: 2}, bad=bad
+            ),
+            1,
+        ),
+        (
+            lambda: IdempotentSink(conn, "j", failing).store(
+                OffsetRange("t", 0, 0, 3), [_messages(range(3))]
+            ),
+            0,
+        ),
+    ]
+    for commit, bad_rows in commits:
+        with pytest.raises(InjectedFailure):
+            commit()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        committed = point == "after-commit"
+        assert offsets(db) == {("t", 0): 3 if committed else 0}
+        assert rows(db, "SELECT count(*) FROM txn_bad_messages") == [(bad_rows if committed else 0,)]
+        db.execute("UPDATE txn_offsets SET off = 0")
+        db.execute("DELETE FROM txn_bad_messages")
+    assert len(rows(db, "SELECT * FROM txn_outbox")) == (1 if point == "after-commit" else 0)
+    assert len(stored(db)) == (3 if point == "after-commit" else 0)
+
+
+def test_only_a_connection_with_autocommit_off_is_taken(database_url: str) -> None:
+    with connect(database_url, autocommit=True) as auto:
+        with pytest.raises(ValueError, match="TransactionalSink needs a connection with autocommit off"):
+            TransactionalSink(auto, "j")
+        with pytest.raises(ValueError, match="IdempotentSink needs a connection with autocommit off"):
+            IdempotentSink(auto, "j")
+
+
 def test_a_batch_with_a_duplicate_partition_is_refused(conn: psycopg.Connection) -> None:
     with pytest.raises(ValueError, match="a batch commit needs one range per partition"):
         TransactionalSink(conn, "j").commit_batch([OffsetRange("t", 0, 0, 1), OffsetRange("t", 0, 1, 2)], {})
@@ -301,9 +446,12 @@ def test_the_backlog_each_range_started_from_is_kept_for_the_last_five_commits(
 def test_bad_messages_are_recorded_in_the_generation_their_range_was_read_in(
     conn: psycopg.Connection, db: psycopg.Connection
 ) -> None:
-    seed(db, "j", "t", {0: 0})
+    seed(db, "j", "t", {0: 0, 1: 0})
+    seed(db, "j", "s", {0: 0})
+    seed(db, "j", "u", {0: 0})
     seed(db, "k", "t", {0: 0})
-    db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = 'j'")
+    db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = 'j' AND topic = 't' AND part = 0")
+    db.execute("UPDATE txn_offsets SET generation = 5 WHERE job = 'j' AND (topic <> 't' OR part <> 0)")
     bad = [BadOffset("t", 0, 4, "E: b"), BadOffset("t", 0, 2, "E: a")]
     TransactionalSink(conn, "j").commit(OffsetRange("t", 0, 0, 5, generation=3), {TOPIC_TOTAL: 3}, bad=bad)
     assert rows(db, "SELECT job, part, generation, off, reason FROM txn_bad_messages ORDER BY off") == [
@@ -348,6 +496,49 @@ def test_a_commit_writes_one_outbox_row_with_its_results_delta_and_total(
         ("key+window", "a", "2026-01-01T00:00:00+00:00", 0.5, 0.5),
         ("topic", None, None, 1, 3),
     ]
+
+
+def test_a_batch_outbox_row_gives_each_result_the_total_of_its_own_row(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """Two topics with the same grains and keys, a null key beside an empty one, a window beside
+    none: each result's delta and total are its own row's, never another's."""
+    seed(db, "j", "t", {0: 0})
+    seed(db, "j", "u", {0: 0})
+    sink = TransactionalSink(conn, "j", publish_to="out")
+    sink.commit_batch([OffsetRange("t", 0, 0, 1), OffsetRange("u", 0, 0, 1)], {("t", TOPIC_TOTAL): 100})
+    deltas = {
+        ("t", TOPIC_TOTAL): 1,
+        ("u", TOPIC_TOTAL): 2,
+        ("t", by_key(None)): 3,
+        ("t", by_key("")): 4,
+        ("u", by_key("")): 5,
+        ("t", by_window(None)): 6,
+        ("t", by_window(WHEN)): 7,
+        ("t", by_key_and_window(None, WHEN)): 8,
+        ("t", by_key_and_window("", None)): 9,
+    }
+    sink.commit_batch([OffsetRange("t", 0, 1, 2), OffsetRange("u", 0, 1, 2)], deltas)
+    ((payload,),) = rows(
+        db, "SELECT payload FROM txn_outbox WHERE payload->>'results' <> '[]' ORDER BY id DESC LIMIT 1"
+    )
+    found = {
+        (r["topic"], r["grain"], r["key"], r["window_start"]): (r["delta"], r["total"])
+        for r in payload["results"]
+    }
+    when = "2026-01-01T00:00:00+00:00"
+    assert len(payload["results"]) == len(found) == 9
+    assert found == {
+        ("t", "topic", None, None): (1, 101),
+        ("u", "topic", None, None): (2, 2),
+        ("t", "key", None, None): (3, 3),
+        ("t", "key", "", None): (4, 4),
+        ("u", "key", "", None): (5, 5),
+        ("t", "window", None, None): (6, 6),
+        ("t", "window", None, when): (7, 7),
+        ("t", "key+window", None, when): (8, 8),
+        ("t", "key+window", "", None): (9, 9),
+    }
 
 
 def test_outbox_parts_are_cut_in_result_order_under_the_size_limit(

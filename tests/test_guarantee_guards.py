@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from tests.fake_kafka import FakeKafka, FakeLog, FakeProducer, install
+from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed, snapshot
 from txstore import outbox as outbox_module
 from txstore import store
@@ -33,6 +34,17 @@ from txstore.settings import JobSettings
 from txstore.sink import TransactionalSink
 
 CONF = {"bootstrap.servers": "fake:9092"}
+
+
+@pytest.fixture(scope="module")
+def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from shared_database(request, "guards")
+
+
+@pytest.fixture
+def database_url(shared_database_url: str) -> str:
+    """An empty migrated database (tests/fast_db.py: shared by the module, truncated per test)."""
+    return emptied(shared_database_url)
 
 
 @pytest.fixture

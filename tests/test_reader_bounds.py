@@ -166,6 +166,14 @@ def test_a_consumer_that_finished_a_read_is_reused_and_asks_for_a_topics_metadat
     assert consumer.conf["auto.offset.reset"] == "error" and consumer.conf["enable.partition.eof"] is True
 
 
+def test_asking_for_a_topics_metadata_waits_no_longer_than_the_reads_idle_timeout(
+    fake_kafka: FakeKafka,
+) -> None:
+    log_of(fake_kafka, range(3))
+    read(OffsetRange("t", 0, 0, 3), idle_timeout=2)
+    assert fake_kafka.consumers[0].list_timeouts == [2]
+
+
 def test_a_read_left_early_closes_its_consumer(fake_kafka: FakeKafka) -> None:
     log_of(fake_kafka, range(10))
     reader = iter(RangeReader(CONF, OffsetRange("t", 0, 0, 10), batch_size=2))
