@@ -52,11 +52,18 @@ def sink(df: Any, url: str, checkpoint: Path, job: str = JOB) -> Any:
 
 
 def run_available_now(
-    spark: Any, kafka: MockKafkaCluster, url: str, topic: str, checkpoint: Path, **options: str
+    spark: Any,
+    kafka: MockKafkaCluster,
+    url: str,
+    topic: str,
+    checkpoint: Path,
+    failpoints: str = "",
+    **options: str,
 ) -> Any:
-    query = (
-        sink(stream(spark, kafka, url, topic, **options), url, checkpoint).trigger(availableNow=True).start()
-    )
+    writer = sink(stream(spark, kafka, url, topic, **options), url, checkpoint)
+    if failpoints:
+        writer = writer.option("txstore.failpoints", failpoints)
+    query = writer.trigger(availableNow=True).start()
     try:
         query.awaitTermination(120)
     except Exception as e:  # the query failed: StreamingQueryException with the source's line
@@ -308,3 +315,28 @@ def test_stream_through_spark_connect(
     run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
     assert totals(db, topic, job=JOB) == {topic: 13}
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
+def test_sink_process_killed_after_its_commit_replays_the_batch_once(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The sink's process dies (like kill -9) right after PostgreSQL committed, before Spark's
+    commit log has the batch: the restarted query replays it, which is recognised and skipped."""
+    topic = new_topic(2)
+    checkpoint = tmp_path / "chk"
+    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 1})
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 6})
+    with pytest.raises(QueryFailed):
+        run_available_now(session, kafka, database_url, topic, checkpoint, failpoints="after-commit:exit")
+    assert totals(db, topic, job=JOB) == {topic: 14}  # committed before the process died
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    again = run_available_now(session, kafka, database_url, topic, checkpoint)
+    replayed = [p["numInputRows"] for p in again.recentProgress if p["numInputRows"] > 0]
+    assert replayed == [9]  # the same ranges read again, not counted again
+    assert totals(db, topic, job=JOB) == {topic: 14}

@@ -82,6 +82,7 @@ from txstore.datasource import (
 )
 from txstore.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.errors import AlreadyCommitted, ConfigError, TxstoreError
+from txstore.failpoints import FailPoints
 from txstore.kafka import fetch_watermarks
 from txstore.locks import hold_job_lock
 from txstore.migrate import check_schema
@@ -466,11 +467,12 @@ class TopicCounts(WriterCommitMessage):  # type: ignore[misc]
 class SinkOptions:
     job: str
     database_url: str
+    failpoints: str = ""  # tests: txstore.failpoints, as TXSTORE_FAILPOINTS (txstore.failpoints)
 
 
 def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
     given = {str(k).lower(): str(v) for k, v in options.items()}
-    known = {"txstore.job", "txstore.databaseurl", "checkpointlocation", "path"}
+    known = {"txstore.job", "txstore.databaseurl", "txstore.failpoints", "checkpointlocation", "path"}
     unknown = sorted(set(given) - known)
     if unknown:
         raise ConfigError(
@@ -486,7 +488,9 @@ def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -
             f"writeStream.format('txstore') needs the job's database: .option('txstore.databaseUrl', "
             f"'postgresql://...') or {DATABASE_URL_ENV} on the driver"
         )
-    return SinkOptions(job, resolve_database_url(url))
+    failpoints = given.get("txstore.failpoints", "")
+    FailPoints.parse(failpoints)  # a bad one fails at start()
+    return SinkOptions(job, resolve_database_url(url), failpoints)
 
 
 def _count_topics(iterator: Iterator[Any]) -> dict[str, int]:
@@ -531,7 +535,8 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                     raise TxstoreError(f"job {job!r} batch {batchId}: rows but no planned range")
                 return
             try:
-                TransactionalSink(conn, job).commit_batch(ranges, deltas)
+                failpoints = FailPoints.parse(self.options.failpoints)
+                TransactionalSink(conn, job, failpoints).commit_batch(ranges, deltas)
             except AlreadyCommitted:
                 log.info(
                     "job %s: micro-batch %d (%s) already committed; skipped",
