@@ -59,7 +59,8 @@ PLANNER = (
 )
 PUBLISHER = (
     "pending_row or chunk_is_bounded or set_aside_rows or passing_failure or local_queue or pruned "
-    "or producer_keeps or publish_chunk or not_confirmed or refuses_for_good"
+    "or producer_keeps or publish_chunk or not_confirmed or refuses_for_good or producer_refused "
+    "or failing_outright or publisher_prunes or retention"
 )
 
 
@@ -149,7 +150,8 @@ MODULES = (
         "txstore/idempotent.py",
         ("_INSERT", "_ADVANCE", "_rows", "IdempotentSink"),
         (GUARDS, DB),
-        "idempotent or generation or committed_only or forgotten",
+        "idempotent or generation or committed_only or forgotten or any_point or autocommit or own_row "
+        "or without_messages or transform or returning",
     ),
     Module(
         "outbox",
@@ -485,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeouts: dict[str, float] = {}
         broken = []
         for r in results:
-            timeouts[r.module.name] = min(r.module.timeout, 3 * r.seconds + 15)
+            timeouts[r.module.name] = min(r.module.timeout, 2 * r.seconds + 10)
             if r.outcome != "survived":
                 broken.append(r.module.name)
                 print(f"mutate: {r.module.name}: the tests fail without any mutation:\n{r.tail}", flush=True)

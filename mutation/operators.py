@@ -25,8 +25,8 @@ concatenated literals and f-strings, where ``{...}`` is left alone):
 - ``IS NULL`` and ``IS NOT NULL`` into each other; ``+`` and ``-`` into each other;
   ``coalesce(a, b)`` into ``a``; ``greatest``/``least`` and ``max``/``min`` into each other.
 
-Left alone: docstrings, type annotations, logging calls, and text that is not SQL (error
-messages). A mutant that does not compile is dropped, and so is one equal to another.
+Left alone: docstrings, type annotations, logging calls (and conditions that only choose
+whether to log), and text that is not SQL (error messages). A mutant that does not compile is dropped, and so is one equal to another.
 Each mutant has a stable id (the module, the function, the operator, the text of the line
 and its occurrence there), so a list of known equivalent mutants survives edits elsewhere.
 """
@@ -285,7 +285,12 @@ class _Finder:
             old, new = ("break", "continue") if isinstance(node, ast.Break) else ("continue", "break")
             self.add(start, f"{old} -> {new}", [(start, end, new)])
         tests: list[ast.expr] = []
-        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+        only_logs = (
+            isinstance(node, ast.If)
+            and not node.orelse
+            and all(isinstance(st, ast.Expr) and _is_log_call(st.value) for st in node.body)
+        )
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)) and not only_logs:
             tests.append(node.test)
         elif isinstance(node, ast.comprehension):
             tests += node.ifs

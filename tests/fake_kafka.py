@@ -113,6 +113,7 @@ class FakeConsumer:
         self.assigned_at: list[tuple[str, int, int]] = []  # every assign(), in order
         self.listed: list[str | None] = []  # every list_topics()
         self.list_timeouts: list[float] = []
+        self.watermark_timeouts: list[float] = []
         self.consumed: list[int] = []  # num_messages of every consume()
         self.closed = False
 
@@ -138,6 +139,7 @@ class FakeConsumer:
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
+        self.watermark_timeouts.append(timeout)
         log = self.logs[(partition.topic, partition.partition)]
         return log.low, log.high
 

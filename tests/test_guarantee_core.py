@@ -346,6 +346,7 @@ def test_deltas_add_without_rounding_and_ints_stay_ints() -> None:
 
 def test_result_rows_sort_with_nulls_first_within_topic_and_grain() -> None:
     when = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    later = datetime(2026, 1, 2, tzinfo=timezone.utc)
     rows: list[tuple[str, ResultKey]] = [
         ("t", by_key_and_window("a", when)),
         ("t", by_key("b")),
@@ -357,7 +358,10 @@ def test_result_rows_sort_with_nulls_first_within_topic_and_grain() -> None:
         ("t", TOPIC_TOTAL),
         ("t", by_key_and_window("a", None)),
         ("t", by_key_and_window(None, when)),
+        ("t", by_window(later)),
+        ("t", by_key_and_window("a", later)),
     ]
+    rows = rows[::-1]
     assert sorted(rows, key=row_order) == [
         ("s", TOPIC_TOTAL),
         ("t", by_key(None)),
@@ -366,9 +370,11 @@ def test_result_rows_sort_with_nulls_first_within_topic_and_grain() -> None:
         ("t", by_key_and_window(None, when)),
         ("t", by_key_and_window("a", None)),
         ("t", by_key_and_window("a", when)),
+        ("t", by_key_and_window("a", later)),
         ("t", TOPIC_TOTAL),
         ("t", by_window(None)),
         ("t", by_window(when)),
+        ("t", by_window(later)),
     ]
 
 
@@ -382,6 +388,7 @@ def test_result_rows_sort_with_nulls_first_within_topic_and_grain() -> None:
         (b"nul\x00", "nul\\x00"),
         (b"", ""),
         ("é".encode(), "é"),
+        (b"a\\b\xffc\\", "a\\\\b\\xffc\\\\"),
     ],
 )
 def test_every_kafka_key_is_stored_under_its_own_text_and_back(raw: bytes, text: str) -> None:

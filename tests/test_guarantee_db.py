@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from tests.fake_kafka import FakeProducer
 from tests.fast_db import emptied, shared_database
@@ -740,13 +740,24 @@ def test_the_idempotent_sink_inserts_large_ranges_in_chunks(
 
 @pytest.fixture
 def committed(conn: psycopg.Connection, db: psycopg.Connection) -> psycopg.Connection:
-    """Five commits of job j and one of job k, each with one outbox row."""
-    seed(db, "j", "t", {0: 0})
-    seed(db, "k", "t", {0: 0})
+    """Five commits of job j, and one each of jobs a and k (before and after j), each with one
+    outbox row; a's and k's rows are sent, set aside, pruned or counted never."""
+    for job in ("a", "j", "k"):
+        seed(db, job, "t", {0: 0})
+    TransactionalSink(conn, "a", publish_to="out").commit(OffsetRange("t", 0, 0, 1), {TOPIC_TOTAL: 1})
     for i in range(5):
         TransactionalSink(conn, "j", publish_to="out").commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 1})
     TransactionalSink(conn, "k", publish_to="out").commit(OffsetRange("t", 0, 0, 1), {TOPIC_TOTAL: 1})
+    db.execute("UPDATE txn_outbox SET failed_at = now(), failed_reason = 'x' WHERE job = 'a'")
+    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '30 days' WHERE job = 'k'")
     return conn
+
+
+def others_untouched(db: psycopg.Connection) -> None:
+    found = rows(
+        db, "SELECT job, sent_at IS NOT NULL, failed_at IS NOT NULL FROM txn_outbox WHERE job <> 'j'"
+    )
+    assert sorted(found) == [("a", False, True), ("k", True, False)]
 
 
 def state(db: psycopg.Connection, job: str = "j") -> list[tuple[bool, bool]]:
@@ -769,16 +780,20 @@ def test_every_pending_row_of_the_job_is_sent_in_chunks_in_commit_order_with_its
 ) -> None:
     producer = FakeProducer()
     assert publisher(monkeypatch, producer, chunk_rows=2).publish_pending(committed) == 5
-    assert state(db) == [(True, False)] * 5 and state(db, "k") == [(False, False)]
+    assert state(db) == [(True, False)] * 5
+    others_untouched(db)
     keys = [k for (k,) in rows(db, "SELECT dedup_key FROM txn_outbox WHERE job = 'j' ORDER BY id")]
     assert [key.decode() for _, _, key, _ in producer.produced] == keys
     topic, value, _, headers = producer.produced[0]
     assert topic == "out" and json.loads(value)["parts"] == 1
     names = dict(headers)
     assert names["txstore-job"] == "j" and names["txstore-part"] == "1" and names["txstore-parts"] == "1"
-    assert names["txstore-outbox-id"] == str(rows(db, "SELECT min(id) FROM txn_outbox")[0][0])
+    assert names["txstore-outbox-id"] == str(rows(db, "SELECT min(id) FROM txn_outbox WHERE job = 'j'")[0][0])
     assert publisher(monkeypatch, FakeProducer()).publish_pending(committed) == 0
-    assert pending_count(committed, "j") == 0 and outbox_counts(committed, "k") == (1, 0)
+    assert committed.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert pending_count(committed, "j") == 0 and outbox_counts(committed, "a") == (0, 1)
+    assert committed.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    others_untouched(db)
 
 
 def test_a_chunk_is_bounded_by_its_payload_too(
@@ -812,13 +827,17 @@ def test_set_aside_rows_wait_for_retry_failed_and_then_are_sent(
     with caplog.at_level(logging.WARNING, logger="txstore"):
         assert publisher(monkeypatch, producer).publish_pending(committed) == 3
     assert state(db) == [(False, True), (True, False), (True, False), (False, True), (True, False)]
-    assert outbox_counts(committed, "j") == (0, 2)
+    assert outbox_counts(committed, "j") == (0, 2) and pending_count(committed, "j") == 0
     assert "set aside 2 outbox rows for Kafka topic 'out'" in caplog.text
     assert publisher(monkeypatch, FakeProducer()).publish_pending(committed) == 0
     assert retry_set_aside(committed, "k") == 0
+    assert retry_set_aside(committed, "j") == 2
+    assert state(db) == [(False, False), (True, False), (True, False), (False, False), (True, False)]
+    db.execute("UPDATE txn_outbox SET failed_at = now() WHERE job = 'j' AND sent_at IS NULL")
+    others_untouched(db)
     assert publisher(monkeypatch, FakeProducer()).publish_pending(committed, retry_failed=True) == 2
     assert state(db) == [(True, False)] * 5
-    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE failed_reason IS NOT NULL") == [(0,)]
+    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE job = 'j' AND failed_reason IS NOT NULL") == [(0,)]
 
 
 def test_a_passing_failure_leaves_the_rest_pending_in_order(
@@ -844,12 +863,13 @@ def test_a_full_local_queue_is_drained_before_producing_again(
 
         def produce(self, *args: Any, **kwargs: Any) -> None:
             if self.full:
-                self.full -= 1
                 raise BufferError("queue full")
             super().produce(*args, **kwargs)
 
         def poll(self, timeout: float = 0) -> int:
             self.polls += 1
+            if timeout > 0:  # waiting drains the queue; poll(0) after each message does not
+                self.full = max(self.full - 1, 0)
             return super().poll(timeout)
 
     producer = Full()
@@ -880,8 +900,42 @@ def test_sent_rows_are_pruned_after_their_retention_and_unsent_ones_never(
     )
     p = publisher(monkeypatch, FakeProducer())
     assert p.prune_sent(committed) == 1
-    assert rows(db, "SELECT count(*) FROM txn_outbox") == [(5,)]
+    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE job = 'j'") == [(4,)]
     assert p.prune_sent(committed, keep_days=1) == 1
+    assert p.prune_sent(committed, keep_days=6.0001) == 0
+    others_untouched(db)
+
+
+@pytest.mark.parametrize(("age", "pruned"), [("6 days - 3 seconds", 0), ("6 days 3 seconds", 1)])
+def test_the_retention_of_sent_rows_is_counted_in_whole_days_of_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+    committed: psycopg.Connection,
+    db: psycopg.Connection,
+    age: str,
+    pruned: int,
+) -> None:
+    db.execute(
+        f"UPDATE txn_outbox SET sent_at = now() - interval '{age}' "
+        "WHERE id IN (SELECT min(id) FROM txn_outbox WHERE job = 'j')"
+    )
+    assert publisher(monkeypatch, FakeProducer()).prune_sent(committed, keep_days=6) == pruned
+
+
+def test_a_publisher_prunes_sent_rows_at_its_first_publish_and_then_once_an_hour(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    old_sent = "UPDATE txn_outbox SET sent_at = now() - interval '8 days' WHERE id IN (SELECT min(id) FROM txn_outbox WHERE job = 'j' AND sent_at IS NULL)"
+    p = publisher(monkeypatch, FakeProducer())
+    db.execute(old_sent)
+    assert p.publish_pending(committed) == 4
+    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE job = 'j'") == [(4,)]
+    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '8 days' WHERE job = 'j'")
+    p.publish_pending(committed)
+    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE job = 'j'") == [(4,)]
+    assert p._pruned_at is not None
+    p._pruned_at -= outbox_module.PRUNE_EVERY_SECONDS + 1
+    p.publish_pending(committed)
+    assert rows(db, "SELECT count(*) FROM txn_outbox WHERE job = 'j'") == [(0,)]
 
 
 def test_the_producer_keeps_acks_all_and_idempotence_whatever_the_options() -> None:
@@ -892,3 +946,183 @@ def test_the_producer_keeps_acks_all_and_idempotence_whatever_the_options() -> N
     assert conf["message.timeout.ms"] == 2_000 and conf["linger.ms"] == 50
     assert producer_config({}, 2)["topic.metadata.propagation.max.ms"] == 1_000
     assert producer_config({}, 2)["linger.ms"] == 5
+
+
+def test_a_producer_refused_for_its_topic_or_failing_fatally_is_replaced_and_one_refusing_a_message_is_not(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    dropped: list[Any] = []
+    monkeypatch.setattr(outbox_module, "_drop_producer", dropped.append)
+    too_large = FakeProducer(outcome=lambda i: KafkaError.MSG_SIZE_TOO_LARGE if i == 0 else None)
+    publisher(monkeypatch, too_large).publish_pending(committed)
+    assert dropped == []
+    db.execute("UPDATE txn_outbox SET sent_at = NULL, failed_at = NULL WHERE job = 'j'")
+    no_topic = FakeProducer(outcome=lambda i: KafkaError._UNKNOWN_TOPIC if i == 0 else None)
+    publisher(monkeypatch, no_topic).publish_pending(committed)
+    assert dropped == [no_topic]
+    db.execute("UPDATE txn_outbox SET sent_at = NULL, failed_at = NULL WHERE job = 'j'")
+    fatal = FakeProducer(outcome=lambda i: KafkaError._FATAL if i == 1 else None)
+    with pytest.raises(PublishFailed, match=r"failed: Local: Fatal error \(_FATAL\);"):
+        publisher(monkeypatch, fatal).publish_pending(committed)
+    assert dropped == [no_topic, fatal]
+    timed_out = FakeProducer(outcome=lambda i: KafkaError._MSG_TIMED_OUT if i == 0 else None)
+    with pytest.raises(PublishFailed):
+        publisher(monkeypatch, timed_out).publish_pending(committed)
+    assert dropped == [no_topic, fatal]
+
+
+def test_a_producer_failing_outright_leaves_every_row_pending_with_the_error_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    dropped: list[Any] = []
+    monkeypatch.setattr(outbox_module, "_drop_producer", dropped.append)
+
+    class Broken(FakeProducer):
+        def poll(self, timeout: float = 0) -> int:
+            return 0
+
+        def flush(self, timeout: float = -1) -> int:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+
+    broken = Broken()
+    with pytest.raises(PublishFailed, match="failed: all brokers down; 5 committed results stay"):
+        publisher(monkeypatch, broken).publish_pending(committed)
+    assert dropped == [broken] and state(db) == [(False, False)] * 5
+
+    class Refusing(FakeProducer):
+        def produce(self, *args: Any, **kwargs: Any) -> None:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "connection reset"))
+
+    refusing = Refusing()
+    with pytest.raises(PublishFailed, match="failed: connection reset; 5 committed results stay"):
+        publisher(monkeypatch, refusing).publish_pending(committed)
+    assert dropped == [broken, refusing] and state(db) == [(False, False)] * 5
+
+
+# The offset store among other jobs, topics and partitions.
+
+
+@pytest.fixture
+def neighbours(conn: psycopg.Connection, db: psycopg.Connection) -> psycopg.Connection:
+    """Rows of jobs a, j, z, topics s, t, v, partitions 0-2: j's at 3, a's at 1, z's at 5;
+    a and z each have one more partition of t (7 and 8) that j has not."""
+    for job, off in (("a", 1), ("j", 3), ("z", 5)):
+        for topic in ("s", "t", "v"):
+            seed(db, job, topic, {p: off for p in range(3)})
+    seed(db, "a", "t", {7: 1})
+    seed(db, "z", "t", {8: 5})
+    return conn
+
+
+def test_committed_state_and_stored_offsets_read_the_jobs_own_rows_only(
+    neighbours: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    committed, history = store.committed_state(neighbours, "j", ["t"])
+    assert neighbours.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert committed == {("t", 0): 3, ("t", 1): 3, ("t", 2): 3} and set(history) == set(committed)
+    stored_now = store.stored_offsets(neighbours, "j", [OffsetRange("t", 1, 0, 1), OffsetRange("t", 7, 0, 1)])
+    assert neighbours.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert stored_now == {("t", 1): 3, ("t", 7): None}
+
+
+def test_topic_ids_and_lost_ranges_touch_the_jobs_own_rows_only(
+    neighbours: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    store.record_topic_ids(neighbours, "j", {"t": "X"})
+    assert rows(db, "SELECT job, topic FROM txn_offsets WHERE topic_id IS NOT NULL GROUP BY 1, 2") == [
+        ("j", "t")
+    ]
+    recorded = store.record_lost_ranges(
+        neighbours, "j", [OffsetRange("t", 1, 3, 10), OffsetRange("t", 2, 4, 10)]
+    )
+    assert recorded == [OffsetRange("t", 1, 3, 10)]
+    assert rows(db, "SELECT job, topic, part, off FROM txn_offsets WHERE off NOT IN (1, 3, 5)") == [
+        ("j", "t", 1, 10)
+    ]
+    assert rows(db, "SELECT job, topic, part, from_off, until_off FROM txn_lost_ranges") == [
+        ("j", "t", 1, 3, 10)
+    ]
+
+
+def test_a_returning_partition_starts_above_the_highest_generation_it_stored_in(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    sink = IdempotentSink(conn, "j")
+    sink.store(OffsetRange("t", 0, 0, 2), [_messages(range(2))])
+    db.execute("UPDATE txn_offsets SET generation = 3, off = 0")
+    sink.store(OffsetRange("t", 0, 0, 2, generation=3), [_messages(range(2))])
+    db.execute("DELETE FROM txn_offsets")
+    store.create_start_rows(conn, "j", [StartDecision("t", 0, 0, "x")])
+    assert rows(db, "SELECT generation FROM txn_offsets") == [(4,)]
+
+
+# The idempotent sink among other rows, and its chunks.
+
+
+def test_the_idempotent_sink_moves_exactly_its_own_row(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    for job in ("j", "k"):
+        for topic in ("t", "u"):
+            seed(db, job, topic, {0: 0, 1: 0})
+    IdempotentSink(conn, "k").store(OffsetRange("u", 1, 0, 3), [[]])
+    IdempotentSink(conn, "j").store(OffsetRange("t", 0, 0, 2), [[]])
+    moved = rows(db, "SELECT job, topic, part, off FROM txn_offsets WHERE off <> 0 ORDER BY 1, 2, 3")
+    assert moved == [("j", "t", 0, 2), ("k", "u", 1, 3)]
+    with pytest.raises(OffsetOverlap, match="no offset row"):
+        IdempotentSink(conn, "j").store(OffsetRange("t", 5, 0, 2), [[]])
+
+
+def test_a_range_without_messages_keeps_the_last_message_stored(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+    batch = _messages([0, 1])
+    IdempotentSink(conn, "j").store(OffsetRange("t", 0, 0, 2), [batch])
+    IdempotentSink(conn, "j").store(OffsetRange("t", 0, 2, 4), [[], []])
+    found = rows(db, "SELECT off, last_off, last_timestamp, last_digest FROM txn_offsets")
+    assert found == [(4, 1, 1_001, fingerprint(batch[1]).digest)]
+
+
+def test_a_transform_failing_for_another_reason_than_its_message_is_raised_not_skipped(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    seed(db, "j", "t", {0: 0})
+
+    def transform(m: Message) -> tuple[bytes | None, bytes | None]:
+        raise DatabaseUnavailable("the lookup's database is down")
+
+    with pytest.raises(DatabaseUnavailable):
+        IdempotentSink(conn, "j").store(
+            OffsetRange("t", 0, 0, 2), [_messages([0, 1])], transform, skip_bad=True
+        )
+    assert offsets(db) == {("t", 0): 0}
+
+
+@pytest.mark.parametrize(("chunk_bytes", "chunks"), [(348, [3, 3, 3, 1]), (349, [4, 4, 2])])
+def test_the_idempotent_sink_cuts_chunks_by_the_bytes_of_keys_and_values(
+    conn: psycopg.Connection,
+    db: psycopg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    chunk_bytes: int,
+    chunks: list[int],
+) -> None:
+    """Each row counts its key (2 bytes here), its value (50) and 64: 116; a chunk is written
+    once it holds ``chunk_bytes``."""
+    from txstore import idempotent
+
+    monkeypatch.setattr(idempotent, "CHUNK_BYTES", chunk_bytes)
+    sizes: list[int] = []
+    insert = IdempotentSink._insert
+
+    def counted(cur: Any, params: dict[str, Any], chunk: list[Any]) -> None:
+        sizes.append(len(chunk))
+        insert(cur, params, chunk)
+
+    monkeypatch.setattr(IdempotentSink, "_insert", staticmethod(counted))
+    seed(db, "j", "t", {0: 0})
+    batches = [_messages(range(5), b"y" * 50), _messages(range(5, 10), b"y" * 50)]
+    assert IdempotentSink(conn, "j").store(OffsetRange("t", 0, 0, 10), batches) == 10
+    assert sizes == chunks
+    assert [o for _, o, *_ in stored(db)] == list(range(10))

@@ -403,3 +403,68 @@ def test_a_failure_no_single_message_causes_is_raised_as_it_was(fake_kafka: Fake
 def test_messages_have_their_log_timestamps() -> None:
     assert message("t", 0, 3, timestamp=None).timestamp() == (0, -1)
     assert message("t", 0, 3, timestamp=5).timestamp() == (1, 5)
+
+
+# More edges of the read (each found by ./dev mutate).
+
+
+def test_a_verified_read_whose_start_also_aged_out_is_data_loss(fake_kafka: FakeKafka) -> None:
+    log_of(fake_kafka, range(8, 12), low=8)
+    with pytest.raises(DataLoss, match="offset 5 is no longer in Kafka"):
+        read(OffsetRange("t", 0, 5, 12, verify=Fingerprint(3, 1, "gone")))
+
+
+def test_an_offset_that_ages_out_in_the_middle_of_a_verified_read_is_data_loss_not_a_new_start(
+    fake_kafka: FakeKafka,
+) -> None:
+    log = log_of(fake_kafka, range(12))
+    log.errors = [None, KafkaError._AUTO_OFFSET_RESET]
+    got: list[int] = []
+    with pytest.raises(DataLoss, match="offset 7 is no longer in Kafka"):
+        for batch in RangeReader(
+            CONF, OffsetRange("t", 0, 3, 12, verify=fingerprint(log.messages[2])), batch_size=5
+        ):
+            got += [m.offset() for m in batch]
+    assert got == [3, 4, 5, 6]
+
+
+def test_a_passing_error_while_checking_the_log_after_the_read_is_waited_out(fake_kafka: FakeKafka) -> None:
+    log = log_of(fake_kafka, range(6))
+    log.errors = [None, KafkaError(KafkaError._TRANSPORT, retriable=True)]
+    assert read(OffsetRange("t", 0, 0, 6), idle_timeout=5)[0] == list(range(6))
+
+
+def test_a_recreation_during_a_read_whose_verified_message_was_compacted_names_the_first_read(
+    fake_kafka: FakeKafka,
+) -> None:
+    other = FakeLog.of("t", 0, range(20), value=lambda o: b"new%d" % o)
+    log_of(fake_kafka, [0, 1, *range(4, 20)]).replaced_after = (1, other.messages)
+    with pytest.raises(TopicRecreated, match="first read message offset 4"):
+        read(OffsetRange("t", 0, 4, 12, verify=Fingerprint(3, 1, "compacted")), batch_size=4)
+
+
+def test_a_verified_read_one_message_at_a_time(fake_kafka: FakeKafka) -> None:
+    log = log_of(fake_kafka, range(10))
+    assert read(OffsetRange("t", 0, 5, 8, verify=fingerprint(log.messages[4])), batch_size=1)[0] == [5, 6, 7]
+
+
+def test_asking_for_the_log_end_after_an_error_waits_no_longer_than_the_idle_timeout(
+    fake_kafka: FakeKafka,
+) -> None:
+    log = log_of(fake_kafka, range(10))
+    log.errors = [KafkaError.OFFSET_OUT_OF_RANGE]
+    with pytest.raises(DataLoss):
+        read(OffsetRange("t", 0, 2, 9), idle_timeout=3)
+    assert fake_kafka.consumers[0].watermark_timeouts == [3]
+
+
+def test_a_log_that_is_now_empty_is_a_recreated_topic(fake_kafka: FakeKafka) -> None:
+    log = log_of(fake_kafka, [], high=0)
+    log.errors = [KafkaError._AUTO_OFFSET_RESET]
+    with pytest.raises(TopicRecreated, match="the log now ends at offset 0"):
+        read(OffsetRange("t", 0, 3, 9))
+
+
+def test_a_one_message_range_has_its_last_message_read(fake_kafka: FakeKafka) -> None:
+    log = log_of(fake_kafka, range(5))
+    assert last_messages(CONF, [OffsetRange("t", 0, 2, 3)]) == {("t", 0): fingerprint(log.messages[2])}
