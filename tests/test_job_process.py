@@ -310,3 +310,140 @@ def test_an_unreachable_database_is_one_line_without_the_password(kafka: MockKaf
     )
     assert "hunter2" not in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+def descendants(pid: int) -> set[int]:
+    """Every living process under ``pid`` (children, theirs, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def gone_within(pids: set[int], seconds: float) -> set[int]:
+    """The pids still alive after waiting up to ``seconds`` for them to end."""
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {p for p in pids if alive(p)}
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def assert_stopped_now(job: subprocess.Popen[str], spark: set[int]) -> None:
+    """Exit 130, one line on stderr saying so (no Python or Java traceback), and none of the
+    JVM's or its workers' processes left running."""
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "Exception" not in err and "py4j" not in err.lower(), err[-3000:]
+    lines = [line for line in err.splitlines() if "interrupt" in line.lower()]
+    assert lines == ["count_topic: interrupted (second Ctrl-C): Spark stopped"], err[-3000:]
+    assert err.rstrip("\n").splitlines()[-1] == lines[0]
+    assert gone_within(spark, 30) == set(), [command_line(p) for p in spark]
+
+
+def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    start_job: Callable[..., subprocess.Popen[str]],
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 5})
+    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
+    # Spark starts lazily, in the first batch with data: signal as soon as its JVM exists.
+    assert wait_for(
+        lambda: job.poll() is not None or any("java" in command_line(p) for p in descendants(job.pid)), 60
+    )
+    job.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    spark = descendants(job.pid)
+    assert any("java" in command_line(p) for p in spark), "the JVM was not starting any more"
+    job.send_signal(signal.SIGINT)
+    assert_stopped_now(job, spark)
+    assert totals(db, topic)[topic] in (0, 5)  # nothing or the whole batch, never part or twice
+    again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert again.returncode == 0, again.stderr
+    assert totals(db, topic) == {topic: 5}
+
+
+def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_counts(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    start_job: Callable[..., subprocess.Popen[str]],
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20})
+    # The tasks stall before COMMIT, their transactions open, while the driver waits in Spark.
+    env_job = job_env(TXSTORE_FAILPOINTS="before-commit:sleep=60")
+    job = subprocess.Popen(
+        [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--interval", "0.5")],
+        env=env_job,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        workers = lambda: [p for p in descendants(job.pid) if "pyspark" in command_line(p)]  # noqa: E731
+
+        def stalled() -> bool:
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                    " AND datname = current_database()"
+                ).fetchone()
+            return job.poll() is not None or bool(row and row[0])
+
+        assert wait_for(stalled, 120), "no task got to its commit"
+        assert job.poll() is None
+        job.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        spark = descendants(job.pid)
+        assert workers(), [command_line(p) for p in spark]
+        job.send_signal(signal.SIGINT)
+        assert_stopped_now(job, spark)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+    assert totals(db, topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
+    again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert again.returncode == 0, again.stderr
+    assert totals(db, topic) == {topic: 50}
+    assert offsets(db, topic) == log_ends(kafka, topic)
