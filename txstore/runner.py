@@ -2,6 +2,15 @@
 
 Any failure exits non-zero with one line on stderr; ``--verbose`` adds the
 traceback.
+
+Signals: SIGTERM or a first Ctrl-C lets the current batch finish
+(:func:`txstore.job.stop_on_signals`). A second Ctrl-C means "stop now"
+(:class:`StopNow`): the processes this one started (Spark's JVM, which
+ignores SIGINT, and its Python workers) are killed at once, whatever Spark is
+doing (starting, or running a batch), logging is silenced so that nothing
+torn down mid-call prints a traceback, one line says so and the exit status
+is 130. What was committed stays exact: a task killed before its COMMIT
+commits nothing, and the next run reads the offsets from the database.
 """
 
 from __future__ import annotations
@@ -9,8 +18,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +33,74 @@ from txstore.options import add_job_options, job_settings
 from txstore.task import Aggregate
 
 log = logging.getLogger("txstore")
+
+INTERRUPTED_NOW = "interrupted (second Ctrl-C): Spark stopped"
+
+
+def descendants(pid: int) -> list[int]:
+    """The living processes under ``pid``, parents before their children (from /proc; [] if none
+    or no /proc)."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parents[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found: list[int] = []
+    level = [pid]
+    while level:
+        level = [child for child, parent in parents.items() if parent in level and child not in found]
+        found.extend(level)
+    return found
+
+
+def kill_children() -> None:
+    """SIGKILL every process this one started, and theirs (the JVM first, then its workers)."""
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+
+
+class StopNow:
+    """The second Ctrl-C ("stop now") on top of :func:`~txstore.job.stop_on_signals`.
+
+    :meth:`install` wraps the SIGINT handler that function installed: while ``stop`` is
+    not set, that handler runs (a first Ctrl-C lets the batch finish). Once it is set, a
+    Ctrl-C kills Spark's processes, silences logging and raises ``KeyboardInterrupt``;
+    ``requested`` stays true, so whatever the torn-down Py4J connection raises afterwards is
+    still an interruption (exit 130), and no new Spark session is started on the way out.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def now(self) -> None:
+        if not self.requested:
+            self.requested = True
+            logging.disable(logging.CRITICAL)
+        kill_children()
+
+    def install(self, stop: threading.Event) -> None:
+        job_handler = signal.getsignal(signal.SIGINT)
+
+        def handle(signum: int, frame: Any) -> None:
+            if self.requested:
+                return  # already stopping now: let the way out finish
+            if stop.is_set():
+                self.now()
+                raise KeyboardInterrupt
+            if callable(job_handler):
+                job_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, handle)
 
 
 def configure_logging(verbose: bool = False, log_format: str = TEXT) -> None:
@@ -85,9 +164,12 @@ class LazySparkSession:
         started: Callable[[], object] | None = None,
         remote: str | None = None,
         ship_txstore: bool = True,
+        refused: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``started`` runs once the session exists (e.g. to reinstall signal handlers)."""
+        """``started`` runs once the session exists (e.g. to reinstall signal handlers);
+        while ``refused()`` is true no session is started (``KeyboardInterrupt``)."""
         self.app_name = app_name
+        self.refused = refused
         self.started = started
         self.remote = remote
         self.ship_txstore = ship_txstore
@@ -97,6 +179,8 @@ class LazySparkSession:
     def underlying_session(self) -> Any:
         """The session itself (started now if need be)."""
         if self._session is None:
+            if self.refused():
+                raise KeyboardInterrupt  # stopping now: never start Spark on the way out
             self._session = spark_session(self.app_name, self.remote, self.ship_txstore)
             if self.started is not None:
                 self.started()
@@ -131,6 +215,7 @@ def run_job_main(
         add_options(parser)
     args = parser.parse_args(argv)
     configure_logging(args.verbose, args.log_format)
+    stop_now = StopNow()
     try:
         settings: JobSettings = job_settings(args)
         if make_aggregate is not None:
@@ -140,33 +225,39 @@ def run_job_main(
         job_options = dict(make_job_options(args)) if make_job_options is not None else {}
         # Before Spark starts, so a SIGTERM while it starts stops the job before its
         # first batch; again after, because SparkContext installs its own SIGINT handler.
+        # A second Ctrl-C stops now (StopNow), installed over both.
         stop = stop_on_signals()
+        stop_now.install(stop)
         spark = LazySparkSession(
             f"txstore {settings.job}",
-            started=lambda: stop_on_signals(stop),
+            started=lambda: stop_now.install(stop_on_signals(stop)),
             remote=args.remote,
             ship_txstore=args.ship_txstore,
+            refused=lambda: stop_now.requested,
         )
         with TransactionalJob(spark, settings, aggregate, **job_options) as job:
             job.run(stop)
         return 0
-    except (MetricsPortInUse, ResultsTableInvalid) as e:  # usage errors, like argparse's: exit 2
-        for line in str(e).splitlines():
-            print(f"{prog}: error: {line}", file=sys.stderr)
-        return 2
-    except TxstoreError as e:
-        if args.verbose:
-            log.exception("failed")
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C twice (or once before the handlers were installed)
+        second = stop_now.requested
+        stop_now.now()  # whatever Spark started is killed, not left behind
+        print(f"{prog}: {INTERRUPTED_NOW if second else 'interrupted'}", file=sys.stderr)
         return 130
     except Exception as e:
+        if stop_now.requested:  # what Py4J raised once Spark was killed under it
+            print(f"{prog}: {INTERRUPTED_NOW}", file=sys.stderr)
+            return 130
+        if isinstance(e, (MetricsPortInUse, ResultsTableInvalid)):  # usage errors, like argparse's: exit 2
+            for line in str(e).splitlines():
+                print(f"{prog}: error: {line}", file=sys.stderr)
+            return 2
         if args.verbose:
             log.exception("failed")
-        print(
-            f"{prog}: error: {type(e).__name__}: {first_line(e)[:500]} (rerun with --verbose for a traceback)",
-            file=sys.stderr,
-        )
+        if isinstance(e, TxstoreError):
+            print(f"{prog}: error: {e}", file=sys.stderr)
+        else:
+            print(
+                f"{prog}: error: {type(e).__name__}: {first_line(e)[:500]} (rerun with --verbose for a traceback)",
+                file=sys.stderr,
+            )
         return 1
