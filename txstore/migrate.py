@@ -21,7 +21,7 @@ from txstore.errors import SchemaMissing
 if TYPE_CHECKING:
     from alembic.config import Config
 
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 """The Alembic head this code was written for; a test keeps it equal to the real head."""
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

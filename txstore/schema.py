@@ -166,3 +166,17 @@ txn_bad_messages = Table(
     Index("txn_bad_messages_job_topic_part_off_idx", "job", "topic", "part", "off"),
     comment="Messages skipped with --on-bad-message skip, recorded with their range's commit.",
 )
+
+txn_stream_plans = Table(
+    "txn_stream_plans",
+    metadata,
+    Column("job", Text, nullable=False),
+    # The micro-batch's start and end as Spark's checkpoint has them ({topic: {partition: offset}}).
+    Column("start_offsets", JSONB, nullable=False),
+    Column("end_offsets", JSONB, nullable=False),
+    # The ranges the source planned for it, with each one's generation and verify message.
+    Column("ranges", JSONB, nullable=False),
+    Column("planned_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("job"),
+    comment="Each streaming job's planned micro-batch (readStream.format('txstore')): its sink commits these ranges.",
+)

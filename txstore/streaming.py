@@ -119,16 +119,6 @@ Offsets = dict[str, dict[str, int]]
 
 _STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
 
-PLANS_DDL = """
-CREATE TABLE IF NOT EXISTS txn_stream_plans (
-    job text PRIMARY KEY,
-    start_offsets jsonb NOT NULL,
-    end_offsets jsonb NOT NULL,
-    ranges jsonb NOT NULL,
-    planned_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-
 _SAVE_PLAN = """
 INSERT INTO txn_stream_plans (job, start_offsets, end_offsets, ranges, planned_at)
 VALUES (%(job)s, %(start)s, %(end)s, %(ranges)s, now())
@@ -295,7 +285,6 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                     "stream lock); stop it first, or give this query another txstore.job"
                 )
             hold_job_lock(conn, job)
-            ensure_plans_table(conn)
             self._conn = conn
         return self._conn
 
@@ -412,15 +401,6 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return self.batch_reader.read(partition)
-
-
-def ensure_plans_table(conn: psycopg.Connection) -> None:
-    """Create ``txn_stream_plans`` if it is missing (two first streams at once: one creates it)."""
-    try:
-        with conn.transaction():
-            conn.execute(PLANS_DDL)
-    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-        pass
 
 
 def save_plan(
