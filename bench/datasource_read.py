@@ -32,10 +32,11 @@ from typing import Any
 from bench.broker import BrokerProcess
 from bench.workload import Workload, produce
 from txstore.arrow import messages_to_record_batch
-from txstore.datasource import RangePartition, TxstoreDataSource, TxstoreReader, parse_read_options
+from txstore.datasource import RangePartition, TxstoreReader, parse_read_options
 from txstore.kafka import client_config
 from txstore.ranges import OffsetRange
 from txstore.reader import RangeReader
+from txstore.source_format import TxstoreDataSource
 from txstore.spark import kafka_source_schema
 
 

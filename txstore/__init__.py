@@ -55,7 +55,7 @@ def register(spark: Any) -> None:
     Needs PySpark 4.0 or newer and pyarrow (from a clone: ``pip install -e '.[connect]'``);
     see :mod:`txstore.datasource` for the options.
     """
-    from txstore.datasource import register as register_data_source
+    from txstore.source_format import register as register_data_source
 
     register_data_source(spark)
 

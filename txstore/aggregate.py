@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from txstore.arrow import ColumnsInvalid, check_columns
 from txstore.errors import ResultsTableInvalid
 from txstore.results_table import MERGE_RULES, parse_results_table
 from txstore.runner import run_job_main
+from txstore.source_columns import ColumnsInvalid, check_columns
 
 VIEW = "batch"
 """The temporary view the query reads: the batch's messages."""

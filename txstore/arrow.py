@@ -5,7 +5,7 @@ messages (a :class:`~txstore.reader.RangeReader` batch, or any list of
 ``confluent_kafka.Message``) into a ``pyarrow.RecordBatch`` whose schema is
 exactly :data:`KAFKA_ARROW_SCHEMA`, or the columns of it a reader asks for
 (:func:`arrow_schema`): what PySpark derives from
-:func:`txstore.spark.kafka_source_schema` with the session time zone UTC, so
+:func:`txstore.source_columns.kafka_source_schema` with the session time zone UTC, so
 Spark takes the batch as it is (a Python data source's ``read``, or
 ``mapInArrow``) without converting a row.
 
@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Message
 
-from txstore.spark import KAFKA_SOURCE_COLUMNS
+from txstore.source_columns import KAFKA_SOURCE_COLUMNS, check_columns
+from txstore.source_columns import ColumnsInvalid as ColumnsInvalid  # re-exported
 
 KAFKA_ARROW_SCHEMA = pa.schema(
     [
@@ -80,26 +81,6 @@ _timestamp = Message.timestamp
 _headers = Message.headers
 _topic = Message.topic
 _partition = Message.partition
-
-
-class ColumnsInvalid(ValueError):
-    """A column selection that is not a non-empty set of distinct Kafka-source columns."""
-
-
-def check_columns(columns: Sequence[str], where: str) -> tuple[str, ...]:
-    """``columns`` as a tuple, or :class:`ColumnsInvalid` in one line naming ``where`` they came from."""
-    chosen = tuple(columns)
-    unknown = [c for c in chosen if c not in KAFKA_SOURCE_COLUMNS]
-    if unknown:
-        raise ColumnsInvalid(
-            f"{where}: {', '.join(map(repr, unknown))} is not a Kafka-source column; "
-            f"choose from {', '.join(KAFKA_SOURCE_COLUMNS)}"
-        )
-    if not chosen:
-        raise ColumnsInvalid(f"{where}: no columns; name at least one of {', '.join(KAFKA_SOURCE_COLUMNS)}")
-    if len(set(chosen)) != len(chosen):
-        raise ColumnsInvalid(f"{where}: a column is named twice: {', '.join(chosen)}")
-    return chosen
 
 
 def arrow_schema(columns: Sequence[str] = KAFKA_SOURCE_COLUMNS) -> pa.Schema:

@@ -4,7 +4,7 @@ A PySpark Python data source (``pyspark.sql.datasource``, PySpark 4.0 or
 newer), registered with :func:`register` (``spark.dataSource.register``, so
 it works under Spark Connect too, where there is no ``sparkContext`` and no
 RDD). It reads like Spark's own Kafka batch source and has its columns
-(:func:`txstore.spark.kafka_source_schema`)::
+(:func:`txstore.source_columns.kafka_source_schema`)::
 
     txstore.register(spark)
     df = (spark.read.format("txstore")
@@ -65,12 +65,11 @@ Option parsing and planning are pure functions over frozen dataclasses
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from txstore import store
 from txstore.db import DATABASE_URL_ENV, connect, resolve_database_url
@@ -360,7 +359,7 @@ def schema_columns(schema: Any) -> tuple[str, ...]:
     ``timestamp``, ``headers``) cannot be declared NOT NULL. Anything else is
     :class:`ConfigError`, one line naming the column.
     """
-    from txstore.spark import kafka_source_schema
+    from txstore.source_columns import kafka_source_schema
 
     ours = kafka_source_schema()
     names: list[str] = []
@@ -430,41 +429,3 @@ def _spark_arrow_schema(schema: Any) -> Any:
         return to_arrow_schema(schema, timezone="UTC")  # PySpark 4.1+, as it checks the batches
     except TypeError:  # PySpark 4.0: no timezone argument; timestamps are UTC by default
         return to_arrow_schema(schema)
-
-
-class TxstoreDataSource(DataSource):  # type: ignore[misc]
-    """``format("txstore")``: see the module docstring for the options."""
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> Any:
-        from txstore.spark import kafka_source_schema
-
-        # A bad option fails at load(), not at the action; the stream-only option is checked by
-        # streamReader (txstore.streaming), and refused by reader() for a batch read.
-        given = {k: v for k, v in self.options.items() if str(k).lower() != "maxoffsetspertrigger"}
-        options = parse_read_options(given, os.environ)
-        check_explicit_offsets(options)
-        return kafka_source_schema()
-
-    def reader(self, schema: Any) -> TxstoreReader:
-        return TxstoreReader(parse_read_options(self.options, os.environ), schema)
-
-    def streamReader(self, schema: Any) -> Any:
-        """``spark.readStream.format("txstore")``: see :mod:`txstore.streaming`."""
-        from txstore.streaming import stream_reader
-
-        return stream_reader(self.options, schema)
-
-    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-        """``writeStream.format("txstore")``: see :mod:`txstore.streaming`."""
-        from txstore.streaming import stream_writer
-
-        return stream_writer(self.options, schema)
-
-
-def register(spark: Any) -> None:
-    """Make ``spark.read.format("txstore")`` available in this session (classic or Spark Connect)."""
-    spark.dataSource.register(TxstoreDataSource)

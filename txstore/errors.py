@@ -7,10 +7,24 @@ ever contains a database password (URLs are redacted before they get here).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from txstore.ranges import OffsetRange
+
+class OffsetRange(Protocol):
+    """What an error names of a range: :class:`txstore.ranges.OffsetRange` (not imported, so that
+    the ranges, which raise these errors, and the errors import nothing of each other)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def from_offset(self) -> int: ...
+
+    @property
+    def until_offset(self) -> int: ...
 
 
 def first_line(error: BaseException) -> str:

@@ -42,7 +42,6 @@ from typing import Any
 
 import psycopg
 
-from txstore.arrow import ColumnsInvalid, check_columns
 from txstore.badmessages import SKIP
 from txstore.batch_report import BatchReport, log_batch
 from txstore.driverdb import DriverConnection
@@ -83,6 +82,7 @@ from txstore.settings import (
     DataFrameAggregate,
     JobSettings,
 )
+from txstore.source_columns import ColumnsInvalid, check_columns
 from txstore.spark import spark_failure_reason
 from txstore.task import REFUSED, Aggregate
 from txstore.topic_ids import TopicIds

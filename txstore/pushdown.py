@@ -47,13 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstore.errors import first_line
-from txstore.spark import (
-    KAFKA_SOURCE_COLUMNS,
-    QueryRefused,
-    analysed_fields,
-    kafka_source_schema,
-    quiet_analysis_errors,
-)
+from txstore.probing import QueryRefused, analysed_fields, quiet_analysis_errors
+from txstore.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 from txstore.used_columns import explained_plan, optimized_section, probe_frame
 
 GROUPABLE = tuple(c for c in KAFKA_SOURCE_COLUMNS if c != "headers")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,8 +38,14 @@ from datetime import timezone
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from txstore.badmessages import BadOffset, aggregate_range
-from txstore.errors import TopicRecreated, first_line
+from txstore.errors import TopicRecreated
 from txstore.fingerprint import Fingerprint
+from txstore.probing import (  # re-exported: imported from here before they moved
+    QUERY_CONTEXT_LOGGERS as QUERY_CONTEXT_LOGGERS,
+)
+from txstore.probing import QueryRefused as QueryRefused
+from txstore.probing import analysed_fields as analysed_fields
+from txstore.probing import quiet_analysis_errors as quiet_analysis_errors
 from txstore.ranges import OffsetRange, TopicPartition
 from txstore.reader import RangeReader
 from txstore.results import (
@@ -53,6 +58,8 @@ from txstore.results import (
     add_metrics,
     decode_key,
 )
+from txstore.source_columns import KAFKA_SOURCE_COLUMNS as KAFKA_SOURCE_COLUMNS
+from txstore.source_columns import kafka_source_schema as kafka_source_schema
 
 if TYPE_CHECKING:
     from txstore.pushdown import PartialCount
@@ -64,117 +71,6 @@ TASKS_PER_CORE = 2
 
 RANGE_COST_MESSAGES = 1_000
 """A range's fixed cost (assign, first fetch, commit) in messages, for balancing tasks."""
-
-# The columns of Spark's own Kafka source, so existing DataFrame code fits.
-KAFKA_SOURCE_COLUMNS = (
-    "key",
-    "value",
-    "topic",
-    "partition",
-    "offset",
-    "timestamp",
-    "timestampType",
-    "headers",
-)
-
-
-def kafka_source_schema(columns: Sequence[str] | None = None) -> Any:
-    """Spark's Kafka-source columns as a ``StructType``; with ``columns``, only those, in that order."""
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
-    full = StructType(
-        [
-            StructField("key", BinaryType(), True),
-            StructField("value", BinaryType(), True),
-            StructField("topic", StringType(), False),
-            StructField("partition", IntegerType(), False),
-            StructField("offset", LongType(), False),
-            StructField("timestamp", TimestampType(), True),
-            StructField("timestampType", IntegerType(), False),
-            StructField(
-                "headers",
-                ArrayType(
-                    StructType(
-                        [StructField("key", StringType(), False), StructField("value", BinaryType(), True)]
-                    )
-                ),
-                True,
-            ),
-        ]
-    )
-    if columns is None:
-        return full
-    from txstore.arrow import check_columns
-
-    return StructType([full[c] for c in check_columns(columns, "columns")])
-
-
-class QueryRefused(ValueError):
-    """Spark's analysis refused a DataFrame aggregate; the message is Spark's first line."""
-
-
-QUERY_CONTEXT_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
-"""PySpark's loggers that print each ``AnalysisException`` with a query context as a JSON line
-holding the JVM's stack trace (``pyspark.errors.exceptions.base``)."""
-
-
-_quiet_lock = threading.Lock()
-_quiet_holders = 0  # probes inside quiet_analysis_errors, in any thread
-_quiet_before: list[bool] = []  # the loggers' own state, restored when the last probe leaves
-
-
-@contextmanager
-def quiet_analysis_errors() -> Iterator[None]:
-    """Silence :data:`QUERY_CONTEXT_LOGGERS` while probing a query that may not analyse: the
-    probe expects that error and reports it in one line of its own. Jobs in threads of one
-    process may probe at once: the loggers are silenced by the first to enter and restored by
-    the last to leave."""
-    from pyspark.logger import PySparkLogger  # not logging.getLogger: PySpark must create them
-
-    global _quiet_holders, _quiet_before
-    loggers = [PySparkLogger.getLogger(name) for name in QUERY_CONTEXT_LOGGERS]
-    with _quiet_lock:
-        if _quiet_holders == 0:
-            _quiet_before = [logger.disabled for logger in loggers]
-            for logger in loggers:
-                logger.disabled = True
-        _quiet_holders += 1
-    try:
-        yield
-    finally:
-        with _quiet_lock:
-            _quiet_holders -= 1
-            if _quiet_holders == 0:
-                for logger, disabled in zip(loggers, _quiet_before, strict=True):
-                    logger.disabled = disabled
-
-
-def analysed_fields(
-    spark: Any, aggregate: Callable[[Any], Any], columns: Sequence[str] | None = None
-) -> list[Any]:
-    """The output fields (``StructField``) of ``aggregate`` over a batch with the Kafka-source
-    ``columns`` (all if None), or :class:`QueryRefused`.
-
-    Spark analyses the query over an empty DataFrame of those columns:
-    nothing is read and no Spark job runs, classic and Connect alike (a
-    Connect client's ``schema`` asks the server to analyse the plan).
-    """
-    from pyspark.errors import AnalysisException
-
-    try:
-        with quiet_analysis_errors():
-            return list(aggregate(spark.createDataFrame([], kafka_source_schema(columns))).schema.fields)
-    except AnalysisException as e:
-        raise QueryRefused(first_line(e)) from None
 
 
 def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRange]]:

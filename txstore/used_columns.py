@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from txstore.errors import first_line
-from txstore.spark import KAFKA_SOURCE_COLUMNS, kafka_source_schema, quiet_analysis_errors
+from txstore.probing import quiet_analysis_errors
+from txstore.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 
 OPTIMIZED_SECTION = "== Optimized Logical Plan =="
 _SHORTENED = ("more fields", "more characters", "[truncated]")

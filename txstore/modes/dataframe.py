@@ -28,14 +28,13 @@ from txstore.driverdb import DriverConnection
 from txstore.errors import ConfigError
 from txstore.failpoints import FailPoints
 from txstore.modes.per_batch import commit_result
+from txstore.probing import QueryRefused, analysed_fields
 from txstore.pushdown import PartialCount, final_counts
 from txstore.ranges import OffsetRange, split_ranges
 from txstore.reader import last_messages
 from txstore.settings import JobSettings
 from txstore.spark import (
     BatchResult,
-    QueryRefused,
-    analysed_fields,
     arrow_deltas,
     dataframe_deltas,
     job_description,

@@ -50,6 +50,7 @@ from txstore.errors import BadMessage, ResultsTableInvalid
 from txstore.failpoints import FailPoints
 from txstore.fingerprint import Fingerprint
 from txstore.modes.per_batch import commit_with_retries
+from txstore.probing import QueryRefused, analysed_fields
 from txstore.pushdown import PartialCount, batch_frame
 from txstore.ranges import OffsetRange, TopicPartition, split_ranges
 from txstore.reader import last_messages
@@ -69,7 +70,7 @@ from txstore.sink import (
     classify_batch_conflict,
     move_offsets_params,
 )
-from txstore.spark import QueryRefused, analysed_fields, job_description, read_ranges
+from txstore.spark import job_description, read_ranges
 from txstore.store import stored_offsets
 from txstore.task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
 
