@@ -367,14 +367,14 @@ def start_worker(index: int, copy: Path, logs: Path, template: str | None, datab
 
 
 def equivalent_ids() -> dict[str, str]:
-    """Ids listed in EQUIVALENT.md (a backquoted 8-hex-digit id opening a list item), with their line."""
+    """Ids listed in EQUIVALENT.md (backquoted 8-hex-digit ids in a list item), with their line."""
     if not EQUIVALENT.exists():
         return {}
     found = {}
     for line in EQUIVALENT.read_text().splitlines():
-        match = re.match(r"\s*[-*]\s+`([0-9a-f]{8})`", line)
-        if match:
-            found[match.group(1)] = line.strip()
+        if re.match(r"\s*[-*]\s+`[0-9a-f]{8}`", line):
+            for ident in re.findall(r"`([0-9a-f]{8})`", line):
+                found[ident] = line.strip()
     return found
 
 

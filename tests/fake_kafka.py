@@ -114,6 +114,7 @@ class FakeConsumer:
         self.listed: list[str | None] = []  # every list_topics()
         self.list_timeouts: list[float] = []
         self.watermark_timeouts: list[float] = []
+        self.watermarks_cached: list[bool] = []
         self.consumed: list[int] = []  # num_messages of every consume()
         self.closed = False
 
@@ -140,6 +141,7 @@ class FakeConsumer:
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
         self.watermark_timeouts.append(timeout)
+        self.watermarks_cached.append(cached)
         log = self.logs[(partition.topic, partition.partition)]
         return log.low, log.high
 

@@ -348,6 +348,9 @@ def test_result_rows_sort_with_nulls_first_within_topic_and_grain() -> None:
     when = datetime(2026, 1, 1, tzinfo=timezone.utc)
     later = datetime(2026, 1, 2, tzinfo=timezone.utc)
     rows: list[tuple[str, ResultKey]] = [
+        ("t", by_window(later)),
+        ("t", by_key_and_window("a", later)),
+        ("t", by_key("a")),
         ("t", by_key_and_window("a", when)),
         ("t", by_key("b")),
         ("t", by_key("")),
@@ -358,15 +361,15 @@ def test_result_rows_sort_with_nulls_first_within_topic_and_grain() -> None:
         ("t", TOPIC_TOTAL),
         ("t", by_key_and_window("a", None)),
         ("t", by_key_and_window(None, when)),
-        ("t", by_window(later)),
-        ("t", by_key_and_window("a", later)),
+        ("t", by_key("c")),
     ]
-    rows = rows[::-1]
     assert sorted(rows, key=row_order) == [
         ("s", TOPIC_TOTAL),
         ("t", by_key(None)),
         ("t", by_key("")),
+        ("t", by_key("a")),
         ("t", by_key("b")),
+        ("t", by_key("c")),
         ("t", by_key_and_window(None, when)),
         ("t", by_key_and_window("a", None)),
         ("t", by_key_and_window("a", when)),
@@ -428,6 +431,24 @@ def test_isolating_bad_messages_counts_every_good_one_and_names_every_bad_one(ba
     assert all(b.reason == f"ValueError: bad {b.offset}" for b in found.bad)
     first = isolate(_count_unless(bad), OffsetRange("t", 0, 0, 7), batches, first_only=True)
     assert [b.offset for b in first.bad] == sorted(bad)[:1]
+
+
+def test_each_piece_of_a_bisected_range_is_exactly_the_offsets_of_its_messages() -> None:
+    """An aggregate may use the range it is given (here: offsets spanned, as a count)."""
+
+    wrong: list[tuple[OffsetRange, list[int]]] = []
+
+    def spanned(r: OffsetRange, batches: Iterable[list[Message]]) -> Mapping[ResultKey, int]:
+        offsets = [m.offset() or 0 for b in batches for m in b]
+        if (r.from_offset, r.until_offset) != (offsets[0], offsets[-1] + 1):
+            wrong.append((r, offsets))
+        if 4 in offsets:
+            raise ValueError("bad 4")
+        return {TOPIC_TOTAL: r.size}
+
+    found = isolate(spanned, OffsetRange("t", 0, 0, 9), [_messages(range(9))], first_only=False)
+    assert found.deltas == {TOPIC_TOTAL: 8} and [b.offset for b in found.bad] == [4]
+    assert wrong == []
 
 
 def test_failures_that_are_not_a_message_are_raised_not_isolated() -> None:

@@ -41,7 +41,7 @@ from txstore.planning import Planner
 from txstore.ranges import OffsetRange, PartitionWatermarks
 from txstore.results import TOPIC_TOTAL, by_key, by_key_and_window, by_window
 from txstore.settings import JobSettings
-from txstore.sink import TransactionalSink
+from txstore.sink import TransactionalSink, outbox_params
 from txstore.starting import LATEST, StartDecision, StartingOffsets
 
 CONF = {"bootstrap.servers": "fake:9092"}
@@ -450,6 +450,8 @@ def test_bad_messages_are_recorded_in_the_generation_their_range_was_read_in(
     seed(db, "j", "s", {0: 0})
     seed(db, "j", "u", {0: 0})
     seed(db, "k", "t", {0: 0})
+    seed(db, "a", "t", {0: 0, 1: 0})
+    db.execute("UPDATE txn_offsets SET generation = 7 WHERE job = 'a'")
     db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = 'j' AND topic = 't' AND part = 0")
     db.execute("UPDATE txn_offsets SET generation = 5 WHERE job = 'j' AND (topic <> 't' OR part <> 0)")
     bad = [BadOffset("t", 0, 4, "E: b"), BadOffset("t", 0, 2, "E: a")]
@@ -463,6 +465,12 @@ def test_bad_messages_are_recorded_in_the_generation_their_range_was_read_in(
             OffsetRange("t", 0, 0, 5, generation=3), {TOPIC_TOTAL: 3}, bad=bad
         )
     assert rows(db, "SELECT count(*) FROM txn_bad_messages") == [(2,)]
+    TransactionalSink(conn, "j").commit(
+        OffsetRange("t", 1, 0, 2, generation=5), {TOPIC_TOTAL: 1}, bad=[BadOffset("t", 1, 1, "E: c")]
+    )
+    assert rows(db, "SELECT job, part, generation, off FROM txn_bad_messages WHERE part = 1") == [
+        ("j", 1, 5, 1)
+    ]
 
 
 def test_a_batch_retried_after_its_commit_counts_once(
@@ -558,6 +566,37 @@ def test_outbox_parts_are_cut_in_result_order_under_the_size_limit(
         assert len(json.dumps(payload)) + len(json.dumps(headers)) + len(key) < 3_000
     sizes = [len(payload["results"]) for _, _, payload, *_ in found]
     assert max(sizes) - min(sizes[:-1]) <= 2  # evenly cut, the last part holding what is left
+
+
+def test_outbox_parts_are_cut_where_the_running_size_of_the_results_crosses_each_step(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """The cut, step by step: each result's size is its JSON text and a separator (2); a part
+    ends where the running size crosses a multiple of the step, the budget less the biggest
+    result (at least half the budget), so a part never exceeds the budget."""
+    seed(db, "j", "t", {0: 0})
+    deltas = {by_key(f"k{i:02d}" + "x" * (i * 7 % 23)): i for i in range(40)}
+    ranges = [OffsetRange("t", 0, 0, 40)]
+    TransactionalSink(conn, "j", publish_to="out", publish_max_bytes=2_400).commit(ranges[0], deltas)
+    budget = outbox_params("j", "out", ranges, 2_400)["budget"]
+    found = rows(
+        db,
+        "SELECT o.part, octet_length(r.value::text) + 2 FROM txn_outbox o, "
+        "jsonb_array_elements(o.payload->'results') WITH ORDINALITY AS r(value, n) ORDER BY o.part, r.n",
+    )
+    sizes = [size for _, size in found]
+    step = max(budget - max(sizes), budget // 2, 1)
+    upto, expected = 0, []
+    for size in sizes:
+        upto += size
+        expected.append((upto - 1) // step)
+    ranks = {cut: n + 1 for n, cut in enumerate(sorted(set(expected)))}
+    assert [part for part, _ in found] == [ranks[cut] for cut in expected]
+    assert len(ranks) >= 3
+    per_part: dict[int, int] = {}
+    for part, size in found:
+        per_part[part] = per_part.get(part, 0) + size
+    assert max(per_part.values()) <= budget
 
 
 def test_the_message_keys_and_the_topic_of_a_batch_commit(
@@ -740,24 +779,32 @@ def test_the_idempotent_sink_inserts_large_ranges_in_chunks(
 
 @pytest.fixture
 def committed(conn: psycopg.Connection, db: psycopg.Connection) -> psycopg.Connection:
-    """Five commits of job j, and one each of jobs a and k (before and after j), each with one
-    outbox row; a's and k's rows are sent, set aside, pruned or counted never."""
+    """Five commits of job j, each with one outbox row, and three each of jobs a and k (before
+    and after j): pending, set aside, and sent 30 days ago. j's publisher never sends, sets
+    aside, retries, prunes or counts them."""
     for job in ("a", "j", "k"):
         seed(db, job, "t", {0: 0})
-    TransactionalSink(conn, "a", publish_to="out").commit(OffsetRange("t", 0, 0, 1), {TOPIC_TOTAL: 1})
+    for job in ("a", "k"):
+        for i in range(3):
+            TransactionalSink(conn, job, publish_to="out").commit(
+                OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 1}
+            )
     for i in range(5):
         TransactionalSink(conn, "j", publish_to="out").commit(OffsetRange("t", 0, i, i + 1), {TOPIC_TOTAL: 1})
-    TransactionalSink(conn, "k", publish_to="out").commit(OffsetRange("t", 0, 0, 1), {TOPIC_TOTAL: 1})
-    db.execute("UPDATE txn_outbox SET failed_at = now(), failed_reason = 'x' WHERE job = 'a'")
-    db.execute("UPDATE txn_outbox SET sent_at = now() - interval '30 days' WHERE job = 'k'")
+    for job in ("a", "k"):
+        first = rows(db, "SELECT min(id) FROM txn_outbox WHERE job = %s", job)[0][0]
+        db.execute("UPDATE txn_outbox SET failed_at = now(), failed_reason = 'x' WHERE id = %s", (first + 1,))
+        db.execute("UPDATE txn_outbox SET sent_at = now() - interval '30 days' WHERE id = %s", (first + 2,))
     return conn
 
 
 def others_untouched(db: psycopg.Connection) -> None:
     found = rows(
-        db, "SELECT job, sent_at IS NOT NULL, failed_at IS NOT NULL FROM txn_outbox WHERE job <> 'j'"
+        db,
+        "SELECT job, sent_at IS NOT NULL, failed_at IS NOT NULL FROM txn_outbox WHERE job <> 'j' ORDER BY id",
     )
-    assert sorted(found) == [("a", False, True), ("k", True, False)]
+    each = [(False, False), (False, True), (True, False)]
+    assert found == [(job, sent, failed) for job in ("a", "k") for sent, failed in each]
 
 
 def state(db: psycopg.Connection, job: str = "j") -> list[tuple[bool, bool]]:
@@ -791,7 +838,7 @@ def test_every_pending_row_of_the_job_is_sent_in_chunks_in_commit_order_with_its
     assert names["txstore-outbox-id"] == str(rows(db, "SELECT min(id) FROM txn_outbox WHERE job = 'j'")[0][0])
     assert publisher(monkeypatch, FakeProducer()).publish_pending(committed) == 0
     assert committed.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    assert pending_count(committed, "j") == 0 and outbox_counts(committed, "a") == (0, 1)
+    assert pending_count(committed, "j") == 0 and outbox_counts(committed, "a") == (1, 1)
     assert committed.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     others_untouched(db)
 
@@ -810,6 +857,7 @@ def test_a_chunk_is_bounded_by_its_payload_too(
     assert p._publish_chunk(committed) == (100, True)
     assert p._publish_chunk(committed) == (20, False)
     assert p._publish_chunk(committed) == (0, False)
+    assert committed.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # no rows stay locked
     db.execute("UPDATE txn_outbox SET sent_at = NULL")
     p = publisher(monkeypatch, FakeProducer(), chunk_rows=60)
     assert p._publish_chunk(committed) == (60, True)
@@ -830,13 +878,21 @@ def test_set_aside_rows_wait_for_retry_failed_and_then_are_sent(
     assert outbox_counts(committed, "j") == (0, 2) and pending_count(committed, "j") == 0
     assert "set aside 2 outbox rows for Kafka topic 'out'" in caplog.text
     assert publisher(monkeypatch, FakeProducer()).publish_pending(committed) == 0
-    assert retry_set_aside(committed, "k") == 0
+    TransactionalSink(committed, "j", publish_to="out").commit(OffsetRange("t", 0, 5, 6), {TOPIC_TOTAL: 1})
+    assert outbox_counts(committed, "j") == (1, 2)
     assert retry_set_aside(committed, "j") == 2
-    assert state(db) == [(False, False), (True, False), (True, False), (False, False), (True, False)]
+    assert state(db) == [
+        (False, False),
+        (True, False),
+        (True, False),
+        (False, False),
+        (True, False),
+        (False, False),
+    ]
     db.execute("UPDATE txn_outbox SET failed_at = now() WHERE job = 'j' AND sent_at IS NULL")
     others_untouched(db)
-    assert publisher(monkeypatch, FakeProducer()).publish_pending(committed, retry_failed=True) == 2
-    assert state(db) == [(True, False)] * 5
+    assert publisher(monkeypatch, FakeProducer()).publish_pending(committed, retry_failed=True) == 3
+    assert state(db) == [(True, False)] * 6
     assert rows(db, "SELECT count(*) FROM txn_outbox WHERE job = 'j' AND failed_reason IS NOT NULL") == [(0,)]
 
 
@@ -1004,9 +1060,9 @@ def test_a_producer_failing_outright_leaves_every_row_pending_with_the_error_in_
 
 @pytest.fixture
 def neighbours(conn: psycopg.Connection, db: psycopg.Connection) -> psycopg.Connection:
-    """Rows of jobs a, j, z, topics s, t, v, partitions 0-2: j's at 3, a's at 1, z's at 5;
-    a and z each have one more partition of t (7 and 8) that j has not."""
-    for job, off in (("a", 1), ("j", 3), ("z", 5)):
+    """Rows of jobs a, j, z, topics s, t, v, partitions 0-2, all at offset 3; a and z each have
+    one more partition of t (7 at 1 and 8 at 5) that j has not."""
+    for job, off in (("a", 3), ("j", 3), ("z", 3)):
         for topic in ("s", "t", "v"):
             seed(db, job, topic, {p: off for p in range(3)})
     seed(db, "a", "t", {7: 1})

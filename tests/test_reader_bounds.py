@@ -456,6 +456,7 @@ def test_asking_for_the_log_end_after_an_error_waits_no_longer_than_the_idle_tim
     with pytest.raises(DataLoss):
         read(OffsetRange("t", 0, 2, 9), idle_timeout=3)
     assert fake_kafka.consumers[0].watermark_timeouts == [3]
+    assert fake_kafka.consumers[0].watermarks_cached == [False]  # the log end now, not as last seen
 
 
 def test_a_log_that_is_now_empty_is_a_recreated_topic(fake_kafka: FakeKafka) -> None:
