@@ -14,11 +14,7 @@ version below it is taken, and the run records which one (:data:`SparkKafkaJars.
 
 from __future__ import annotations
 
-import fcntl
 import re
-import shutil
-import subprocess
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -26,10 +22,9 @@ from pathlib import Path
 
 from txstore.testing.real_kafka import (
     FETCH_TIMEOUT_SECONDS,
-    MAVEN_DEPENDENCY_PLUGIN,
     KafkaJarsUnavailable,
-    _first_error,
     cache_root,
+    maven_dependencies,
 )
 
 ARTIFACT = "spark-sql-kafka-0-10_2.13"
@@ -95,64 +90,22 @@ def published_fallback(wanted: str, timeout: float = 30.0) -> str | None:
 
 def _fetch(version: str, timeout: float) -> Path:
     home = cache_root() / f"spark-kafka-{version}"
-    libs = home / "libs"
-    if (libs / _COMPLETE).exists():
-        return libs
     missing = home / _MISSING
-    if missing.exists() and time.time() - missing.stat().st_mtime < MISSING_SECONDS:
+    fresh_miss = missing.exists() and time.time() - missing.stat().st_mtime < MISSING_SECONDS
+    if fresh_miss and not (home / "libs" / _COMPLETE).exists():
         raise KafkaJarsUnavailable(missing.read_text().strip())
-    what = f"Spark's Kafka source (org.apache.spark:{ARTIFACT}:{version})"
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaJarsUnavailable(f"{what} is not in {libs} and Maven (mvn) is not on PATH to fetch it")
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / "fetch.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (libs / _COMPLETE).exists():
-            return libs
-        work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
-        try:
-            (work / "pom.xml").write_text(_POM.format(artifact=ARTIFACT, version=version))
-            command = [
-                mvn,
-                "-B",
-                "-q",
-                "-Dstyle.color=never",
-                "-f",
-                str(work / "pom.xml"),
-                f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
-                f"-DoutputDirectory={work / 'libs'}",
-                "-DincludeScope=runtime",
-            ]
-            try:
-                done = subprocess.run(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise KafkaJarsUnavailable(f"Maven did not fetch {what} within {timeout:g} s") from None
-            (home / "mvn.log").write_text(done.stdout)
-            jars = sorted((work / "libs").glob("*.jar")) if (work / "libs").is_dir() else []
-            if done.returncode != 0 or not any(j.name.startswith(ARTIFACT) for j in jars):
-                why = (
-                    f"Maven could not fetch {what} (exit {done.returncode}, output in {home / 'mvn.log'}): "
-                    f"{_first_error(done.stdout)}"
-                )
-                if "Could not find artifact" in done.stdout or "was not found in" in done.stdout:
-                    missing.write_text(why + "\n")  # not published: do not ask again for a day
-                raise KafkaJarsUnavailable(why)
-            (work / "libs" / _COMPLETE).write_text("".join(f"{j.name}\n" for j in jars))
-            if libs.exists():
-                shutil.rmtree(libs)
-            (work / "libs").rename(libs)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return libs
+    try:
+        return maven_dependencies(
+            home,
+            _POM.format(artifact=ARTIFACT, version=version),
+            f"Spark's Kafka source (org.apache.spark:{ARTIFACT}:{version})",
+            ARTIFACT,
+            timeout,
+        )
+    except KafkaJarsUnavailable as e:
+        if e.not_published:
+            missing.write_text(f"{e}\n")  # not published: do not ask again for a day
+        raise
 
 
 def spark_kafka_jars(version: str | None = None, timeout: float = FETCH_TIMEOUT_SECONDS) -> SparkKafkaJars:

@@ -519,3 +519,28 @@ def test_right_after_a_killed_broker_restarts_watermarks_and_a_job_wait_for_the_
     assert log_ends(real_kafka, topic) == counts  # a new admin client
     job_for(spark, real_kafka, database_url, topic).run()  # --once
     assert totals(db, topic) == {topic: sum(counts.values())}
+
+
+def test_an_artifact_maven_central_does_not_have_is_told_apart_from_a_failed_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from txstore.testing.real_kafka import maven_dependencies
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "mvn"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo '[ERROR] Failed to execute goal on project p: Could not resolve dependencies: "
+        "Could not find artifact org.example:nothing:jar:9.9 in central'\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(KafkaJarsUnavailable) as raised:
+        maven_dependencies(tmp_path / "home", "<project/>", "org.example:nothing:9.9", "nothing-", 30)
+    assert raised.value.not_published
+    assert "Could not find artifact org.example:nothing:jar:9.9" in str(raised.value)
+    fake.write_text("#!/bin/sh\necho '[ERROR] Cannot access central in offline mode'\nexit 1\n")
+    with pytest.raises(KafkaJarsUnavailable) as offline:
+        maven_dependencies(tmp_path / "home", "<project/>", "org.example:nothing:9.9", "nothing-", 30)
+    assert not offline.value.not_published

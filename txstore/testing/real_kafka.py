@@ -118,6 +118,8 @@ logger.started.level = INFO
 class KafkaJarsUnavailable(RuntimeError):
     """Kafka's jars are not cached and Maven cannot fetch them (not installed, or offline)."""
 
+    not_published = False  # Maven Central has no such artifact (asking again will not help)
+
 
 class KafkaStartFailed(RuntimeError):
     """The broker did not start, or did not answer metadata in time."""
@@ -144,15 +146,30 @@ def _first_error(output: str) -> str:
 def kafka_jars(version: str = KAFKA_VERSION, timeout: float = FETCH_TIMEOUT_SECONDS) -> Path:
     """The directory of Kafka ``version``'s jars, fetched by Maven the first time.
 
-    Safe to call from several processes at once (a lock file; the copy is
-    renamed into place whole). Raises :class:`KafkaJarsUnavailable` with one
-    line when the jars are not cached and Maven is missing or fails.
+    Raises :class:`KafkaJarsUnavailable` with one line when the jars are not cached and Maven
+    is missing or fails (:func:`maven_dependencies`).
     """
-    home = cache_root() / f"kafka-{version}"
+    return maven_dependencies(
+        cache_root() / f"kafka-{version}",
+        _POM.format(kafka=version, log4j=LOG4J_VERSION),
+        f"Kafka {version}'s jars (org.apache.kafka:kafka_2.13:{version})",
+        "kafka_2.13-",
+        timeout,
+    )
+
+
+def maven_dependencies(home: Path, pom: str, what: str, expected: str, timeout: float) -> Path:
+    """``home/libs``: the runtime dependencies of ``pom``, copied there by Maven the first time.
+
+    Safe to call from several processes at once (a lock file in ``home``; the copy is renamed
+    into place whole, marked complete last). A jar whose name starts with ``expected`` must be
+    among them. Raises :class:`KafkaJarsUnavailable` in one line naming ``what`` when Maven is
+    missing, takes longer than ``timeout`` or fails (its output kept in ``home/mvn.log``;
+    ``not_published`` set when Maven Central has no such artifact).
+    """
     libs = home / "libs"
     if (libs / _COMPLETE).exists():
         return libs
-    what = f"Kafka {version}'s jars (org.apache.kafka:kafka_2.13:{version})"
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaJarsUnavailable(
@@ -166,7 +183,7 @@ def kafka_jars(version: str = KAFKA_VERSION, timeout: float = FETCH_TIMEOUT_SECO
             return libs
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
         try:
-            (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
+            (work / "pom.xml").write_text(pom)
             command = [
                 mvn,
                 "-B",
@@ -195,11 +212,15 @@ def kafka_jars(version: str = KAFKA_VERSION, timeout: float = FETCH_TIMEOUT_SECO
                 ) from None
             log.write_text(done.stdout)
             jars = sorted((work / "libs").glob("*.jar")) if (work / "libs").is_dir() else []
-            if done.returncode != 0 or not any(j.name.startswith("kafka_2.13-") for j in jars):
-                raise KafkaJarsUnavailable(
+            if done.returncode != 0 or not any(j.name.startswith(expected) for j in jars):
+                error = KafkaJarsUnavailable(
                     f"Maven could not fetch {what} (exit {done.returncode}, output in {log}): "
                     f"{_first_error(done.stdout)}"
                 )
+                error.not_published = (
+                    "Could not find artifact" in done.stdout or "was not found in" in done.stdout
+                )
+                raise error
             (work / "libs" / _COMPLETE).write_text("".join(f"{j.name}\n" for j in jars))
             if libs.exists():
                 shutil.rmtree(libs)  # an incomplete copy left by a killed fetch
