@@ -91,3 +91,14 @@ def test_only_failures_a_message_can_cause_are_searched() -> None:
     assert not is_row_failure(psycopg.OperationalError("server closed the connection"))
     assert not is_row_failure(TopicRecreated("job 'j' topic 't' partition 0: recreated"))
     assert not is_row_failure(ValueError("ours, not Spark's"))
+
+
+def test_the_search_stops_once_more_than_its_limit_fail() -> None:
+    # A table that refuses every row: each try is a Spark job, so the search must not go on
+    # through every message of the batch.
+    tried: list[OffsetRange] = []
+    every = {(0, o) for o in range(10_000)}
+    found = find_bad_offsets([OffsetRange("t", 0, 0, 10_000)], fails_on(every, tried), False, limit=5)
+    assert [b.offset for b in found] == [0, 1, 2, 3, 4, 5]
+    assert len(tried) < 2 * 14 * 6
+    assert len(find_bad_offsets([OffsetRange("t", 0, 0, 10_000)], fails_on(every, []), True, limit=5)) == 1

@@ -23,7 +23,7 @@ from tests.conftest import send
 from tests.test_count_topic import log_ends, offsets
 from tests.test_results_table import run_once, settings
 from txstore import ResultsTable
-from txstore.errors import BadMessage
+from txstore.errors import BadMessage, TooManyBadMessages
 from txstore.task import COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -128,3 +128,33 @@ def test_on_bad_message_skip_records_what_cannot_be_stored_and_merges_the_rest_e
     good["apple"] += 1
     assert stored_words(db) == dict(good)
     assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (2,)
+
+
+def test_a_table_that_refuses_every_row_stops_the_search_and_records_nothing(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every message is "bad" (each try is a Spark job): past the limit the search stops and the
+    # job says the table or the query is at fault, not skipping the whole topic one by one.
+    import txstore.modes.results_table as mode
+
+    monkeypatch.setattr(mode, "MAX_BAD_MESSAGES", 2)
+    words_table(db)
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, None, b"nul\x00%d" % i, None) for i in range(12)])
+    s = settings(kafka, database_url, "words", topic, on_bad_message="skip")
+    with pytest.raises(TooManyBadMessages) as stopped:
+        run_once(spark, s, WORDS, WORDS_SQL)
+    line = str(stopped.value)
+    assert "\n" not in line
+    assert line.startswith(
+        f"job 'words': more than 2 messages of this batch fail (the first: topic {topic!r} "
+    )
+    assert "partition 0 offset 0 (CharacterNotInRepertoire" in line
+    assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (0,)
+    assert set(offsets(db, topic, "words").values()) <= {0}
+    assert stored_words(db) == {}

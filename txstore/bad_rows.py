@@ -17,7 +17,10 @@ does for Python aggregates:
 3. ``first_only`` (``--on-bad-message fail``, the default) stops at the first
    one: the job stops naming it. Otherwise every one is found, and the batch
    is committed without them (:func:`without`), recording them in
-   ``txn_bad_messages`` in the same transaction.
+   ``txn_bad_messages`` in the same transaction. The search is bounded: past
+   :data:`MAX_BAD_MESSAGES` in one batch it stops (each try is a Spark job, and
+   a table that refuses every row is not one message's fault), and the job stops
+   with :class:`~txstore.errors.TooManyBadMessages`.
 
 If no piece fails on its own, the failure was not one message's (a passing
 fault, or one that needs several messages together, such as a sum too large
@@ -42,6 +45,9 @@ Fails = Callable[[OffsetRange], "str | None"]
 """Run the query over one piece's messages and store its rows, then undo: why it failed, or None."""
 
 SPARK_FAILURES = ("Py4JJavaError", "PythonException", "SparkException")
+
+MAX_BAD_MESSAGES = 100
+"""The most bad messages one batch's search finds before it stops (:func:`find_bad_offsets`)."""
 
 
 def _txstore_errors() -> set[str]:
@@ -93,20 +99,24 @@ def failure_reason(error: BaseException) -> str:
     return reason[:REASON_CHARS]
 
 
-def find_bad_offsets(ranges: Sequence[OffsetRange], fails: Fails, first_only: bool) -> tuple[BadOffset, ...]:
-    """Steps 1-3 of the module over ``ranges``: the bad messages, lowest first per range."""
+def find_bad_offsets(
+    ranges: Sequence[OffsetRange], fails: Fails, first_only: bool, limit: int = MAX_BAD_MESSAGES
+) -> tuple[BadOffset, ...]:
+    """Steps 1-3 of the module over ``ranges``: the bad messages, lowest first per range; the
+    search stops at the first (``first_only``) or once more than ``limit`` are found."""
     bad: list[BadOffset] = []
+    enough = 1 if first_only else limit + 1
     for whole in ranges:
         piece = dataclasses.replace(whole, verify=None)
         reason = fails(piece)
         if reason is not None:
-            _bisect(piece, reason, fails, bad, first_only)
-        if bad and first_only:
+            _bisect(piece, reason, fails, bad, enough)
+        if len(bad) >= enough:
             break
     return tuple(bad)
 
 
-def _bisect(piece: OffsetRange, reason: str, fails: Fails, bad: list[BadOffset], first_only: bool) -> None:
+def _bisect(piece: OffsetRange, reason: str, fails: Fails, bad: list[BadOffset], enough: int) -> None:
     if piece.size == 1:
         bad.append(BadOffset(piece.topic, piece.partition, piece.from_offset, reason))
         return
@@ -117,8 +127,8 @@ def _bisect(piece: OffsetRange, reason: str, fails: Fails, bad: list[BadOffset],
     ):
         why = fails(half)
         if why is not None:
-            _bisect(half, why, fails, bad, first_only)
-            if bad and first_only:
+            _bisect(half, why, fails, bad, enough)
+            if len(bad) >= enough:
                 return
 
 

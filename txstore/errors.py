@@ -227,3 +227,21 @@ class BadMessage(TxstoreError):
 
     def __reduce__(self) -> tuple[type[BadMessage], tuple[str, str, int, int, str, str]]:
         return (BadMessage, (self.job, self.topic, self.partition, self.offset, self.reason, self.stage))
+
+
+class TooManyBadMessages(TxstoreError):
+    """More messages of one batch fail than a search for bad messages takes
+    (:data:`txstore.bad_rows.MAX_BAD_MESSAGES`): nothing was committed, nothing recorded."""
+
+    def __init__(self, job: str, limit: int, first: str) -> None:
+        self.job = job
+        self.limit = limit
+        self.first = first
+        super().__init__(
+            f"job {job!r}: more than {limit} messages of this batch fail (the first: {first}); so many "
+            "are rarely the messages' fault: check the query and the table (its types and constraints); "
+            "nothing was committed and none were recorded"
+        )
+
+    def __reduce__(self) -> tuple[type[TooManyBadMessages], tuple[str, int, str]]:
+        return (TooManyBadMessages, (self.job, self.limit, self.first))

@@ -42,11 +42,11 @@ from typing import Any
 
 import psycopg
 
-from txstore.bad_rows import failure_reason, find_bad_offsets, is_row_failure, without
+from txstore.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure, without
 from txstore.badmessages import SKIP, BadOffset
 from txstore.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.driverdb import DriverConnection
-from txstore.errors import BadMessage, ResultsTableInvalid
+from txstore.errors import BadMessage, ResultsTableInvalid, TooManyBadMessages
 from txstore.failpoints import FailPoints
 from txstore.fingerprint import Fingerprint
 from txstore.modes.per_batch import commit_with_retries
@@ -111,9 +111,13 @@ class ResultsTableMode:
         # One message's value, every time: find it (txstore.bad_rows), on this path only.
         skip = s.on_bad_message == SKIP
         with job_description(self.spark, f"{description}: finding the message it fails on"):
-            bad = find_bad_offsets(ranges, self._fails, first_only=not skip)
+            bad = find_bad_offsets(ranges, self._fails, not skip, MAX_BAD_MESSAGES)
         if not bad:
             raise failure
+        if len(bad) > MAX_BAD_MESSAGES:
+            b = bad[0]
+            first = f"topic {b.topic!r} partition {b.partition} offset {b.offset} ({b.reason})"
+            raise TooManyBadMessages(s.job, MAX_BAD_MESSAGES, first)
         if not skip:
             raise BadMessage(
                 s.job, bad[0].topic, bad[0].partition, bad[0].offset, bad[0].reason, self._stage(bad[0])
