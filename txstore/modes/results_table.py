@@ -36,7 +36,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,10 +194,7 @@ class ResultsTableMode:
                 first = next(produced, None)
                 if first is not None:
                     with conn.cursor() as cur:
-                        cur.execute(create_temp_table(self.table, self.types))
-                        with cur.copy(copy_rows(self.table)) as copy:
-                            for _, text in itertools.chain([first], produced):
-                                copy.write(text)
+                        copy_to_temp_table(cur, self.table, self.types, itertools.chain([first], produced))
                         merging = True
                         merge_rows(conn, cur, self.table)
         except Exception as e:
@@ -274,11 +271,7 @@ def _copy_and_merge(
         with conn.cursor() as cur:
             hit("before-upsert", attempt)
             if first is not None:
-                cur.execute(create_temp_table(table, types))
-                with cur.copy(copy_rows(table)) as copy:
-                    for n, text in itertools.chain([first], produced):
-                        copy.write(text)
-                        rows += n
+                rows = copy_to_temp_table(cur, table, types, itertools.chain([first], produced))
             hit("between-upsert-and-offsets", attempt)
             cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges, last))
             if cur.rowcount == len(ranges):
@@ -297,6 +290,20 @@ def _copy_and_merge(
             conn.rollback()
         raise
     raise classify_batch_conflict(job, ranges, stored_offsets(conn, job, ranges))
+
+
+def copy_to_temp_table(
+    cur: psycopg.Cursor[Any], table: ResultsTable, types: Mapping[str, str], chunks: Iterable[Chunk]
+) -> int:
+    """The batch's temporary table, created and filled with ``chunks`` through ``COPY``; how
+    many rows went in."""
+    rows = 0
+    cur.execute(create_temp_table(table, types))
+    with cur.copy(copy_rows(table)) as copy:
+        for n, text in chunks:
+            copy.write(text)
+            rows += n
+    return rows
 
 
 def merge_rows(conn: psycopg.Connection, cur: psycopg.Cursor[Any], table: ResultsTable) -> None:
