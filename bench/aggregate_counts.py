@@ -4,7 +4,7 @@
 
 Produces the messages to the test broker (keys ``user-NNNNN`` of ``--keys``
 distinct users, timestamps spread over an hour), reads every range once into
-memory with :class:`~txstore.reader.RangeReader` (the batches a task's
+memory with :class:`~txstore.kafka.reader.RangeReader` (the batches a task's
 aggregate gets), then, for each grouping (key, 1-minute window, key and
 window), times three aggregates over those batches, in turn in each round so
 all see the same machine load:
@@ -41,11 +41,8 @@ import pyarrow.compute as pc
 from confluent_kafka import Message, Producer
 
 from bench.broker import BrokerProcess
-from txstore.count_topic import CountMessages
-from txstore.kafka import client_config
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader, close_idle_consumers, gc_paused
-from txstore.results import (
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import (
     GRAIN_KEY,
     GRAIN_KEY_WINDOW,
     GRAIN_WINDOW,
@@ -55,7 +52,10 @@ from txstore.results import (
     add_metrics,
     decode_key,
 )
-from txstore.windows import window_start, window_start_ms
+from txstore.core.windows import window_start, window_start_ms
+from txstore.count_topic import CountMessages
+from txstore.kafka.client import client_config
+from txstore.kafka.reader import RangeReader, close_idle_consumers, gc_paused
 
 HOUR_MS = 3_600_000
 BASE_MS = 1_700_000_000_000

@@ -6,8 +6,8 @@ Produces the messages to the test broker (in its own process), then measures,
 alternating in each round so both see the same machine load:
 
 1. in this process, the reader's work per message: a range read with
-   :class:`~txstore.reader.RangeReader` and converted to what a Python data
-   source hands Spark: Arrow batches (:func:`txstore.arrow.messages_to_record_batch`)
+   :class:`~txstore.kafka.reader.RangeReader` and converted to what a Python data
+   source hands Spark: Arrow batches (:func:`txstore.spark.arrow.messages_to_record_batch`)
    or tuples (as ``read_ranges`` built them before it yielded Arrow batches) that PySpark's
    worker then turns into Arrow itself (``records_to_arrow_batches``);
 2. through Spark (classic ``local[2]``): ``spark.read.format(...).load().count()``
@@ -31,13 +31,13 @@ from typing import Any
 
 from bench.broker import BrokerProcess
 from bench.workload import Workload, produce
-from txstore.arrow import messages_to_record_batch
-from txstore.datasource import RangePartition, TxstoreReader, parse_read_options
-from txstore.kafka import client_config
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader
-from txstore.source_format import TxstoreDataSource
-from txstore.spark import kafka_source_schema
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.client import client_config
+from txstore.kafka.reader import RangeReader
+from txstore.spark.arrow import messages_to_record_batch
+from txstore.spark.datasource import RangePartition, TxstoreReader, parse_read_options
+from txstore.spark.source_columns import kafka_source_schema
+from txstore.spark.source_format import TxstoreDataSource
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,11 @@ from bench.run import RESULTS, _count, bench_database, machine, say, warm_up
 from bench.spark_kafka_jars import SparkKafkaJars, spark_kafka_jars
 from bench.workload import check_all_there
 from txstore.count_topic import CountMessages
-from txstore.db import connect, redact
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import client_config
-from txstore.reader import close_idle_consumers
-from txstore.task import COMMITTED
+from txstore.kafka.client import client_config
+from txstore.kafka.reader import close_idle_consumers
+from txstore.postgres.db import connect, redact
+from txstore.spark.range_task import COMMITTED
 from txstore.testing.real_kafka import RealKafkaCluster
 
 log = logging.getLogger("bench.race")

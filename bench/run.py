@@ -27,12 +27,12 @@ from bench.limit import raw_read
 from bench.memory import PeakMemory
 from bench.workload import Workload, fit_value_bytes, plan_workload, produce
 from txstore.count_topic import count_messages
-from txstore.db import connect, redact
 from txstore.job import BatchReport, JobSettings, TransactionalJob
-from txstore.kafka import client_config
-from txstore.migrate import upgrade
-from txstore.reader import close_idle_consumers
-from txstore.task import COMMITTED
+from txstore.kafka.client import client_config
+from txstore.kafka.reader import close_idle_consumers
+from txstore.postgres.db import connect, redact
+from txstore.postgres.migrate import upgrade
+from txstore.spark.range_task import COMMITTED
 
 log = logging.getLogger("bench")
 
@@ -191,15 +191,15 @@ def start_spark(master: str, spark: Any = None) -> tuple[Any, dict[str, float]]:
 
 def warm_up(spark: Any) -> None:
     """Run what a job's first batch would run first: a ``mapInArrow`` over ``spark.range`` (as
-    :mod:`txstore.spark` runs every task group) that starts the Python workers and imports
+    :mod:`txstore.spark.tasks` runs every task group) that starts the Python workers and imports
     txstore there. Spark SQL's first such job also loads and compiles its own code: measured at
     35 s on the busy machine, which an RDD warm-up (what the job ran before) did not pay."""
-    from txstore.spark import default_parallelism
+    from txstore.spark.tasks import default_parallelism
 
     cores = default_parallelism(spark)
 
     def import_txstore(batches: Any) -> Any:  # nested: pickled by value, not by module name
-        __import__("txstore.task")
+        __import__("txstore.spark.range_task")
         yield from batches
 
     spark.range(0, cores, 1, cores).mapInArrow(import_txstore, "id long").collect()

@@ -12,8 +12,8 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from txstore.db import DATABASE_URL_ENV, sqlalchemy_url
-from txstore.schema import metadata
+from txstore.postgres.db import DATABASE_URL_ENV, sqlalchemy_url
+from txstore.postgres.schema import metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -77,13 +77,13 @@ class Module:
 MODULES = (
     Module(
         "ranges",
-        "txstore/ranges.py",
+        "txstore/core/ranges.py",
         ("OffsetRange", "PartitionHistory", "plan_ranges", "aged_out", "limit_ranges", "split_ranges"),
         (SPLIT, CORE, "tests/test_planning.py"),
     ),
     Module(
         "sink",
-        "txstore/sink.py",
+        "txstore/postgres/sink.py",
         (
             "_DELTAS",
             "_UPSERT_BODY",
@@ -110,7 +110,7 @@ MODULES = (
     ),
     Module(
         "reader",
-        "txstore/reader.py",
+        "txstore/kafka/reader.py",
         (
             "_out_of_range",
             "RangeReader.__init__",
@@ -128,26 +128,26 @@ MODULES = (
     ),
     Module(
         "fingerprint",
-        "txstore/fingerprint.py",
+        "txstore/core/fingerprint.py",
         ("_ABSENT", "Fingerprint", "digest", "fingerprint"),
         (CORE, READER, "tests/test_planning.py"),
     ),
     Module(
         "topic_ids",
-        "txstore/topic_ids.py",
+        "txstore/kafka/topic_ids.py",
         ("fetch_topic_ids", "TopicIds", "_topic_ids", "read_message_at", "message_at_last_counted"),
         (CORE, READER),
     ),
     Module(
         "results",
-        "txstore/results.py",
+        "txstore/core/results.py",
         ("metric_text", "_EXACT", "exact_decimal", "add_metrics", "row_order", "decode_key", "encode_key"),
         (CORE, "tests/test_exact_sums.py", DB),
         f"not ({PLANNER} or {PUBLISHER} or idempotent)",
     ),
     Module(
         "idempotent",
-        "txstore/idempotent.py",
+        "txstore/postgres/idempotent.py",
         ("_INSERT", "_ADVANCE", "_rows", "IdempotentSink"),
         (GUARDS, DB),
         "idempotent or generation or committed_only or forgotten or any_point or autocommit or own_row "
@@ -155,7 +155,7 @@ MODULES = (
     ),
     Module(
         "outbox",
-        "txstore/outbox.py",
+        "txstore/postgres/outbox.py",
         (
             "producer_config",
             "set_aside_reason",
@@ -175,7 +175,7 @@ MODULES = (
     ),
     Module(
         "store",
-        "txstore/store.py",
+        "txstore/postgres/store.py",
         (
             "append_lag_sample",
             "committed_state",
@@ -190,7 +190,7 @@ MODULES = (
     ),
     Module(
         "badmessages",
-        "txstore/badmessages.py",
+        "txstore/kafka/bad_messages.py",
         ("is_message_failure", "aggregate_range", "isolate", "_bisect"),
         (CORE, READER),
     ),
@@ -310,7 +310,7 @@ def make_databases(copy: Path, template: str, workers: int) -> list[str | None]:
         [
             sys.executable,
             "-c",
-            "import sys; from txstore.migrate import upgrade; upgrade(sys.argv[1])",
+            "import sys; from txstore.postgres.migrate import upgrade; upgrade(sys.argv[1])",
             pg_url(template),
         ],
         cwd=copy,

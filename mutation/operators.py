@@ -47,7 +47,7 @@ Edit = tuple[int, int, str]  # [start, end) in the source text, replaced by the 
 
 @dataclass(frozen=True)
 class Mutant:
-    path: str  # relative to the repository root, e.g. txstore/sink.py
+    path: str  # relative to the repository root, e.g. txstore/postgres/sink.py
     scope: str  # the function, method or constant it is in
     line: int
     operator: str  # what it does, e.g. "< -> <="

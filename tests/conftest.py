@@ -26,9 +26,9 @@ from confluent_kafka import Producer
 from pytest_postgresql import factories
 
 from tests import pg_server
-from txstore.db import connect
-from txstore.migrate import upgrade
-from txstore.reader import close_idle_consumers
+from txstore.kafka.reader import close_idle_consumers
+from txstore.postgres.db import connect
+from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -179,7 +179,7 @@ class FakeConsumer:
 
 @dataclass
 class FakeKafka:
-    """The logs a test's consumers read, and every consumer made (``txstore.reader.Consumer``)."""
+    """The logs a test's consumers read, and every consumer made (``txstore.kafka.reader.Consumer``)."""
 
     logs: dict[tuple[str, int], FakeLog] = field(default_factory=dict)
     consumers: list[FakeConsumer] = field(default_factory=list)
@@ -255,7 +255,7 @@ class FakeProducer:
 
 def install(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
     """The reader's consumers read :class:`FakeLog` partitions, from a pool of their own."""
-    from txstore import reader
+    from txstore.kafka import reader
 
     fake = FakeKafka()
     monkeypatch.setattr(reader, "Consumer", fake.consumer)

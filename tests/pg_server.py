@@ -36,7 +36,7 @@ from urllib.parse import quote
 
 import psycopg
 
-from txstore.errors import first_line
+from txstore.core.errors import first_line
 
 LIBPQ_VARIABLES = ("PGHOST", "PGPORT", "PGUSER", "PGPASSWORD")
 PROBE_SECONDS = 1.0

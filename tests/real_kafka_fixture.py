@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from txstore.reader import close_idle_consumers
+from txstore.kafka.reader import close_idle_consumers
 from txstore.testing.real_kafka import KafkaJarsUnavailable, RealKafkaCluster, kafka_jars
 
 

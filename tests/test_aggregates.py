@@ -17,15 +17,15 @@ import pytest
 
 from tests.conftest import Outgoing, send
 from tests.test_count_topic import log_ends, offsets
+from txstore.core.errors import ConfigError
+from txstore.core.failpoints import FAILPOINTS_ENV
+from txstore.core.ranges import split_ranges
+from txstore.core.results import decode_key
+from txstore.core.windows import window_start
 from txstore.count_topic import CountMessages
-from txstore.errors import ConfigError
-from txstore.failpoints import FAILPOINTS_ENV
 from txstore.job import JobSettings, TransactionalJob
-from txstore.ranges import split_ranges
-from txstore.results import decode_key
-from txstore.task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
-from txstore.windows import window_start
 
 pytestmark = pytest.mark.spark
 

@@ -25,10 +25,10 @@ from tests.private_postgres import free_port
 from tests.test_count_topic import job_for, log_ends, offsets, totals
 from tests.test_job_process import count_topic_args, job_env, run_job
 from tests.test_schema import tables
-from txstore.errors import ConfigError
+from txstore.core.errors import ConfigError
 from txstore.job import JobSettings
-from txstore.kafka import METADATA_TIMEOUT_SECONDS, client_config, fetch_watermarks
-from txstore.migrate import SCHEMA_REVISION, upgrade
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, client_config, fetch_watermarks
+from txstore.postgres.migrate import SCHEMA_REVISION, upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -235,7 +235,7 @@ def test_a_reset_of_a_topic_kafka_cannot_have_is_refused_and_changes_nothing(
     topic = "x'; UPDATE txn_offsets SET off = 0; --"
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "txstore.cli", "reset", "--database-url", database_url),
+            *(sys.executable, "-m", "txstore.ops.cli", "reset", "--database-url", database_url),
             *("--bootstrap-servers", kafka.bootstrap_servers, "--job", "count_topic", "--topic", topic),
             *("--to-earliest", "--execute"),
         ],
@@ -375,7 +375,7 @@ def test_a_password_with_an_at_sign_not_percent_encoded_is_one_line_saying_to_en
     given = urlsplit(database_url)
     url = f"postgresql://{given.username}:{password}@{given.hostname}:{given.port}{given.path}"
     result = subprocess.run(
-        [sys.executable, "-m", "txstore.cli", "jobs", "--database-url", url],
+        [sys.executable, "-m", "txstore.ops.cli", "jobs", "--database-url", url],
         env=job_env(),
         capture_output=True,
         text=True,

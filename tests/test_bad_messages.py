@@ -21,13 +21,13 @@ from tests.conftest import send
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import stored_messages
 from tests.test_job_process import count_topic_args, job_env, operator_cli, run_job
-from txstore import store
-from txstore.badmessages import BadOffset, describe_skipped, isolate
+from txstore.core.errors import BadMessage
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL, ResultKey
 from txstore.count_topic import CountMessages
-from txstore.errors import BadMessage
 from txstore.job import JobSettings, TransactionalJob
-from txstore.ranges import OffsetRange
-from txstore.results import TOPIC_TOTAL, ResultKey
+from txstore.kafka.bad_messages import BadOffset, describe_skipped, isolate
+from txstore.postgres import store
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -327,7 +327,7 @@ def test_a_transform_raising_on_a_message_fails_with_its_offset_or_skips_it(
 
 
 def test_skip_is_refused_for_a_dataframe_aggregate(kafka: MockKafkaCluster, database_url: str) -> None:
-    from txstore.errors import ConfigError
+    from txstore.core.errors import ConfigError
 
     s = settings(kafka, database_url, "some-topic", on_bad_message="skip")
     with pytest.raises(ConfigError, match="--on-bad-message skip"):
@@ -335,7 +335,7 @@ def test_skip_is_refused_for_a_dataframe_aggregate(kafka: MockKafkaCluster, data
 
 
 def test_on_bad_message_takes_fail_or_skip_only(kafka: MockKafkaCluster, database_url: str) -> None:
-    from txstore.errors import ConfigError
+    from txstore.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--on-bad-message must be one of fail, skip"):
         settings(kafka, database_url, "some-topic", on_bad_message="ignore")

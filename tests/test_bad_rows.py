@@ -6,11 +6,11 @@ import random
 
 import psycopg
 
-from txstore.bad_rows import find_bad_offsets, is_row_failure, without
-from txstore.badmessages import BadOffset
-from txstore.errors import TopicRecreated
-from txstore.fingerprint import Fingerprint
-from txstore.ranges import OffsetRange
+from txstore.core.errors import TopicRecreated
+from txstore.core.fingerprint import Fingerprint
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.bad_messages import BadOffset
+from txstore.spark.bad_rows import find_bad_offsets, is_row_failure, without
 
 
 def fails_on(bad: set[tuple[int, int]], tried: list[OffsetRange]):  # type: ignore[no-untyped-def]

@@ -26,7 +26,7 @@ from tests.conftest import REPO, produce
 from tests.private_postgres import free_port
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_job_process import count_topic_args, job_env, python_without_txstore
-from txstore.pyfiles import build_py_files
+from txstore.spark.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]

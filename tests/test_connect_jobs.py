@@ -36,21 +36,15 @@ from tests.test_idempotent_and_outbox import read_topic, stored_messages
 from tests.test_job_process import JOB, count_topic_args, job_env, run_job
 from tests.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.test_sink import snapshot
+from txstore.core.errors import BatchFailed
+from txstore.core.ranges import OffsetRange, split_ranges
+from txstore.core.results import GRAIN_KEY, GRAIN_KEY_WINDOW, ResultKey
 from txstore.count_topic import CountMessages, count_messages
-from txstore.errors import BatchFailed
 from txstore.job import JobSettings, TransactionalJob
-from txstore.outbox import close_producers, pending_count
-from txstore.ranges import OffsetRange, split_ranges
-from txstore.results import GRAIN_KEY, GRAIN_KEY_WINDOW, ResultKey
-from txstore.spark import (
-    dataframe_deltas,
-    default_parallelism,
-    is_connect,
-    read_ranges,
-    run_ranges,
-    task_groups,
-)
-from txstore.task import COMMITTED
+from txstore.postgres.outbox import close_producers, pending_count
+from txstore.spark.deltas import dataframe_deltas
+from txstore.spark.range_task import COMMITTED
+from txstore.spark.tasks import default_parallelism, is_connect, read_ranges, run_ranges, task_groups
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -192,7 +186,7 @@ def test_a_dataframe_aggregate_commits_exact_counts(
         any_spark, s, dataframe_aggregate=per_key_and_minute, read_columns=read_columns
     ) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-        # None: the columns its optimized plan uses (txstore.used_columns), in the source's order.
+        # None: the columns its optimized plan uses (txstore.spark.used_columns), in the source's order.
         assert job.read_columns == (read_columns or ("key", "topic", "timestamp"))
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total

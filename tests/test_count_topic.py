@@ -10,14 +10,14 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
-from txstore import store
+from txstore.core.errors import BatchFailed
+from txstore.core.ranges import OffsetRange
+from txstore.core.starting import parse_starting_offsets
 from txstore.count_topic import count_messages
-from txstore.errors import BatchFailed
 from txstore.job import BatchReport, JobSettings, TransactionalJob
-from txstore.kafka import client_config, fetch_watermarks
-from txstore.ranges import OffsetRange
-from txstore.starting import parse_starting_offsets
-from txstore.task import ALREADY_COMMITTED, COMMITTED
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.postgres import store
+from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -299,8 +299,8 @@ def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_a
 ) -> None:
     """A late task of an earlier failed batch, or a second instance, commits part of a planned
     range: the range is refused as an overlap, and ``--once`` plans again from the stored offset."""
-    from txstore.results import TOPIC_TOTAL
-    from txstore.sink import TransactionalSink
+    from txstore.core.results import TOPIC_TOTAL
+    from txstore.postgres.sink import TransactionalSink
 
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 40})

@@ -13,10 +13,11 @@ from confluent_kafka import Producer
 import txstore
 from tests.conftest import produce, produce_in_transactions
 from tests.test_count_topic import job_for, log_ends, offsets
-from txstore.kafka import client_config, fetch_watermarks
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader
-from txstore.spark import kafka_source_schema, spark_failure_reason
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.reader import RangeReader
+from txstore.spark.source_columns import kafka_source_schema
+from txstore.spark.tasks import spark_failure_reason
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Message
 
-from txstore.arrow import (
+from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.starting import EARLIEST, LATEST, StartingOffsets, parse_starting_offsets
+from txstore.spark.arrow import (
     KAFKA_ARROW_SCHEMA,
     ColumnsInvalid,
     arrow_schema,
@@ -16,7 +19,7 @@ from txstore.arrow import (
     coalesce,
     messages_to_record_batch,
 )
-from txstore.datasource import (
+from txstore.spark.datasource import (
     READER_FIXED_SETTINGS,
     ReadOptions,
     parse_read_options,
@@ -24,10 +27,7 @@ from txstore.datasource import (
     plan_read_ranges,
     schema_columns,
 )
-from txstore.errors import ConfigError, DataLoss, OffsetOutOfLog
-from txstore.ranges import OffsetRange, PartitionWatermarks
-from txstore.spark import kafka_source_schema
-from txstore.starting import EARLIEST, LATEST, StartingOffsets, parse_starting_offsets
+from txstore.spark.source_columns import kafka_source_schema
 
 BASE = {"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b"}
 

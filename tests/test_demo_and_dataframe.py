@@ -13,9 +13,10 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import REPO
-from txstore.kafka import client_config
-from txstore.ranges import OffsetRange
-from txstore.spark import KAFKA_SOURCE_COLUMNS, TASKS_PER_CORE, default_parallelism, read_ranges
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.client import client_config
+from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS
+from txstore.spark.tasks import TASKS_PER_CORE, default_parallelism, read_ranges
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -25,7 +26,7 @@ def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> N
     env = {k: v for k, v in os.environ.items() if k != "TXSTORE_DATABASE_URL"}
     env["PYSPARK_PYTHON"] = sys.executable
     result = subprocess.run(
-        [sys.executable, "-m", "txstore.cli", "demo", "--messages", "3000", "--partitions", "3"],
+        [sys.executable, "-m", "txstore.ops.cli", "demo", "--messages", "3000", "--partitions", "3"],
         cwd=REPO,
         env=env,
         capture_output=True,

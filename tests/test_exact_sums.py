@@ -15,7 +15,7 @@ from tests.conftest import REPO, send
 from tests.test_aggregates import stored
 from tests.test_count_topic import log_ends, offsets
 from txstore import JobSettings, TransactionalJob
-from txstore.results import add_metrics, metric_text
+from txstore.core.results import add_metrics, metric_text
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 

@@ -121,10 +121,10 @@ def test_txstore_publish_sends_what_waits_in_the_outbox(
     kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
 ) -> None:
     from tests.test_sink import seed
-    from txstore.db import connect
-    from txstore.ranges import OffsetRange
-    from txstore.results import TOPIC_TOTAL
-    from txstore.sink import TransactionalSink
+    from txstore.core.ranges import OffsetRange
+    from txstore.core.results import TOPIC_TOTAL
+    from txstore.postgres.db import connect
+    from txstore.postgres.sink import TransactionalSink
 
     results = new_topic(1, prefix="results")
     seed(db, "j", "t", {0: 0})

@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from txstore.failpoints import DRIVER_NAMES, EXIT_STATUS, TASK_NAMES, FailPoint, FailPoints, InjectedFailure
+from txstore.core.failpoints import (
+    DRIVER_NAMES,
+    EXIT_STATUS,
+    TASK_NAMES,
+    FailPoint,
+    FailPoints,
+    InjectedFailure,
+)
 
 
 def test_every_part_of_the_syntax_parses() -> None:
@@ -85,7 +92,7 @@ def test_sleep_stalls_then_goes_on() -> None:
 
 def test_exit_kills_the_process_at_once_with_status_137() -> None:
     code = (
-        "from txstore.failpoints import FailPoints\n"
+        "from txstore.core.failpoints import FailPoints\n"
         "FailPoints.from_env().hit('between-batches')\n"
         "print('survived')\n"
     )

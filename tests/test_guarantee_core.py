@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from txstore import topic_ids as topic_ids_module
-from txstore.badmessages import BadOffset, describe_skipped, is_message_failure, isolate, reason_of
-from txstore.errors import (
+from txstore.core.errors import (
     AlreadyCommitted,
     CommitConflict,
     DataLoss,
@@ -29,9 +27,9 @@ from txstore.errors import (
     OffsetOverlap,
     TopicRecreated,
 )
-from txstore.fingerprint import Fingerprint, digest, fingerprint
-from txstore.ranges import OffsetRange, PartitionHistory, PartitionWatermarks, aged_out, plan_ranges
-from txstore.results import (
+from txstore.core.fingerprint import Fingerprint, digest, fingerprint
+from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermarks, aged_out, plan_ranges
+from txstore.core.results import (
     TOPIC_TOTAL,
     ResultKey,
     add_metrics,
@@ -44,7 +42,10 @@ from txstore.results import (
     metric_text,
     row_order,
 )
-from txstore.sink import (
+from txstore.kafka import topic_ids as topic_ids_module
+from txstore.kafka.bad_messages import BadOffset, describe_skipped, is_message_failure, isolate, reason_of
+from txstore.kafka.topic_ids import TopicIds, fetch_topic_ids
+from txstore.postgres.sink import (
     bad_message_params,
     classify_batch_conflict,
     classify_conflict,
@@ -52,7 +53,6 @@ from txstore.sink import (
     outbox_identity,
     require_transactions,
 )
-from txstore.topic_ids import TopicIds, fetch_topic_ids
 
 R = OffsetRange("t", 0, 10, 20)
 

@@ -18,12 +18,8 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from tests.fake_kafka import FakeProducer
 from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed
-from txstore import outbox as outbox_module
 from txstore import planning as planning_module
-from txstore import store
-from txstore.badmessages import BadOffset
-from txstore.db import connect
-from txstore.errors import (
+from txstore.core.errors import (
     AlreadyCommitted,
     BadMessage,
     DatabaseUnavailable,
@@ -33,16 +29,26 @@ from txstore.errors import (
     PermissionDenied,
     PublishFailed,
 )
-from txstore.failpoints import FailPoints, InjectedFailure
-from txstore.fingerprint import Fingerprint, fingerprint
-from txstore.idempotent import IdempotentSink
-from txstore.outbox import OutboxPublisher, outbox_counts, pending_count, producer_config, retry_set_aside
+from txstore.core.failpoints import FailPoints, InjectedFailure
+from txstore.core.fingerprint import Fingerprint, fingerprint
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.results import TOPIC_TOTAL, by_key, by_key_and_window, by_window
+from txstore.core.starting import LATEST, StartDecision, StartingOffsets
+from txstore.kafka.bad_messages import BadOffset
 from txstore.planning import Planner
-from txstore.ranges import OffsetRange, PartitionWatermarks
-from txstore.results import TOPIC_TOTAL, by_key, by_key_and_window, by_window
+from txstore.postgres import outbox as outbox_module
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.idempotent import IdempotentSink
+from txstore.postgres.outbox import (
+    OutboxPublisher,
+    outbox_counts,
+    pending_count,
+    producer_config,
+    retry_set_aside,
+)
+from txstore.postgres.sink import TransactionalSink, outbox_params
 from txstore.settings import JobSettings
-from txstore.sink import TransactionalSink, outbox_params
-from txstore.starting import LATEST, StartDecision, StartingOffsets
 
 CONF = {"bootstrap.servers": "fake:9092"}
 
@@ -764,7 +770,7 @@ def test_the_idempotent_sink_stores_what_the_transform_returns_and_skips_or_refu
 def test_the_idempotent_sink_inserts_large_ranges_in_chunks(
     conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from txstore import idempotent
+    from txstore.postgres import idempotent
 
     monkeypatch.setattr(idempotent, "CHUNK_BYTES", 300)
     seed(db, "j", "t", {0: 0})
@@ -1166,7 +1172,7 @@ def test_the_idempotent_sink_cuts_chunks_by_the_bytes_of_keys_and_values(
 ) -> None:
     """Each row counts its key (2 bytes here), its value (50) and 64: 116; a chunk is written
     once it holds ``chunk_bytes``."""
-    from txstore import idempotent
+    from txstore.postgres import idempotent
 
     monkeypatch.setattr(idempotent, "CHUNK_BYTES", chunk_bytes)
     sizes: list[int] = []

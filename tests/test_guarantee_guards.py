@@ -17,21 +17,21 @@ from confluent_kafka import KafkaError, Message
 from tests.fake_kafka import FakeKafka, FakeLog, FakeProducer, install
 from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed, snapshot
-from txstore import outbox as outbox_module
-from txstore import store
-from txstore.db import connect
-from txstore.errors import OffsetOverlap, PublishFailed, TopicRecreated
-from txstore.fingerprint import fingerprint
-from txstore.idempotent import IdempotentSink
-from txstore.ops import apply_reset
-from txstore.outbox import OutboxPublisher
+from txstore.core.errors import OffsetOverlap, PublishFailed, TopicRecreated
+from txstore.core.fingerprint import fingerprint
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.results import TOPIC_TOTAL
+from txstore.kafka.reader import RangeReader
+from txstore.ops.reset import apply_reset
+from txstore.ops.reset_plan import ResetMove
 from txstore.planning import Planner
-from txstore.ranges import OffsetRange, PartitionWatermarks
-from txstore.reader import RangeReader
-from txstore.reset import ResetMove
-from txstore.results import TOPIC_TOTAL
+from txstore.postgres import outbox as outbox_module
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.idempotent import IdempotentSink
+from txstore.postgres.outbox import OutboxPublisher
+from txstore.postgres.sink import TransactionalSink
 from txstore.settings import JobSettings
-from txstore.sink import TransactionalSink
 
 CONF = {"bootstrap.servers": "fake:9092"}
 

@@ -15,19 +15,19 @@ from confluent_kafka import Message
 from tests.conftest import send
 from tests.test_count_topic import log_ends, offsets
 from tests.test_sink import seed, snapshot
-from txstore import store
+from txstore.core.errors import AlreadyCommitted, OffsetGap, PublishFailed
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
-from txstore.db import connect
-from txstore.errors import AlreadyCommitted, OffsetGap, PublishFailed
-from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import client_config, fetch_watermarks
-from txstore.outbox import OutboxPublisher, close_producers, pending_count
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader
-from txstore.results import TOPIC_TOTAL, by_key
-from txstore.sink import TransactionalSink
-from txstore.task import ALREADY_COMMITTED, COMMITTED, RangeTask
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.reader import RangeReader
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.idempotent import IdempotentSink
+from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
+from txstore.postgres.sink import TransactionalSink
+from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED, RangeTask
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 PRODUCE_API = 0

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO, produce
 from tests.test_count_topic import log_ends, offsets, totals
-from txstore.pyfiles import build_py_files
+from txstore.spark.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -193,7 +193,7 @@ def test_a_sigterm_while_spark_starts_stops_the_job_with_status_0_before_any_bat
 
 def operator_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "txstore.cli", *args],
+        [sys.executable, "-m", "txstore.ops.cli", *args],
         env=job_env(),
         capture_output=True,
         text=True,

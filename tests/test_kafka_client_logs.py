@@ -9,8 +9,8 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from txstore.errors import KafkaUnavailable
-from txstore.kafka import CLIENT_LOG, client_config, fetch_watermarks, reader_config
+from txstore.core.errors import KafkaUnavailable
+from txstore.kafka.client import CLIENT_LOG, client_config, fetch_watermarks, reader_config
 
 DOWN = "127.0.0.1:1"  # nothing listens: every connection attempt is refused
 

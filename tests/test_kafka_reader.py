@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
-from txstore import reader as reader_module
-from txstore.errors import DataLoss, KafkaReadError
-from txstore.kafka import client_config, fetch_watermarks, reader_config
-from txstore.ranges import OffsetRange
-from txstore.reader import CONSUMERS_KEPT, RangeReader, gc_paused, last_messages
+from txstore.core.errors import DataLoss, KafkaReadError
+from txstore.core.ranges import OffsetRange
+from txstore.kafka import reader as reader_module
+from txstore.kafka.client import client_config, fetch_watermarks, reader_config
+from txstore.kafka.reader import CONSUMERS_KEPT, RangeReader, gc_paused, last_messages
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
@@ -213,7 +213,7 @@ def test_the_cyclic_gc_is_paused_while_a_range_is_read_and_restored_after(
 def test_record_batches_pause_the_gc_per_batch_only_so_a_read_left_suspended_leaves_it_on(
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
-    from txstore.arrow import record_batches
+    from txstore.spark.arrow import record_batches
 
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 20})

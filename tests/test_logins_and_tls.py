@@ -26,11 +26,11 @@ from tests.test_bad_input import error_line, snapshot
 from tests.test_count_topic import job_for, log_ends
 from tests.test_job_process import count_topic_args, job_env, run_job
 from tests.test_schema import alembic
-from txstore import store
-from txstore.db import redact
-from txstore.errors import BatchFailed
-from txstore.kafka import METADATA_TIMEOUT_SECONDS
-from txstore.migrate import SCHEMA_REVISION, upgrade
+from txstore.core.errors import BatchFailed
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.postgres import store
+from txstore.postgres.db import redact
+from txstore.postgres.migrate import SCHEMA_REVISION, upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -200,7 +200,7 @@ def test_the_readme_job_role_counts_exactly_and_cannot_change_the_tables(
         assert conn.execute("SELECT count(*) FROM txn_outbox WHERE sent_at IS NOT NULL").fetchone() == (3,)
         assert conn.execute("SELECT count(*) FROM txn_messages WHERE job = 'copied'").fetchone() == (60,)
     status = subprocess.run(
-        [sys.executable, "-m", "txstore.cli", "status", "--database-url", as_job],
+        [sys.executable, "-m", "txstore.ops.cli", "status", "--database-url", as_job],
         env=job_env(),
         capture_output=True,
         text=True,

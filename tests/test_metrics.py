@@ -19,15 +19,15 @@ from tests.conftest import produce, send
 from tests.test_bad_messages import MINUTE_MS, messages_with_bad_timestamps
 from tests.test_count_topic import job_for
 from tests.test_job_process import count_topic_args, run_job
+from txstore.core.errors import BatchFailed, DatabaseUnavailable, PublishFailed
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL
 from txstore.count_topic import CountMessages
-from txstore.db import connect
-from txstore.errors import BatchFailed, DatabaseUnavailable, PublishFailed
 from txstore.job import JobSettings, TransactionalJob
-from txstore.logformat import JsonFormatter
-from txstore.outbox import OutboxPublisher, close_producers
-from txstore.ranges import OffsetRange
-from txstore.results import TOPIC_TOTAL
-from txstore.sink import TransactionalSink
+from txstore.postgres.db import connect
+from txstore.postgres.outbox import OutboxPublisher, close_producers
+from txstore.postgres.sink import TransactionalSink
+from txstore.report.logformat import JsonFormatter
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

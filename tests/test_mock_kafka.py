@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import produce
-from txstore.kafka import client_config, fetch_watermarks
+from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
@@ -88,7 +88,7 @@ def test_a_broker_with_a_round_trip_time_answers_that_late_and_then_at_once_agai
 # Run in a process of its own: on failure librdkafka aborts the process that owns the broker.
 _DOWN_WHILE_SPAWNING = """
 import subprocess, sys, threading, time
-from txstore.kafka import client_config, fetch_watermarks
+from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.testing.mock_kafka import {cls}
 from tests.conftest import produce
 

@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import produce
 from tests.test_count_topic import job_for, log_ends, offsets, totals
-from txstore.errors import DataLoss, OffsetOutOfLog
-from txstore.kafka import client_config, fetch_watermarks
+from txstore.core.errors import DataLoss, OffsetOutOfLog
+from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -174,7 +174,7 @@ def test_the_test_broker_cannot_answer_offsets_for_times(
     as a reminder to add the end-to-end test."""
     from confluent_kafka import Producer
 
-    from txstore.kafka import offsets_for_timestamp
+    from txstore.kafka.client import offsets_for_timestamp
 
     topic = new_topic(1)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})

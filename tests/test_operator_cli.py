@@ -11,23 +11,23 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from txstore import store
-from txstore.db import connect
-from txstore.idempotent import IdempotentSink
-from txstore.kafka import client_config
-from txstore.locks import hold_job_lock
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader
-from txstore.results import TOPIC_TOTAL
-from txstore.sink import TransactionalSink
-from txstore.starting import StartDecision
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL
+from txstore.core.starting import StartDecision
+from txstore.kafka.client import client_config
+from txstore.kafka.reader import RangeReader
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.idempotent import IdempotentSink
+from txstore.postgres.locks import hold_job_lock
+from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
 def txstore(*args: str, url: str, kafka: MockKafkaCluster | None = None) -> subprocess.CompletedProcess[str]:
     more = ["--bootstrap-servers", kafka.bootstrap_servers] if kafka else []
     return subprocess.run(
-        [sys.executable, "-m", "txstore.cli", args[0], "--database-url", url, *more, *args[1:]],
+        [sys.executable, "-m", "txstore.ops.cli", args[0], "--database-url", url, *more, *args[1:]],
         capture_output=True,
         text=True,
         timeout=60,
@@ -313,7 +313,7 @@ def test_status_and_its_check_with_kafka_down_print_their_one_line_and_no_client
 def test_a_database_without_the_schema_is_one_line_telling_to_run_alembic_and_check_is_unknown(
     empty_database_url: str,
 ) -> None:
-    from txstore.db import redact
+    from txstore.postgres.db import redact
 
     missing = (
         f"the txstore tables are missing in {redact(empty_database_url)}; "
@@ -389,7 +389,7 @@ def test_output_into_a_pipe_closed_early_ends_quietly_as_a_command_stopped_by_si
 ) -> None:
     """`txstore status --check --json | head`: the reader has gone before the output is written."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "txstore.cli", *command, "--database-url", database_url],
+        [sys.executable, "-m", "txstore.ops.cli", *command, "--database-url", database_url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

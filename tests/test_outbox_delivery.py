@@ -16,15 +16,15 @@ from tests.conftest import send
 from tests.test_idempotent_and_outbox import read_topic
 from tests.test_operator_cli import txstore
 from tests.test_sink import seed
+from txstore.core.errors import BatchFailed
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
-from txstore.db import connect
-from txstore.errors import BatchFailed
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import client_config
-from txstore.outbox import OutboxPublisher, close_producers, pending_count, set_aside_reason
-from txstore.ranges import OffsetRange
-from txstore.results import TOPIC_TOTAL, by_key
-from txstore.sink import PUBLISH_MAX_BYTES, TransactionalSink
+from txstore.kafka.client import client_config
+from txstore.postgres.db import connect
+from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count, set_aside_reason
+from txstore.postgres.sink import PUBLISH_MAX_BYTES, TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 PRODUCE_API = 0

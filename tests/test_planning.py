@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from txstore.db import libpq_url, redact, sqlalchemy_url
-from txstore.errors import (
+from txstore.core.errors import (
     AlreadyCommitted,
     ConfigError,
     DataLoss,
@@ -14,9 +13,9 @@ from txstore.errors import (
     OffsetOverlap,
     TopicRecreated,
 )
-from txstore.failpoints import FailPoints, InjectedFailure
-from txstore.fingerprint import Fingerprint, digest
-from txstore.ranges import (
+from txstore.core.failpoints import FailPoints, InjectedFailure
+from txstore.core.fingerprint import Fingerprint, digest
+from txstore.core.ranges import (
     OffsetRange,
     PartitionHistory,
     PartitionWatermarks,
@@ -25,9 +24,7 @@ from txstore.ranges import (
     plan_ranges,
     split_ranges,
 )
-from txstore.reset import ResetMove, ResetTarget, generation_reason, plan_reset
-from txstore.sink import classify_conflict
-from txstore.starting import (
+from txstore.core.starting import (
     EARLIEST,
     LATEST,
     StartingOffsets,
@@ -35,6 +32,9 @@ from txstore.starting import (
     parse_timestamp,
     resolve_starting_offsets,
 )
+from txstore.ops.reset_plan import ResetMove, ResetTarget, generation_reason, plan_reset
+from txstore.postgres.db import libpq_url, redact, sqlalchemy_url
+from txstore.postgres.sink import classify_conflict
 
 
 def marks(topic: str, partition: int, low: int, high: int) -> PartitionWatermarks:

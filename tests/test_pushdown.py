@@ -24,11 +24,12 @@ from tests.conftest import Outgoing, send
 from tests.test_aggregates import KEYS, keyed_messages, settings, stored
 from tests.test_count_topic import log_ends, offsets
 from txstore import ResultsTable
-from txstore import pushdown as pushdown_module
 from txstore.aggregate import SqlAggregate
-from txstore.arrow import arrow_schema
+from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
-from txstore.pushdown import (
+from txstore.spark import pushdown as pushdown_module
+from txstore.spark.arrow import arrow_schema
+from txstore.spark.pushdown import (
     Count,
     PartialCount,
     final_counts,
@@ -36,8 +37,7 @@ from txstore.pushdown import (
     partial_count_in_plan,
     task_counts,
 )
-from txstore.results import decode_key
-from txstore.task import COMMITTED
+from txstore.spark.range_task import COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 SOURCE = (
@@ -215,8 +215,8 @@ def test_a_task_with_mostly_distinct_groups_hands_them_on_in_bounded_pieces(
 WIDE_GROUPS = """
 import sys
 import pyarrow as pa
-from txstore.arrow import arrow_schema
-from txstore.pushdown import Count, PartialCount, task_counts
+from txstore.spark.arrow import arrow_schema
+from txstore.spark.pushdown import Count, PartialCount, task_counts
 
 width, per_batch, batches = (int(a) for a in sys.argv[1:])
 rows = Count(None)

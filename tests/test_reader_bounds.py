@@ -15,13 +15,13 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from tests.fake_kafka import FakeKafka, FakeLog, install, message
-from txstore.badmessages import aggregate_range
-from txstore.errors import DataLoss, KafkaReadError, TopicRecreated
-from txstore.fingerprint import Fingerprint, fingerprint
-from txstore.ranges import OffsetRange, PartitionWatermarks
-from txstore.reader import LAST_MESSAGE_LOOKBACK, RangeReader, _out_of_range, last_messages
-from txstore.results import TOPIC_TOTAL, ResultKey
-from txstore.topic_ids import message_at_last_counted, read_message_at
+from txstore.core.errors import DataLoss, KafkaReadError, TopicRecreated
+from txstore.core.fingerprint import Fingerprint, fingerprint
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.results import TOPIC_TOTAL, ResultKey
+from txstore.kafka.bad_messages import aggregate_range
+from txstore.kafka.reader import LAST_MESSAGE_LOOKBACK, RangeReader, _out_of_range, last_messages
+from txstore.kafka.topic_ids import message_at_last_counted, read_message_at
 
 CONF = {"bootstrap.servers": "fake:9092"}
 

@@ -26,22 +26,22 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 from tests.conftest import REPO, produce, send
 from tests.test_count_topic import job_for, log_ends, offsets, totals
 from tests.test_recreated_topic import snapshot
+from txstore.core.errors import TopicRecreated
+from txstore.core.starting import StartingOffsets
 from txstore.count_topic import count_messages
-from txstore.db import connect
-from txstore.errors import TopicRecreated
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import Watermarks, client_config, offsets_for_timestamp
-from txstore.ops import apply_reset, plan_job_reset
-from txstore.reset import ResetTarget
-from txstore.starting import StartingOffsets
-from txstore.task import COMMITTED
+from txstore.kafka.client import Watermarks, client_config, offsets_for_timestamp
+from txstore.kafka.topic_ids import fetch_topic_ids
+from txstore.ops.reset import apply_reset, plan_job_reset
+from txstore.ops.reset_plan import ResetTarget
+from txstore.postgres.db import connect
+from txstore.spark.range_task import COMMITTED
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,
     KafkaStartFailed,
     RealKafkaCluster,
     kafka_jars,
 )
-from txstore.topic_ids import fetch_topic_ids
 
 CLIENT_LOG = logging.getLogger("tests.real_kafka.client")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from tests.conftest import produce
-from txstore.errors import KafkaUnavailable
-from txstore.kafka import client_config, fetch_watermarks, offsets_for_timestamp
+from txstore.core.errors import KafkaUnavailable
+from txstore.kafka.client import client_config, fetch_watermarks, offsets_for_timestamp
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 LIST_OFFSETS_API = 2

@@ -18,22 +18,22 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from tests.conftest import produce_in_transactions, send, send_one_by_one
 from tests.test_count_topic import job_for, offsets, totals
 from tests.test_operator_cli import txstore
-from txstore import store
+from txstore.core.errors import BatchFailed, TopicRecreated
+from txstore.core.fingerprint import Fingerprint, digest
+from txstore.core.ranges import OffsetRange, PartitionHistory
+from txstore.core.starting import StartDecision
 from txstore.count_topic import count_messages
-from txstore.db import connect
-from txstore.errors import BatchFailed, TopicRecreated
-from txstore.fingerprint import Fingerprint, digest
-from txstore.idempotent import IdempotentSink
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import client_config, fetch_watermarks
-from txstore.ops import apply_reset, plan_job_reset
-from txstore.ranges import OffsetRange, PartitionHistory
-from txstore.reader import RangeReader
-from txstore.reset import ResetTarget
-from txstore.sink import TransactionalSink
-from txstore.starting import StartDecision
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.reader import RangeReader
+from txstore.kafka.topic_ids import TopicIds, fetch_topic_ids
+from txstore.ops.reset import apply_reset, plan_job_reset
+from txstore.ops.reset_plan import ResetTarget
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.idempotent import IdempotentSink
+from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
-from txstore.topic_ids import TopicIds, fetch_topic_ids
 
 pytestmark = pytest.mark.spark
 

@@ -9,12 +9,12 @@ from decimal import Decimal
 
 import pytest
 
-from txstore.errors import AlreadyCommitted, ConfigError, OffsetGap, OffsetOverlap
+from txstore.core.errors import AlreadyCommitted, ConfigError, OffsetGap, OffsetOverlap
+from txstore.core.ranges import OffsetRange, split_ranges
+from txstore.core.results import TOPIC_TOTAL, by_key, decode_key, encode_key, metric_text, row_order
+from txstore.core.windows import format_duration, parse_duration_ms, window_start, window_start_ms
 from txstore.job import JobSettings
-from txstore.ranges import OffsetRange, split_ranges
-from txstore.results import TOPIC_TOTAL, by_key, decode_key, encode_key, metric_text, row_order
-from txstore.sink import classify_batch_conflict, outbox_identity
-from txstore.windows import format_duration, parse_duration_ms, window_start, window_start_ms
+from txstore.postgres.sink import classify_batch_conflict, outbox_identity
 
 
 @pytest.mark.parametrize(
@@ -159,8 +159,8 @@ def test_count_messages_counts_what_one_message_at_a_time_counts(by_key: bool, w
 
     from confluent_kafka import Message
 
+    from txstore.core.results import ResultKey
     from txstore.count_topic import CountMessages
-    from txstore.results import ResultKey
 
     rng = random.Random(5)
     keys = [None, b"", b"a", b"\\", b"\\xff", b"\xff", b"a\x00b", "ключ".encode(), b"user-1", b"user-2"]

@@ -28,9 +28,9 @@ from tests.test_count_topic import log_ends, offsets
 from tests.test_job_process import job_env
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
 from txstore.aggregate import SqlAggregate
-from txstore.failpoints import FAILPOINTS_ENV
+from txstore.core.failpoints import FAILPOINTS_ENV
 from txstore.job import JobSettings
-from txstore.task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -15,10 +15,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
 from tests.conftest import REPO
-from txstore.db import connect, sqlalchemy_url
-from txstore.errors import SchemaMissing
-from txstore.migrate import SCHEMA_REVISION, alembic_config, check_schema
-from txstore.schema import metadata
+from txstore.core.errors import SchemaMissing
+from txstore.postgres.db import connect, sqlalchemy_url
+from txstore.postgres.migrate import SCHEMA_REVISION, alembic_config, check_schema
+from txstore.postgres.schema import metadata
 
 
 def alembic(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:

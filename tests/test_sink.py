@@ -9,14 +9,14 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from txstore import store
-from txstore.db import connect
-from txstore.errors import AlreadyCommitted, OffsetGap, OffsetOverlap
-from txstore.failpoints import FailPoints, InjectedFailure
-from txstore.ranges import OffsetRange
-from txstore.results import TOPIC_TOTAL, by_key, by_key_and_window
-from txstore.sink import TransactionalSink
-from txstore.starting import StartDecision
+from txstore.core.errors import AlreadyCommitted, OffsetGap, OffsetOverlap
+from txstore.core.failpoints import FailPoints, InjectedFailure
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL, by_key, by_key_and_window
+from txstore.core.starting import StartDecision
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.sink import TransactionalSink
 
 
 def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
@@ -176,7 +176,7 @@ def test_start_rows_are_created_once_when_two_instances_start_together(
 def test_a_worker_reuses_its_connection_and_replaces_one_the_server_closed(
     database_url: str, db: psycopg.Connection
 ) -> None:
-    from txstore.db import forget_worker_connection, worker_connection
+    from txstore.postgres.db import forget_worker_connection, worker_connection
 
     first = worker_connection(database_url)
     try:

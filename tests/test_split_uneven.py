@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from txstore.fingerprint import Fingerprint
-from txstore.ranges import OffsetRange, limit_ranges, split_ranges
+from txstore.core.fingerprint import Fingerprint
+from txstore.core.ranges import OffsetRange, limit_ranges, split_ranges
 
 LAST = Fingerprint(99, 5, "d")
 

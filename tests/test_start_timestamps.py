@@ -1,7 +1,7 @@
 """Start times (``--starting-timestamp``, ``reset --to-datetime``) to epoch milliseconds and back, exactly.
 
-Both flags go through :func:`txstore.starting.parse_timestamp`; the job logs, and the reset
-plan shows, the instant looked up with :func:`txstore.starting.format_timestamp`. Float
+Both flags go through :func:`txstore.core.starting.parse_timestamp`; the job logs, and the reset
+plan shows, the instant looked up with :func:`txstore.core.starting.format_timestamp`. Float
 seconds lose the last millisecond of many instants (``2004-03-15T07:55:47.472Z`` became
 1079337347471), which would start a job one message early. No servers here: the reset's
 command line is tested in tests/test_operator_cli.py.
@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from txstore.errors import ConfigError
+from txstore.core.errors import ConfigError
+from txstore.core.starting import format_timestamp, parse_timestamp
 from txstore.options import add_job_options, job_settings
-from txstore.starting import format_timestamp, parse_timestamp
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Every instant datetime can show in any of the zones below (a day inside years 1 and 9999).

@@ -21,19 +21,21 @@ from tests.conftest import produce, send
 from tests.test_count_topic import job_for
 from tests.test_operator_cli import txstore
 from tests.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
-from txstore import health, ops, store
-from txstore.db import connect
-from txstore.fingerprint import Fingerprint
-from txstore.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFacts, evaluate, exit_code
-from txstore.idempotent import IdempotentSink
-from txstore.kafka import client_config
-from txstore.locks import hold_job_lock
-from txstore.ops import apply_reset
-from txstore.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
-from txstore.reset import ResetMove
-from txstore.results import TOPIC_TOTAL
-from txstore.sink import TransactionalSink
-from txstore.starting import StartDecision
+from txstore.core import health
+from txstore.core.fingerprint import Fingerprint
+from txstore.core.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFacts, evaluate, exit_code
+from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
+from txstore.core.results import TOPIC_TOTAL
+from txstore.core.starting import StartDecision
+from txstore.kafka.client import client_config
+from txstore.ops import status as ops
+from txstore.ops.reset import apply_reset
+from txstore.ops.reset_plan import ResetMove
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.idempotent import IdempotentSink
+from txstore.postgres.locks import hold_job_lock
+from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

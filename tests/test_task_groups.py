@@ -10,9 +10,9 @@ import pytest
 
 from tests.conftest import produce
 from tests.test_count_topic import job_for, log_ends, offsets, totals
-from txstore.ranges import OffsetRange
-from txstore.spark import TASKS_PER_CORE, task_groups
-from txstore.task import ALREADY_COMMITTED, COMMITTED
+from txstore.core.ranges import OffsetRange
+from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.tasks import TASKS_PER_CORE, task_groups
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 

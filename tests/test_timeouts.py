@@ -23,21 +23,21 @@ import pytest
 from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.conftest import produce
 from tests.test_count_topic import count_messages, job_for, log_ends, offsets, totals
-from txstore.db import (
+from txstore.core.errors import DatabaseUnavailable, KafkaReadError, TxstoreError
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL
+from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, client_config
+from txstore.kafka.reader import IDLE_TIMEOUT_SECONDS, RangeReader
+from txstore.postgres.db import (
     FROZEN_PEER_BOUND_SECONDS,
     TCP_USER_TIMEOUT_MS,
     connect,
     forget_worker_connection,
     worker_connection,
 )
-from txstore.errors import DatabaseUnavailable, KafkaReadError, TxstoreError
-from txstore.failpoints import FailPoints
-from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import METADATA_TIMEOUT_SECONDS, client_config
-from txstore.ranges import OffsetRange
-from txstore.reader import IDLE_TIMEOUT_SECONDS, RangeReader
-from txstore.results import TOPIC_TOTAL
-from txstore.sink import TransactionalSink
+from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 needs_namespaces = pytest.mark.skipif(

@@ -26,12 +26,12 @@ from pyspark import cloudpickle
 
 from tests.conftest import REPO, send
 from tests.test_sink import seed
-from txstore import store
+from txstore.core.ranges import OffsetRange
 from txstore.count_topic import count_messages
-from txstore.kafka import client_config
-from txstore.ranges import OffsetRange
-from txstore.spark import _EachGroup, _RangeBatches
-from txstore.task import RangeTask
+from txstore.kafka.client import client_config
+from txstore.postgres import store
+from txstore.spark.range_task import RangeTask
+from txstore.spark.tasks import _EachGroup, _RangeBatches
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 DRIVER_ONLY = ("sqlalchemy", "alembic", "prometheus_client")

@@ -6,8 +6,7 @@ transaction, so no message is lost or counted twice whatever Spark retries.
 
 from typing import Any
 
-from txstore.badmessages import BadOffset
-from txstore.errors import (
+from txstore.core.errors import (
     AlreadyCommitted,
     BadMessage,
     BatchFailed,
@@ -26,11 +25,8 @@ from txstore.errors import (
     TxstoreError,
     UnknownTopic,
 )
-from txstore.idempotent import IdempotentSink, MessageTransform
-from txstore.job import BatchReport, DataFrameAggregate, JobSettings, TransactionalJob
-from txstore.outbox import OutboxPublisher
-from txstore.ranges import OffsetRange, PartitionWatermarks, plan_ranges
-from txstore.results import (
+from txstore.core.ranges import OffsetRange, PartitionWatermarks, plan_ranges
+from txstore.core.results import (
     TOPIC_TOTAL,
     Deltas,
     ResultKey,
@@ -40,22 +36,26 @@ from txstore.results import (
     by_window,
     decode_key,
 )
-from txstore.results_table import MERGE_RULES, ResultsTable
+from txstore.core.starting import StartingOffsets, parse_starting_offsets
+from txstore.core.windows import parse_duration_ms, window_start
+from txstore.job import BatchReport, DataFrameAggregate, JobSettings, TransactionalJob
+from txstore.kafka.bad_messages import BadOffset
+from txstore.postgres.idempotent import IdempotentSink, MessageTransform
+from txstore.postgres.outbox import OutboxPublisher
+from txstore.postgres.results_table import MERGE_RULES, ResultsTable
+from txstore.postgres.sink import TransactionalSink, classify_conflict
 from txstore.runner import run_job_main
-from txstore.sink import TransactionalSink, classify_conflict
-from txstore.spark import read_ranges
-from txstore.starting import StartingOffsets, parse_starting_offsets
-from txstore.task import Aggregate, RangeReport
-from txstore.windows import parse_duration_ms, window_start
+from txstore.spark.range_task import Aggregate, RangeReport
+from txstore.spark.tasks import read_ranges
 
 
 def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in ``spark`` (classic or Spark Connect).
 
     Needs PySpark 4.0 or newer and pyarrow (from a clone: ``pip install -e '.[connect]'``);
-    see :mod:`txstore.datasource` for the options.
+    see :mod:`txstore.spark.datasource` for the options.
     """
-    from txstore.source_format import register as register_data_source
+    from txstore.spark.source_format import register as register_data_source
 
     register_data_source(spark)
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from txstore.errors import ConfigError
-from txstore.ranges import OffsetRange
-from txstore.results import (
+from txstore.core.errors import ConfigError
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import (
     GRAIN_KEY,
     GRAIN_KEY_WINDOW,
     GRAIN_WINDOW,
@@ -28,9 +28,9 @@ from txstore.results import (
     ResultKey,
     decode_key,
 )
+from txstore.core.windows import parse_duration_ms, window_start
 from txstore.runner import run_job_main
-from txstore.task import Aggregate
-from txstore.windows import parse_duration_ms, window_start
+from txstore.spark.range_task import Aggregate
 
 _key = Message.key  # unbound: map() calls it without an attribute lookup per message
 _timestamp = Message.timestamp
@@ -44,10 +44,10 @@ class CountMessages:
     Per batch, raw keys and window starts (epoch milliseconds; None for a
     message without a timestamp) are counted in a ``Counter`` fed by
     ``map`` over the batch's C methods; then each distinct key is decoded
-    (:func:`~txstore.results.decode_key`) and each distinct window start
-    made a datetime (:func:`~txstore.windows.window_start`) once, however
+    (:func:`~txstore.core.results.decode_key`) and each distinct window start
+    made a datetime (:func:`~txstore.core.windows.window_start`) once, however
     many ``(key, window)`` pairs share it. A timestamp no calendar can hold
-    raises there, so :mod:`txstore.badmessages` finds its message. Counting
+    raises there, so :mod:`txstore.kafka.bad_messages` finds its message. Counting
     on Arrow arrays (``group_by``) was measured and is slower here
     (``python -m bench.aggregate_counts``; README, Benchmark).
     """

@@ -17,17 +17,17 @@ A batch:
    store each message under its offset instead of aggregating;
 6. log a line per range and a summary line; a refused range fails the batch
    (a message the aggregate fails on stops the job with
-   :class:`~txstore.errors.BadMessage`, unless ``on_bad_message="skip"``:
+   :class:`~txstore.core.errors.BadMessage`, unless ``on_bad_message="skip"``:
    then it was recorded with the commit and is logged as a warning);
 7. with ``publish_topic``, send the committed results pending in the
-   outbox to Kafka (:mod:`txstore.outbox`), after every batch that did not
+   outbox to Kafka (:mod:`txstore.postgres.outbox`), after every batch that did not
    fail, whether or not it had new data.
 
 Where each part lives: settings in :mod:`txstore.settings` (re-exported
 here), steps 1-4 in :mod:`txstore.planning`, step 5 in one module per
 execution mode (:mod:`txstore.modes`), everything Spark-facing in
-:mod:`txstore.spark`, a batch's report and log lines in
-:mod:`txstore.batch_report`; this module holds the driver's resources,
+:mod:`txstore.spark.tasks`, a batch's report and log lines in
+:mod:`txstore.report.batch_report`; this module holds the driver's resources,
 mirrors offsets, publishes, and loops.
 """
 
@@ -42,10 +42,7 @@ from typing import Any
 
 import psycopg
 
-from txstore.badmessages import SKIP
-from txstore.batch_report import BatchReport, log_batch
-from txstore.driverdb import DriverConnection
-from txstore.errors import (
+from txstore.core.errors import (
     BadMessage,
     BatchFailed,
     ConfigError,
@@ -55,22 +52,25 @@ from txstore.errors import (
     TxstoreError,
     first_line,
 )
-from txstore.failpoints import FailPoints
-from txstore.idempotent import MessageTransform
-from txstore.kafka import Watermarks
-from txstore.metrics import job_metrics
-from txstore.mirror import GroupOffsetMirror
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.kafka.bad_messages import SKIP
+from txstore.kafka.client import Watermarks
+from txstore.kafka.mirror import GroupOffsetMirror
+from txstore.kafka.topic_ids import TopicIds
 from txstore.modes import Mode, bad_message
 from txstore.modes.dataframe import DataFrameMode, check_read_columns
 from txstore.modes.idempotent import IdempotentMode
 from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
 from txstore.modes.per_range import PerRangeMode
 from txstore.modes.results_table import ResultsTableMode, check_results_table
-from txstore.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.planning import Planner
-from txstore.pushdown import PartialCount, infer_pushdown
-from txstore.ranges import OffsetRange, PartitionWatermarks
-from txstore.results_table import ResultsTable
+from txstore.postgres.driverdb import DriverConnection
+from txstore.postgres.idempotent import MessageTransform
+from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
+from txstore.postgres.results_table import ResultsTable
+from txstore.report.batch_report import BatchReport, log_batch
+from txstore.report.metrics import job_metrics
 from txstore.settings import (
     COMMIT_MODES,
     IDEMPOTENT,
@@ -82,11 +82,11 @@ from txstore.settings import (
     DataFrameAggregate,
     JobSettings,
 )
-from txstore.source_columns import ColumnsInvalid, check_columns
-from txstore.spark import spark_failure_reason
-from txstore.task import REFUSED, Aggregate
-from txstore.topic_ids import TopicIds
-from txstore.used_columns import infer_read_columns
+from txstore.spark.pushdown import PartialCount, infer_pushdown
+from txstore.spark.range_task import REFUSED, Aggregate
+from txstore.spark.source_columns import ColumnsInvalid, check_columns
+from txstore.spark.tasks import spark_failure_reason
+from txstore.spark.used_columns import infer_read_columns
 
 __all__ = [
     "COMMIT_MODES",
@@ -113,7 +113,7 @@ class TransactionalJob:
     Planning is :class:`~txstore.planning.Planner`'s, how a batch runs is its
     mode's (:mod:`txstore.modes`); the job holds the driver's resources
     (database connection, Kafka clients, outbox publisher), logs each batch
-    (:mod:`txstore.batch_report`), mirrors offsets, publishes, and loops.
+    (:mod:`txstore.report.batch_report`), mirrors offsets, publishes, and loops.
     """
 
     def __init__(
@@ -134,7 +134,7 @@ class TransactionalJob:
         "idempotent"`` give neither, or a ``transform`` choosing what to store per message.
 
         ``results_table``: merge the ``dataframe_aggregate``'s rows into a table of your own
-        (:class:`~txstore.results_table.ResultsTable`: its key and each column's merge rule),
+        (:class:`~txstore.postgres.results_table.ResultsTable`: its key and each column's merge rule),
         checked against the table and the query before the first batch reads anything.
 
         ``read_columns``: the Kafka-source columns the ``dataframe_aggregate`` uses (say
@@ -144,13 +144,13 @@ class TransactionalJob:
         header. The query is checked against them before the first batch reads anything:
         a column left out is one line (:class:`ConfigError`). Default: the columns Spark's
         optimized plan of the query uses, found once before the first batch
-        (:mod:`txstore.used_columns`; all of them when the plan cannot tell). Declare all
+        (:mod:`txstore.spark.used_columns`; all of them when the plan cannot tell). Declare all
         of them to read every column.
 
         ``push_down_counts``: a ``dataframe_aggregate`` that is only counts grouped by
         Kafka-source columns (``df.groupBy("topic", "key").count()``) is counted in part by
         the tasks that read the messages, with pyarrow, so Spark gets about one row per group and
-        task instead of one per message (:mod:`txstore.pushdown`: found once before the
+        task instead of one per message (:mod:`txstore.spark.pushdown`: found once before the
         first batch and kept only if the result's columns are the same). False: run the
         aggregate as written.
 
@@ -266,7 +266,7 @@ class TransactionalJob:
 
     def check_query(self) -> None:
         """Before the first batch reads anything: refuse a results table the query's rows cannot
-        merge into (:class:`~txstore.errors.ResultsTableInvalid`, every problem one line), and a
+        merge into (:class:`~txstore.core.errors.ResultsTableInvalid`, every problem one line), and a
         ``dataframe_aggregate`` that needs a column ``read_columns`` leaves out
         (:class:`ConfigError`)."""
         if self._query_checked:
@@ -293,7 +293,7 @@ class TransactionalJob:
 
     def _infer_pushdown(self) -> None:
         """Count in the reading tasks when the ``dataframe_aggregate`` is only grouped counts
-        (:mod:`txstore.pushdown`), and say so in one line either way."""
+        (:mod:`txstore.spark.pushdown`), and say so in one line either way."""
         assert self.dataframe_aggregate is not None
         found = infer_pushdown(self.spark, self.dataframe_aggregate, self.read_columns)
         if found.partial is None:
@@ -309,7 +309,7 @@ class TransactionalJob:
 
     def _infer_read_columns(self) -> None:
         """No ``read_columns`` declared: read only the columns Spark's optimized plan of the
-        ``dataframe_aggregate`` uses (:mod:`txstore.used_columns`), or all of them."""
+        ``dataframe_aggregate`` uses (:mod:`txstore.spark.used_columns`), or all of them."""
         assert self.dataframe_aggregate is not None
         inferred = infer_read_columns(self.spark, self.dataframe_aggregate)
         if inferred.columns is None:

@@ -6,15 +6,15 @@ import argparse
 import os
 from dataclasses import replace
 
-from txstore.badmessages import FAIL, ON_BAD_MESSAGE
-from txstore.db import DATABASE_URL_ENV, resolve_database_url
-from txstore.errors import ConfigError
-from txstore.health import STALL_AFTER
+from txstore.core.errors import ConfigError
+from txstore.core.health import STALL_AFTER
+from txstore.core.starting import parse_starting_offsets, parse_timestamp
 from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
-from txstore.kafka import BOOTSTRAP_ENV, topic_name_problem
-from txstore.logformat import LOG_FORMATS, TEXT
-from txstore.sink import PUBLISH_MAX_BYTES
-from txstore.starting import parse_starting_offsets, parse_timestamp
+from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
+from txstore.kafka.client import BOOTSTRAP_ENV, topic_name_problem
+from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
+from txstore.postgres.sink import PUBLISH_MAX_BYTES
+from txstore.report.logformat import LOG_FORMATS, TEXT
 
 SPARK_REMOTE_ENV = "SPARK_REMOTE"
 """Spark Connect's own variable: a job run with it set talks to that server (``sc://host:port``)."""
@@ -67,7 +67,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def add_check_options(parser: argparse.ArgumentParser) -> None:
-    """``txstore status --check``: judge each partition (:mod:`txstore.health`), exit 0/1/2/3."""
+    """``txstore status --check``: judge each partition (:mod:`txstore.core.health`), exit 0/1/2/3."""
     parser.add_argument(
         "--check",
         action="store_true",

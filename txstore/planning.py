@@ -19,10 +19,8 @@ from typing import Any
 
 import psycopg
 
-from txstore import store
-from txstore.errors import PRIVILEGE_HINT, DatabaseUnavailable, PermissionDenied, first_line
-from txstore.kafka import offsets_for_timestamp
-from txstore.ranges import (
+from txstore.core.errors import PRIVILEGE_HINT, DatabaseUnavailable, PermissionDenied, first_line
+from txstore.core.ranges import (
     OffsetRange,
     PartitionHistory,
     PartitionWatermarks,
@@ -31,9 +29,11 @@ from txstore.ranges import (
     limit_ranges,
     plan_ranges,
 )
+from txstore.core.starting import resolve_starting_offsets
+from txstore.kafka.client import offsets_for_timestamp
+from txstore.kafka.topic_ids import TopicIds
+from txstore.postgres import store
 from txstore.settings import JobSettings
-from txstore.starting import resolve_starting_offsets
-from txstore.topic_ids import TopicIds
 
 log = logging.getLogger("txstore")
 

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from txstore.errors import MetricsPortInUse, ResultsTableInvalid, TxstoreError, first_line
+from txstore.core.errors import MetricsPortInUse, ResultsTableInvalid, TxstoreError, first_line
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
-from txstore.logformat import TEXT, formatter
 from txstore.options import add_job_options, job_settings
-from txstore.task import Aggregate
+from txstore.report.logformat import TEXT, formatter
+from txstore.spark.range_task import Aggregate
 
 log = logging.getLogger("txstore")
 
@@ -143,7 +143,7 @@ def _connect_session(app_name: str, remote: str, ship_txstore: bool) -> object:
 
     session: Any = RemoteSparkSession.builder.remote(remote).appName(app_name).getOrCreate()
     if ship_txstore:
-        from txstore.pyfiles import build_py_files
+        from txstore.spark.pyfiles import build_py_files
 
         with tempfile.TemporaryDirectory(prefix="txstore-artifact-") as tmp:
             session.addArtifacts(str(build_py_files(Path(tmp) / "txstore.zip")), pyfile=True)

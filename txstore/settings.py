@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from txstore.badmessages import FAIL, ON_BAD_MESSAGE
-from txstore.errors import ConfigError
-from txstore.kafka import client_config, fixed_option_problem, topic_name_problem
-from txstore.sink import PUBLISH_MAX_BYTES
-from txstore.starting import StartingOffsets
+from txstore.core.errors import ConfigError
+from txstore.core.starting import StartingOffsets
+from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
+from txstore.kafka.client import client_config, fixed_option_problem, topic_name_problem
+from txstore.postgres.sink import PUBLISH_MAX_BYTES
 
 PER_RANGE = "per-range"
 PER_BATCH = "per-batch"

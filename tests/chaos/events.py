@@ -56,9 +56,9 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer
 
-from txstore.kafka import client_config, fetch_watermarks
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.reader import RangeReader
 
 if TYPE_CHECKING:
     from tests.chaos.runner import Instance, Trial
@@ -389,7 +389,7 @@ class TrialEvents:
         t = self.trial
         return subprocess.run(
             [
-                sys.executable, "-m", "txstore.cli", "reset", "--database-url", t.env.database_url,
+                sys.executable, "-m", "txstore.ops.cli", "reset", "--database-url", t.env.database_url,
                 "--bootstrap-servers", t.env.kafka.bootstrap_servers, "--job", t.job, "--topic", t.topic, *args,
             ],
             capture_output=True, text=True, timeout=120,
@@ -481,7 +481,7 @@ class TrialEvents:
                 failures.append(f"rows set aside for another reason: {set_aside[:3]}")
             retried = subprocess.run(
                 [
-                    sys.executable, "-m", "txstore.cli", "publish", "--database-url", t.env.database_url,
+                    sys.executable, "-m", "txstore.ops.cli", "publish", "--database-url", t.env.database_url,
                     "--bootstrap-servers", t.env.kafka.bootstrap_servers, "--job", t.job, "--retry-failed",
                 ],
                 capture_output=True, text=True, timeout=120,

@@ -277,7 +277,7 @@ class TcpProxy:
 
 def _watch_peer(s: socket.socket) -> None:
     """Keepalives and a user timeout on the client's side, as the server itself sets on its
-    sockets (txstore asks for them, ``txstore.db``): the proxy stands where the server would.
+    sockets (txstore asks for them, ``txstore.postgres.db``): the proxy stands where the server would.
 
     Without them a client that vanished while the network was frozen (a killed driver's FIN
     lost on the downed link) stays connected here for good, and the proxy keeps its server

@@ -62,10 +62,10 @@ from tests.chaos.procs import (
 from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
 from tests.spark_connect import SparkConnectServer
-from txstore.kafka import client_config, fetch_watermarks
-from txstore.migrate import upgrade
-from txstore.ranges import OffsetRange
-from txstore.reader import RangeReader, close_idle_consumers
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.reader import RangeReader, close_idle_consumers
+from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,18 +2,18 @@
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
    DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
-   the job declared (:func:`~txstore.spark.read_ranges`;
+   the job declared (:func:`~txstore.spark.tasks.read_ranges`;
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
-   the driver (:func:`~txstore.spark.dataframe_deltas`). A query that is only
+   the driver (:func:`~txstore.spark.deltas.dataframe_deltas`). A query that is only
    counts grouped by Kafka-source columns (found before the first batch,
-   :mod:`txstore.pushdown`) is instead counted per group by the reading
+   :mod:`txstore.spark.pushdown`) is instead counted per group by the reading
    tasks, and those counts are collected and summed on the driver
-   (:func:`~txstore.pushdown.final_counts`): the same rows, without one
+   (:func:`~txstore.spark.pushdown.final_counts`): the same rows, without one
    Spark row per message or a shuffle;
 3. the driver commits it like :mod:`txstore.modes.per_batch`, with each
    range's last message as the driver read it before the Spark job
-   (:func:`~txstore.reader.last_messages`); every read must end on that
+   (:func:`~txstore.kafka.reader.last_messages`); every read must end on that
    message, so a topic recreated meanwhile fails the job rather than being
    stored as the one counted.
 """
@@ -24,23 +24,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from txstore.driverdb import DriverConnection
-from txstore.errors import ConfigError
-from txstore.failpoints import FailPoints
+from txstore.core.errors import ConfigError
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import OffsetRange, split_ranges
+from txstore.kafka.reader import last_messages
 from txstore.modes.per_batch import commit_result
-from txstore.probing import QueryRefused, analysed_fields
-from txstore.pushdown import PartialCount, final_counts
-from txstore.ranges import OffsetRange, split_ranges
-from txstore.reader import last_messages
+from txstore.postgres.driverdb import DriverConnection
 from txstore.settings import JobSettings
-from txstore.spark import (
-    BatchResult,
-    arrow_deltas,
-    dataframe_deltas,
-    job_description,
-    read_ranges,
-)
-from txstore.task import RangeReport
+from txstore.spark.deltas import BatchResult, arrow_deltas, dataframe_deltas
+from txstore.spark.probing import QueryRefused, analysed_fields
+from txstore.spark.pushdown import PartialCount, final_counts
+from txstore.spark.range_task import RangeReport
+from txstore.spark.tasks import job_description, read_ranges
 
 
 @dataclass(frozen=True)
@@ -52,7 +47,7 @@ class DataFrameMode:
     connection: DriverConnection
     number: int  # the batch's, for error lines
     read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
-    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.pushdown)
+    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.spark.pushdown)
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -79,7 +74,7 @@ class DataFrameMode:
 
 def check_read_columns(spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str]) -> None:
     """Refuse, in one line, an aggregate that needs a Kafka-source column ``read_columns`` leaves
-    out (:func:`~txstore.spark.analysed_fields`: nothing is read)."""
+    out (:func:`~txstore.spark.probing.analysed_fields`: nothing is read)."""
     try:
         analysed_fields(spark, aggregate, read_columns)
     except QueryRefused as e:

@@ -2,7 +2,7 @@
 
 Insert-or-ignore by ``(job, topic, partition, generation, offset)`` in
 ``txn_messages``, in the same transaction as the range's offset move
-(:class:`~txstore.task.MessageTask`).
+(:class:`~txstore.spark.range_task.MessageTask`).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from txstore.failpoints import FailPoints
-from txstore.idempotent import MessageTransform
-from txstore.ranges import OffsetRange
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import OffsetRange
+from txstore.postgres.idempotent import MessageTransform
 from txstore.settings import JobSettings
-from txstore.spark import run_ranges
-from txstore.task import MessageTask, RangeReport
+from txstore.spark.range_task import MessageTask, RangeReport
+from txstore.spark.tasks import run_ranges
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 1. cut big ranges into pieces (``min_partitions``), one Spark task each;
 2. the tasks aggregate and send back partial deltas, message counts, bad
    messages, the fingerprint of each piece's last message, or a refusal
-   (:func:`~txstore.spark.aggregate_batch`); the driver sums the deltas
+   (:func:`~txstore.spark.deltas.aggregate_batch`); the driver sums the deltas
    exactly;
 3. a refusal (recreated topic) commits nothing; a bad message stops the job
    unless ``on_bad_message`` is ``skip``;
@@ -25,9 +25,7 @@ from typing import Any
 
 import psycopg
 
-from txstore.badmessages import SKIP, BadOffset
-from txstore.driverdb import DriverConnection
-from txstore.errors import (
+from txstore.core.errors import (
     AlreadyCommitted,
     BatchFailed,
     DatabaseUnavailable,
@@ -36,13 +34,15 @@ from txstore.errors import (
     committed_past_start,
     first_line,
 )
-from txstore.failpoints import FailPoints, InjectedFailure
+from txstore.core.failpoints import FailPoints, InjectedFailure
+from txstore.core.ranges import OffsetRange, TopicPartition, split_ranges
+from txstore.kafka.bad_messages import SKIP, BadOffset
 from txstore.modes import bad_message
-from txstore.ranges import OffsetRange, TopicPartition, split_ranges
+from txstore.postgres.driverdb import DriverConnection
+from txstore.postgres.sink import TransactionalSink
 from txstore.settings import JobSettings
-from txstore.sink import TransactionalSink
-from txstore.spark import BatchResult, aggregate_batch
-from txstore.task import (
+from txstore.spark.deltas import BatchResult, aggregate_batch
+from txstore.spark.range_task import (
     ALREADY_COMMITTED,
     COMMITTED,
     REFUSED,
@@ -150,7 +150,7 @@ def commit_with_retries(
     """Run ``commit(connection, attempt)`` (one transaction: results and every offset move, or
     nothing); if the connection drops, again on a new one. Returns the outcome.
 
-    ``commit`` raises a :class:`~txstore.errors.CommitConflict` when the offsets were not at
+    ``commit`` raises a :class:`~txstore.core.errors.CommitConflict` when the offsets were not at
     the batch's start: all at its end is an earlier attempt (or another instance) that
     committed, and the batch is ``ALREADY_COMMITTED``; gaps and overlaps stop the job.
     """

@@ -1,7 +1,7 @@
 """Per-range commits (the default): each Spark task reads, aggregates and commits its ranges.
 
 A task's ranges commit in one transaction, or one by one if that is
-refused (:meth:`~txstore.task.RangeTask.run_together`); the driver only
+refused (:meth:`~txstore.spark.range_task.RangeTask.run_together`); the driver only
 collects the reports.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from txstore.failpoints import FailPoints
-from txstore.ranges import OffsetRange
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import OffsetRange
 from txstore.settings import JobSettings
-from txstore.spark import run_ranges
-from txstore.task import Aggregate, RangeReport, RangeTask
+from txstore.spark.range_task import Aggregate, RangeReport, RangeTask
+from txstore.spark.tasks import run_ranges
 
 
 @dataclass(frozen=True)

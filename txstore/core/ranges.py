@@ -1,0 +1,254 @@
+"""Offset ranges and the planner that cuts them (the KafkaRDD idea, in Python).
+
+A batch is planned on the driver from two plain inputs: the offsets the
+database says are committed, and the watermarks Kafka reports now. The
+output is one :class:`OffsetRange` per partition that has new data. Each
+range is read by exactly one Spark task (several small ranges may share
+one), and because a range is fixed before any task runs, a retried task
+reads exactly the same messages.
+
+Everything here is pure: no Kafka, Spark or database is needed to test it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from txstore.core.errors import DataLoss, OffsetOutOfLog
+from txstore.core.fingerprint import Fingerprint, recreated_error
+
+TopicPartition = tuple[str, int]
+"""``(topic, partition)``: the key of every per-partition mapping."""
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Messages ``[from_offset, until_offset)`` of one Kafka partition.
+
+    ``until_offset`` is exclusive, exactly like ``txn_offsets.off``: after the
+    range is committed, the stored offset equals ``until_offset``.
+
+    ``verify``: the last message counted before ``from_offset``, still in the
+    log, which the reader compares before delivering anything (a deleted and
+    recreated topic holds another message there). ``generation``: the
+    partition's generation the range was planned in (``txn_offsets.generation``);
+    a commit only moves an offset of that generation. ``log_end``: Kafka's
+    log-end offset when the range was planned (None: not known), so the commit
+    can record the backlog the range started from (``txn_offsets.lag_samples``).
+    None of the three takes part in comparisons.
+    """
+
+    topic: str
+    partition: int
+    from_offset: int
+    until_offset: int
+    verify: Fingerprint | None = field(default=None, compare=False)
+    generation: int = field(default=0, compare=False)
+    log_end: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.from_offset <= self.until_offset:
+            raise ValueError(
+                f"invalid offset range for {self.topic!r} partition {self.partition}: "
+                f"{self.from_offset} -> {self.until_offset}"
+            )
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        """Offsets spanned; an upper bound on messages (offsets may have holes)."""
+        return self.until_offset - self.from_offset
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition} {self.from_offset} -> {self.until_offset}"
+
+
+@dataclass(frozen=True)
+class PartitionHistory:
+    """What the database remembers of a partition beside its offset (``txn_offsets``).
+
+    ``last``: the last message counted (None before the first, or after a
+    reset); ``topic_id``: Kafka's topic ID when it was stored (None: unknown).
+    """
+
+    generation: int = 0
+    topic_id: str | None = None
+    last: Fingerprint | None = None
+
+
+@dataclass(frozen=True)
+class PartitionWatermarks:
+    """What Kafka holds for one partition now: offsets ``[low, high)``."""
+
+    topic: str
+    partition: int
+    low: int
+    high: int
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+def plan_ranges(
+    job: str,
+    committed: Mapping[TopicPartition, int],
+    watermarks: Iterable[PartitionWatermarks],
+    history: Mapping[TopicPartition, PartitionHistory] | None = None,
+    topic_ids: Mapping[str, str | None] | None = None,
+) -> list[OffsetRange]:
+    """Plan one range per partition with new data, ordered by topic and partition.
+
+    Steps, per partition Kafka reports:
+    1. take the committed offset (every reported partition must have one: the
+       driver creates missing rows before planning);
+    2. refuse offsets Kafka no longer has (below ``low``: aged out) or never
+       had (above ``high``: the topic was recreated), never skipping silently;
+    3. refuse a partition whose stored topic ID differs from the one Kafka
+       reports now (``topic_ids``; None where either is unknown):
+       :class:`~txstore.core.errors.TopicRecreated`;
+    4. emit ``[committed, high)`` if it is not empty, with the partition's
+       generation, and the last message counted to verify if Kafka can still
+       hold it (its offset at or above ``low``; one compacted away is simply
+       not found, which is not an error).
+
+    A committed partition that Kafka no longer reports is refused too.
+    """
+    history = history or {}
+    topic_ids = topic_ids or {}
+    reported: dict[TopicPartition, PartitionWatermarks] = {w.key: w for w in watermarks}
+    for key, stored in sorted(committed.items()):
+        if key not in reported:
+            topic, partition = key
+            raise OffsetOutOfLog(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} but "
+                "Kafka no longer has this partition (topic deleted, or recreated with fewer partitions); "
+                f"to drop its offset: {reset_command(job, topic, partition, '--forget')}"
+            )
+    ranges = []
+    for key, marks in sorted(reported.items()):
+        if key not in committed:
+            raise KeyError(f"no committed or starting offset for {key[0]!r} partition {key[1]}")
+        stored = committed[key]
+        topic, partition = key
+        if stored > marks.high:
+            raise OffsetOutOfLog(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
+                f"beyond the log-end offset {marks.high} (topic deleted and recreated, or an unclean "
+                f"leader election); to start over from its earliest offset: "
+                f"{reset_command(job, topic, partition, '--to-earliest')}"
+            )
+        if stored < marks.low:
+            raise DataLoss(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
+                f"below the log-start offset {marks.low}; {marks.low - stored} messages aged out "
+                "of Kafka before they were counted. To skip them and record the loss in "
+                "txn_lost_ranges, rerun with --fail-on-data-loss false"
+            )
+        past = history.get(key, PartitionHistory())
+        now_id = topic_ids.get(topic)
+        if past.topic_id is not None and now_id is not None and past.topic_id != now_id:
+            raise recreated_error(
+                job,
+                topic,
+                partition,
+                f"topic ID {past.topic_id}",
+                f"topic ID {now_id}",
+                reset_command(job, topic, partition, "--to-earliest"),
+            )
+        if stored < marks.high:
+            last = past.last
+            verify = last if last is not None and marks.low <= last.offset < stored else None
+            ranges.append(
+                OffsetRange(topic, partition, stored, marks.high, verify, past.generation, marks.high)
+            )
+    return ranges
+
+
+def reset_command(job: str, topic: str, partition: int, target: str) -> str:
+    """The exact ``txstore reset`` command line an error message suggests."""
+    return " ".join(
+        [
+            "txstore reset",
+            "--job",
+            shlex.quote(job),
+            "--topic",
+            shlex.quote(topic),
+            "--partition",
+            str(partition),
+            target,
+            "--execute",
+        ]
+    )
+
+
+def aged_out(
+    committed: Mapping[TopicPartition, int], watermarks: Iterable[PartitionWatermarks]
+) -> list[OffsetRange]:
+    """The offsets the job still had to count that Kafka no longer holds, per partition."""
+    return [
+        OffsetRange(w.topic, w.partition, committed[w.key], w.low)
+        for w in sorted(watermarks, key=lambda w: w.key)
+        if w.key in committed and committed[w.key] < w.low
+    ]
+
+
+def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list[OffsetRange]:
+    """Cap a batch at about ``max_offsets`` offsets, split in proportion to backlog.
+
+    Spark's ``maxOffsetsPerTrigger`` semantics: each range keeps
+    ``max_offsets * size / total`` offsets, rounded down, except that a share
+    below one is rounded up so no partition with a backlog starves. Each range
+    is cut at its end only, so the next batch continues exactly where this
+    one stopped.
+    """
+    total = sum(r.size for r in ranges)
+    if max_offsets is None or total <= max_offsets:
+        return list(ranges)
+    limited = []
+    for r in ranges:
+        share = max_offsets * r.size / total
+        take = math.ceil(share) if share < 1 else math.floor(share)
+        limited.append(
+            OffsetRange(
+                r.topic,
+                r.partition,
+                r.from_offset,
+                min(r.until_offset, r.from_offset + take),
+                r.verify,
+                r.generation,
+                r.log_end,
+            )
+        )
+    return limited
+
+
+def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """Cut ranges into at least ``min_partitions`` pieces, each range in proportion to its size.
+
+    Like Spark's ``minPartitions`` for its Kafka source: a big partition's
+    range is read by several tasks at once. Only for per-batch commits,
+    which commit the whole ranges, never the pieces. Only a range's first
+    piece verifies the last message counted (it starts where the range does).
+    """
+    if not min_partitions or len(ranges) >= min_partitions:
+        return list(ranges)
+    total = sum(r.size for r in ranges)
+    pieces: list[OffsetRange] = []
+    for r in ranges:
+        parts = max(1, min(r.size, math.ceil(r.size / total * min_partitions))) if total else 1
+        bounds = [r.from_offset + (r.size * i) // parts for i in range(parts + 1)]
+        pieces += [
+            OffsetRange(
+                r.topic, r.partition, a, b, r.verify if a == r.from_offset else None, r.generation, r.log_end
+            )
+            for a, b in itertools.pairwise(bounds)
+        ]
+    return pieces

@@ -1,0 +1,227 @@
+"""Where a partition starts when the job has never committed it.
+
+``--starting-offsets`` takes Spark's spellings: ``earliest`` (the default),
+``latest``, or JSON ``{"topic": {"0": 23, "1": -2}}`` where -2 means earliest
+and -1 latest. Unlike Spark, the JSON may name only some partitions: every
+other partition starts at earliest, and :func:`resolve_starting_offsets`
+says which start where so the job can log it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from txstore.core.errors import ConfigError
+from txstore.core.ranges import PartitionWatermarks, TopicPartition
+
+EARLIEST = -2
+LATEST = -1
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class StartingOffsets:
+    """Parsed ``--starting-offsets``: a default plus per-partition choices."""
+
+    default: int = EARLIEST
+    specific: Mapping[TopicPartition, int] = field(default_factory=dict)
+    timestamp_ms: int | None = None  # --starting-timestamp: start at the first message at or after it
+
+    def describe(self) -> str:
+        if not self.specific:
+            return "earliest" if self.default == EARLIEST else "latest"
+        return json.dumps(
+            {
+                t: {str(p): o for (tt, p), o in sorted(self.specific.items()) if tt == t}
+                for t in sorted({t for t, _ in self.specific})
+            }
+        )
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """Where one new partition starts, and why (for the log line)."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+
+
+def offset_for_time(found: int, marks: PartitionWatermarks) -> int:
+    """Where a partition starts for an offsets-for-times answer ``found``: within ``[low, high]``.
+
+    ``marks.high`` must be the last stable offset (the read-committed end the
+    planner uses). Kafka's lookup is read-uncommitted, so ``found`` can lie
+    past it, on a message of a producer transaction still open; stored as is,
+    the planner would see an offset beyond the log end and stop the job with
+    advice whose reset counts messages twice. So it is capped at the last
+    stable offset (the open transaction's messages are then read once it
+    commits, or skipped as aborted). ``found`` < 0 (no message that late)
+    means the end: the last stable offset too. Below ``low`` (aged out since
+    the lookup) means ``low``.
+    """
+    if found < 0:
+        return marks.high
+    return min(max(found, marks.low), marks.high)
+
+
+def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
+    """Epoch milliseconds from ``1767225600000`` or ISO-8601 with a zone (``2026-01-01T00:00:00Z``).
+
+    What both ``--starting-timestamp`` and ``reset --to-datetime`` read, exactly: see
+    :func:`epoch_ms`.
+    """
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"{flag} {text!r} is neither epoch milliseconds nor ISO-8601; e.g. 2026-01-01T00:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        raise ConfigError(f"{flag} {text!r} has no time zone; add one, e.g. {value}Z or {value}+01:00")
+    return epoch_ms(parsed)
+
+
+def epoch_ms(moment: datetime) -> int:
+    """The first whole millisecond at or after ``moment`` (an aware datetime), since the epoch.
+
+    Integers only: through float seconds (``moment.timestamp() * 1000``) many instants
+    came out a millisecond early, e.g. 2004-03-15T07:55:47.472Z as 1079337347471, and a
+    job started there would count a message from before the time asked for. Kafka's
+    timestamps are whole milliseconds, so a time between two (microseconds given) starts
+    at the later one: the message at .472 is before .472001. Before 1970 is negative.
+    """
+    delta = moment - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return -(-micros // 1000)
+
+
+def format_timestamp(timestamp_ms: int) -> str:
+    """``timestamp_ms`` in UTC, ISO-8601 (``2004-03-15T07:55:47.472Z``, no fraction for whole
+    seconds): :func:`parse_timestamp` reads it back as the same millisecond. Epoch
+    milliseconds beyond the calendar (years 1 to 9999) are shown as given."""
+    try:
+        moment = _EPOCH + timedelta(milliseconds=timestamp_ms)
+    except OverflowError:
+        return f"{timestamp_ms} (epoch ms)"
+    text = moment.isoformat(timespec="milliseconds" if timestamp_ms % 1000 else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> StartingOffsets:
+    """Parse ``earliest``, ``latest`` or Spark-style JSON; raise ConfigError otherwise.
+
+    ``flag`` names the setting in error messages (the data source's options use this too).
+    """
+    value = text.strip()
+    if value.lower() == "earliest":
+        return StartingOffsets(EARLIEST)
+    if value.lower() == "latest":
+        return StartingOffsets(LATEST)
+    hint = 'use earliest, latest or JSON like {"mytopic": {"0": 23, "1": -2}}'
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(f"{flag} JSON must be a non-empty object; {hint}")
+    specific: dict[TopicPartition, int] = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, dict):
+            raise ConfigError(f"{flag}: topic {topic!r} must map to an object; {hint}")
+        for part, offset in partitions.items():
+            try:
+                partition = int(part)
+            except ValueError:
+                raise ConfigError(
+                    f"{flag}: partition {part!r} of topic {topic!r} is not a number; {hint}"
+                ) from None
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2 or partition < 0:
+                raise ConfigError(
+                    f"{flag}: topic {topic!r} partition {part}: offset {offset!r} must be "
+                    "an offset >= 0, -2 (earliest) or -1 (latest)"
+                )
+            specific[(topic, partition)] = offset
+    return StartingOffsets(EARLIEST, specific)
+
+
+def resolve_starting_offsets(
+    starting: StartingOffsets,
+    new_partitions: Iterable[PartitionWatermarks],
+    known_partitions: Iterable[TopicPartition],
+    started_topics: Collection[str] = (),
+    timestamp_offsets: Mapping[TopicPartition, int] | None = None,
+) -> list[StartDecision]:
+    """Decide a start offset for each partition that has no committed row.
+
+    ``known_partitions`` is every partition Kafka reports for the job's topics;
+    JSON naming any other partition is refused rather than ignored. An explicit
+    offset outside what Kafka holds is refused too: it would silently skip or
+    invent messages.
+
+    ``--starting-offsets`` is for a job's first run on a topic. A partition
+    that appears later in a topic the job already reads (``started_topics``)
+    starts at earliest, as in Spark's Kafka source: starting it at latest
+    would silently skip whatever was written to it before the job noticed it.
+
+    With ``starting.timestamp_ms`` set, ``timestamp_offsets`` holds Kafka's
+    offsets-for-times answer for the new partitions, placed by
+    :func:`offset_for_time` (at most the last stable offset; -1: no message
+    that late, so the partition starts at its end).
+    """
+    known = set(known_partitions)
+    unknown = sorted(k for k in starting.specific if k not in known)
+    if unknown:
+        names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
+        raise ConfigError(
+            f"--starting-offsets names {names}, which Kafka does not report for the job's topics; "
+            "check the topic names (--topic) and partition numbers"
+        )
+    decisions = []
+    for marks in sorted(new_partitions, key=lambda m: m.key):
+        if marks.topic in started_topics:
+            decisions.append(
+                StartDecision(
+                    marks.topic, marks.partition, marks.low, "earliest (new partition of a started topic)"
+                )
+            )
+            continue
+        if starting.timestamp_ms is not None:
+            offset = offset_for_time((timestamp_offsets or {}).get(marks.key, -1), marks)
+            when = format_timestamp(starting.timestamp_ms)
+            decisions.append(
+                StartDecision(
+                    marks.topic, marks.partition, offset, f"offset {offset} (--starting-timestamp {when})"
+                )
+            )
+            continue
+        chosen = starting.specific.get(marks.key)
+        source = (
+            "--starting-offsets JSON"
+            if chosen is not None
+            else ("not named in --starting-offsets JSON" if starting.specific else "--starting-offsets")
+        )
+        if chosen is None:
+            chosen = starting.default
+        if chosen == EARLIEST:
+            decisions.append(StartDecision(marks.topic, marks.partition, marks.low, f"earliest ({source})"))
+        elif chosen == LATEST:
+            decisions.append(StartDecision(marks.topic, marks.partition, marks.high, f"latest ({source})"))
+        elif marks.low <= chosen <= marks.high:
+            decisions.append(
+                StartDecision(marks.topic, marks.partition, chosen, f"offset {chosen} ({source})")
+            )
+        else:
+            raise ConfigError(
+                f"--starting-offsets: topic {marks.topic!r} partition {marks.partition} offset {chosen} "
+                f"is outside what Kafka holds ({marks.low} to {marks.high}); pick an offset in that "
+                "range, -2 (earliest) or -1 (latest)"
+            )
+    return decisions

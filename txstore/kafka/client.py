@@ -1,0 +1,370 @@
+"""Kafka adapter: client settings, admin calls, watermarks and offsets-for-times.
+
+Every call has a timeout. Reading a range is :mod:`txstore.kafka.reader`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import (
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from txstore.core.errors import (
+    ConfigError,
+    KafkaUnavailable,
+    UnknownTopic,
+)
+from txstore.core.ranges import PartitionWatermarks
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+CLIENT_LOG = logging.getLogger("txstore.kafka.client")
+"""Where librdkafka's own log lines go, from every client txstore creates, at DEBUG (shown with
+a job's ``--verbose``)."""
+
+
+class ClientLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """What a client's ``logger`` setting gets: librdkafka's lines on :data:`CLIENT_LOG`, at DEBUG.
+
+    librdkafka repeats a failing connection many times a second (``FAIL ... Connection
+    refused``, as ERROR); the one-line error that ends a call already says what the broker
+    said, so its own lines are kept out of the way: never on stderr (Python's last-resort
+    handler prints a WARNING or above when nothing configured logging, as in the ``txstore``
+    command or a Spark worker), and shown only where DEBUG is. The level librdkafka gave is
+    kept in the line. Pickles by name, so a client setting built on the driver still works
+    in a Spark task; its ``repr`` is fixed, since consumer and producer pools key on it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(CLIENT_LOG, {})
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"[{logging.getLevelName(level)}] {msg}", *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ClientLog {CLIENT_LOG.name}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClientLog)
+
+    def __hash__(self) -> int:
+        return hash(ClientLog)
+
+
+CLIENT_LOGGER = ClientLog()
+"""The ``logger`` setting of every Kafka client (:func:`client_config` puts it in)."""
+METADATA_TIMEOUT_SECONDS = 15.0
+
+# Settings a user's --kafka-option must not change: they are what makes reads exact.
+_READER_FIXED = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "error",
+    "enable.partition.eof": True,
+}
+_FIXED_OPTIONS = {
+    "isolation.level": "read_committed",
+    **{k: str(v).lower() for k, v in _READER_FIXED.items()},
+    "auto.commit.enable": "false",  # librdkafka's old name for enable.auto.commit
+}
+
+
+def fixed_option_problem(options: Mapping[str, str]) -> str | None:
+    """Why one of ``options`` (``--kafka-option``) may not be given, or None.
+
+    ``isolation.level`` and the reader's fixed settings are what make a
+    range read exactly what the planner saw (committed messages up to the
+    last stable offset, no offsets stored or jumped); changing one would
+    silently change what is counted, so it is refused, not ignored.
+    """
+    for key, value in options.items():
+        fixed = _FIXED_OPTIONS.get(key.strip().lower())
+        if fixed is not None:
+            return (
+                f"--kafka-option {key}={value} is refused: txstore sets {key.strip().lower()}={fixed} "
+                "itself, which exact counts rely on; remove the option"
+            )
+    return None
+
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def topic_name_problem(topic: str) -> str | None:
+    """Why ``topic`` cannot be a Kafka topic name, or None if it can.
+
+    Kafka allows 1 to 249 ASCII letters, digits, ``.``, ``_`` and ``-``, and
+    not ``.`` or ``..``; anything else is refused before any client is made.
+    """
+    if topic in (".", ".."):
+        return f"{topic!r} is not allowed as a Kafka topic name"
+    if not _TOPIC_NAME.match(topic):
+        return f"{topic!r} is not a valid Kafka topic name: use 1 to 249 letters, digits, '.', '_' and '-'"
+    return None
+
+
+def client_config(bootstrap_servers: str, options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Base settings shared by every Kafka client txstore creates (TLS/SASL go in ``options``)."""
+    if not bootstrap_servers:
+        raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
+    problem = fixed_option_problem(options or {})
+    if problem:
+        raise ConfigError(problem)
+    conf: dict[str, Any] = {
+        "socket.timeout.ms": 10_000,
+        "socket.connection.setup.timeout.ms": 10_000,
+        "log_level": 3,
+    }
+    conf.update(options or {})
+    conf["logger"] = CLIENT_LOGGER
+    conf["bootstrap.servers"] = bootstrap_servers
+    return conf
+
+
+def reader_config(base: Mapping[str, Any]) -> dict[str, Any]:
+    conf = {
+        "group.id": "txstore-reader",  # required by librdkafka; never joined or committed to
+        "isolation.level": "read_committed",
+        # A range is read once it is known to exist, so a fetch never needs to wait
+        # for data. When a range ends at the log end, the consumer's next fetch is
+        # held by the broker this long, and on a reused consumer the next range's
+        # first fetch queues behind it: keep it short.
+        "fetch.wait.max.ms": 1,
+        # Prefetch a couple of fetches ahead, not librdkafka's 100,000 messages /
+        # 64 MiB: a reader's memory stays small and independent of the range size.
+        # With a small queue, fetch again as soon as it drains (librdkafka's
+        # default waits a whole second once the queue was full).
+        "queued.min.messages": 20_000,
+        "queued.max.messages.kbytes": 16_384,
+        "fetch.queue.backoff.ms": 1,
+        **base,
+        **_READER_FIXED,
+    }
+    return conf
+
+
+def _servers(conf: Mapping[str, Any]) -> str:
+    return str(conf.get("bootstrap.servers"))
+
+
+class _Admin:
+    """An AdminClient for one driver-side call, which keeps the errors librdkafka reports.
+
+    librdkafka retries a broker it cannot reach or talk to (refused, TLS or SASL
+    handshake failed) until the call times out, and would print a line to stderr
+    for every attempt. Here its log lines go to :data:`CLIENT_LOG` (at DEBUG) and its errors
+    are kept, so a failed call becomes one line that says what the broker said.
+    Metadata requests never create topics, whatever the broker allows.
+    """
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self.errors: list[KafkaError] = []
+        settings = {
+            **conf,
+            "allow.auto.create.topics": False,
+            "error_cb": self.errors.append,
+            "logger": CLIENT_LOGGER,
+        }
+        try:
+            self.client = AdminClient(settings)
+        except (KafkaException, ValueError, TypeError) as e:
+            raise ConfigError(
+                f"Kafka client settings refused: {_error_text(e)}; check --kafka-option"
+            ) from None
+
+    def last_error(self) -> str | None:
+        """The last error librdkafka reported (not "all brokers down"), after serving its queue."""
+        try:
+            self.client.poll(0)
+        except Exception:  # serving callbacks must never hide the original failure
+            return None
+        for error in reversed(self.errors):
+            if error.code() != KafkaError._ALL_BROKERS_DOWN:
+                return str(error.str())
+        return None
+
+    def unavailable(self, servers: str, what: str, timeout: float, error: BaseException) -> KafkaUnavailable:
+        reason = self.last_error() or _error_text(error)
+        return KafkaUnavailable(
+            f"Kafka at {servers} did not answer {what} within {timeout:g}s ({reason}); check "
+            f"--bootstrap-servers / {BOOTSTRAP_ENV}, the network, and --kafka-option security settings"
+        )
+
+
+def _error_text(error: BaseException) -> str:
+    first = error.args[0] if error.args else error
+    return str(first.str()) if isinstance(first, KafkaError) else str(first)
+
+
+def fetch_watermarks(
+    conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
+) -> list[PartitionWatermarks]:
+    """Every partition of ``topics`` with its log-start and log-end offsets.
+
+    One metadata request and two batched ListOffsets requests, whatever the
+    partition count. Raises :class:`UnknownTopic` for a topic Kafka does not
+    have (it is never created), :class:`KafkaUnavailable` (with the broker
+    address and the broker's last error) on timeout.
+    """
+    return _watermarks(_Admin(conf), conf, topics, timeout)
+
+
+class Watermarks:
+    """:func:`fetch_watermarks` with one AdminClient kept across calls.
+
+    A job plans a batch every interval; keeping the client saves its start
+    and connection setup each time. After a failed call the client is
+    dropped and the next call starts a new one.
+    """
+
+    def __init__(self) -> None:
+        self._admin: _Admin | None = None
+        self._conf: dict[str, Any] = {}
+
+    def __call__(
+        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
+    ) -> list[PartitionWatermarks]:
+        if self._admin is None or self._conf != dict(conf):
+            self._conf = dict(conf)
+            self._admin = _Admin(self._conf)
+        self._admin.errors.clear()  # only this call's errors explain its failure
+        try:
+            return _watermarks(self._admin, conf, topics, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._admin = None  # librdkafka destroys the client with the last reference
+
+
+def _watermarks(
+    admin: _Admin, conf: Mapping[str, Any], topics: Sequence[str], timeout: float
+) -> list[PartitionWatermarks]:
+    servers = _servers(conf)
+    partitions: list[TopicPartition] = []
+    try:
+        for topic in topics:
+            metadata = admin.client.list_topics(topic, timeout=timeout)
+            found = metadata.topics.get(topic)
+            missing = found is None or (
+                found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            )
+            if missing:
+                raise UnknownTopic(
+                    f"topic {topic!r} does not exist on Kafka at {servers}; check --topic "
+                    "(txstore never creates topics)"
+                )
+            assert found is not None
+            if found.error is not None or not found.partitions:
+                reason = found.error.str() if found.error is not None else "no partitions"
+                raise KafkaUnavailable(
+                    f"topic {topic!r} is not available on Kafka at {servers}: {reason}; "
+                    "check that its partitions have leaders"
+                )
+            partitions.extend(TopicPartition(topic, p) for p in sorted(found.partitions))
+        low = _list_offsets(admin.client, partitions, _EARLIEST, timeout)
+        # Read-committed end (the last stable offset): reading never waits on open transactions.
+        high = _list_offsets(admin.client, partitions, _LATEST, timeout, committed=True)
+    except (KafkaException, TimeoutError) as e:
+        raise admin.unavailable(servers, "a metadata request", timeout, e) from None
+    return [
+        PartitionWatermarks(
+            tp.topic, tp.partition, low[(tp.topic, tp.partition)], high[(tp.topic, tp.partition)]
+        )
+        for tp in partitions
+    ]
+
+
+def lookup_timestamp(timestamp_ms: int) -> int:
+    """The timestamp to ask Kafka for: never below 0, since Kafka reads -1 as "latest" and -2 as
+    "earliest" (an instant before 1970 would start at the log end). No message is older than
+    the epoch (producers refuse negative timestamps), so 0 finds the same first message."""
+    return max(timestamp_ms, 0)
+
+
+def offsets_for_timestamp(
+    conf: Mapping[str, Any],
+    partitions: Sequence[tuple[str, int]],
+    timestamp_ms: int,
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> dict[tuple[str, int], int]:
+    """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``.
+
+    Kafka's offsets-for-times lookup; a partition with no such message gets -1.
+    The lookup is read-uncommitted, so an answer can lie past the last stable
+    offset: callers place it with :func:`txstore.core.starting.offset_for_time`,
+    which caps it (and -1) at the planner's read-committed end.
+    """
+    if not partitions:
+        return {}
+    admin = _Admin(conf)
+    spec = OffsetSpec.for_timestamp(lookup_timestamp(timestamp_ms))  # type: ignore[no-untyped-call]
+    try:
+        return _list_offsets(admin.client, [TopicPartition(t, p) for t, p in partitions], spec, timeout)
+    except (KafkaException, TimeoutError) as e:
+        raise admin.unavailable(_servers(conf), "the offsets-for-times lookup", timeout, e) from None
+
+
+# A partition's leadership is moving (a broker restarted, a leader elected): asked again, the
+# broker answers once it has taken up the leader epoch its metadata already names. Kafka's own
+# admin client retries these; librdkafka's fails the partition's future at once.
+_LEADERSHIP_MOVING = frozenset(
+    {
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
+LIST_OFFSETS_RETRY_SECONDS = 0.1
+
+
+def _list_offsets(
+    admin: AdminClient,
+    partitions: list[TopicPartition],
+    spec: Any,
+    timeout: float,
+    committed: bool = False,
+) -> dict[tuple[str, int], int]:
+    """One ListOffsets answer per partition; partitions whose leadership is moving are asked
+    again until ``timeout`` (then the last error is raised)."""
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    deadline = time.monotonic() + timeout
+    found: dict[tuple[str, int], int] = {}
+    pending = partitions
+    while pending:
+        left = max(deadline - time.monotonic(), 0.001)
+        futures = admin.list_offsets(
+            {tp: spec for tp in pending}, isolation_level=level, request_timeout=left
+        )
+        again: list[TopicPartition] = []
+        for tp, future in futures.items():
+            try:
+                found[(tp.topic, tp.partition)] = int(future.result(timeout=left).offset)
+            except KafkaException as e:
+                error = e.args[0] if e.args else None
+                moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
+                if not moving or time.monotonic() + LIST_OFFSETS_RETRY_SECONDS >= deadline:
+                    raise
+                again.append(tp)
+        if again:
+            time.sleep(LIST_OFFSETS_RETRY_SECONDS)
+        pending = again
+    return found
+
+
+_EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+_LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]

@@ -1,0 +1,109 @@
+"""Kafka's side of telling a recreated topic: topic IDs (KIP-516) and the message at an offset.
+
+Topic IDs are an extra check beside the last-message fingerprint
+(:mod:`txstore.core.fingerprint`), never a reason to fail: a broker that has none,
+or cannot answer (librdkafka's mock broker names no controller and never
+answers DescribeTopics), yields no ID, and a job asks such a broker only once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicCollection
+
+from txstore.core.fingerprint import Fingerprint, fingerprint
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin
+from txstore.kafka.reader import RangeReader
+
+TOPIC_ID_TIMEOUT_SECONDS = 3.0
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic
+
+
+def fetch_topic_ids(
+    conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
+) -> dict[str, str]:
+    """Kafka's topic ID per topic, for the topics the broker reports one for (else empty)."""
+    if not topics:
+        return {}
+    return _topic_ids(_Admin(conf), topics, timeout) or {}
+
+
+class TopicIds:
+    """:func:`fetch_topic_ids` for a job's life: one AdminClient, and once a broker has
+    not answered it is never asked again, so planning never waits for it twice."""
+
+    def __init__(self) -> None:
+        self._admin: _Admin | None = None
+        self._conf: dict[str, Any] = {}
+        self._supported: bool | None = None  # None: not asked yet
+
+    def __call__(
+        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
+    ) -> dict[str, str]:
+        if self._supported is False or not topics:
+            return {}
+        if self._admin is None or self._conf != dict(conf):
+            self._conf = dict(conf)
+            self._admin = _Admin(self._conf)
+        ids = _topic_ids(self._admin, topics, timeout)
+        if ids is None:
+            if self._supported is None:
+                self._supported = False
+            return {}  # answered before: a passing failure, checked again next time
+        self._supported = True
+        return ids
+
+    def close(self) -> None:
+        self._admin = None
+
+
+def _topic_ids(admin: _Admin, topics: Sequence[str], timeout: float) -> dict[str, str] | None:
+    """Topic IDs from DescribeTopics, or None if the broker cannot answer it.
+
+    The cheap check first: DescribeTopics goes to the controller, and a broker
+    whose metadata names no controller among its brokers cannot answer it.
+    """
+    try:
+        metadata = admin.client.list_topics(topics[0], timeout=timeout)
+        if metadata.controller_id not in metadata.brokers:
+            return None
+        futures = admin.client.describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
+        found = {name: str(f.result(timeout=timeout).topic_id) for name, f in futures.items()}
+    except (KafkaException, TimeoutError):
+        return None
+    return {name: topic_id for name, topic_id in found.items() if topic_id and topic_id != _NO_TOPIC_ID}
+
+
+def read_message_at(
+    conf: Mapping[str, Any],
+    topic: str,
+    partition: int,
+    offset: int,
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> Fingerprint | None:
+    """The fingerprint of the message at ``offset``, or None if there is none (compacted, a marker)."""
+    reader = RangeReader(conf, OffsetRange(topic, partition, offset, offset + 1), idle_timeout=timeout)
+    for batch in reader:
+        for message in batch:
+            if message.offset() == offset:
+                return fingerprint(message)
+    return None
+
+
+def message_at_last_counted(
+    conf: Mapping[str, Any],
+    topic: str,
+    partition: int,
+    last: Fingerprint | None,
+    marks: PartitionWatermarks | None,
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> Fingerprint | None:
+    """The message now at the offset of the last one counted (``last``), where the log
+    (``marks``) still holds that offset; None otherwise. What ``reset`` and ``status --check``
+    compare with ``last`` to tell a recreated topic."""
+    if last is None or marks is None or not marks.low <= last.offset < marks.high:
+        return None
+    return read_message_at(conf, topic, partition, last.offset, timeout)

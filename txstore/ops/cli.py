@@ -1,0 +1,266 @@
+"""The ``txstore`` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_BROKEN_PIPE = 141
+"""Exit status when whoever reads the output stopped reading (``txstore status | head``): a
+shell's for a command ended by SIGPIPE (128 + 13), with no traceback."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; output into a pipe its reader closed ends quietly with
+    :data:`EXIT_BROKEN_PIPE`."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a broken pipe would print a traceback
+        return code
+    except BrokenPipeError:
+        # Python's documented way: nothing more may reach the closed pipe, not even at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from txstore.options import add_check_options, add_connection_options
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.add_parser(
+        "count-topic", help="run the count_topic job (same flags as jobs/count_topic.py)", add_help=False
+    )
+    demo = commands.add_parser("demo", help="run count_topic end to end on an embedded broker and database")
+    demo.add_argument("--messages", type=int, default=20_000)
+    demo.add_argument("--partitions", type=int, default=4)
+    pyfiles = commands.add_parser("py-files", help="build the zip for spark-submit --py-files")
+    pyfiles.add_argument("--output", type=Path, default=Path("txstore-pyfiles.zip"))
+    commands.add_parser("mock-kafka", help="serve a Kafka-protocol mock broker until stopped", add_help=False)
+
+    status = commands.add_parser(
+        "status",
+        help="offsets, log offsets, lag, last commit, running state and messages skipped as bad, per partition",
+    )
+    add_connection_options(status)
+    status.add_argument("--job", help="only this job")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_check_options(status)
+    jobs = commands.add_parser("jobs", help="the jobs in the database with their topics and totals")
+    add_connection_options(jobs)
+    jobs.add_argument("--json", action="store_true", help="machine-readable output")
+    reset = commands.add_parser(
+        "reset", help="move a job's stored offsets (prints the plan; changes nothing without --execute)"
+    )
+    add_connection_options(reset)
+    reset.add_argument("--job", required=True)
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--partition", type=int, action="append", help="only this partition; repeatable")
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="the log-start offset")
+    target.add_argument("--to-latest", action="store_true", help="the log-end offset (skip the backlog)")
+    target.add_argument("--to-offset", type=int, metavar="N")
+    target.add_argument(
+        "--to-datetime", metavar="TIME", help="first message at or after TIME (ISO-8601 or epoch ms)"
+    )
+    target.add_argument(
+        "--shift-by", type=int, metavar="N", help="move by N (negative: back), clamped to the log"
+    )
+    target.add_argument(
+        "--forget", action="store_true", help="delete the rows (for partitions Kafka no longer has)"
+    )
+    reset.add_argument(
+        "--new-generation",
+        action="store_true",
+        help="the topic was deleted and recreated: start a new generation even if that is not detected",
+    )
+    reset.add_argument(
+        "--new-job",
+        action="store_true",
+        help="the job has not run yet: store offsets for a job name the database does not know "
+        "(without it, an unknown --job is refused as a typo)",
+    )
+    reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the job runs)")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="apply a --to-datetime plan that skips messages where Kafka cannot answer time lookups",
+    )
+    publish = commands.add_parser(
+        "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
+    )
+    add_connection_options(publish)
+    publish.add_argument("--job", required=True)
+    publish.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="first put back in line the results set aside because Kafka refused them for good "
+        "(too large, topic missing, not authorized), once the cause is fixed",
+    )
+
+    if argv and argv[0] == "count-topic":
+        from txstore.count_topic import main as count_topic
+
+        return count_topic(argv[1:])
+    if argv and argv[0] == "mock-kafka":
+        from txstore.testing.mock_kafka import main as mock_kafka
+
+        return mock_kafka(argv[1:])
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from txstore.ops.demo import run_demo
+        from txstore.runner import configure_logging
+
+        configure_logging()
+        return run_demo(args.messages, args.partitions)
+    if args.command == "py-files":
+        from txstore.spark.pyfiles import build_py_files
+
+        print(build_py_files(args.output))
+        return 0
+    from txstore.core.errors import TxstoreError
+
+    try:
+        return _operate(args)
+    except TxstoreError as e:
+        if args.command == "status" and args.check:
+            return _cannot_check(str(e), args.json)
+        print(f"txstore: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _cannot_check(reason: str, as_json: bool) -> int:
+    """``status --check`` could not check (no database, no schema, a bad flag): UNKNOWN, exit 3,
+    as Nagios plugins do, with the reason on the line (stdout, where the check's lines go)."""
+    import json
+
+    from txstore.core.health import EXIT_UNKNOWN, LEVELS
+
+    line = f"{LEVELS[EXIT_UNKNOWN]}: {reason}"
+    if as_json:
+        found = {"status": LEVELS[EXIT_UNKNOWN], "exit_code": EXIT_UNKNOWN, "summary": line, "partitions": []}
+        print(json.dumps(found, indent=2))
+    else:
+        print(line)
+    return EXIT_UNKNOWN
+
+
+def _operate(args: argparse.Namespace) -> int:
+    from txstore.core.errors import ConfigError
+    from txstore.core.starting import parse_timestamp
+    from txstore.kafka.client import BOOTSTRAP_ENV, client_config, topic_name_problem
+    from txstore.ops import reset
+    from txstore.ops import status as ops
+    from txstore.ops.reset_plan import ResetTarget, blind_skip_problem
+    from txstore.postgres.db import connect, resolve_database_url
+    from txstore.postgres.migrate import check_schema
+
+    url = resolve_database_url(args.database_url)
+    problem = topic_name_problem(args.topic) if args.command == "reset" else None
+    if problem:
+        raise ConfigError(f"--topic {problem}")
+    kafka_conf = (
+        client_config(args.bootstrap_servers, dict(args.kafka_options)) if args.bootstrap_servers else None
+    )
+    with connect(url) as conn:
+        check_schema(conn, url)
+        if args.command == "status" and args.check:
+            return _check(conn, kafka_conf, args)
+        if args.command == "status":
+            unknown = ops.unknown_job_problem(conn, args.job) if args.job is not None else None
+            if unknown:
+                raise ConfigError(f"{unknown}; check --job")
+            rows, problem = ops.status(conn, kafka_conf, args.job)
+            print(ops.as_json(rows) if args.json else ops.format_status(rows))
+            outbox = ops.outbox_status(conn, args.job)
+            if outbox and not args.json:
+                print(f"\n{ops.format_outbox(outbox)}")
+            if problem:
+                print(f"txstore: warning: {problem}", file=sys.stderr)
+            for o in outbox:
+                if o.set_aside:
+                    print(f"txstore: warning: {o.warning()}", file=sys.stderr)
+            return 0
+        if args.command == "jobs":
+            summaries = ops.jobs(conn)
+            print(ops.as_json(summaries) if args.json else ops.format_jobs(summaries))
+            return 0
+        if args.command == "publish":
+            from txstore.postgres.outbox import OutboxPublisher, close_producers, outbox_counts
+
+            if kafka_conf is None:
+                raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
+            try:
+                sent = OutboxPublisher(kafka_conf, args.job).publish_pending(conn, args.retry_failed)
+            finally:
+                close_producers()
+            pending, set_aside = outbox_counts(conn, args.job)
+            print(f"published {sent} results of job {args.job!r}; {pending} waiting, {set_aside} set aside")
+            if set_aside:
+                print(
+                    f"txstore: warning: {ops.OutboxStatus(args.job, pending, set_aside).warning()}",
+                    file=sys.stderr,
+                )
+            return 0
+        unknown = None if args.new_job else ops.unknown_job_problem(conn, args.job)
+        if unknown:
+            raise ConfigError(
+                f"{unknown}; check --job, or add --new-job to store offsets for a job that has not run yet"
+            )
+        if args.to_earliest:
+            target = ResetTarget("earliest")
+        elif args.to_latest:
+            target = ResetTarget("latest")
+        elif args.to_offset is not None:
+            target = ResetTarget("offset", args.to_offset)
+        elif args.to_datetime is not None:
+            target = ResetTarget("datetime", parse_timestamp(args.to_datetime, "--to-datetime"))
+        elif args.shift_by is not None:
+            target = ResetTarget("shift", args.shift_by)
+        else:
+            target = ResetTarget("forget")
+        moves = reset.plan_job_reset(
+            conn, kafka_conf, args.job, args.topic, args.partition, target, args.new_generation
+        )
+        blind = None if kafka_conf is None else blind_skip_problem(kafka_conf["bootstrap.servers"], moves)
+        if blind and args.execute and not args.force:
+            raise ConfigError(f"{blind}; nothing was changed: use --to-offset, or add --force to skip them")
+        print(f"reset of job {args.job!r}, topic {args.topic!r}:")
+        for move in moves:
+            print(f"  {move.describe()}")
+        if blind and not args.force:
+            print(f"txstore: warning: {blind}; --execute needs --force", file=sys.stderr)
+        if not args.execute:
+            print("dry run: nothing was changed; add --execute to apply this plan")
+            return 0
+        reset.apply_reset(conn, args.job, moves)
+        print("applied")
+        return 0
+
+
+def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespace) -> int:
+    """``status --check``: the summary line and one line per problem (or the same as JSON)."""
+    import json
+    from datetime import timedelta
+
+    from txstore.core import health
+    from txstore.ops import status as ops
+
+    stall_after = timedelta(seconds=args.stall_after)
+    facts, now = ops.health_facts(conn, kafka_conf, args.job, stall_after)
+    results = [health.evaluate(f, now, stall_after) for f in facts]
+    if args.json:
+        print(json.dumps(health.as_json(results, args.job), default=lambda v: v.isoformat(), indent=2))
+    else:
+        print(health.format_check(results, args.job))
+    return health.exit_code(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

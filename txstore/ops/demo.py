@@ -1,0 +1,92 @@
+"""``txstore demo``: the whole pipeline on embedded parts, in one command.
+
+A Kafka-protocol mock broker with generated messages, the PostgreSQL named by
+``TXSTORE_DATABASE_URL`` or else a throwaway local one (pgserver), and Spark
+in local mode. Runs count_topic twice with new messages in between and
+prints the counts beside the number of messages produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+
+from confluent_kafka import Producer
+
+from txstore.count_topic import count_messages
+from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka.client import CLIENT_LOGGER
+from txstore.postgres import store
+from txstore.postgres.db import DATABASE_URL_ENV, connect, redact
+from txstore.postgres.migrate import upgrade
+from txstore.runner import spark_session
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+log = logging.getLogger("txstore")
+
+
+@contextlib.contextmanager
+def demo_database() -> Iterator[str]:
+    """``TXSTORE_DATABASE_URL`` if set, else a throwaway PostgreSQL deleted afterwards."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    if url:
+        yield url
+        return
+    import pgserver
+
+    with tempfile.TemporaryDirectory(prefix="txstore-demo-pg-") as pgdata:
+        server = pgserver.get_server(  # type: ignore[attr-defined]
+            pgdata, cleanup_mode="delete"
+        )
+        try:
+            yield server.get_uri()
+        finally:
+            server.cleanup()
+
+
+def produce(bootstrap: str, topic: str, count: int, partitions: int, start: int = 0) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "logger": CLIENT_LOGGER,  # librdkafka's own lines at DEBUG, not on stderr
+        }
+    )
+    for i in range(start, start + count):
+        producer.produce(
+            topic, key=f"user-{i % 97}".encode(), value=f'{{"n": {i}}}'.encode(), partition=i % partitions
+        )
+        if i % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(30)
+    if remaining:
+        raise RuntimeError(f"{remaining} demo messages were not delivered")
+
+
+def run_demo(messages: int = 20_000, partitions: int = 4) -> int:
+    topic = "demo-events"
+    job = f"demo-{int(time.time())}"
+    with MockKafkaCluster() as kafka, demo_database() as database_url:
+        kafka.create_topic(topic, partitions)
+        print(f"mock Kafka at {kafka.bootstrap_servers}, PostgreSQL at {redact(database_url)}")
+        upgrade(database_url)
+        spark = spark_session("txstore demo")
+        settings = JobSettings(job, (topic,), kafka.bootstrap_servers, database_url)
+        produced = 0
+        ok = True
+        for run, count in enumerate((messages, messages // 2), start=1):
+            produce(kafka.bootstrap_servers, topic, count, partitions, start=produced)
+            produced += count
+            TransactionalJob(spark, settings, count_messages).run()
+            with connect(database_url) as conn:
+                counted = store.topic_totals(conn, job, [topic])[topic]
+            verdict = "exact" if counted == produced else "MISMATCH"
+            ok = ok and counted == produced
+            print(f"run {run}: topic {topic}: produced {produced}, counted {counted} ({verdict})")
+        spark.stop()  # type: ignore[attr-defined]
+    return 0 if ok else 1

@@ -1,0 +1,449 @@
+"""What ``txstore status``, ``status --check`` and ``jobs`` show: the database, and Kafka where it answers.
+
+Each partition a job stores an offset for (or that Kafka has in one of its topics) is one
+:class:`PartitionStatus`; :func:`health_facts` gathers what :mod:`txstore.core.health`
+judges. Kafka is asked with a short timeout (:data:`STATUS_KAFKA_TIMEOUT_SECONDS`): a broker
+that does not answer leaves the Kafka columns empty, never the command hanging.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+from txstore.core.errors import KafkaUnavailable, TxstoreError, UnknownTopic
+from txstore.core.fingerprint import Fingerprint
+from txstore.core.health import PartitionFacts
+from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
+from txstore.core.results import plain_number
+from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks
+from txstore.kafka.reader import RangeReader
+from txstore.kafka.topic_ids import fetch_topic_ids, message_at_last_counted
+from txstore.postgres.locks import job_running
+
+STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One partition of a job. ``offset``, ``generation`` and ``last_commit`` None: a partition
+    Kafka has in one of the job's topics that the job has not started yet (no row; its lag is
+    counted from the log start, where the job will start it)."""
+
+    job: str
+    topic: str
+    partition: int
+    offset: int | None
+    generation: int | None
+    log_start: int | None
+    log_end: int | None
+    lag: int | None
+    last_commit: datetime | None
+    running: bool
+    # The job's results in txn_outbox (--publish-topic): waiting to be sent, and set aside
+    # because Kafka refused them for good (`txstore publish --job J --retry-failed`).
+    outbox_pending: int = 0
+    outbox_set_aside: int = 0
+    skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    """A job's unsent outbox rows: pending, and set aside (refused by Kafka for good)."""
+
+    job: str
+    pending: int
+    set_aside: int
+
+    def warning(self) -> str:
+        return (
+            f"job {self.job!r}: {self.set_aside} results set aside in txn_outbox because Kafka "
+            "refused them for good (see failed_reason); fix the cause, then run "
+            f"`txstore publish --job {self.job} --retry-failed`"
+        )
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    job: str
+    topic: str
+    partitions: int
+    # The topic-total metric (a message count for count_topic); for a job with no
+    # topic total, such as an idempotent-sink job, the messages it has stored.
+    total: int | float
+    last_commit: datetime
+    running: bool
+    skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
+
+
+def known_jobs(conn: psycopg.Connection) -> list[str]:
+    """The jobs the database knows: those with stored offsets or results still to publish."""
+    rows = conn.execute(
+        "SELECT job FROM txn_offsets UNION SELECT job FROM txn_outbox WHERE sent_at IS NULL ORDER BY 1"
+    ).fetchall()
+    conn.commit()
+    return [r[0] for r in rows]
+
+
+def unknown_job_problem(conn: psycopg.Connection, job: str) -> str | None:
+    """Why ``job`` (``--job``) names no job the database knows, listing those it does; None if known.
+
+    A job is known by anything stored for it: offsets, results, messages (a ``--forget`` leaves
+    those), results to publish, messages skipped as bad; each looked up by its index on ``job``.
+    A typo would otherwise show an empty status, or have ``txstore reset`` store offsets for a
+    job that never existed."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM txn_offsets WHERE job = %(job)s) "
+        "OR EXISTS (SELECT FROM txn_data WHERE job = %(job)s) "
+        "OR EXISTS (SELECT FROM txn_messages WHERE job = %(job)s) "
+        "OR EXISTS (SELECT FROM txn_outbox WHERE job = %(job)s AND sent_at IS NULL) "
+        "OR EXISTS (SELECT FROM txn_bad_messages WHERE job = %(job)s)",
+        {"job": job},
+    ).fetchone()
+    conn.commit()
+    if row and row[0]:
+        return None
+    known = known_jobs(conn)
+    listed = f"known jobs: {', '.join(map(repr, known))}" if known else "no jobs yet"
+    return f"no job {job!r} in the database ({listed})"
+
+
+def status(
+    conn: psycopg.Connection, kafka_conf: Mapping[str, Any] | None, job: str | None = None
+) -> tuple[list[PartitionStatus], str | None]:
+    """Every stored partition (of ``job``, or of all jobs) with Kafka's view of it, and every
+    partition Kafka has in a job's topics that the job has not started yet.
+
+    Without Kafka (no settings, or no answer in time) the Kafka columns are
+    None and the second value says why; the database part is still shown.
+    """
+    rows = conn.execute(
+        "SELECT o.job, o.topic, o.part, o.off, o.generation, o.updated_at, (SELECT count(*) "
+        "    FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic AND b.part = o.part) "
+        "FROM txn_offsets o WHERE %(job)s::text IS NULL OR o.job = %(job)s ORDER BY o.job, o.topic, o.part",
+        {"job": job},
+    ).fetchall()
+    conn.commit()
+    marks: dict[tuple[str, int], PartitionWatermarks] = {}
+    problem = None if kafka_conf else "Kafka not given (--bootstrap-servers): log offsets and lag unknown"
+    if kafka_conf:
+        for topic in sorted({r[1] for r in rows}):
+            try:
+                for found in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
+                    marks[found.key] = found
+            except KafkaUnavailable as e:
+                problem = f"{e} (log offsets and lag unknown)"
+                break
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    outbox = {o.job: o for o in outbox_status(conn, job)}
+    result = []
+    for j, topic, part, off, generation, updated, skipped in rows:
+        w = marks.get((topic, part))
+        result.append(
+            PartitionStatus(
+                j,
+                topic,
+                part,
+                off,
+                generation,
+                w.low if w else None,
+                w.high if w else None,
+                (w.high - off) if w else None,
+                updated,
+                running[j],
+                outbox[j].pending if j in outbox else 0,
+                outbox[j].set_aside if j in outbox else 0,
+                skipped,
+            )
+        )
+    new = not_started([(r[0], r[1], r[2]) for r in rows], marks) if problem is None else []
+    if new:
+        bad = {
+            (j, t, p): n
+            for j, t, p, n in conn.execute(
+                "SELECT job, topic, part, count(*) FROM txn_bad_messages "
+                "WHERE %(job)s::text IS NULL OR job = %(job)s GROUP BY job, topic, part",
+                {"job": job},
+            ).fetchall()
+        }
+        conn.commit()
+        for j, w in new:
+            result.append(
+                PartitionStatus(
+                    j,
+                    w.topic,
+                    w.partition,
+                    None,
+                    None,
+                    w.low,
+                    w.high,
+                    w.high - w.low,
+                    None,
+                    running[j],
+                    outbox[j].pending if j in outbox else 0,
+                    outbox[j].set_aside if j in outbox else 0,
+                    bad.get((j, w.topic, w.partition), 0),
+                )
+            )
+        result.sort(key=lambda r: (r.job, r.topic, r.partition))
+    return result, problem
+
+
+def not_started(
+    stored: Iterable[tuple[str, str, int]], marks: Mapping[tuple[str, int], PartitionWatermarks]
+) -> list[tuple[str, PartitionWatermarks]]:
+    """``(job, Kafka's partition)`` for each partition Kafka has (``marks``) in a topic a job
+    stores offsets for, that the job has no row for (``stored``: job, topic, partition)."""
+    have = set(stored)
+    topics = {(j, t) for j, t, _ in have}
+    return sorted(
+        (
+            (j, w)
+            for j, t in topics
+            for w in marks.values()
+            if w.topic == t and (j, t, w.partition) not in have
+        ),
+        key=lambda found: (found[0], found[1].topic, found[1].partition),
+    )
+
+
+def health_facts(
+    conn: psycopg.Connection,
+    kafka_conf: Mapping[str, Any] | None,
+    job: str | None = None,
+    stall_after: timedelta | None = None,
+) -> tuple[list[PartitionFacts], datetime]:
+    """What :func:`txstore.core.health.evaluate` needs of every stored partition (of ``job``, or of
+    all jobs), and the database's clock now (the one ``updated_at`` is written with).
+
+    Kafka is asked for each topic's watermarks and topic ID, and for the message at each
+    partition's last-counted offset where the log still holds it, as ``txstore reset``
+    does to tell a recreated topic. A topic Kafka does not have leaves its partitions
+    without watermarks; Kafka not answering (or not given) leaves them all unknown.
+
+    Partitions Kafka has in those topics that a job has no row for (the topic gained
+    partitions, or was recreated with more) are included with ``offset`` None: the job
+    starts them at their log start.
+
+    Where a running job has lag, the first message not counted is read too, for when it
+    was written (``unread_since``, what tells STALL from an idle job's new messages); with
+    ``stall_after`` given, only where the last commit is older (else it cannot be STALL).
+    """
+    rows = conn.execute(
+        "SELECT job, topic, part, off, updated_at, generation, topic_id, last_off, last_timestamp, "
+        "    last_digest, lag_samples, now() "
+        "FROM txn_offsets WHERE %(job)s::text IS NULL OR job = %(job)s ORDER BY job, topic, part",
+        {"job": job},
+    ).fetchall()
+    now = rows[0][-1] if rows else datetime.now(UTC)
+    conn.commit()
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    marks: dict[tuple[str, int], PartitionWatermarks] = {}
+    topic_ids: dict[str, str] = {}
+    problem = None if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
+    if kafka_conf:
+        for topic in sorted({r[1] for r in rows}):
+            try:
+                for partition in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
+                    marks[partition.key] = partition
+            except UnknownTopic:
+                continue
+            except KafkaUnavailable as e:
+                problem = str(e)
+                break
+            topic_ids.update(fetch_topic_ids(kafka_conf, [topic]))
+    facts = []
+    for j, topic, part, off, updated, generation, topic_id, last_off, last_ts, digest, samples, _ in rows:
+        last = Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None
+        w = marks.get((topic, part))
+        found = None
+        unread_since = None
+        if problem is None and kafka_conf:
+            found = message_at_last_counted(kafka_conf, topic, part, last, w, STATUS_KAFKA_TIMEOUT_SECONDS)
+            if running[j] and (stall_after is None or now - updated > stall_after):
+                unread_since = first_unread_written(kafka_conf, topic, part, off, w)
+        facts.append(
+            PartitionFacts(
+                j,
+                topic,
+                part,
+                off,
+                updated,
+                running[j],
+                w,
+                problem,
+                PartitionHistory(generation, topic_id, last),
+                topic_ids.get(topic),
+                found,
+                tuple(samples),
+                unread_since,
+            )
+        )
+    if problem is None and kafka_conf:
+        for j, w in not_started([(r[0], r[1], r[2]) for r in rows], marks):
+            unread_since = (
+                first_unread_written(kafka_conf, w.topic, w.partition, w.low, w) if running[j] else None
+            )
+            facts.append(
+                PartitionFacts(
+                    j,
+                    w.topic,
+                    w.partition,
+                    None,
+                    None,
+                    running[j],
+                    w,
+                    topic_id=topic_ids.get(w.topic),
+                    unread_since=unread_since,
+                )
+            )
+        facts.sort(key=lambda f: (f.job, f.topic, f.partition))
+    return facts, now
+
+
+def first_unread_written(
+    conf: Mapping[str, Any],
+    topic: str,
+    partition: int,
+    offset: int,
+    marks: PartitionWatermarks | None,
+    timeout: float = STATUS_KAFKA_TIMEOUT_SECONDS,
+) -> datetime | None:
+    """When the first message at or after ``offset`` (below the log end) was written, by its
+    Kafka timestamp; None if there is no such message, it has no timestamp, or it cannot be
+    read in ``timeout`` seconds. Read committed, like the job: an open or aborted
+    transaction's messages are not the job's lag."""
+    if marks is None or not marks.low <= offset < marks.high:
+        return None
+    reader = RangeReader(
+        conf,
+        OffsetRange(topic, partition, offset, marks.high),
+        batch_size=1,
+        idle_timeout=timeout,
+        pause_gc=False,
+    )
+    try:
+        for batch in reader:
+            kind, ms = batch[0].timestamp()
+            if kind == TIMESTAMP_NOT_AVAILABLE:
+                return None
+            return _EPOCH + timedelta(milliseconds=ms)
+    except (TxstoreError, OverflowError):
+        return None
+    return None
+
+
+def outbox_status(conn: psycopg.Connection, job: str | None = None) -> list[OutboxStatus]:
+    """Per job (or only ``job``) with unsent outbox rows: how many are pending and set aside.
+
+    Reads only unsent rows; sent ones are pruned after 7 days, so the scan stays bounded.
+    """
+    rows = conn.execute(
+        "SELECT job, count(*) FILTER (WHERE failed_at IS NULL), count(*) FILTER (WHERE failed_at IS NOT NULL) "
+        "FROM txn_outbox WHERE sent_at IS NULL AND (%(job)s::text IS NULL OR job = %(job)s) "
+        "GROUP BY job ORDER BY job",
+        {"job": job},
+    ).fetchall()
+    conn.commit()
+    return [OutboxStatus(j, pending, set_aside) for j, pending, set_aside in rows]
+
+
+def jobs(conn: psycopg.Connection) -> list[JobSummary]:
+    """Each job and topic in the database: partitions, total, last commit, running now, skipped.
+
+    The total is the topic-total row of ``txn_data``; where a job has none (an
+    idempotent-sink job keeps its messages in ``txn_messages`` instead) it is the
+    number of messages stored, counted in the same statement.
+    """
+    rows = conn.execute(
+        "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), "
+        "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)), "
+        "  (SELECT count(*) FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic) "
+        "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
+        "    AND d.grain = 'topic' AND d.key IS NULL AND d.window_start IS NULL "
+        "GROUP BY o.job, o.topic ORDER BY o.job, o.topic"
+    ).fetchall()
+    conn.commit()
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    return [
+        JobSummary(j, t, n, plain_number(total), last, running[j], skipped)
+        for j, t, n, last, total, skipped in rows
+    ]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned text table; None shows as '-'."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def as_json(items: Sequence[Any]) -> str:
+    return json.dumps([asdict(i) for i in items], default=lambda v: v.isoformat(), indent=2)
+
+
+def format_status(rows: Sequence[PartitionStatus]) -> str:
+    return table(
+        [
+            "JOB",
+            "TOPIC",
+            "PARTITION",
+            "OFFSET",
+            "GENERATION",
+            "LOG-START",
+            "LOG-END",
+            "LAG",
+            "LAST-COMMIT",
+            "RUNNING",
+            "SKIPPED",
+        ],
+        [
+            (
+                r.job,
+                r.topic,
+                r.partition,
+                r.offset,
+                r.generation,
+                r.log_start,
+                r.log_end,
+                r.lag,
+                r.last_commit.isoformat(timespec="seconds") if r.last_commit is not None else None,
+                "yes" if r.running else "no",
+                r.skipped,
+            )
+            for r in rows
+        ],
+    )
+
+
+def format_outbox(rows: Sequence[OutboxStatus]) -> str:
+    return table(
+        ["JOB", "OUTBOX-PENDING", "OUTBOX-SET-ASIDE"], [(r.job, r.pending, r.set_aside) for r in rows]
+    )
+
+
+def format_jobs(rows: Sequence[JobSummary]) -> str:
+    return table(
+        ["JOB", "TOPIC", "PARTITIONS", "TOTAL", "LAST-COMMIT", "RUNNING", "SKIPPED"],
+        [
+            (
+                r.job,
+                r.topic,
+                r.partitions,
+                r.total,
+                r.last_commit.isoformat(timespec="seconds"),
+                "yes" if r.running else "no",
+                r.skipped,
+            )
+            for r in rows
+        ],
+    )

@@ -1,0 +1,383 @@
+"""Publishing committed results to Kafka through the ``txn_outbox`` table.
+
+The sink writes each commit's results to ``txn_outbox`` in the same
+transaction as the offsets (:mod:`txstore.postgres.sink`), as many rows (parts) as
+keep each message under ``--publish-max-bytes``, so a result is in the
+outbox exactly when it is committed. Publishing is then at least once,
+never lost, and every message carries a key unique to its commit and part
+(``job/topic/partition/until/<commit>/<part>``; a redelivery repeats it),
+with the commit, part and parts, and the outbox row id in headers, so
+consumers can reassemble a commit and drop the rare redelivery:
+
+1. lock a chunk of the job's pending rows, unsent and not set aside
+   (``FOR UPDATE SKIP LOCKED``, so two publishers never send the same rows
+   at the same time);
+2. produce them with ``acks=all`` and idempotence on, checking every
+   delivery report. A row Kafka refuses for a reason retrying cannot fix
+   (too large, topic missing, not authorized: :func:`set_aside_reason`) is
+   set aside and the rest keep flowing; on any other failure stop
+   producing more;
+3. flush (bounded by a timeout), then mark exactly the delivered rows
+   sent and the refused ones set aside (``failed_at``, ``failed_reason``,
+   one warning saying what to run) and COMMIT; a passing failure raises
+   :class:`PublishFailed` and the undelivered rows stay for the next attempt.
+
+``txstore publish --job J --retry-failed`` puts set-aside rows back in line.
+One producer per process and configuration is reused across batches and
+closed cleanly at shutdown (:func:`close_producers`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from txstore.core.errors import PublishFailed
+
+log = logging.getLogger("txstore")
+
+PUBLISH_TIMEOUT_SECONDS = 30.0
+CHUNK_ROWS = 500
+CHUNK_BYTES = 64 * 1024 * 1024  # a chunk holds at most about this much payload in memory
+KEEP_SENT_DAYS = 7  # sent rows are kept this long for inspection, then deleted
+PRUNE_EVERY_SECONDS = 3600.0
+
+_producers: dict[tuple[tuple[str, str], ...], Producer] = {}
+_producers_lock = threading.Lock()
+
+
+def producer_config(base: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Reliable producer settings; a user's ``--kafka-option`` may not weaken them.
+
+    A topic missing from the cluster fails its messages after half the timeout
+    (``topic.metadata.propagation.max.ms``), before they time out, so they are
+    set aside as "topic does not exist" rather than retried forever.
+    """
+    return {
+        "linger.ms": 5,
+        "topic.metadata.propagation.max.ms": int(timeout * 500),
+        **base,
+        "enable.idempotence": True,
+        "acks": "all",
+        "message.timeout.ms": int(timeout * 1000),
+    }
+
+
+def shared_producer(conf: Mapping[str, Any]) -> Producer:
+    """The process's producer for ``conf``, created on first use."""
+    key = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    with _producers_lock:
+        producer = _producers.get(key)
+        if producer is None:
+            producer = _producers[key] = Producer(dict(conf))
+        return producer
+
+
+def _drop_producer(producer: Producer) -> None:
+    with _producers_lock:
+        for key, p in list(_producers.items()):
+            if p is producer:
+                del _producers[key]
+
+
+def close_producers(timeout: float = 10.0) -> None:
+    """Flush and close every shared producer (at shutdown)."""
+    with _producers_lock:
+        producers = list(_producers.values())
+        _producers.clear()
+    for producer in producers:
+        try:
+            producer.flush(timeout)
+        finally:
+            producer.close()
+
+
+atexit.register(close_producers)
+
+
+_TOO_LARGE = (
+    "the message is too large for Kafka (lower --publish-max-bytes, or raise the topic's max.message.bytes)"
+)
+_NO_TOPIC = "the topic does not exist (create it)"
+_NOT_AUTHORIZED = "not authorized to write to the topic (grant the producer's principal WRITE on it)"
+_SET_ASIDE: dict[int, str] = {
+    KafkaError.MSG_SIZE_TOO_LARGE: _TOO_LARGE,
+    KafkaError.RECORD_LIST_TOO_LARGE: _TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: _NOT_AUTHORIZED,
+    KafkaError._UNKNOWN_TOPIC: _NO_TOPIC,
+    KafkaError._UNKNOWN_PARTITION: _NO_TOPIC,
+    # librdkafka retries it while the topic may still be propagating, and reports it
+    # only once the topic stays missing (topic.metadata.propagation.max.ms).
+    KafkaError.UNKNOWN_TOPIC_OR_PART: _NO_TOPIC,
+    KafkaError.TOPIC_EXCEPTION: "the topic name is invalid",
+    KafkaError.INVALID_RECORD: "Kafka refused the record as invalid",
+    KafkaError.POLICY_VIOLATION: "the topic's policy refused the record",
+    KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT: "the topic's message format cannot hold the record",
+}
+# Refusals by the topic, not the message: the producer is dropped so that the next
+# attempt sees fresh metadata (librdkafka caches a topic's error until its next refresh).
+_TOPIC_REFUSALS = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.TOPIC_EXCEPTION,
+    }
+)
+
+
+def set_aside_reason(code: int) -> str | None:
+    """Why a message Kafka refused with librdkafka error ``code`` must be set aside, or None.
+
+    Set aside: refusals of this message or its topic that no retry can
+    change (too large, topic missing or invalid, not authorized, refused by
+    policy); an operator fixes the cause and runs ``--retry-failed``. None
+    (retry later, keep the row pending): everything else, such as timeouts,
+    brokers down, leader elections, a full queue, and errors of the producer
+    as a whole (fatal idempotence errors, cluster authorization), which
+    would refuse every row alike.
+    """
+    return _SET_ASIDE.get(code)
+
+
+def pending_count(conn: psycopg.Connection, job: str) -> int:
+    """The job's rows waiting to be published (unsent and not set aside)."""
+    return outbox_counts(conn, job)[0]
+
+
+def outbox_counts(conn: psycopg.Connection, job: str) -> tuple[int, int]:
+    """The job's unsent rows: (pending, set aside)."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE failed_at IS NULL), count(*) FILTER (WHERE failed_at IS NOT NULL) "
+        "FROM txn_outbox WHERE job = %s AND sent_at IS NULL",
+        (job,),
+    ).fetchone()
+    conn.commit()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def retry_set_aside(conn: psycopg.Connection, job: str) -> int:
+    """Put the job's set-aside rows back in line to be published; return how many."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE txn_outbox SET failed_at = NULL, failed_reason = NULL "
+            "WHERE job = %s AND sent_at IS NULL AND failed_at IS NOT NULL",
+            (job,),
+        )
+        count = cur.rowcount
+    conn.commit()
+    return count
+
+
+@dataclass
+class _Outcome:
+    """What became of a chunk of rows: delivered ids, set-aside ids with their reasons, and
+    the first passing failure (which stops the chunk)."""
+
+    delivered: list[int] = field(default_factory=list)
+    set_aside: dict[int, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    topic_refused: bool = False
+
+    def refused(self, row_id: int, error: KafkaError) -> None:
+        reason = set_aside_reason(error.code())
+        if reason is None:
+            self.failures.append(f"{error.str()} ({error.name()})")
+        else:
+            self.set_aside[row_id] = f"{reason}: {error.str()} ({error.name()})"
+            self.topic_refused |= error.code() in _TOPIC_REFUSALS
+
+
+class OutboxPublisher:
+    """Sends one job's unsent outbox rows to Kafka."""
+
+    def __init__(
+        self,
+        kafka_conf: Mapping[str, Any],
+        job: str,
+        timeout: float = PUBLISH_TIMEOUT_SECONDS,
+        chunk_rows: int = CHUNK_ROWS,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.conf = producer_config(kafka_conf, timeout)
+        self.job = job
+        self.timeout = timeout
+        self.chunk_rows = chunk_rows
+        self.chunk_bytes = chunk_bytes
+        self._pruned_at: float | None = None
+
+    def publish_pending(self, conn: psycopg.Connection, retry_failed: bool = False) -> int:
+        """Publish every pending row of the job; return how many were sent.
+
+        Rows Kafka refuses for good are set aside (with one warning) and the
+        rest go on. Raises :class:`PublishFailed` on the first passing failure;
+        rows not confirmed by Kafka stay pending. ``retry_failed``: first put
+        the set-aside rows back in line.
+        """
+        if retry_failed:
+            count = retry_set_aside(conn, self.job)
+            if count:
+                log.info("job %s: retrying %d set-aside outbox rows", self.job, count)
+        sent = 0
+        while True:
+            n, more = self._publish_chunk(conn)
+            sent += n
+            if not more:
+                break
+        if self._pruned_at is None or time.monotonic() - self._pruned_at > PRUNE_EVERY_SECONDS:
+            self.prune_sent(conn)
+        return sent
+
+    def prune_sent(self, conn: psycopg.Connection, keep_days: float = KEEP_SENT_DAYS) -> int:
+        """Delete the job's rows sent more than ``keep_days`` ago; return how many."""
+        with conn.cursor() as cur:
+            cur.execute(
+                "DELETE FROM txn_outbox WHERE job = %s AND sent_at < now() - make_interval(secs => %s)",
+                (self.job, keep_days * 86400),
+            )
+            deleted = cur.rowcount
+        conn.commit()
+        self._pruned_at = time.monotonic()
+        return deleted
+
+    def _lock_chunk(self, conn: psycopg.Connection) -> tuple[list[tuple[Any, ...]], bool]:
+        """Lock and read the next pending rows, up to ``chunk_rows`` rows or about
+        ``chunk_bytes`` of payload (a server-side cursor locks rows as they are
+        fetched, so the rest stay free); return them and whether more may wait."""
+        rows: list[tuple[Any, ...]] = []
+        size = 0
+        with conn.cursor(name="txstore_outbox_chunk") as fetch:
+            fetch.execute(
+                "SELECT id, destination, dedup_key, headers, payload::text, part, parts FROM txn_outbox "
+                "WHERE job = %s AND sent_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT %s "
+                "FOR UPDATE SKIP LOCKED",
+                (self.job, self.chunk_rows),
+            )
+            while len(rows) < self.chunk_rows and size < self.chunk_bytes:
+                more = fetch.fetchmany(min(50, self.chunk_rows - len(rows)))
+                if not more:
+                    break
+                rows += more
+                size += sum(len(r[4]) for r in more)
+        return rows, len(rows) == self.chunk_rows or size >= self.chunk_bytes
+
+    def _publish_chunk(self, conn: psycopg.Connection) -> tuple[int, bool]:
+        rows, more = self._lock_chunk(conn)
+        if not rows:
+            conn.rollback()
+            return 0, False
+        with conn.cursor() as cur:
+            outcome = self._produce(rows)
+            if outcome.delivered:
+                cur.execute("UPDATE txn_outbox SET sent_at = now() WHERE id = ANY(%s)", (outcome.delivered,))
+            if outcome.set_aside:
+                cur.execute(
+                    "UPDATE txn_outbox o SET failed_at = now(), failed_reason = r.reason "
+                    "FROM unnest(%s::bigint[], %s::text[]) AS r(id, reason) WHERE o.id = r.id",
+                    (list(outcome.set_aside), list(outcome.set_aside.values())),
+                )
+        conn.commit()
+        destination = rows[0][1]
+        if outcome.set_aside:
+            self._warn_set_aside(destination, outcome.set_aside)
+        if outcome.failures:
+            raise PublishFailed(
+                f"publishing results of job {self.job!r} to Kafka topic {destination!r} at "
+                f"{self.conf.get('bootstrap.servers')} failed: {outcome.failures[0]}; "
+                f"{len(rows) - len(outcome.delivered) - len(outcome.set_aside)} committed results stay in "
+                f"txn_outbox and are sent by the next batch (or `txstore publish --job {self.job}`)"
+            )
+        log.info("job %s: published %d results to Kafka", self.job, len(outcome.delivered))
+        return len(outcome.delivered), more
+
+    def _warn_set_aside(self, destination: str, set_aside: Mapping[int, str]) -> None:
+        ids = sorted(set_aside)
+        shown = ", ".join(str(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        log.warning(
+            "job %r: set aside %d outbox %s for Kafka topic %r (outbox %s %s): %s; later results are still "
+            "published; fix the cause, then run `txstore publish --job %s --retry-failed`",
+            self.job,
+            len(ids),
+            "row" if len(ids) == 1 else "rows",
+            destination,
+            "id" if len(ids) == 1 else "ids",
+            shown,
+            set_aside[ids[0]],
+            self.job,
+        )
+
+    def _produce(self, rows: list[tuple[Any, ...]]) -> _Outcome:
+        """Produce rows, set aside the ones Kafka refuses for good, stop at the first other
+        failure, flush; return what became of each."""
+        producer = shared_producer(self.conf)
+        outcome = _Outcome()
+
+        def report(row_id: int) -> Any:
+            def on_delivery(error: KafkaError | None, message: Message) -> None:
+                if error is None:
+                    outcome.delivered.append(row_id)
+                else:
+                    outcome.refused(row_id, error)
+
+            return on_delivery
+
+        try:
+            for row_id, destination, dedup_key, headers, payload, part, parts in rows:
+                if outcome.failures:
+                    break  # fail fast: the rest stay pending, in order
+                message_headers: list[tuple[str, str | bytes | None]] = [
+                    *((k, str(v)) for k, v in headers.items()),
+                    ("txstore-part", str(part)),
+                    ("txstore-parts", str(parts)),
+                    ("txstore-outbox-id", str(row_id)),
+                ]
+                try:
+                    self._produce_one(
+                        producer, destination, dedup_key, message_headers, payload, report(row_id)
+                    )
+                except KafkaException as e:
+                    error = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                    if error is None or set_aside_reason(error.code()) is None:
+                        raise
+                    outcome.refused(row_id, error)  # refused before it left: too large, topic known bad
+                producer.poll(0)
+            remaining = producer.flush(self.timeout)
+        except KafkaException as e:
+            _drop_producer(producer)  # a fatal producer error: start afresh next time
+            outcome.failures.append(str(e.args[0].str() if e.args else e))
+            remaining = 0
+        if remaining and not outcome.failures:
+            outcome.failures.append(f"{remaining} messages not confirmed within {self.timeout:g}s")
+        if outcome.topic_refused or any("fatal" in f.lower() for f in outcome.failures):
+            _drop_producer(producer)
+        return outcome
+
+    def _produce_one(
+        self,
+        producer: Producer,
+        topic: str,
+        key: str,
+        headers: list[tuple[str, str | bytes | None]],
+        payload: str,
+        on_delivery: Any,
+    ) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                producer.produce(
+                    topic, payload.encode(), key.encode(), headers=headers, on_delivery=on_delivery
+                )
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise KafkaException(KafkaError(KafkaError._QUEUE_FULL)) from None
+                producer.poll(0.1)  # the local queue is full: let deliveries drain it

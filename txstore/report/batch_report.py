@@ -1,0 +1,119 @@
+"""A batch's report and the log lines it gives: a line per range and a summary line.
+
+With ``--log-format json`` each line is one JSON object whose fields carry the
+same numbers (:mod:`txstore.report.logformat`), so a dashboard or an alert reads them
+without parsing text.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from txstore.kafka.bad_messages import describe_skipped
+from txstore.report.logformat import fields
+from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED, REFUSED, RangeReport
+
+log = logging.getLogger("txstore")
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    number: int
+    ranges: tuple[RangeReport, ...]
+    plan_ms: float
+    run_ms: float
+    commit_ms: float = 0.0  # per-batch commits: the driver's transaction (part of run_ms)
+
+    @property
+    def messages(self) -> int:
+        return sum(r.messages for r in self.ranges)
+
+
+def log_batch(job: str, report: BatchReport, skipped_by: str = "aggregate") -> None:
+    """A line per range and a summary line; with ``--log-format json`` each is one JSON
+    object whose fields carry the same numbers (:mod:`txstore.report.logformat`). ``skipped_by``:
+    what skipped messages failed in (``"aggregate"``, or ``"transform"`` for an idempotent
+    sink)."""
+    if report.commit_ms:
+        log.info(
+            "job %s batch %d: committed per batch in %.0f ms",
+            job,
+            report.number,
+            report.commit_ms,
+            extra=fields(event="batch_commit", job=job, batch=report.number, commit_ms=_ms(report.commit_ms)),
+        )
+    for r in report.ranges:
+        log.info(
+            "range %s: %d messages, %.0f ms (read %.0f, commit %.0f), %s",
+            r.range,
+            r.messages,
+            r.read_ms + r.commit_ms,
+            r.read_ms,
+            r.commit_ms,
+            r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
+            extra=fields(
+                event="range",
+                job=job,
+                batch=report.number,
+                topic=r.range.topic,
+                partition=r.range.partition,
+                **{"from": r.range.from_offset},
+                until=r.range.until_offset,
+                messages=r.messages,
+                read_ms=_ms(r.read_ms),
+                commit_ms=_ms(r.commit_ms),
+                outcome=r.outcome,
+                error=r.error,
+            ),
+        )
+        if r.skipped and r.outcome == COMMITTED:
+            n = r.skipped
+            log.warning(
+                "job %s: range %s: skipped %d message%s the %s failed on, recorded in txn_bad_messages: %s",
+                job,
+                r.range,
+                n,
+                "" if n == 1 else "s",
+                skipped_by,
+                describe_skipped(r.bad_messages, n),
+            )
+    skipped = sum(1 for r in report.ranges if r.outcome == ALREADY_COMMITTED)
+    read_ms = sum(r.read_ms for r in report.ranges)
+    commit_ms = sum(r.commit_ms for r in report.ranges)
+    outcome = (
+        "failed" if any(r.outcome == REFUSED for r in report.ranges) else "ok" if report.ranges else "idle"
+    )
+    log.info(
+        "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; tasks read %.0f, "
+        "commit %.0f)%s",
+        job,
+        report.number,
+        len(report.ranges),
+        report.messages,
+        report.plan_ms + report.run_ms,
+        report.plan_ms,
+        report.run_ms,
+        read_ms,
+        commit_ms,
+        f", {skipped} already committed" if skipped else "",
+        extra=fields(
+            event="batch",
+            job=job,
+            batch=report.number,
+            ranges=len(report.ranges),
+            messages=report.messages,
+            ms=_ms(report.plan_ms + report.run_ms),
+            plan_ms=_ms(report.plan_ms),
+            run_ms=_ms(report.run_ms),
+            read_ms=_ms(read_ms),
+            commit_ms=_ms(commit_ms + report.commit_ms),
+            already_committed=skipped,
+            outcome=outcome,
+        ),
+    )
+
+
+def _ms(value: float) -> float:
+    """Milliseconds for a JSON log field: to the microsecond, enough for timings."""
+    return round(value, 3)

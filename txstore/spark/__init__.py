@@ -1,0 +1,20 @@
+"""The Spark side: ranges as Spark tasks, what a task does, DataFrames and the data source.
+
+Owns cutting ranges into task groups and running them (:mod:`~txstore.spark.tasks`), what a
+task does with each range: read, aggregate, commit (:mod:`~txstore.spark.range_task`),
+per-batch partial deltas summed on the driver (:mod:`~txstore.spark.deltas`), messages as
+Arrow batches (:mod:`~txstore.spark.arrow`), the Kafka-source columns
+(:mod:`~txstore.spark.source_columns`), asking Spark about a query without running it
+(:mod:`~txstore.spark.probing`, :mod:`~txstore.spark.used_columns`), counts pushed down to the
+reading tasks (:mod:`~txstore.spark.pushdown`), finding the message a results table refuses
+(:mod:`~txstore.spark.bad_rows`), the ``txstore`` data source for batch and streaming reads
+and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.datasource`,
+:mod:`~txstore.spark.streaming`) and shipping txstore to executors
+(:mod:`~txstore.spark.pyfiles`).
+
+Everything runs on classic Spark and Spark Connect alike (DataFrames and ``mapInArrow``,
+no RDD, no ``sparkContext`` except behind ``is_connect``).
+
+May import: ``txstore.core``, ``txstore.kafka``, ``txstore.postgres`` and PySpark; never the
+driver (``txstore.job``, ``txstore.modes``, ...), ``txstore.report`` or ``txstore.ops``.
+"""

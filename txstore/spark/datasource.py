@@ -1,0 +1,431 @@
+"""``spark.read.format("txstore")``: Kafka as a DataFrame, on classic Spark and Spark Connect.
+
+A PySpark Python data source (``pyspark.sql.datasource``, PySpark 4.0 or
+newer), registered with :func:`register` (``spark.dataSource.register``, so
+it works under Spark Connect too, where there is no ``sparkContext`` and no
+RDD). It reads like Spark's own Kafka batch source and has its columns
+(:func:`txstore.spark.source_columns.kafka_source_schema`)::
+
+    txstore.register(spark)
+    df = (spark.read.format("txstore")
+          .option("kafka.bootstrap.servers", "kafka:9092")
+          .option("subscribe", "events,orders")
+          .load())
+
+Options (names are case-insensitive, values strings, as Spark passes them):
+
+- ``kafka.bootstrap.servers`` (required), ``subscribe`` (required,
+  comma-separated topics);
+- ``startingOffsets``: ``earliest`` (default), ``latest``, or Spark's JSON
+  ``{"topicA": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest); partitions the
+  JSON does not name start at earliest;
+- ``endingOffsets``: ``latest`` (default) or JSON (-1 latest, or an offset);
+  partitions the JSON does not name end at latest. Offsets are exclusive ends;
+- ``minPartitions``: cut big partitions' ranges so there are at least this
+  many Spark tasks;
+- ``kafka.*``: any other librdkafka setting for the client (TLS, SASL), with
+  the ``kafka.`` prefix stripped; the settings that make reads exact
+  (:data:`READER_FIXED_SETTINGS`) are refused;
+- ``txstore.job`` (with ``txstore.databaseUrl``, default the
+  ``TXSTORE_DATABASE_URL`` environment variable of the process that plans
+  the read): instead of start and end offsets, read exactly the ranges that
+  job's next batch would read (without ``--max-offsets-per-batch``): from
+  its committed offsets in ``txn_offsets`` to Kafka's log end. Read-only:
+  no offset row is created and nothing is committed. A partition the job
+  has never committed starts where the job would start it: earliest, or
+  per ``startingOffsets`` given as the job's ``--starting-offsets``;
+- ``failOnDataLoss`` and ``includeHeaders``: accepted, for code written for
+  Spark's source, only as ``true``, which is what this source always does
+  (an explicit offset Kafka no longer has raises :class:`DataLoss`; the
+  ``headers`` column is always there). Any other option is refused.
+
+Columns: all of Spark's Kafka-source columns, or only those a schema names
+(``.schema("topic string, timestamp timestamp")``, any order, Spark's types;
+:func:`schema_columns`). Spark cannot prune a Python reader's columns itself,
+so this is how a query that needs two columns stops paying for keys, values
+and headers: only the named columns are built and handed to Spark.
+
+Lowest PySpark: 4.0 (Python data sources, and ``read`` yielding Arrow
+batches); tested with 4.3.
+
+Steps: ``schema()`` checks the options (so a bad option fails at
+``load()``); ``partitions()`` runs once when Spark plans the read, in a
+Python worker of the driver (the Connect server under Connect): it asks
+Kafka for the watermarks (and the database for the job's offsets) and plans
+one :class:`~txstore.core.ranges.OffsetRange` per partition with data, each in
+its own :class:`RangePartition`; ``read(partition)`` runs in a task and
+yields one Arrow record batch (:func:`txstore.spark.arrow.messages_to_record_batch`)
+per batch of messages the :class:`~txstore.kafka.reader.RangeReader` delivers, so
+no row ever becomes a Python tuple. A task retried by Spark reads the same
+range again.
+
+Option parsing and planning are pure functions over frozen dataclasses
+(:func:`parse_read_options`, :func:`plan_read_ranges`, :func:`plan_job_ranges`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
+from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition, plan_ranges, split_ranges
+from txstore.core.starting import (
+    EARLIEST,
+    LATEST,
+    StartingOffsets,
+    parse_starting_offsets,
+    resolve_starting_offsets,
+)
+from txstore.kafka.client import client_config, fetch_watermarks, topic_name_problem
+from txstore.kafka.reader import RangeReader
+from txstore.postgres import store
+from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
+from txstore.postgres.migrate import check_schema
+
+FORMAT = "txstore"
+
+READER_FIXED_SETTINGS = (
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "enable.partition.eof",
+)
+"""librdkafka settings the reader fixes (read_committed, no commits, fail on aged-out offsets)."""
+
+_COMPATIBLE_ONLY_TRUE = ("failondataloss", "includeheaders")
+_UNSUPPORTED_SUBSCRIPTIONS = ("assign", "subscribepattern")
+_KNOWN = (
+    "kafka.bootstrap.servers",
+    "subscribe",
+    "startingoffsets",
+    "endingoffsets",
+    "minpartitions",
+    "txstore.job",
+    "txstore.databaseurl",
+    *_COMPATIBLE_ONLY_TRUE,
+)
+_SUPPORTED = (
+    "kafka.bootstrap.servers, subscribe, startingOffsets, endingOffsets, minPartitions, "
+    "txstore.job, txstore.databaseUrl, and kafka.* client settings"
+)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The data source's options, checked. ``starting``/``ending`` use -2 earliest, -1 latest."""
+
+    topics: tuple[str, ...]
+    bootstrap_servers: str
+    kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold passwords
+    starting: StartingOffsets = field(default_factory=StartingOffsets)
+    ending: StartingOffsets = field(default_factory=lambda: StartingOffsets(LATEST))
+    min_partitions: int | None = None
+    job: str | None = None
+    database_url: str | None = field(default=None, repr=False)  # holds the password
+
+    @property
+    def kafka_conf(self) -> dict[str, Any]:
+        return client_config(self.bootstrap_servers, self.kafka_options)
+
+
+def _is_true(name: str, value: str) -> None:
+    if value.strip().lower() != "true":
+        raise ConfigError(
+            f"option {name}={value!r} is not supported by format('txstore'): it always fails on "
+            "offsets Kafka no longer has and always has the headers column; drop the option"
+        )
+
+
+def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -> ReadOptions:
+    """Check the options Spark passes (any case) and return them parsed.
+
+    Raises :class:`ConfigError` with one line naming the option for: a missing
+    ``kafka.bootstrap.servers`` or ``subscribe``, an unknown option, a
+    reader-fixed ``kafka.*`` setting, malformed offsets JSON, JSON naming a
+    topic not subscribed, ``endingOffsets`` at earliest, and ``txstore.job``
+    with ``endingOffsets`` or without a database URL. ``environ`` supplies
+    ``TXSTORE_DATABASE_URL``.
+    """
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    kafka_options: dict[str, str] = {}
+    for name, value in sorted(given.items()):
+        if name.startswith("kafka."):
+            setting = name[len("kafka.") :]
+            if setting in READER_FIXED_SETTINGS:
+                raise ConfigError(
+                    f"option kafka.{setting} cannot be set: the txstore reader fixes it "
+                    "(read_committed, no offset commits, fail on aged-out offsets); drop the option"
+                )
+            if setting != "bootstrap.servers":
+                kafka_options[setting] = value
+        elif name in _UNSUPPORTED_SUBSCRIPTIONS:
+            raise ConfigError(
+                f"option {name} is not supported by format('txstore'); name the topics with "
+                "option('subscribe', 'topicA,topicB')"
+            )
+        elif name not in _KNOWN:
+            raise ConfigError(f"unknown option {name!r} for format('txstore'); it takes {_SUPPORTED}")
+        elif name in _COMPATIBLE_ONLY_TRUE:
+            _is_true(name, value)
+
+    servers = given.get("kafka.bootstrap.servers", "").strip()
+    if not servers:
+        raise ConfigError(
+            "option kafka.bootstrap.servers is required: .option('kafka.bootstrap.servers', 'host:9092')"
+        )
+    topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
+    if not topics:
+        raise ConfigError("option subscribe is required: .option('subscribe', 'topicA,topicB')")
+    for topic in topics:
+        problem = topic_name_problem(topic)
+        if problem:
+            raise ConfigError(f"option subscribe: {problem}")
+    if len(set(topics)) != len(topics):
+        raise ConfigError(f"option subscribe names a topic twice: {given['subscribe']!r}")
+
+    starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), "option startingOffsets")
+    ending = _parse_ending(given.get("endingoffsets"))
+    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+        strangers = sorted({t for t, _ in spec.specific} - set(topics))
+        if strangers:
+            raise ConfigError(
+                f"option {name} names topics that are not subscribed: {', '.join(map(repr, strangers))}; "
+                "add them to option subscribe or remove them from the JSON"
+            )
+
+    min_partitions = _parse_min_partitions(given.get("minpartitions"))
+    job = given.get("txstore.job", "").strip() or None
+    database_url = None
+    if job is not None:
+        if "endingoffsets" in given:
+            raise ConfigError(
+                f"option endingOffsets cannot be combined with txstore.job {job!r}: "
+                "the job's next batch reads to the log end"
+            )
+        url = given.get("txstore.databaseurl") or environ.get(DATABASE_URL_ENV)
+        if not url:
+            raise ConfigError(
+                f"option txstore.job {job!r} needs the job's database: "
+                f".option('txstore.databaseUrl', 'postgresql://...') or {DATABASE_URL_ENV} "
+                "where Spark plans the read"
+            )
+        database_url = resolve_database_url(url)
+    return ReadOptions(topics, servers, kafka_options, starting, ending, min_partitions, job, database_url)
+
+
+def _parse_ending(text: str | None) -> StartingOffsets:
+    if text is None:
+        return StartingOffsets(LATEST)
+    if text.strip().lower() == "earliest":
+        raise ConfigError("option endingOffsets cannot be earliest; use latest or JSON offsets")
+    parsed = parse_starting_offsets(text, "option endingOffsets")
+    for (topic, partition), offset in sorted(parsed.specific.items()):
+        if offset == EARLIEST:
+            raise ConfigError(
+                f"option endingOffsets: topic {topic!r} partition {partition}: -2 (earliest) is not "
+                "an end; use -1 (latest) or an offset"
+            )
+    return replace(parsed, default=LATEST)  # partitions the JSON does not name end at latest
+
+
+def _parse_min_partitions(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"option minPartitions must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _resolve(option: str, spec: StartingOffsets, marks: PartitionWatermarks) -> int:
+    chosen = spec.specific.get(marks.key, spec.default)
+    if chosen == EARLIEST:
+        return marks.low
+    if chosen == LATEST:
+        return marks.high
+    where = f"option {option}: topic {marks.topic!r} partition {marks.partition} offset {chosen}"
+    if chosen < marks.low:
+        raise DataLoss(
+            f"{where} is below the log-start offset {marks.low}: those messages aged out of Kafka; "
+            f"use an offset from {marks.low} to {marks.high}, or -2 (earliest)"
+        )
+    if chosen > marks.high:
+        raise OffsetOutOfLog(
+            f"{where} is beyond the log-end offset {marks.high}; use an offset from {marks.low} to "
+            f"{marks.high}, or -1 (latest)"
+        )
+    return chosen
+
+
+def plan_read_ranges(options: ReadOptions, watermarks: Sequence[PartitionWatermarks]) -> list[OffsetRange]:
+    """One range per partition with messages between the starting and ending offsets.
+
+    Steps, per partition Kafka reports (ordered by topic and partition):
+    1. refuse JSON naming a partition Kafka does not report (it would be ignored);
+    2. start: the JSON's offset, else the option's default (earliest unless
+       ``latest``); end: likewise, defaulting to latest. An explicit offset
+       below the log start is refused as :class:`DataLoss` (like Spark's
+       ``failOnDataLoss``), one beyond the log end as :class:`OffsetOutOfLog`;
+    3. refuse a start after its end; keep the range if it is not empty;
+    4. cut them for ``minPartitions``.
+    """
+    known = {w.key for w in watermarks}
+    for name, spec in (("startingOffsets", options.starting), ("endingOffsets", options.ending)):
+        unknown = sorted(k for k in spec.specific if k not in known)
+        if unknown:
+            names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
+            raise ConfigError(f"option {name} names {names}, which Kafka does not report; check the JSON")
+    ranges = []
+    for marks in sorted(watermarks, key=lambda w: w.key):
+        start = _resolve("startingOffsets", options.starting, marks)
+        end = _resolve("endingOffsets", options.ending, marks)
+        if start > end:
+            raise ConfigError(
+                f"topic {marks.topic!r} partition {marks.partition}: startingOffsets {start} is after "
+                f"endingOffsets {end}; give a start at or before the end"
+            )
+        if start < end:
+            ranges.append(OffsetRange(marks.topic, marks.partition, start, end))
+    return split_ranges(ranges, options.min_partitions)
+
+
+def plan_job_ranges(
+    job: str,
+    committed: Mapping[TopicPartition, int],
+    watermarks: Sequence[PartitionWatermarks],
+    starting: StartingOffsets,
+) -> list[OffsetRange]:
+    """The ranges job ``job``'s next batch reads, without writing anything.
+
+    Steps, as the job plans (:meth:`txstore.job.TransactionalJob.plan`) but
+    in memory: partitions without a committed offset start where the job
+    would start them (:func:`~txstore.core.starting.resolve_starting_offsets`:
+    ``starting``, earliest by default; a new partition of a topic the job
+    already reads at earliest); then :func:`~txstore.core.ranges.plan_ranges`,
+    which refuses aged-out or out-of-log offsets exactly as the job does.
+    """
+    new = [w for w in watermarks if w.key not in committed]
+    started = {topic for topic, _ in committed}
+    decisions = resolve_starting_offsets(starting, new, [w.key for w in watermarks], started)
+    planned = dict(committed)
+    planned.update({(d.topic, d.partition): d.offset for d in decisions})
+    return plan_ranges(job, planned, watermarks)
+
+
+def job_committed_offsets(database_url: str, job: str, topics: Sequence[str]) -> dict[TopicPartition, int]:
+    """The job's committed offsets, read in a read-only transaction (nothing can be written)."""
+    with connect(database_url) as conn:
+        conn.read_only = True
+        check_schema(conn, database_url)
+        return store.committed_offsets(conn, job, topics)
+
+
+def plan(options: ReadOptions) -> list[OffsetRange]:
+    """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning."""
+    if options.job is not None:
+        assert options.database_url is not None
+        committed = job_committed_offsets(options.database_url, options.job, options.topics)
+        watermarks = fetch_watermarks(options.kafka_conf, options.topics)
+        ranges = plan_job_ranges(options.job, committed, watermarks, options.starting)
+        return split_ranges(ranges, options.min_partitions)
+    return plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
+
+
+def check_explicit_offsets(options: ReadOptions) -> None:
+    """At ``load()``, for a batch read whose ``startingOffsets``/``endingOffsets`` JSON names
+    offsets: plan the read once against Kafka's watermarks, so an offset outside the log (or
+    a partition Kafka does not have, or a start after its end) fails there in its one line,
+    not at the first action inside a long trace. Without explicit offsets (or with
+    ``txstore.job``) nothing is asked of Kafka at ``load()``. With a declared schema Spark does
+    not call ``schema()``: the same checks then run when the read is planned."""
+    explicit = any(o >= 0 for spec in (options.starting, options.ending) for o in spec.specific.values())
+    if explicit and options.job is None:
+        plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
+
+
+def schema_columns(schema: Any) -> tuple[str, ...]:
+    """The Kafka-source columns a user-given schema (``.schema(...)``) names, checked.
+
+    Each field must be one of the Kafka-source columns, with its Spark type
+    (nullability aside); a column that can be null (``key``, ``value``,
+    ``timestamp``, ``headers``) cannot be declared NOT NULL. Anything else is
+    :class:`ConfigError`, one line naming the column.
+    """
+    from txstore.spark.source_columns import kafka_source_schema
+
+    ours = kafka_source_schema()
+    names: list[str] = []
+    for f in schema.fields:
+        if f.name not in ours.names:
+            raise ConfigError(
+                f"schema: {f.name!r} is not a column of format('txstore'); name some of "
+                f"{', '.join(ours.names)}, or leave out .schema() for all of them"
+            )
+        expected = ours[f.name]
+        if f.dataType.simpleString() != expected.dataType.simpleString():
+            raise ConfigError(
+                f"schema: column {f.name} is {expected.dataType.simpleString()}, not "
+                f"{f.dataType.simpleString()}; declare it as {f.name} {expected.dataType.simpleString()} "
+                "and cast it after load()"
+            )
+        if expected.nullable and not f.nullable:
+            raise ConfigError(f"schema: column {f.name} can be null; do not declare it NOT NULL")
+        names.append(f.name)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"schema: a column is named twice: {', '.join(names)}")
+    if not names:
+        raise ConfigError("schema: no columns; name at least one, or leave out .schema() for all of them")
+    return tuple(names)
+
+
+class RangePartition(InputPartition):  # type: ignore[misc]
+    """One Spark task's input: an offset range, fixed when the read was planned."""
+
+    def __init__(self, offset_range: OffsetRange) -> None:
+        super().__init__(offset_range)
+        self.range = offset_range
+
+
+class TxstoreReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, options: ReadOptions, schema: Any) -> None:
+        self.options = options
+        self.columns = schema_columns(schema)
+        self.schema = schema  # Spark's, for the Arrow schema Spark expects (its nullability)
+
+    def partitions(self) -> list[InputPartition]:
+        """Plan the ranges (once, when Spark plans the read); none means an empty DataFrame."""
+        return [RangePartition(r) for r in plan(self.options)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from txstore.spark.arrow import arrow_schema, coalesce, record_batches
+
+        if not isinstance(partition, RangePartition):
+            # Nothing to read: Spark turns an empty partitions() into one InputPartition(None).
+            return
+        built = arrow_schema(self.columns)
+        expected = _spark_arrow_schema(self.schema)
+        # A declared schema may differ from the source's in nullability only: a free cast.
+        cast = None if built.equals(expected) else expected
+        conf = self.options.kafka_conf
+        # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
+        reader = RangeReader(conf, partition.range, pause_gc=False)
+        for batch in coalesce(record_batches(reader, built, partition.range.key)):
+            yield batch if cast is None else batch.cast(cast)
+
+
+def _spark_arrow_schema(schema: Any) -> Any:
+    """The Arrow schema PySpark expects ``read`` to yield for ``schema`` (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")  # PySpark 4.1+, as it checks the batches
+    except TypeError:  # PySpark 4.0: no timezone argument; timestamps are UTC by default
+        return to_arrow_schema(schema)

@@ -1,0 +1,51 @@
+"""``format("txstore")``: the one data source Spark registers, for batch reads
+(:mod:`txstore.spark.datasource`), stream reads and the exactly-once stream sink
+(:mod:`txstore.spark.streaming`).
+
+Apart from both so that the stream side can build on the batch side without either importing
+the other's entry point.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pyspark.sql.datasource import DataSource
+
+from txstore.spark.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
+from txstore.spark.streaming import stream_reader, stream_writer
+
+
+class TxstoreDataSource(DataSource):  # type: ignore[misc]
+    """``format("txstore")``: see the module docstring for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> Any:
+        from txstore.spark.source_columns import kafka_source_schema
+
+        # A bad option fails at load(), not at the action; the stream-only option is checked by
+        # streamReader (txstore.spark.streaming), and refused by reader() for a batch read.
+        given = {k: v for k, v in self.options.items() if str(k).lower() != "maxoffsetspertrigger"}
+        options = parse_read_options(given, os.environ)
+        check_explicit_offsets(options)
+        return kafka_source_schema()
+
+    def reader(self, schema: Any) -> TxstoreReader:
+        return TxstoreReader(parse_read_options(self.options, os.environ), schema)
+
+    def streamReader(self, schema: Any) -> Any:
+        """``spark.readStream.format("txstore")``: see :mod:`txstore.spark.streaming`."""
+        return stream_reader(self.options, schema)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        """``writeStream.format("txstore")``: see :mod:`txstore.spark.streaming`."""
+        return stream_writer(self.options, schema)
+
+
+def register(spark: Any) -> None:
+    """Make ``spark.read.format("txstore")`` available in this session (classic or Spark Connect)."""
+    spark.dataSource.register(TxstoreDataSource)

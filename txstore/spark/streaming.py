@@ -1,0 +1,539 @@
+"""``spark.readStream.format("txstore")`` and ``writeStream.format("txstore")``: exactly-once streams.
+
+A Python streaming data source (``DataSourceStreamReader``, PySpark 4.0 or
+newer) and sink (``DataSourceStreamWriter``) for one txstore job, so a
+Structured Streaming query keeps txstore's guarantee whatever happens to its
+checkpoint::
+
+    txstore.register(spark)
+    (spark.readStream.format("txstore")
+       .option("kafka.bootstrap.servers", "kafka:9092")
+       .option("subscribe", "events")
+       .option("txstore.job", "events_stream")
+       .option("txstore.databaseUrl", "postgresql://...")
+       .load()
+       .writeStream.format("txstore")
+       .option("txstore.job", "events_stream")
+       .option("txstore.databaseUrl", "postgresql://...")
+       .option("checkpointLocation", "/chk/events_stream")
+       .start())
+
+Source options: those of the batch source (:mod:`txstore.spark.datasource`) except
+``endingOffsets``, plus ``maxOffsetsPerTrigger``; ``txstore.job`` is
+required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
+``txn_offsets``). Steps:
+
+- ``initialOffset()`` (a query without checkpoint): the job's offsets in
+  ``txn_offsets``; partitions without a row start per ``startingOffsets``;
+- ``latestOffset(start, limit)``: Kafka's log ends, capped by Spark's
+  admission control (``ReadMaxRows`` from ``maxOffsetsPerTrigger``,
+  :func:`~txstore.core.ranges.limit_ranges`) or, on PySpark 4.0/4.1 where
+  ``latestOffset()`` gets neither start nor limit, by the option itself.
+  Offsets Kafka no longer has, or never had, stop the query with the same
+  lines as ``count_topic`` (:func:`~txstore.core.ranges.plan_ranges`). A partition
+  the start does not name (a new one) enters at earliest, with an empty range
+  first, so every range of a batch starts at an offset of its start;
+- ``partitions(start, end)``: one :class:`~txstore.spark.datasource.RangePartition`
+  per partition with messages, ``[start, end)``, with the generation and the
+  last counted message to verify from ``txn_offsets``. The start is compared
+  with ``txn_offsets`` first: equal, or the whole batch already committed (a
+  replay after a crash), or the query stops with :class:`CheckpointMismatch`
+  before anything is read. The planned ranges are stored in
+  ``txn_stream_plans`` (one row per job), where the sink finds them;
+- ``read(partition)``: the batch source's Arrow reader, so retried tasks read
+  the same messages.
+
+The reader's planning connection holds the job's *stream lock* (exclusive,
+for the query's life) and the shared job lock (so ``txstore reset`` refuses
+while it runs): a second streaming query on the same job is refused with
+:class:`StreamLocked`.
+
+The sink counts the rows it receives per ``topic`` (txstore's own counts,
+``txn_data`` topic totals, as ``count_topic``) in its tasks, then in
+``commit`` adds them and moves every planned range's offset in one
+transaction with the conditional update (:class:`~txstore.postgres.sink.TransactionalSink`).
+A batch already committed (:class:`~txstore.core.errors.AlreadyCommitted`) is
+skipped; any other conflict stops the query.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+from pyspark.sql.datasource import (
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from txstore.core.errors import AlreadyCommitted, ConfigError, TxstoreError
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import (
+    OffsetRange,
+    PartitionWatermarks,
+    TopicPartition,
+    limit_ranges,
+    plan_ranges,
+)
+from txstore.core.results import TOPIC_TOTAL
+from txstore.core.starting import StartDecision, resolve_starting_offsets
+from txstore.kafka.client import fetch_watermarks
+from txstore.postgres import store
+from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
+from txstore.postgres.locks import hold_job_lock
+from txstore.postgres.migrate import check_schema
+from txstore.postgres.sink import TransactionalSink
+from txstore.spark.datasource import (
+    RangePartition,
+    ReadOptions,
+    TxstoreReader,
+    parse_read_options,
+)
+
+log = logging.getLogger("txstore")
+
+_WriterBase: Any = DataSourceStreamWriter
+_ReaderMixins: tuple[Any, ...] = ()
+try:  # PySpark 4.1+: the sink is handed Arrow batches, no row becomes a Python object
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+
+    _WriterBase = DataSourceStreamArrowWriter
+except ImportError:
+    pass
+try:  # PySpark 4.2+: Trigger.AvailableNow stops at the log ends seen when the query started
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    _ReaderMixins = (SupportsTriggerAvailableNow,)
+except ImportError:  # older: Spark reads everything available in one batch instead
+    pass
+
+Offsets = dict[str, dict[str, int]]
+"""Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
+
+_STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
+
+_SAVE_PLAN = """
+INSERT INTO txn_stream_plans (job, start_offsets, end_offsets, ranges, planned_at)
+VALUES (%(job)s, %(start)s, %(end)s, %(ranges)s, now())
+ON CONFLICT (job) DO UPDATE SET start_offsets = EXCLUDED.start_offsets,
+    end_offsets = EXCLUDED.end_offsets, ranges = EXCLUDED.ranges, planned_at = EXCLUDED.planned_at
+"""
+
+
+class StreamLocked(TxstoreError):
+    """Another streaming query of the same job holds its stream lock."""
+
+
+class CheckpointMismatch(TxstoreError):
+    """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    read: ReadOptions
+    job: str
+    database_url: str
+    max_offsets_per_trigger: int | None = None
+
+
+def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str]) -> StreamOptions:
+    """The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
+    ``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``; ``txstore.job`` required."""
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    for name in ("endingoffsets", "minpartitions"):
+        if name in given:
+            raise ConfigError(
+                f"option {name} is not supported by readStream.format('txstore'): each micro-batch "
+                "reads one range per partition up to the log end (limit it with maxOffsetsPerTrigger)"
+            )
+    if not given.get("txstore.job", "").strip():
+        raise ConfigError(
+            "option txstore.job is required by readStream.format('txstore'): the job whose offsets "
+            "in txn_offsets the stream continues and commits"
+        )
+    limit_text = given.pop("maxoffsetspertrigger", None)
+    limit = None
+    if limit_text is not None:
+        try:
+            limit = int(limit_text)
+        except ValueError:
+            limit = 0
+        if limit < 1:
+            raise ConfigError(
+                f"option maxOffsetsPerTrigger must be a whole number of at least 1, got {limit_text!r}"
+            )
+    read = parse_read_options(given, environ)
+    assert read.job is not None and read.database_url is not None
+    return StreamOptions(read, read.job, read.database_url, limit)
+
+
+def offsets_dict(offsets: Mapping[TopicPartition, int]) -> Offsets:
+    out: Offsets = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def offsets_map(offsets: Mapping[str, Any] | None) -> dict[TopicPartition, int]:
+    return {
+        (str(topic), int(partition)): int(offset)
+        for topic, parts in (offsets or {}).items()
+        for partition, offset in parts.items()
+    }
+
+
+def batch_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> list[OffsetRange]:
+    """The ranges of a micro-batch from its start and end offsets, one per partition the end names.
+
+    A partition the start does not name starts at its end offset (it enters with an empty range).
+    """
+    return sorted(OffsetRange(t, p, start.get((t, p), until), until) for (t, p), until in end.items())
+
+
+def _ranges_json(ranges: Sequence[OffsetRange]) -> str:
+    return json.dumps(
+        [
+            {
+                "topic": r.topic,
+                "partition": r.partition,
+                "from": r.from_offset,
+                "until": r.until_offset,
+                "generation": r.generation,
+                "log_end": r.log_end,
+            }
+            for r in ranges
+        ]
+    )
+
+
+def _ranges_from_json(items: Sequence[Mapping[str, Any]]) -> list[OffsetRange]:
+    return [
+        OffsetRange(
+            i["topic"],
+            int(i["partition"]),
+            int(i["from"]),
+            int(i["until"]),
+            None,
+            int(i["generation"]),
+            None if i["log_end"] is None else int(i["log_end"]),
+        )
+        for i in items
+    ]
+
+
+def realign_hint() -> str:
+    return (
+        "restart the query with a new checkpointLocation (or delete this one: rm -r CHECKPOINT); "
+        "it then starts at the stored offsets"
+    )
+
+
+def check_alignment(
+    job: str, ranges: Sequence[OffsetRange], stored: Mapping[TopicPartition, int | None]
+) -> bool:
+    """Whether the batch is to be committed (True), or was committed whole before (False: a
+    replay); raise :class:`CheckpointMismatch` for anything else, naming the first partition."""
+    if all(stored.get(r.key) == r.from_offset for r in ranges):
+        return True
+    if all(stored.get(r.key) == r.until_offset for r in ranges):
+        return False
+    bad = next(r for r in ranges if stored.get(r.key) != r.from_offset)
+    found = stored.get(bad.key)
+    what = (
+        "committed offsets would be read again"
+        if found is not None and found > bad.from_offset
+        else "offsets would be skipped"
+    )
+    raise CheckpointMismatch(
+        f"job {job!r} topic {bad.topic!r} partition {bad.partition}: txn_offsets stores offset "
+        f"{found} but the checkpoint starts this micro-batch at {bad.from_offset} ({what}; the "
+        f"checkpoint is an older copy, or another query's); nothing was written. To realign: "
+        + realign_hint()
+    )
+
+
+class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
+    """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
+
+    def __init__(self, options: StreamOptions, schema: Any) -> None:
+        self.options = options
+        self.batch_reader = TxstoreReader(options.read, schema)
+        self._conn: psycopg.Connection | None = None  # opened by the planning methods only
+        self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
+        self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
+
+    # -- the planning connection and its locks ------------------------------------------------------
+
+    def _db(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            url, job = self.options.database_url, self.options.job
+            conn = connect(url)
+            check_schema(conn, url)
+            with conn.transaction():
+                row = conn.execute(f"SELECT pg_try_advisory_lock({_STREAM_KEY})", (job,)).fetchone()
+            if not (row and row[0]):
+                conn.close()
+                raise StreamLocked(
+                    f"job {job!r}: another streaming query of this job is running (it holds the job's "
+                    "stream lock); stop it first, or give this query another txstore.job"
+                )
+            hold_job_lock(conn, job)
+            self._conn = conn
+        return self._conn
+
+    def stop(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()
+        self._conn = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_conn"] = None
+        return state
+
+    # -- offsets -----------------------------------------------------------------------------------
+
+    def _watermarks(self) -> list[PartitionWatermarks]:
+        return fetch_watermarks(self.options.read.kafka_conf, self.options.read.topics)
+
+    def initialOffset(self) -> Offsets:
+        offsets = self._initial_offsets()
+        self._last_end = offsets
+        return offsets_dict(offsets)
+
+    def _initial_offsets(self) -> dict[TopicPartition, int]:
+        conn = self._db()
+        topics = self.options.read.topics
+        committed = store.committed_offsets(conn, self.options.job, topics)
+        watermarks = self._watermarks()
+        new = [w for w in watermarks if w.key not in committed]
+        started = {t for t, _ in committed}
+        decisions = resolve_starting_offsets(
+            self.options.read.starting, new, [w.key for w in watermarks], started
+        )
+        offsets = dict(committed)
+        offsets.update({(d.topic, d.partition): d.offset for d in decisions})
+        return offsets
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # PySpark 4.2+
+
+        n = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {w.key: w.high for w in self._watermarks()}
+
+    def latestOffset(self, start: Mapping[str, Any] | None = None, limit: Any = None) -> Offsets:
+        """The next end: Kafka's log ends (capped by the limit), after the planner's checks.
+
+        Without ``start`` (PySpark before 4.2) the last end given out is the start, or the
+        stored offsets after a restart; without ``limit``, ``maxOffsetsPerTrigger`` applies.
+        """
+        job = self.options.job
+        conn = self._db()
+        if start is not None:
+            begin = offsets_map(start)
+            max_offsets = getattr(limit, "max_rows", None)
+        else:
+            # PySpark 4.0/4.1 may ask before initialOffset() (Trigger.AvailableNow fixes its target
+            # first): the query's first start is then the initial offset.
+            begin = self._last_end if self._last_end is not None else self._initial_offsets()
+            max_offsets = self.options.max_offsets_per_trigger
+        watermarks = self._watermarks()
+        if self._target is not None:
+            watermarks = [replace(w, high=min(w.high, self._target.get(w.key, w.low))) for w in watermarks]
+        stored = store.committed_offsets(conn, job, self.options.read.topics)
+        committed = dict(begin)
+        entering = {}
+        for w in watermarks:
+            if w.key not in committed:
+                entering[w.key] = stored.get(w.key, w.low)
+        committed.update(entering)
+        ranges = plan_ranges(job, committed, watermarks)  # aged out, out of log, gone: one line
+        ranges = [r for r in ranges if r.key not in entering]
+        end = dict(committed)
+        end.update({r.key: r.until_offset for r in limit_ranges(ranges, max_offsets)})
+        self._last_end = end
+        return offsets_dict(end)
+
+    def partitions(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> Sequence[InputPartition]:
+        job = self.options.job
+        conn = self._db()
+        begin, finish = offsets_map(start), offsets_map(end)
+        planned = batch_ranges(begin, finish)
+        topics = self.options.read.topics
+        # Partitions the job has no row for start where this checkpoint starts them.
+        committed, history = store.committed_state(conn, job, topics)
+        missing = [r for r in planned if r.key not in committed]
+        if missing:
+            store.create_start_rows(
+                conn,
+                job,
+                [StartDecision(r.topic, r.partition, r.from_offset, "the stream's start") for r in missing],
+            )
+            committed, history = store.committed_state(conn, job, topics)
+        check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
+        watermarks = {w.key: w for w in self._watermarks()}
+        ranges = []
+        for r in planned:
+            past = history.get(r.key)
+            generation = past.generation if past else 0
+            last = past.last if past else None
+            marks = watermarks.get(r.key)
+            low = marks.low if marks else 0
+            verify = last if last is not None and low <= last.offset < r.from_offset else None
+            log_end = marks.high if marks else None
+            ranges.append(replace(r, verify=verify, generation=generation, log_end=log_end))
+        save_plan(conn, job, start, end, ranges)
+        self._last_end = finish
+        return [RangePartition(r) for r in ranges if r.size > 0]
+
+    def commit(self, end: Mapping[str, Any]) -> None:
+        """Spark's commit of a batch it finished; the offsets are in PostgreSQL already."""
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return self.batch_reader.read(partition)
+
+
+def save_plan(
+    conn: psycopg.Connection,
+    job: str,
+    start: Mapping[str, Any],
+    end: Mapping[str, Any],
+    ranges: Sequence[OffsetRange],
+) -> None:
+    with conn.transaction():
+        conn.execute(
+            _SAVE_PLAN,
+            {
+                "job": job,
+                "start": json.dumps(start, sort_keys=True),
+                "end": json.dumps(end, sort_keys=True),
+                "ranges": _ranges_json(ranges),
+            },
+        )
+
+
+def load_plan(conn: psycopg.Connection, job: str) -> list[OffsetRange]:
+    row = conn.execute("SELECT ranges FROM txn_stream_plans WHERE job = %s", (job,)).fetchone()
+    conn.rollback()
+    if row is None:
+        raise TxstoreError(
+            f"job {job!r}: no planned micro-batch in txn_stream_plans; the sink commits only batches "
+            "read with readStream.format('txstore') and the same txstore.job"
+        )
+    return _ranges_from_json(row[0])
+
+
+# -- the sink --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TopicCounts(WriterCommitMessage):  # type: ignore[misc]
+    """One write task's rows per topic."""
+
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    job: str
+    database_url: str
+    failpoints: str = ""  # tests: txstore.core.failpoints, as TXSTORE_FAILPOINTS (txstore.core.failpoints)
+
+
+def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    known = {"txstore.job", "txstore.databaseurl", "txstore.failpoints", "checkpointlocation", "path"}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown option {unknown[0]!r} for writeStream.format('txstore'); it takes txstore.job "
+            "and txstore.databaseUrl"
+        )
+    job = given.get("txstore.job", "").strip()
+    if not job:
+        raise ConfigError("option txstore.job is required by writeStream.format('txstore')")
+    url = given.get("txstore.databaseurl") or environ.get(DATABASE_URL_ENV)
+    if not url:
+        raise ConfigError(
+            f"writeStream.format('txstore') needs the job's database: .option('txstore.databaseUrl', "
+            f"'postgresql://...') or {DATABASE_URL_ENV} on the driver"
+        )
+    failpoints = given.get("txstore.failpoints", "")
+    FailPoints.parse(failpoints)  # a bad one fails at start()
+    return SinkOptions(job, resolve_database_url(url), failpoints)
+
+
+def _count_topics(iterator: Iterator[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in iterator:
+        if hasattr(item, "num_rows"):  # an Arrow record batch (PySpark 4.1+)
+            column = item.column(item.schema.get_field_index("topic"))
+            for value in column.value_counts().to_pylist():
+                counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
+        else:
+            topic = item["topic"]
+            counts[topic] = counts.get(topic, 0) + 1
+    return counts
+
+
+class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
+    """Counts each micro-batch's rows per topic and commits them with the batch's ranges."""
+
+    def __init__(self, options: SinkOptions, schema: Any) -> None:
+        if "topic" not in schema.names:
+            raise ConfigError(
+                "writeStream.format('txstore') counts messages per topic: the DataFrame needs the "
+                "topic column of readStream.format('txstore')"
+            )
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> TopicCounts:
+        return TopicCounts(_count_topics(iterator))
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        job = self.options.job
+        totals: dict[str, int] = {}
+        for m in messages:
+            if isinstance(m, TopicCounts):
+                for topic, n in m.counts.items():
+                    totals[topic] = totals.get(topic, 0) + n
+        with connect(self.options.database_url) as conn:
+            ranges = [r for r in load_plan(conn, job) if r.size > 0]
+            deltas = {(t, TOPIC_TOTAL): n for t, n in sorted(totals.items()) if n}
+            if not ranges:
+                if deltas:
+                    raise TxstoreError(f"job {job!r} batch {batchId}: rows but no planned range")
+                return
+            try:
+                failpoints = FailPoints.parse(self.options.failpoints)
+                TransactionalSink(conn, job, failpoints).commit_batch(ranges, deltas)
+            except AlreadyCommitted:
+                log.info(
+                    "job %s: micro-batch %d (%s) already committed; skipped",
+                    job,
+                    batchId,
+                    ", ".join(map(str, ranges)),
+                )
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: tasks write nothing, the commit is one transaction."""
+
+
+def stream_reader(options: Mapping[str, str], schema: Any) -> TxstoreStreamReader:
+    """The reader for ``readStream.format("txstore")`` (options checked here)."""
+    return TxstoreStreamReader(parse_stream_options(options, os.environ), schema)
+
+
+def stream_writer(options: Mapping[str, str], schema: Any) -> TxstoreStreamWriter:
+    """The sink for ``writeStream.format("txstore")`` (options checked here)."""
+    return TxstoreStreamWriter(parse_sink_options(options, os.environ), schema)
