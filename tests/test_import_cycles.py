@@ -8,6 +8,10 @@ import of a package's ``__init__`` by its submodules does not count (as in impor
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,3 +105,51 @@ def test_txstore_has_no_import_cycles() -> None:
     found = cycles(import_graph())
     assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's contracts of ``pyproject.toml`` over the txstore package under ``root``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+            "--config",
+            str(REPO / "pyproject.toml"),
+            "--no-cache",
+        ],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_layers_hold_the_core_imports_no_client_and_adapters_no_driver() -> None:
+    result = _lint_imports(REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "3 kept, 0 broken" in result.stdout
+
+
+def test_the_contracts_catch_a_client_in_the_core_a_driver_import_and_an_upward_layer(tmp_path: Path) -> None:
+    copy = tmp_path / "txstore"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for module, line in (
+        ("core/errors.py", "import psycopg  # a client in the pure core\n"),
+        ("spark/arrow.py", "from txstore.job import JobSettings  # an adapter importing the driver\n"),
+        (
+            "kafka/mirror.py",
+            "from txstore.postgres.db import connect  # a lower layer importing a higher one\n",
+        ),
+    ):
+        path = copy / module
+        path.write_text(path.read_text() + "\n\ndef _sneaky() -> None:\n    " + line)
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "0 kept, 3 broken" in result.stdout, result.stdout[-3000:]
+    for named in (
+        "txstore.core.errors -> psycopg",
+        "txstore.spark.arrow -> txstore.job",
+        "txstore.kafka.mirror -> txstore.postgres.db",
+    ):
+        assert named in result.stdout, result.stdout[-3000:]
