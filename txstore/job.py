@@ -24,7 +24,8 @@ A batch:
    fail, whether or not it had new data.
 
 Where each part lives: settings in :mod:`txstore.settings` (re-exported
-here), steps 1-4 in :mod:`txstore.planning`, step 5 in one module per
+here), what it runs checked before the first batch in :mod:`txstore.query`, steps 1-4 in
+:mod:`txstore.planning`, step 5 in one module per
 execution mode (:mod:`txstore.modes`), everything Spark-facing in
 :mod:`txstore.spark.tasks`, a batch's report and log lines in
 :mod:`txstore.report.batch_report`; this module holds the driver's resources,
@@ -45,7 +46,6 @@ import psycopg
 from txstore.core.errors import (
     BadMessage,
     BatchFailed,
-    ConfigError,
     DatabaseUnavailable,
     PermissionDenied,
     PublishFailed,
@@ -59,16 +59,17 @@ from txstore.kafka.client import Watermarks
 from txstore.kafka.mirror import GroupOffsetMirror
 from txstore.kafka.topic_ids import TopicIds
 from txstore.modes import Mode, bad_message
-from txstore.modes.dataframe import DataFrameMode, check_read_columns
+from txstore.modes.dataframe import DataFrameMode
 from txstore.modes.idempotent import IdempotentMode
 from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
 from txstore.modes.per_range import PerRangeMode
-from txstore.modes.results_table import ResultsTableMode, check_results_table
+from txstore.modes.results_table import ResultsTableMode
 from txstore.planning import Planner
 from txstore.postgres.driverdb import DriverConnection
 from txstore.postgres.idempotent import MessageTransform
 from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.postgres.results_table import ResultsTable
+from txstore.query import check_arguments, prepare_query
 from txstore.report.batch_report import BatchReport, log_batch
 from txstore.report.metrics import job_metrics
 from txstore.settings import (
@@ -82,11 +83,9 @@ from txstore.settings import (
     DataFrameAggregate,
     JobSettings,
 )
-from txstore.spark.pushdown import PartialCount, infer_pushdown
+from txstore.spark.pushdown import PartialCount
 from txstore.spark.range_task import REFUSED, Aggregate
-from txstore.spark.source_columns import ColumnsInvalid, check_columns
 from txstore.spark.tasks import spark_failure_reason
-from txstore.spark.used_columns import infer_read_columns
 
 __all__ = [
     "COMMIT_MODES",
@@ -158,32 +157,9 @@ class TransactionalJob:
         By default one Kafka admin client is kept for the job's life (planning an
         idle batch then costs a few round trips, not a new client).
         """
-        if settings.sink == IDEMPOTENT:
-            if aggregate is not None or dataframe_aggregate is not None:
-                raise ConfigError("an idempotent sink stores messages; give a transform, not an aggregate")
-        elif (aggregate is None) == (dataframe_aggregate is None):
-            raise ConfigError("give exactly one of aggregate and dataframe_aggregate")
-        elif transform is not None:
-            raise ConfigError("transform is for the idempotent sink (settings.sink='idempotent')")
-        if results_table is not None:
-            if dataframe_aggregate is None:
-                raise ConfigError("a results table takes a dataframe_aggregate: a DataFrame of its rows")
-            if settings.publish_topic:
-                raise ConfigError(
-                    "--publish-topic publishes txn_data results; it cannot be combined with a results table"
-                )
-        if read_columns is not None:
-            if dataframe_aggregate is None:
-                raise ConfigError("read_columns names what a dataframe_aggregate reads; this job has none")
-            try:
-                read_columns = check_columns(read_columns, "read_columns")
-            except ColumnsInvalid as e:
-                raise ConfigError(str(e)) from None
-        if dataframe_aggregate is not None and results_table is None and settings.on_bad_message == SKIP:
-            raise ConfigError(
-                "--on-bad-message skip needs a Python aggregate or a results table: a DataFrame aggregate "
-                "into txn_data fails inside Spark SQL, where txstore cannot tell which message it failed on"
-            )
+        read_columns = check_arguments(
+            settings, aggregate, dataframe_aggregate, transform, results_table, read_columns
+        )
         # First, so a port in use stops the job before it opens anything else (exit 2).
         self.metrics = job_metrics(
             settings.job,
@@ -198,7 +174,7 @@ class TransactionalJob:
         self.dataframe_aggregate = dataframe_aggregate
         self.transform = transform
         self.results_table = results_table
-        self.read_columns = read_columns
+        self.read_columns: Sequence[str] | None = read_columns
         self.push_down_counts = push_down_counts
         self.pushdown: PartialCount | None = None  # found by check_query
         self._query_checked = False
@@ -268,60 +244,23 @@ class TransactionalJob:
         """Before the first batch reads anything: refuse a results table the query's rows cannot
         merge into (:class:`~txstore.core.errors.ResultsTableInvalid`, every problem one line), and a
         ``dataframe_aggregate`` that needs a column ``read_columns`` leaves out
-        (:class:`ConfigError`)."""
+        (:class:`ConfigError`); choose the columns to read and the counts to push down
+        (:func:`txstore.query.prepare_query`)."""
         if self._query_checked:
             return
-        declared = self.read_columns is not None
-        if self.dataframe_aggregate is not None and not declared:
-            self._infer_read_columns()  # proven: over them, the aggregate makes the same plan
-        if self.results_table is not None:
-            assert self.dataframe_aggregate is not None
-            self._results_types = check_results_table(
+        if self.dataframe_aggregate is not None:
+            prepared = prepare_query(
                 self.spark,
                 self._connection(),
-                self.results_table,
+                self.settings,
                 self.dataframe_aggregate,
+                self.results_table,
                 self.read_columns,
-                job=self.settings.job,
+                self.push_down_counts,
             )
-        elif declared:
-            assert self.dataframe_aggregate is not None and self.read_columns is not None
-            check_read_columns(self.spark, self.dataframe_aggregate, self.read_columns)
-        if self.dataframe_aggregate is not None and self.push_down_counts:
-            self._infer_pushdown()
+            self.read_columns, self.pushdown = prepared.read_columns, prepared.pushdown
+            self._results_types = prepared.results_types
         self._query_checked = True
-
-    def _infer_pushdown(self) -> None:
-        """Count in the reading tasks when the ``dataframe_aggregate`` is only grouped counts
-        (:mod:`txstore.spark.pushdown`), and say so in one line either way."""
-        assert self.dataframe_aggregate is not None
-        found = infer_pushdown(self.spark, self.dataframe_aggregate, self.read_columns)
-        if found.partial is None:
-            log.info("job %s: Spark runs the whole query: %s", self.settings.job, found.reason)
-        else:
-            log.info(
-                "job %s: %s (reading %s; push_down_counts=False or --no-push-down-counts to turn off)",
-                self.settings.job,
-                found.reason,
-                ", ".join(found.partial.read_columns()),
-            )
-        self.pushdown = found.partial
-
-    def _infer_read_columns(self) -> None:
-        """No ``read_columns`` declared: read only the columns Spark's optimized plan of the
-        ``dataframe_aggregate`` uses (:mod:`txstore.spark.used_columns`), or all of them."""
-        assert self.dataframe_aggregate is not None
-        inferred = infer_read_columns(self.spark, self.dataframe_aggregate)
-        if inferred.columns is None:
-            log.info("job %s: reading every Kafka-source column: %s", self.settings.job, inferred.reason)
-        else:
-            log.info(
-                "job %s: reading only %s, %s (declare read_columns to choose)",
-                self.settings.job,
-                ", ".join(inferred.columns),
-                inferred.reason,
-            )
-        self.read_columns = inferred.columns
 
     # -- one batch --------------------------------------------------------------
     def mode(self, number: int) -> Mode:
