@@ -133,14 +133,21 @@ def status(
     conn.commit()
     marks: dict[tuple[str, int], PartitionWatermarks] = {}
     problem = None if kafka_conf else "Kafka not given (--bootstrap-servers): log offsets and lag unknown"
+    gone: list[str] = []
+    answered = False
     if kafka_conf:
         for topic in sorted({r[1] for r in rows}):
             try:
                 for found in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
                     marks[found.key] = found
+            except UnknownTopic:  # only this topic's columns stay empty
+                gone.append(topic)
             except KafkaUnavailable as e:
                 problem = f"{e} (log offsets and lag unknown)"
                 break
+        else:
+            answered = True
+            problem = gone_topics_problem(gone)
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
     outbox = {o.job: o for o in outbox_status(conn, job)}
     result = []
@@ -163,7 +170,7 @@ def status(
                 skipped,
             )
         )
-    new = not_started([(r[0], r[1], r[2]) for r in rows], marks) if problem is None else []
+    new = not_started([(r[0], r[1], r[2]) for r in rows], marks) if answered else []
     if new:
         bad = {
             (j, t, p): n
@@ -194,6 +201,18 @@ def status(
             )
         result.sort(key=lambda r: (r.job, r.topic, r.partition))
     return result, problem
+
+
+def gone_topics_problem(gone: Sequence[str]) -> str | None:
+    """The warning for topics a job stored offsets for that Kafka does not have, or None."""
+    if not gone:
+        return None
+    named = ", ".join(map(repr, gone))
+    them = "its" if len(gone) == 1 else "their"
+    return (
+        f"topic{'s' if len(gone) > 1 else ''} {named} not in Kafka (deleted, or not created yet): "
+        f"{them} log offsets and lag unknown; txstore status --check judges {'it' if len(gone) == 1 else 'them'}"
+    )
 
 
 def not_started(
