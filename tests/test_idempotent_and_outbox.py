@@ -6,6 +6,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -307,3 +308,24 @@ def test_a_task_with_several_ranges_commits_them_together_and_sorts_out_conflict
     ]
     assert keys[:2] == [f"j/{topic}/0/10", f"j/{topic}/2/30"]  # committed one by one after the conflict
     assert len(keys) == 3 and keys[2].startswith("j/batch/")
+
+
+def test_the_idempotent_sink_stores_each_message_timestamp_to_the_exact_millisecond_up_to_year_9999(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> None:
+    # Producer-set (CreateTime) timestamps anywhere a Kafka timestamp and PostgreSQL's timestamptz
+    # both reach: a float on the way (milliseconds / 1000.0 into to_timestamp) lands microseconds
+    # off past about year 2255, and 8 microseconds off at 9999-12-31 23:59:59.999.
+    stamps = [1, 999, 1_730_000_000_123, 9_007_199_254_741, 100_000_000_000_001, 253_402_300_799_999]
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, b"k", str(i).encode(), ts) for i, ts in enumerate(stamps)])
+    conf = client_config(kafka.bootstrap_servers)
+    seed(db, "stamps", topic, {0: 0})
+    whole = OffsetRange(topic, 0, 0, len(stamps))
+    with connect(database_url) as conn:
+        assert IdempotentSink(conn, "stamps").store(whole, RangeReader(conf, whole)) == len(stamps)
+    stored = db.execute(
+        "SELECT timestamp FROM txn_messages WHERE job = 'stamps' AND topic = %s ORDER BY off", (topic,)
+    ).fetchall()
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert [row[0] for row in stored] == [epoch + timedelta(milliseconds=ts) for ts in stamps]
