@@ -55,7 +55,9 @@ CHUNK_BYTES = 8 * 1024 * 1024
 _INSERT = """
 INSERT INTO txn_messages (job, topic, part, generation, off, key, value, timestamp)
 SELECT %(job)s, %(topic)s, %(part)s, %(generation)s, m.off, m.key, m.value,
-       CASE WHEN m.ts IS NULL THEN NULL ELSE to_timestamp(m.ts / 1000.0) END
+       -- whole seconds, then the milliseconds: exact integers (ms / 1000.0 is a float, microseconds
+       -- off past about year 2255)
+       to_timestamp(m.ts / 1000) + (m.ts %% 1000) * interval '1 millisecond'  -- NULL stays NULL
 FROM unnest(%(offs)s::bigint[], %(keys)s::bytea[], %(values)s::bytea[], %(tss)s::bigint[])
      AS m(off, key, value, ts)
 ON CONFLICT DO NOTHING
