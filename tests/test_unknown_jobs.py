@@ -1,0 +1,84 @@
+"""A mistyped ``--job``: every command says so in one line listing the jobs the database knows,
+whatever a job is known by (offsets, results, stored messages, results to publish, bad messages)."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+
+from tests.test_operator_cli import txstore
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL
+from txstore.core.starting import StartDecision
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.postgres.sink import TransactionalSink
+
+
+def _jobs_known_by_each_table(database_url: str, db: psycopg.Connection) -> None:
+    """'by_offsets' has offsets; 'by_results' only results (its offsets forgotten, as
+    ``txstore reset --forget`` leaves it); 'by_messages' only stored messages; 'by_bad' only a
+    bad message."""
+    with connect(database_url) as conn:
+        for job in ("by_offsets", "by_results"):
+            store.create_start_rows(conn, job, [StartDecision("t", 0, 0, "test")])
+            TransactionalSink(conn, job).commit(OffsetRange("t", 0, 0, 2), {TOPIC_TOTAL: 2})
+    db.execute("DELETE FROM txn_offsets WHERE job = 'by_results'")
+    db.execute(
+        "INSERT INTO txn_messages (job, topic, part, generation, off, key, value) "
+        "VALUES ('by_messages', 't', 0, 0, 0, NULL, NULL)"
+    )
+    db.execute(
+        "INSERT INTO txn_bad_messages (job, topic, part, off, reason) VALUES ('by_bad', 't', 0, 5, 'test')"
+    )
+    db.commit()
+
+
+KNOWN = "known jobs: 'by_bad', 'by_messages', 'by_offsets', 'by_results'"
+
+
+def test_the_known_jobs_line_lists_jobs_known_only_by_results_messages_or_bad_messages(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    _jobs_known_by_each_table(database_url, db)
+    for known in ("by_offsets", "by_results", "by_messages", "by_bad"):
+        assert txstore("status", "--job", known, url=database_url).returncode == 0
+    typo = txstore("status", "--job", "by_offset", url=database_url)
+    assert (typo.returncode, typo.stdout, typo.stderr) == (
+        1,
+        "",
+        f"txstore: error: no job 'by_offset' in the database ({KNOWN}); check --job\n",
+    )
+
+
+def test_status_check_of_an_unknown_job_is_unknown_exit_3_and_lists_the_known_jobs(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    _jobs_known_by_each_table(database_url, db)
+    check = txstore("status", "--check", "--job", "by_offset", url=database_url)
+    assert (check.returncode, check.stdout) == (
+        3,
+        f"UNKNOWN: no stored offsets for job 'by_offset': no job 'by_offset' in the database ({KNOWN}); "
+        "check --job\n",
+    )
+    as_json = json.loads(
+        txstore("status", "--check", "--json", "--job", "by_offset", url=database_url).stdout
+    )
+    assert (as_json["status"], as_json["exit_code"], as_json["partitions"]) == ("UNKNOWN", 3, [])
+    assert KNOWN in as_json["summary"]
+    # A job known only by its results has no offsets to judge: UNKNOWN, but not "no job".
+    known = txstore("status", "--check", "--job", "by_results", url=database_url)
+    assert (known.returncode, known.stdout) == (3, "UNKNOWN: no stored offsets for job 'by_results'\n")
+
+
+def test_publish_of_an_unknown_job_is_refused_in_one_line_listing_the_known_jobs(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    _jobs_known_by_each_table(database_url, db)
+    typo = txstore("publish", "--job", "by_offset", "--bootstrap-servers", "127.0.0.1:1", url=database_url)
+    assert (typo.returncode, typo.stdout, typo.stderr) == (
+        1,
+        "",
+        f"txstore: error: no job 'by_offset' in the database ({KNOWN}); check --job\n",
+    )
