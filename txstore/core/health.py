@@ -230,11 +230,13 @@ def exit_code(results: Sequence[PartitionHealth]) -> int:
     return EXIT_OK
 
 
-def summary(results: Sequence[PartitionHealth], job: str | None) -> str:
-    """The first line: the level, the jobs checked and how many partitions have each status."""
+def summary(results: Sequence[PartitionHealth], job: str | None, unknown_job: str | None = None) -> str:
+    """The first line: the level, the jobs checked and how many partitions have each status.
+    ``unknown_job``: why ``job`` names no job the database knows (a typo), said after it."""
     level = LEVELS[exit_code(results)]
     if not results:
-        return f"{level}: no stored offsets" + (f" for job {job!r}" if job else "")
+        line = f"{level}: no stored offsets" + (f" for job {job!r}" if job else "")
+        return f"{line}: {unknown_job}; check --job" if unknown_job else line
     jobs = sorted({r.job for r in results})
     counts = [f"{sum(r.status == s for r in results)} {s}" for s in (ERR, STOP, STALL, UNKNOWN, WARN, OK)]
     named = ", ".join(repr(j) for j in jobs)
@@ -243,19 +245,21 @@ def summary(results: Sequence[PartitionHealth], job: str | None) -> str:
     )
 
 
-def format_check(results: Sequence[PartitionHealth], job: str | None) -> str:
+def format_check(results: Sequence[PartitionHealth], job: str | None, unknown_job: str | None = None) -> str:
     """The summary line, then one line per partition that is not OK."""
-    lines = [summary(results, job)]
+    lines = [summary(results, job, unknown_job)]
     lines += [f"{r.status} {r.reason}" for r in results if r.status != OK]
     return "\n".join(lines)
 
 
-def as_json(results: Sequence[PartitionHealth], job: str | None) -> dict[str, Any]:
+def as_json(
+    results: Sequence[PartitionHealth], job: str | None, unknown_job: str | None = None
+) -> dict[str, Any]:
     code = exit_code(results)
     return {
         "status": LEVELS[code],
         "exit_code": code,
-        "summary": summary(results, job),
+        "summary": summary(results, job, unknown_job),
         "partitions": [asdict(r) for r in results],
     }
 

@@ -194,6 +194,9 @@ def _operate(args: argparse.Namespace) -> int:
         if args.command == "publish":
             from txstore.postgres.outbox import OutboxPublisher, close_producers, outbox_counts
 
+            unknown = ops.unknown_job_problem(conn, args.job)
+            if unknown:
+                raise ConfigError(f"{unknown}; check --job")
             if kafka_conf is None:
                 raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
             try:
@@ -255,10 +258,13 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
     stall_after = timedelta(seconds=args.stall_after)
     facts, now = ops.health_facts(conn, kafka_conf, args.job, stall_after)
     results = [health.evaluate(f, now, stall_after) for f in facts]
+    unknown = ops.unknown_job_problem(conn, args.job) if args.job is not None and not facts else None
     if args.json:
-        print(json.dumps(health.as_json(results, args.job), default=lambda v: v.isoformat(), indent=2))
+        print(
+            json.dumps(health.as_json(results, args.job, unknown), default=lambda v: v.isoformat(), indent=2)
+        )
     else:
-        print(health.format_check(results, args.job))
+        print(health.format_check(results, args.job, unknown))
     return health.exit_code(results)
 
 

@@ -83,11 +83,34 @@ class JobSummary:
     skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
 
+def _distinct_jobs(table: str, where: str = "TRUE") -> str:
+    """The distinct jobs of ``table`` by a skip scan of its index on ``job`` (one index probe per
+    job, not a scan of every row: ``txn_data`` and ``txn_messages`` can hold millions)."""
+    return (
+        f"(WITH RECURSIVE j(job) AS (SELECT min(job) FROM {table} WHERE {where} "
+        f"UNION ALL SELECT (SELECT min(job) FROM {table} WHERE {where} AND job > j.job) FROM j "
+        "WHERE j.job IS NOT NULL) SELECT job FROM j WHERE job IS NOT NULL)"
+    )
+
+
+_KNOWN_JOBS = (
+    " UNION ".join(
+        [
+            _distinct_jobs("txn_offsets"),
+            _distinct_jobs("txn_data"),
+            _distinct_jobs("txn_messages"),
+            _distinct_jobs("txn_outbox", "sent_at IS NULL"),
+            _distinct_jobs("txn_bad_messages"),
+        ]
+    )
+    + " ORDER BY 1"
+)
+
+
 def known_jobs(conn: psycopg.Connection) -> list[str]:
-    """The jobs the database knows: those with stored offsets or results still to publish."""
-    rows = conn.execute(
-        "SELECT job FROM txn_offsets UNION SELECT job FROM txn_outbox WHERE sent_at IS NULL ORDER BY 1"
-    ).fetchall()
+    """The jobs the database knows, by anything stored for them (as :func:`unknown_job_problem`):
+    offsets, results, messages, results to publish, messages skipped as bad."""
+    rows = conn.execute(_KNOWN_JOBS).fetchall()
     conn.commit()
     return [r[0] for r in rows]
 
