@@ -49,3 +49,9 @@ def test_a_topic_gone_from_kafka_blanks_only_its_own_rows_and_is_named_in_the_wa
     assert len(warnings) == 1, result.stderr
     assert gone in warnings[0] and "not in Kafka" in warnings[0], warnings
     assert "did not answer" not in result.stderr
+
+    check = txstore("status", "--check", "--job", "two_topics", url=database_url, kafka=kafka)
+    assert check.returncode == 2, check.stdout + check.stderr
+    problems = check.stdout.splitlines()[1:]
+    assert [line.split()[0] for line in problems if gone in line] == ["ERR"], check.stdout
+    assert not [line for line in problems if kept in line and line.startswith("ERR")], check.stdout
