@@ -423,12 +423,14 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
         workers = lambda: [p for p in descendants(job.pid) if "pyspark" in command_line(p)]  # noqa: E731
 
         def stalled() -> bool:
+            # A task's commit, stalled after its conditional offset update: not any transaction
+            # (the driver's planning is briefly idle in one too, before a task has started).
             with psycopg.connect(database_url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
-                    " AND datname = current_database()"
+                    " AND datname = current_database() AND query LIKE '%UPDATE txn_offsets o SET off%'"
                 ).fetchone()
-            return job.poll() is not None or bool(row and row[0])
+            return job.poll() is not None or bool(row and row[0] and workers())
 
         assert wait_for(stalled, 120), "no task got to its commit"
         assert job.poll() is None
