@@ -41,6 +41,7 @@ import re
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 Edit = tuple[int, int, str]  # [start, end) in the source text, replaced by the text
 
@@ -570,8 +571,9 @@ def _valid(path: str, text: str, found: list[Mutant]) -> list[Mutant]:
         line_text = lines[m.line - 1].strip()
         key = (m.scope, m.operator, line_text)
         occurrences[key] = occurrences.get(key, 0) + 1
+        # The module's file name, not its path: a module moved to another package keeps its ids.
         digest = hashlib.sha1(
-            f"{path}|{m.scope}|{m.operator}|{line_text}|{occurrences[key]}".encode()
+            f"{PurePosixPath(path).stem}|{m.scope}|{m.operator}|{line_text}|{occurrences[key]}".encode()
         ).hexdigest()
         out.append(Mutant(m.path, m.scope, m.line, m.operator, m.edits, digest[:8]))
     return out
