@@ -3,6 +3,11 @@
 Registered from tests/conftest.py. ``real_kafka`` skips, with one line saying
 why, when Kafka's jars are not cached and Maven cannot fetch them; in CI
 (``CI=true``) it fails instead, so a CI run never passes without them.
+
+``any_kafka`` runs a test twice: on the mock broker (``kafka``), then on this
+real one (marked ``real_kafka``: ``-m "not real_kafka"`` leaves it out), with
+``new_any_topic`` creating its topics on whichever it is. Which tests take it,
+and why those: docs/development.md, "On both brokers".
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from txstore.reader import close_idle_consumers
+from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import KafkaJarsUnavailable, RealKafkaCluster, kafka_jars
+
+AnyKafka = MockKafkaCluster | RealKafkaCluster
+"""Either broker: both have ``bootstrap_servers``, ``create_topic``, ``delete_topic``, ``recreate_topic``."""
 
 
 def _in_ci() -> bool:
@@ -47,6 +56,32 @@ def new_real_topic(real_kafka: RealKafkaCluster) -> Callable[..., str]:
     def create(partitions: int = 4, prefix: str = "real", config: dict[str, str] | None = None) -> str:
         name = f"{prefix}-{os.getpid()}-{next(_topic_numbers)}"
         real_kafka.create_topic(name, partitions, config=config)
+        return name
+
+    return create
+
+
+@pytest.fixture(params=["mock", pytest.param("real", marks=pytest.mark.real_kafka)])
+def any_kafka(request: pytest.FixtureRequest) -> AnyKafka:
+    """The mock broker, then real Apache Kafka (the session's): a test taking it runs on both."""
+    cluster: AnyKafka = request.getfixturevalue("kafka" if request.param == "mock" else "real_kafka")
+    return cluster
+
+
+@pytest.fixture
+def new_any_topic(any_kafka: AnyKafka) -> Callable[..., str]:
+    """Create a uniquely named topic on ``any_kafka``: ``new_any_topic(partitions=4)``.
+
+    ``config`` (topic settings, e.g. ``{"max.message.bytes": "4194304"}``) goes to the real
+    broker; the mock has no topic settings (its limits are librdkafka's mock defaults).
+    """
+
+    def create(partitions: int = 4, prefix: str = "any", config: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{os.getpid()}-{next(_topic_numbers)}"
+        if isinstance(any_kafka, RealKafkaCluster):
+            any_kafka.create_topic(name, partitions, config=config)
+        else:
+            any_kafka.create_topic(name, partitions)
         return name
 
     return create

@@ -34,7 +34,6 @@ from txstore.kafka import Watermarks, client_config, offsets_for_timestamp
 from txstore.ops import apply_reset, plan_job_reset
 from txstore.reset import ResetTarget
 from txstore.starting import StartingOffsets
-from txstore.task import COMMITTED
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,
     KafkaStartFailed,
@@ -182,30 +181,6 @@ def test_the_broker_answers_metadata_with_its_version_and_topic_ids(
 
 
 # -- count_topic on real Kafka --------------------------------------------------------------
-
-
-@pytest.mark.spark
-@pytest.mark.parametrize(
-    "settings", [{}, {"commit": "per-batch", "min_partitions": 4}], ids=["per-range", "per-batch-pieces"]
-)
-def test_counts_equal_messages_produced_over_several_runs(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    settings: dict[str, Any],
-) -> None:
-    topic = new_real_topic(4)
-    produced = 0
-    for run, counts in enumerate([{0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}, {0: 7, 3: 700}]):
-        produce(real_kafka.bootstrap_servers, topic, counts)
-        produced += sum(counts.values())
-        report = job_for(spark, real_kafka, database_url, topic, **settings).run_batch()
-        assert report.messages == sum(counts.values()), f"run {run}"
-        assert all(r.outcome == COMMITTED for r in report.ranges)
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(real_kafka, topic)
 
 
 def per_topic(frame: Any) -> Any:
