@@ -26,6 +26,16 @@ AnyKafka = MockKafkaCluster | RealKafkaCluster
 """Either broker: both have ``bootstrap_servers``, ``create_topic``, ``delete_topic``, ``recreate_topic``."""
 
 
+# Retention and compaction within a test's seconds (tests/test_real_kafka_lifecycle.py): Kafka
+# checks retention every 5 minutes and the cleaner backs off 15 s by default. Only topics that
+# ask for it (retention.ms, cleanup.policy=compact) are touched; the checks themselves are cheap.
+SESSION_BROKER_CONFIG = {
+    "log.retention.check.interval.ms": "500",
+    "log.cleaner.backoff.ms": "500",
+    "log.segment.delete.delay.ms": "1000",
+}
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
@@ -41,7 +51,7 @@ def real_kafka() -> Iterator[RealKafkaCluster]:
         if _in_ci():
             pytest.fail(f"real Kafka (CI must run it): {problem}", pytrace=False)
         pytest.skip(f"real Kafka not available: {problem}")
-    with RealKafkaCluster(jars) as cluster:
+    with RealKafkaCluster(jars, broker_config=SESSION_BROKER_CONFIG) as cluster:
         yield cluster
         close_idle_consumers()  # readers this process kept for reuse, before their broker goes
 
