@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from tests.conftest import REPO, produce, send
@@ -31,9 +31,9 @@ from txstore.db import connect
 from txstore.errors import TopicRecreated
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka import Watermarks, client_config, offsets_for_timestamp
-from txstore.ops import apply_reset, plan_job_reset
+from txstore.ops import apply_reset, plan_job_reset, status
 from txstore.reset import ResetTarget
-from txstore.starting import StartingOffsets
+from txstore.starting import StartingOffsets, parse_starting_offsets
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,
     KafkaStartFailed,
@@ -461,6 +461,104 @@ def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
     TransactionalJob(spark, settings, count_messages).run()
     assert totals(db, topic) == {topic: 3 + 6}
     assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
+
+
+# -- the consumer-group mirror ----------------------------------------------------------------
+
+
+def group_view(
+    kafka: RealKafkaCluster, group: str, topic: str, partitions: int
+) -> dict[int, tuple[int, int]]:
+    """What ``kafka-consumer-groups --describe --group G`` shows, asked the way it asks: the group's
+    committed offsets (OffsetFetch, ``list_consumer_group_offsets``) and each partition's log end
+    (ListOffsets latest, read-uncommitted): ``{partition: (current offset, lag)}`` for the
+    partitions the group has an offset for."""
+    futures = kafka.admin().list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])],
+        request_timeout=10,
+    )
+    committed = {
+        tp.partition: tp.offset for tp in futures[group].result(10).topic_partitions if tp.offset >= 0
+    }
+    ends = high_watermarks(kafka, topic, partitions)
+    return {p: (o, ends[p] - o) for p, o in committed.items()}
+
+
+def job_lag(database_url: str, kafka: RealKafkaCluster, job: str) -> dict[int, tuple[int, int]]:
+    """``txstore status``: each stored partition's offset and lag."""
+    with connect(database_url) as conn:
+        rows, problem = status(conn, client_config(kafka.bootstrap_servers), job)
+    assert problem is None
+    return {r.partition: (r.offset, r.lag) for r in rows if r.offset is not None and r.lag is not None}
+
+
+@pytest.mark.spark
+def test_the_mirrored_group_offsets_read_back_by_kafka_admin_give_kafka_tools_the_jobs_own_lag(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """--commit-to-kafka-group: after each batch Kafka's own admin API reads back the offsets
+    stored in PostgreSQL, and the lag Kafka's tools compute from them (log end minus committed)
+    is the lag txstore status shows, also past transaction markers and while the job is behind."""
+    topic = new_real_topic(3, prefix="mirror")
+    bootstrap = real_kafka.bootstrap_servers
+    group = f"mirror-{topic}"
+    produce(bootstrap, topic, {0: 40, 1: 25, 2: 3})
+    producer = transactional(real_kafka, f"mirror-{topic}")
+    producer.begin_transaction()
+    in_transaction(producer, topic, {1: 4, 2: 2})
+    producer.commit_transaction(TX_TIMEOUT)  # a marker ends partitions 1 and 2
+    with job_for(
+        spark, real_kafka, database_url, topic, commit_to_kafka_group=group, max_offsets_per_batch=30
+    ) as job:
+        job.run_batch()  # behind: about 30 of the 76 offsets
+        behind = job_lag(database_url, real_kafka, "count_topic")
+        assert 76 - 30 <= sum(lag for _, lag in behind.values()) < 76
+        assert group_view(real_kafka, group, topic, 3) == behind
+        while job.run_batch().ranges:
+            pass
+        caught_up = job_lag(database_url, real_kafka, "count_topic")
+        assert caught_up == {0: (40, 0), 1: (30, 0), 2: (6, 0)}
+        assert group_view(real_kafka, group, topic, 3) == caught_up
+        produce(bootstrap, topic, {2: 5})  # new messages: both see the same lag before the next batch
+        assert group_view(real_kafka, group, topic, 3) == job_lag(database_url, real_kafka, "count_topic")
+        assert group_view(real_kafka, group, topic, 3)[2] == (6, 5)
+    assert totals(db, topic) == {topic: 40 + 25 + 3 + 6}
+
+
+@pytest.mark.spark
+def test_the_mirror_gives_kafka_tools_every_partition_the_job_stores_also_those_it_started_at_latest(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """A job started at ``latest`` stores each partition's log end without counting a range there;
+    an empty partition stores 0. Kafka's tools must see those offsets too (lag 0), not a partition
+    with no committed offset (``-``, which lag monitors read as unknown or as the whole log)."""
+    topic = new_real_topic(3, prefix="mirror-latest")
+    bootstrap = real_kafka.bootstrap_servers
+    group = f"mirror-{topic}"
+    produce(bootstrap, topic, {0: 8, 1: 2})
+    with job_for(
+        spark,
+        real_kafka,
+        database_url,
+        topic,
+        commit_to_kafka_group=group,
+        starting_offsets=parse_starting_offsets("latest"),
+    ) as job:
+        assert job.run_batch().ranges == ()
+        assert job_lag(database_url, real_kafka, "count_topic") == {0: (8, 0), 1: (2, 0), 2: (0, 0)}
+        assert group_view(real_kafka, group, topic, 3) == {0: (8, 0), 1: (2, 0), 2: (0, 0)}
+        produce(bootstrap, topic, {1: 3})
+        job.run_batch()
+        assert group_view(real_kafka, group, topic, 3) == {0: (8, 0), 1: (5, 0), 2: (0, 0)}
+    assert totals(db, topic) == {topic: 3}
 
 
 # -- kill and restart (last: they restart the session's broker) ------------------------------
