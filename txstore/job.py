@@ -42,6 +42,7 @@ from typing import Any
 
 import psycopg
 
+from txstore import store
 from txstore.badmessages import SKIP
 from txstore.batch_report import BatchReport, log_batch
 from txstore.driverdb import DriverConnection
@@ -69,7 +70,7 @@ from txstore.modes.results_table import ResultsTableMode, check_results_table
 from txstore.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.planning import Planner
 from txstore.pushdown import PartialCount, infer_pushdown
-from txstore.ranges import OffsetRange, PartitionWatermarks
+from txstore.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 from txstore.results_table import ResultsTable
 from txstore.settings import (
     COMMIT_MODES,
@@ -214,6 +215,7 @@ class TransactionalJob:
         self.batches = 0
         self._db = DriverConnection(settings.database_url, settings.job)
         self._mirror: GroupOffsetMirror | None = None
+        self._mirrored: dict[TopicPartition, int] = {}  # the offsets the group has from this job
         self._publisher = (
             OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
         )
@@ -402,7 +404,7 @@ class TransactionalJob:
         log_batch(s.job, report, skipped_by="transform" if s.sink == IDEMPOTENT else "aggregate")
         self.metrics.batch_finished(report.ranges, (report.plan_ms + report.run_ms) / 1000, report.commit_ms)
         if s.commit_to_kafka_group:
-            self._mirror_offsets(report)
+            self._mirror_offsets()
         refused = [r for r in report.ranges if r.outcome == REFUSED]
         bad = [b for r in refused if r.error_kind == BadMessage.__name__ for b in r.bad_messages]
         if bad:  # retrying cannot help, whatever else was refused
@@ -448,15 +450,34 @@ class TransactionalJob:
         if self.metrics.enabled:
             self.metrics.outbox_pending(pending_count(self._connection(), self.settings.job))
 
-    def _mirror_offsets(self, report: BatchReport) -> None:
-        """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""
+    def _mirror_offsets(self) -> None:
+        """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``).
+
+        Every partition the job stores, read back from the database, not only the batch's
+        ranges: a partition started at its end (``latest``, a start time past the end) or
+        found empty has an offset but no range, and Kafka's tools would show it without one.
+        Only offsets that changed since the last mirror are sent. Never fatal.
+        """
         s = self.settings
         assert s.commit_to_kafka_group is not None
         if self._mirror is None:
             self._mirror = GroupOffsetMirror(s.kafka_conf, s.commit_to_kafka_group)
-        self._mirror.publish(
-            {r.range.key: r.range.until_offset for r in report.ranges if r.outcome != REFUSED}
-        )
+        try:
+            conn = self._connection()
+            stored = store.committed_offsets(conn, s.job, list(s.topics))
+            conn.commit()
+        except psycopg.Error as e:
+            self._drop_connection()
+            log.warning(
+                "could not mirror offsets to Kafka group %r: reading them failed: %s (the database "
+                "stays correct)",
+                s.commit_to_kafka_group,
+                first_line(e),
+            )
+            return
+        changed = {k: o for k, o in stored.items() if self._mirrored.get(k) != o}
+        if self._mirror.publish(changed):
+            self._mirrored.update(changed)
 
     # -- the loop ---------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
