@@ -28,8 +28,10 @@ AnyKafka = MockKafkaCluster | RealKafkaCluster
 
 # Retention and compaction within a test's seconds (tests/test_real_kafka_lifecycle.py): Kafka
 # checks retention every 5 minutes and the cleaner backs off 15 s by default. Only topics that
-# ask for it (retention.ms, cleanup.policy=compact) are touched; the checks themselves are cheap.
+# ask for it (retention.ms, cleanup.policy=compact) are touched: by default nothing ages out, as
+# tests produce messages with CreateTimes months old (Kafka's 7 days would delete them at once).
 SESSION_BROKER_CONFIG = {
+    "log.retention.ms": "-1",
     "log.retention.check.interval.ms": "500",
     "log.cleaner.backoff.ms": "500",
     "log.segment.delete.delay.ms": "1000",

@@ -25,6 +25,7 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from tests.conftest import REPO, produce, send
 from tests.test_count_topic import job_for, log_ends, offsets, totals
+from tests.test_operator_cli import txstore
 from tests.test_recreated_topic import snapshot
 from txstore.count_topic import count_messages
 from txstore.db import connect
@@ -33,7 +34,7 @@ from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka import Watermarks, client_config, offsets_for_timestamp
 from txstore.ops import apply_reset, plan_job_reset, status
 from txstore.reset import ResetTarget
-from txstore.starting import StartingOffsets, parse_starting_offsets
+from txstore.starting import StartingOffsets, parse_starting_offsets, parse_timestamp
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,
     KafkaStartFailed,
@@ -415,6 +416,88 @@ def test_a_starting_timestamp_inside_an_open_transaction_starts_at_the_last_stab
     report = job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
     assert report.messages == 2 + 1
     assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 7}
+
+
+def reset_plan(database_url: str, kafka: RealKafkaCluster, topic: str, when: str) -> dict[int, int | None]:
+    """Where ``txstore reset --to-datetime WHEN`` would move each partition (nothing changed)."""
+    target = ResetTarget("datetime", parse_timestamp(when, "--to-datetime"))
+    with connect(database_url) as conn:
+        moves = plan_job_reset(
+            conn, client_config(kafka.bootstrap_servers), "count_topic", topic, None, target
+        )
+    return {m.partition: m.new for m in moves}
+
+
+@pytest.mark.spark
+def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_create_times_out_of_order(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """``txstore reset --to-datetime`` on Kafka's own offsets-for-times: the first offset whose
+    producer-set CreateTime is at or after the time, in offset order (earlier timestamps after it
+    are read again too); a partition with no message that late goes to its log end, applied
+    without --force, since Kafka does answer time lookups there; a time past every message moves
+    every partition to its log end."""
+    topic = new_real_topic(3, prefix="reset-time")
+    bootstrap = real_kafka.bootstrap_servers
+    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in [5, 1, 9, 3, 20]])
+    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])
+    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + ms) for ms in range(2)])
+    job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert offsets(db, topic) == {0: 5, 1: 4, 2: 2}
+
+    # To the millisecond: 9 s exactly is offset 2; a time between two milliseconds is the later one;
+    # a millisecond later is the next message at or after it, offset 4 (20 s).
+    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T00:00:09Z")[0] == 2
+    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T00:00:08.9995Z")[0] == 2
+    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T05:30:09.001+05:30")[0] == 4
+    assert reset_plan(database_url, real_kafka, topic, str(T0 + 1000)) == {0: 0, 1: 1, 2: 0}
+
+    to_6s = ("reset", "--job", "count_topic", "--topic", topic, "--to-datetime", "2026-01-01T00:00:06Z")
+    dry_run = txstore(*to_6s, url=database_url, kafka=real_kafka)
+    assert (dry_run.returncode, dry_run.stderr) == (0, "")
+    assert dry_run.stdout.splitlines()[1:] == [
+        f"  {topic}/0: 5 -> 2 (--to-datetime 2026-01-01T00:00:06Z; 3 messages will be counted again)",
+        f"  {topic}/1: 4 -> 4 (--to-datetime 2026-01-01T00:00:06Z; unchanged)",
+        f"  {topic}/2: 2 -> 0 (--to-datetime 2026-01-01T00:00:06Z; 2 messages will be counted again)",
+        "dry run: nothing was changed; add --execute to apply this plan",
+    ]
+    applied = txstore(*to_6s, "--execute", url=database_url, kafka=real_kafka)
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert offsets(db, topic) == {0: 2, 1: 4, 2: 0}
+    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
+        (0, 2, 3),
+        (2, 0, 2),
+    ]
+    conf = client_config(bootstrap)
+
+    past_the_end = (
+        "reset",
+        "--job",
+        "count_topic",
+        "--topic",
+        topic,
+        "--to-datetime",
+        "2099-01-01T00:00:00Z",
+    )
+    with connect(database_url) as conn:  # back to 1 s first, so that past the end moves each partition
+        target = ResetTarget("datetime", T0 + 1000)
+        apply_reset(conn, "count_topic", plan_job_reset(conn, conf, "count_topic", topic, None, target))
+    assert offsets(db, topic) == {0: 0, 1: 1, 2: 0}
+    dry_run = txstore(*past_the_end, url=database_url, kafka=real_kafka)
+    assert (dry_run.returncode, dry_run.stderr) == (0, "")  # no warning: Kafka answers time lookups
+    assert dry_run.stdout.splitlines()[1:4] == [
+        f"  {topic}/0: 0 -> 5 (--to-datetime 2099-01-01T00:00:00Z; 5 messages will be skipped)",
+        f"  {topic}/1: 1 -> 4 (--to-datetime 2099-01-01T00:00:00Z; 3 messages will be skipped)",
+        f"  {topic}/2: 0 -> 2 (--to-datetime 2099-01-01T00:00:00Z; 2 messages will be skipped)",
+    ]
+    applied = txstore(*past_the_end, "--execute", url=database_url, kafka=real_kafka)
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 5, 1: 4, 2: 2}
 
 
 # -- topic IDs ------------------------------------------------------------------------------
