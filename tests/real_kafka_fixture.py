@@ -38,6 +38,11 @@ SESSION_BROKER_CONFIG = {
 }
 
 
+# The login the SASL_SSL listener knows (tests/test_real_kafka_logins.py).
+SCRAM_USER = "txstore-job"
+SCRAM_PASSWORD = "s3cret pass=word;"
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
@@ -53,7 +58,9 @@ def real_kafka() -> Iterator[RealKafkaCluster]:
         if _in_ci():
             pytest.fail(f"real Kafka (CI must run it): {problem}", pytrace=False)
         pytest.skip(f"real Kafka not available: {problem}")
-    with RealKafkaCluster(jars, broker_config=SESSION_BROKER_CONFIG) as cluster:
+    with RealKafkaCluster(
+        jars, broker_config=SESSION_BROKER_CONFIG, scram_users={SCRAM_USER: SCRAM_PASSWORD}
+    ) as cluster:
         yield cluster
         close_idle_consumers()  # readers this process kept for reuse, before their broker goes
 
