@@ -40,6 +40,7 @@ from txstore.testing.real_kafka import (
     KafkaStartFailed,
     RealKafkaCluster,
     kafka_jars,
+    make_certificates,
 )
 from txstore.topic_ids import fetch_topic_ids
 
@@ -167,6 +168,32 @@ def test_a_broker_that_cannot_start_names_its_log_and_its_last_lines() -> None:
         assert "num.io.threads" in tail  # Kafka's own complaint, from the log's last lines
     finally:
         shutil.rmtree(log.parent, ignore_errors=True)  # kept for reading after a failed start
+
+
+def test_without_openssl_a_sasl_ssl_listener_cannot_be_made_and_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(KafkaStartFailed) as raised:
+        make_certificates(tmp_path / "tls")
+    assert str(raised.value) == "a SASL_SSL listener needs openssl on PATH (apt-get install openssl)"
+
+
+def test_the_certificates_made_for_the_sasl_ssl_listener_name_127_0_0_1_and_chain_to_their_ca(
+    tmp_path: Path,
+) -> None:
+    ca, keystore = make_certificates(tmp_path / "tls")
+    text = keystore.read_text()
+    assert text.startswith("-----BEGIN PRIVATE KEY-----")  # unencrypted PKCS#8, as a PEM keystore takes
+    assert text.count("-----BEGIN CERTIFICATE-----") == 2
+    broker = tmp_path / "tls" / "broker.pem"
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(ca), "-verify_ip", "127.0.0.1", str(broker)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_the_broker_answers_metadata_with_its_version_and_topic_ids(
