@@ -612,7 +612,8 @@ def test_the_mirrored_group_offsets_read_back_by_kafka_admin_give_kafka_tools_th
 ) -> None:
     """--commit-to-kafka-group: after each batch Kafka's own admin API reads back the offsets
     stored in PostgreSQL, and the lag Kafka's tools compute from them (log end minus committed)
-    is the lag txstore status shows, also past transaction markers and while the job is behind."""
+    is the lag txstore status shows, also past transaction markers and while the job is behind;
+    only an open transaction's messages are lag to the tools and not to the job."""
     topic = new_real_topic(3, prefix="mirror")
     bootstrap = real_kafka.bootstrap_servers
     group = f"mirror-{topic}"
@@ -636,7 +637,15 @@ def test_the_mirrored_group_offsets_read_back_by_kafka_admin_give_kafka_tools_th
         produce(bootstrap, topic, {2: 5})  # new messages: both see the same lag before the next batch
         assert group_view(real_kafka, group, topic, 3) == job_lag(database_url, real_kafka, "count_topic")
         assert group_view(real_kafka, group, topic, 3)[2] == (6, 5)
-    assert totals(db, topic) == {topic: 40 + 25 + 3 + 6}
+        job.run_batch()
+        # An open transaction: its messages are lag to Kafka's tools (the high watermark), not to
+        # the job, which reads to the last stable offset and counts them once they commit.
+        producer.begin_transaction()
+        in_transaction(producer, topic, {0: 4})
+        assert job_lag(database_url, real_kafka, "count_topic")[0] == (40, 0)
+        assert group_view(real_kafka, group, topic, 3)[0] == (40, 4)
+        producer.abort_transaction(TX_TIMEOUT)
+    assert totals(db, topic) == {topic: 40 + 25 + 3 + 6 + 5}
 
 
 @pytest.mark.spark
