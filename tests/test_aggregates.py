@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Outgoing, send
+from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import log_ends, offsets
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FAILPOINTS_ENV
@@ -71,25 +72,25 @@ def keyed_messages(rng: random.Random, n: int, partitions: int) -> list[Outgoing
     ]
 
 
-def settings(kafka: MockKafkaCluster, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
+def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
     return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
 
 
 def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_order_timestamps(
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    topic = new_topic(3)
+    topic = new_any_topic(3)
     rng = random.Random(20261122)
     variants = {"by-key": (True, None), "by-window": (False, MINUTE), "by-both": (True, MINUTE)}
     produced: list[Outgoing] = []
     for run in range(3):
         batch = keyed_messages(rng, 300, 3)
-        send(kafka.bootstrap_servers, topic, batch)
+        send(any_kafka.bootstrap_servers, topic, batch)
         produced += batch
         if run == 1:
             # Every task's first attempt commits, then dies before Spark hears of it:
@@ -100,26 +101,26 @@ def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_o
         for job, (by_key, window_ms) in variants.items():
             # A new job object per run: a restart that knows only what the database says.
             with TransactionalJob(
-                spark, settings(kafka, database_url, job, topic), CountMessages(by_key, window_ms)
+                spark, settings(any_kafka, database_url, job, topic), CountMessages(by_key, window_ms)
             ) as runner:
                 report = runner.run_batch()
             outcomes = {r.outcome for r in report.ranges}
             assert outcomes == ({ALREADY_COMMITTED} if run == 1 else {COMMITTED}), (job, run)
             assert stored(db, job, topic) == expected(produced, by_key, window_ms), (job, run)
-            assert offsets(db, topic, job) == log_ends(kafka, topic)
+            assert offsets(db, topic, job) == log_ends(any_kafka, topic)
 
 
 def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions(
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
 ) -> None:
-    topic = new_topic(2)
+    topic = new_any_topic(2)
     messages = keyed_messages(random.Random(5), 2_000, 2)
-    send(kafka.bootstrap_servers, topic, messages)
-    s = settings(kafka, database_url, "batch", topic, commit="per-batch", min_partitions=6)
+    send(any_kafka.bootstrap_servers, topic, messages)
+    s = settings(any_kafka, database_url, "batch", topic, commit="per-batch", min_partitions=6)
     with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
     assert [r.outcome for r in report.ranges] == [COMMITTED, COMMITTED]
@@ -130,7 +131,7 @@ def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions
     assert tracker.getStageInfo(map_stage).numTasks == len(split_ranges([r.range for r in report.ranges], 6))
     assert tracker.getStageInfo(map_stage).numTasks >= 6
     assert stored(db, "batch", topic) == expected(messages, True, None)
-    assert offsets(db, topic, "batch") == log_ends(kafka, topic)
+    assert offsets(db, topic, "batch") == log_ends(any_kafka, topic)
 
 
 def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_committed(

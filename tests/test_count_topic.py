@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
+from tests.real_kafka_fixture import AnyKafka
 from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.spark
 
 
 def job_for(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, *topics: str, **settings: Any
+    spark: Any, kafka: AnyKafka, database_url: str, *topics: str, **settings: Any
 ) -> TransactionalJob:
     return TransactionalJob(
         spark,
@@ -43,7 +44,7 @@ def offsets(db: psycopg.Connection, topic: str, job: str = "count_topic") -> dic
     return {p: o for (t, p), o in store.committed_offsets(db, job, [topic]).items() if t == topic}
 
 
-def log_ends(kafka: MockKafkaCluster, topic: str) -> dict[int, int]:
+def log_ends(kafka: AnyKafka, topic: str) -> dict[int, int]:
     return {m.partition: m.high for m in fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])}
 
 
@@ -53,22 +54,22 @@ def spark_job_count(spark: Any) -> int:
 
 def test_counts_equal_messages_produced_over_several_runs(
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
 ) -> None:
-    topic = new_topic(4)
+    topic = new_any_topic(4)
     produced = 0
     for run, counts in enumerate([{0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}, {0: 7, 3: 700}]):
-        produce(kafka.bootstrap_servers, topic, counts)
+        produce(any_kafka.bootstrap_servers, topic, counts)
         produced += sum(counts.values())
-        report = job_for(spark, kafka, database_url, topic).run_batch()
+        report = job_for(spark, any_kafka, database_url, topic).run_batch()
         assert report.messages == sum(counts.values()), f"run {run}"
         assert {r.range.partition for r in report.ranges} == set(counts)
         assert all(r.outcome == COMMITTED for r in report.ranges)
         assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(kafka, topic)
+        assert offsets(db, topic) == log_ends(any_kafka, topic)
 
 
 def test_several_topics_in_one_job_keep_separate_totals(

@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 
 import txstore
 from tests.conftest import produce, produce_in_transactions
+from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import job_for, log_ends, offsets
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
@@ -51,7 +52,7 @@ def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> None:
     assert not failed, failed
 
 
-def read(spark: Any, topics: str, kafka: MockKafkaCluster, **options: str) -> Any:
+def read(spark: Any, topics: str, kafka: AnyKafka, **options: str) -> Any:
     reader = (
         spark.read.format("txstore")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
@@ -98,9 +99,9 @@ def offsets_read(frame: Any) -> dict[tuple[str, int], list[int]]:
 
 
 def test_load_returns_exactly_the_messages_of_several_topics_with_the_kafka_source_columns(
-    session: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+    session: Any, any_kafka: AnyKafka, new_any_topic: Callable[..., str]
 ) -> None:
-    a, b = new_topic(3), new_topic(1)
+    a, b = new_any_topic(3), new_any_topic(1)
     ms = 1_767_225_600_123  # 2026-01-01T00:00:00.123Z
     to_a: list[Outgoing] = [
         (0, b"k0", b"v0", ms, None),
@@ -110,10 +111,10 @@ def test_load_returns_exactly_the_messages_of_several_topics_with_the_kafka_sour
         (0, b"\xff\x00", b"\x00" * 3, ms + 4, None),
     ]
     to_b: list[Outgoing] = [(0, b"bk", b"bv", ms + 5, None), (0, b"bk", b"bv2", ms + 6, None)]
-    send(kafka.bootstrap_servers, a, to_a)
-    send(kafka.bootstrap_servers, b, to_b)
+    send(any_kafka.bootstrap_servers, a, to_a)
+    send(any_kafka.bootstrap_servers, b, to_b)
 
-    frame = read(session, f"{a}, {b}", kafka)
+    frame = read(session, f"{a}, {b}", any_kafka)
 
     assert frame.schema == kafka_source_schema()
     next_offset: dict[tuple[str, int], int] = {}
@@ -168,16 +169,16 @@ def test_an_empty_topic_is_an_empty_dataframe_with_the_kafka_source_schema(
 def test_txstore_job_reads_exactly_the_ranges_the_jobs_next_batch_reads_and_commits_nothing(
     session: Any,
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
 ) -> None:
-    counted, never_counted = new_topic(3), new_topic(2)
-    produce(kafka.bootstrap_servers, counted, {0: 30, 1: 20, 2: 10})
-    job_for(spark, kafka, database_url, counted, max_offsets_per_batch=30).run_batch()  # commits a part
-    produce(kafka.bootstrap_servers, counted, {2: 5})
-    produce(kafka.bootstrap_servers, never_counted, {0: 4, 1: 3})
+    counted, never_counted = new_any_topic(3), new_any_topic(2)
+    produce(any_kafka.bootstrap_servers, counted, {0: 30, 1: 20, 2: 10})
+    job_for(spark, any_kafka, database_url, counted, max_offsets_per_batch=30).run_batch()  # commits a part
+    produce(any_kafka.bootstrap_servers, counted, {2: 5})
+    produce(any_kafka.bootstrap_servers, never_counted, {0: 4, 1: 3})
     committed = offsets(db, counted)
     assert committed == {0: 15, 1: 10, 2: 5}
     tables = "SELECT (SELECT array_agg(t ORDER BY t::text) FROM txn_offsets t), (SELECT array_agg(d ORDER BY d::text) FROM txn_data d)"
@@ -186,12 +187,12 @@ def test_txstore_job_reads_exactly_the_ranges_the_jobs_next_batch_reads_and_comm
     frame = read(
         session,
         f"{counted},{never_counted}",
-        kafka,
+        any_kafka,
         **{"txstore.job": "count_topic", "txstore.databaseUrl": database_url},
     )
     found = offsets_read(frame)
 
-    ends = log_ends(kafka, counted)
+    ends = log_ends(any_kafka, counted)
     # From the committed offsets to the log end; the partitions the job never committed from earliest.
     assert found == {
         **{(counted, p): list(range(committed[p], ends[p])) for p in range(3)},
@@ -200,7 +201,7 @@ def test_txstore_job_reads_exactly_the_ranges_the_jobs_next_batch_reads_and_comm
     }
     assert db.execute(tables).fetchone() == before  # no offset row created, nothing committed
     # And the job's own next batch reads exactly those ranges of the topic it counts.
-    report = job_for(spark, kafka, database_url, counted).run_batch()
+    report = job_for(spark, any_kafka, database_url, counted).run_batch()
     assert {(r.range.partition, r.range.from_offset, r.range.until_offset) for r in report.ranges} == {
         (p, committed[p], ends[p]) for p in range(3)
     }

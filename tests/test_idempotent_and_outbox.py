@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
+from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import log_ends, offsets
 from tests.test_sink import seed, snapshot
 from txstore.core.errors import AlreadyCommitted, OffsetGap, PublishFailed
@@ -46,7 +47,7 @@ def stored_messages(db: psycopg.Connection, job: str) -> list[tuple[Any, ...]]:
     ]
 
 
-def read_topic(kafka: MockKafkaCluster, topic: str) -> list[Message]:
+def read_topic(kafka: AnyKafka, topic: str) -> list[Message]:
     """Every message in ``topic`` now, read by offset range."""
     conf = client_config(kafka.bootstrap_servers)
     found: list[Message] = []
@@ -59,12 +60,12 @@ def read_topic(kafka: MockKafkaCluster, topic: str) -> list[Message]:
 @pytest.mark.spark
 def test_the_idempotent_sink_stores_every_message_once_even_when_offsets_are_reset(
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
 ) -> None:
-    topic = new_topic(2)
+    topic = new_any_topic(2, config={"max.message.bytes": str(4 * MIB)})  # real Kafka's default: 1 MB
     big = b"x" * MIB
     outgoing = [
         (0, b"a", b"1", None),
@@ -73,20 +74,20 @@ def test_the_idempotent_sink_stores_every_message_once_even_when_offsets_are_res
         (1, b"b", big, None),
         (0, b"a", None, None),
     ]
-    send(kafka.bootstrap_servers, topic, outgoing)
-    s = JobSettings("copy", (topic,), kafka.bootstrap_servers, database_url, sink="idempotent")
+    send(any_kafka.bootstrap_servers, topic, outgoing)
+    s = JobSettings("copy", (topic,), any_kafka.bootstrap_servers, database_url, sink="idempotent")
     with TransactionalJob(spark, s) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
     first = stored_messages(db, "copy")
     assert Counter((p, k, v) for _, p, _, k, v in first) == Counter((p, k, v) for p, k, v, _ in outgoing)
-    assert offsets(db, topic, "copy") == log_ends(kafka, topic)
+    assert offsets(db, topic, "copy") == log_ends(any_kafka, topic)
 
     # A forced replay: the offsets go back to the start and the job runs again.
     db.execute("UPDATE txn_offsets SET off = 0 WHERE job = 'copy'")
     with TransactionalJob(spark, s) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
     assert stored_messages(db, "copy") == first
-    assert offsets(db, topic, "copy") == log_ends(kafka, topic)
+    assert offsets(db, topic, "copy") == log_ends(any_kafka, topic)
 
 
 @pytest.mark.spark
@@ -177,7 +178,7 @@ def test_a_refused_commit_writes_no_outbox_row(database_url: str, db: psycopg.Co
     assert db.execute("SELECT count(*) FROM txn_outbox").fetchone() == (0,)
 
 
-def published(kafka: MockKafkaCluster, topic: str) -> Counter[str]:
+def published(kafka: AnyKafka, topic: str) -> Counter[str]:
     """How often each dedup key arrived in ``topic``, checking each message's headers match its key."""
     seen: Counter[str] = Counter()
     for m in read_topic(kafka, topic):

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
+from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import job_for, log_ends, offsets, totals
 from txstore.core.errors import DataLoss, OffsetOutOfLog
 from txstore.kafka.client import client_config, fetch_watermarks
@@ -18,7 +19,7 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 pytestmark = pytest.mark.spark
 
 
-def fall_behind_retention(kafka: MockKafkaCluster, topic: str) -> tuple[int, int]:
+def fall_behind_retention(kafka: AnyKafka, topic: str) -> tuple[int, int]:
     """Produce ~8 MiB to partition 0: the test broker keeps ~5 MiB, so the oldest age out."""
     produce(kafka.bootstrap_servers, topic, {0: 80}, value=b"x" * 100_000)
     marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
@@ -185,7 +186,7 @@ def test_the_test_broker_cannot_answer_offsets_for_times(
     assert found == {(topic, 0): -1}
 
 
-def group_offsets(kafka: MockKafkaCluster, group: str, topic: str, partitions: int) -> dict[int, int]:
+def group_offsets(kafka: AnyKafka, group: str, topic: str, partitions: int) -> dict[int, int]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group})
@@ -198,19 +199,19 @@ def group_offsets(kafka: MockKafkaCluster, group: str, topic: str, partitions: i
 
 def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 6})
+    topic = new_any_topic(3)
+    produce(any_kafka.bootstrap_servers, topic, {0: 4, 1: 6})
     group = f"mirror-{topic}"
-    with job_for(spark, kafka, database_url, topic, commit_to_kafka_group=group) as job:
+    with job_for(spark, any_kafka, database_url, topic, commit_to_kafka_group=group) as job:
         job.run_batch()
-        produce(kafka.bootstrap_servers, topic, {2: 9})
+        produce(any_kafka.bootstrap_servers, topic, {2: 9})
         job.run_batch()
-    assert group_offsets(kafka, group, topic, 3) == {0: 4, 1: 6, 2: 9} == offsets(db, topic)
+    assert group_offsets(any_kafka, group, topic, 3) == {0: 4, 1: 6, 2: 9} == offsets(db, topic)
 
 
 def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(

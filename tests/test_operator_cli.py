@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
+from tests.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision
@@ -24,7 +25,7 @@ from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
-def txstore(*args: str, url: str, kafka: MockKafkaCluster | None = None) -> subprocess.CompletedProcess[str]:
+def txstore(*args: str, url: str, kafka: AnyKafka | None = None) -> subprocess.CompletedProcess[str]:
     more = ["--bootstrap-servers", kafka.bootstrap_servers] if kafka else []
     return subprocess.run(
         [sys.executable, "-m", "txstore.ops.cli", args[0], "--database-url", url, *more, *args[1:]],
@@ -37,7 +38,16 @@ def txstore(*args: str, url: str, kafka: MockKafkaCluster | None = None) -> subp
 @pytest.fixture
 def counted(database_url: str, kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> str:
     """A topic with 3 partitions (10/20/30 messages) of which job 'counter' committed 4/20/0."""
-    topic = new_topic(3)
+    return count_some(database_url, kafka, new_topic(3))
+
+
+@pytest.fixture
+def counted_on_any(database_url: str, any_kafka: AnyKafka, new_any_topic: Callable[..., str]) -> str:
+    """``counted`` on the mock broker, then on real Kafka."""
+    return count_some(database_url, any_kafka, new_any_topic(3))
+
+
+def count_some(database_url: str, kafka: AnyKafka, topic: str) -> str:
     produce(kafka.bootstrap_servers, topic, {0: 10, 1: 20, 2: 30})
     with connect(database_url) as conn:
         store.create_start_rows(conn, "counter", [StartDecision(topic, p, 0, "test") for p in range(3)])
@@ -52,9 +62,9 @@ def offsets(db: psycopg.Connection, topic: str) -> dict[int, int]:
 
 
 def test_status_shows_offsets_log_offsets_lag_and_running_state(
-    database_url: str, kafka: MockKafkaCluster, counted: str
+    database_url: str, any_kafka: AnyKafka, counted_on_any: str
 ) -> None:
-    result = txstore("status", "--job", "counter", url=database_url, kafka=kafka)
+    result = txstore("status", "--job", "counter", url=database_url, kafka=any_kafka)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
@@ -71,11 +81,11 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
         "SKIPPED",
     ]
     assert [line.split()[:8] + line.split()[9:] for line in lines[1:]] == [
-        ["counter", counted, "0", "4", "0", "0", "10", "6", "no", "0"],
-        ["counter", counted, "1", "20", "0", "0", "20", "0", "no", "0"],
-        ["counter", counted, "2", "0", "0", "0", "30", "30", "no", "0"],
+        ["counter", counted_on_any, "0", "4", "0", "0", "10", "6", "no", "0"],
+        ["counter", counted_on_any, "1", "20", "0", "0", "20", "0", "no", "0"],
+        ["counter", counted_on_any, "2", "0", "0", "0", "30", "30", "no", "0"],
     ]
-    as_json = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
+    as_json = json.loads(txstore("status", "--json", url=database_url, kafka=any_kafka).stdout)
     assert [(r["partition"], r["offset"], r["generation"], r["lag"], r["running"]) for r in as_json] == [
         (0, 4, 0, 6, False),
         (1, 20, 0, 0, False),
@@ -135,18 +145,25 @@ def test_a_job_holding_its_lock_shows_as_running_and_blocks_reset(
 
 
 def test_reset_without_execute_prints_the_plan_and_changes_nothing(
-    database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, counted: str
+    database_url: str, any_kafka: AnyKafka, db: psycopg.Connection, counted_on_any: str
 ) -> None:
     before = db.execute("SELECT * FROM txn_offsets ORDER BY part").fetchall()
     result = txstore(
-        "reset", "--job", "counter", "--topic", counted, "--to-latest", url=database_url, kafka=kafka
+        "reset",
+        "--job",
+        "counter",
+        "--topic",
+        counted_on_any,
+        "--to-latest",
+        url=database_url,
+        kafka=any_kafka,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        f"reset of job 'counter', topic '{counted}':",
-        f"  {counted}/0: 4 -> 10 (6 messages will be skipped)",
-        f"  {counted}/1: 20 -> 20 (unchanged)",
-        f"  {counted}/2: 0 -> 30 (30 messages will be skipped)",
+        f"reset of job 'counter', topic '{counted_on_any}':",
+        f"  {counted_on_any}/0: 4 -> 10 (6 messages will be skipped)",
+        f"  {counted_on_any}/1: 20 -> 20 (unchanged)",
+        f"  {counted_on_any}/2: 0 -> 30 (30 messages will be skipped)",
         "dry run: nothing was changed; add --execute to apply this plan",
     ]
     assert db.execute("SELECT * FROM txn_offsets ORDER BY part").fetchall() == before

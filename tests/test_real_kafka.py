@@ -20,27 +20,29 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from tests.conftest import REPO, produce, send
 from tests.test_count_topic import job_for, log_ends, offsets, totals
+from tests.test_operator_cli import txstore
 from tests.test_recreated_topic import snapshot
 from txstore.core.errors import TopicRecreated
-from txstore.core.starting import StartingOffsets
+from txstore.core.starting import StartingOffsets, parse_starting_offsets, parse_timestamp
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import Watermarks, client_config, offsets_for_timestamp
 from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.ops.reset import apply_reset, plan_job_reset
 from txstore.ops.reset_plan import ResetTarget
+from txstore.ops.status import status
 from txstore.postgres.db import connect
-from txstore.spark.range_task import COMMITTED
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,
     KafkaStartFailed,
     RealKafkaCluster,
     kafka_jars,
+    make_certificates,
 )
 
 CLIENT_LOG = logging.getLogger("tests.real_kafka.client")
@@ -169,6 +171,32 @@ def test_a_broker_that_cannot_start_names_its_log_and_its_last_lines() -> None:
         shutil.rmtree(log.parent, ignore_errors=True)  # kept for reading after a failed start
 
 
+def test_without_openssl_a_sasl_ssl_listener_cannot_be_made_and_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(KafkaStartFailed) as raised:
+        make_certificates(tmp_path / "tls")
+    assert str(raised.value) == "a SASL_SSL listener needs openssl on PATH (apt-get install openssl)"
+
+
+def test_the_certificates_made_for_the_sasl_ssl_listener_name_127_0_0_1_and_chain_to_their_ca(
+    tmp_path: Path,
+) -> None:
+    ca, keystore = make_certificates(tmp_path / "tls")
+    text = keystore.read_text()
+    assert text.startswith("-----BEGIN PRIVATE KEY-----")  # unencrypted PKCS#8, as a PEM keystore takes
+    assert text.count("-----BEGIN CERTIFICATE-----") == 2
+    broker = tmp_path / "tls" / "broker.pem"
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(ca), "-verify_ip", "127.0.0.1", str(broker)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_the_broker_answers_metadata_with_its_version_and_topic_ids(
     real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
 ) -> None:
@@ -182,30 +210,6 @@ def test_the_broker_answers_metadata_with_its_version_and_topic_ids(
 
 
 # -- count_topic on real Kafka --------------------------------------------------------------
-
-
-@pytest.mark.spark
-@pytest.mark.parametrize(
-    "settings", [{}, {"commit": "per-batch", "min_partitions": 4}], ids=["per-range", "per-batch-pieces"]
-)
-def test_counts_equal_messages_produced_over_several_runs(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    settings: dict[str, Any],
-) -> None:
-    topic = new_real_topic(4)
-    produced = 0
-    for run, counts in enumerate([{0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}, {0: 7, 3: 700}]):
-        produce(real_kafka.bootstrap_servers, topic, counts)
-        produced += sum(counts.values())
-        report = job_for(spark, real_kafka, database_url, topic, **settings).run_batch()
-        assert report.messages == sum(counts.values()), f"run {run}"
-        assert all(r.outcome == COMMITTED for r in report.ranges)
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(real_kafka, topic)
 
 
 def per_topic(frame: Any) -> Any:
@@ -442,6 +446,88 @@ def test_a_starting_timestamp_inside_an_open_transaction_starts_at_the_last_stab
     assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 7}
 
 
+def reset_plan(database_url: str, kafka: RealKafkaCluster, topic: str, when: str) -> dict[int, int | None]:
+    """Where ``txstore reset --to-datetime WHEN`` would move each partition (nothing changed)."""
+    target = ResetTarget("datetime", parse_timestamp(when, "--to-datetime"))
+    with connect(database_url) as conn:
+        moves = plan_job_reset(
+            conn, client_config(kafka.bootstrap_servers), "count_topic", topic, None, target
+        )
+    return {m.partition: m.new for m in moves}
+
+
+@pytest.mark.spark
+def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_create_times_out_of_order(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """``txstore reset --to-datetime`` on Kafka's own offsets-for-times: the first offset whose
+    producer-set CreateTime is at or after the time, in offset order (earlier timestamps after it
+    are read again too); a partition with no message that late goes to its log end, applied
+    without --force, since Kafka does answer time lookups there; a time past every message moves
+    every partition to its log end."""
+    topic = new_real_topic(3, prefix="reset-time")
+    bootstrap = real_kafka.bootstrap_servers
+    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in [5, 1, 9, 3, 20]])
+    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])
+    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + ms) for ms in range(2)])
+    job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert offsets(db, topic) == {0: 5, 1: 4, 2: 2}
+
+    # To the millisecond: 9 s exactly is offset 2; a time between two milliseconds is the later one;
+    # a millisecond later is the next message at or after it, offset 4 (20 s).
+    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T00:00:09Z")[0] == 2
+    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T00:00:08.9995Z")[0] == 2
+    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T05:30:09.001+05:30")[0] == 4
+    assert reset_plan(database_url, real_kafka, topic, str(T0 + 1000)) == {0: 0, 1: 1, 2: 0}
+
+    to_6s = ("reset", "--job", "count_topic", "--topic", topic, "--to-datetime", "2026-01-01T00:00:06Z")
+    dry_run = txstore(*to_6s, url=database_url, kafka=real_kafka)
+    assert (dry_run.returncode, dry_run.stderr) == (0, "")
+    assert dry_run.stdout.splitlines()[1:] == [
+        f"  {topic}/0: 5 -> 2 (--to-datetime 2026-01-01T00:00:06Z; 3 messages will be counted again)",
+        f"  {topic}/1: 4 -> 4 (--to-datetime 2026-01-01T00:00:06Z; unchanged)",
+        f"  {topic}/2: 2 -> 0 (--to-datetime 2026-01-01T00:00:06Z; 2 messages will be counted again)",
+        "dry run: nothing was changed; add --execute to apply this plan",
+    ]
+    applied = txstore(*to_6s, "--execute", url=database_url, kafka=real_kafka)
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert offsets(db, topic) == {0: 2, 1: 4, 2: 0}
+    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
+        (0, 2, 3),
+        (2, 0, 2),
+    ]
+    conf = client_config(bootstrap)
+
+    past_the_end = (
+        "reset",
+        "--job",
+        "count_topic",
+        "--topic",
+        topic,
+        "--to-datetime",
+        "2099-01-01T00:00:00Z",
+    )
+    with connect(database_url) as conn:  # back to 1 s first, so that past the end moves each partition
+        target = ResetTarget("datetime", T0 + 1000)
+        apply_reset(conn, "count_topic", plan_job_reset(conn, conf, "count_topic", topic, None, target))
+    assert offsets(db, topic) == {0: 0, 1: 1, 2: 0}
+    dry_run = txstore(*past_the_end, url=database_url, kafka=real_kafka)
+    assert (dry_run.returncode, dry_run.stderr) == (0, "")  # no warning: Kafka answers time lookups
+    assert dry_run.stdout.splitlines()[1:4] == [
+        f"  {topic}/0: 0 -> 5 (--to-datetime 2099-01-01T00:00:00Z; 5 messages will be skipped)",
+        f"  {topic}/1: 1 -> 4 (--to-datetime 2099-01-01T00:00:00Z; 3 messages will be skipped)",
+        f"  {topic}/2: 0 -> 2 (--to-datetime 2099-01-01T00:00:00Z; 2 messages will be skipped)",
+    ]
+    applied = txstore(*past_the_end, "--execute", url=database_url, kafka=real_kafka)
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 5, 1: 4, 2: 2}
+
+
 # -- topic IDs ------------------------------------------------------------------------------
 
 
@@ -486,6 +572,113 @@ def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
     TransactionalJob(spark, settings, count_messages).run()
     assert totals(db, topic) == {topic: 3 + 6}
     assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
+
+
+# -- the consumer-group mirror ----------------------------------------------------------------
+
+
+def group_view(
+    kafka: RealKafkaCluster, group: str, topic: str, partitions: int
+) -> dict[int, tuple[int, int]]:
+    """What ``kafka-consumer-groups --describe --group G`` shows, asked the way it asks: the group's
+    committed offsets (OffsetFetch, ``list_consumer_group_offsets``) and each partition's log end
+    (ListOffsets latest, read-uncommitted): ``{partition: (current offset, lag)}`` for the
+    partitions the group has an offset for."""
+    futures = kafka.admin().list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])],
+        request_timeout=10,
+    )
+    committed = {
+        tp.partition: tp.offset for tp in futures[group].result(10).topic_partitions if tp.offset >= 0
+    }
+    ends = high_watermarks(kafka, topic, partitions)
+    return {p: (o, ends[p] - o) for p, o in committed.items()}
+
+
+def job_lag(database_url: str, kafka: RealKafkaCluster, job: str) -> dict[int, tuple[int, int]]:
+    """``txstore status``: each stored partition's offset and lag."""
+    with connect(database_url) as conn:
+        rows, problem = status(conn, client_config(kafka.bootstrap_servers), job)
+    assert problem is None
+    return {r.partition: (r.offset, r.lag) for r in rows if r.offset is not None and r.lag is not None}
+
+
+@pytest.mark.spark
+def test_the_mirrored_group_offsets_read_back_by_kafka_admin_give_kafka_tools_the_jobs_own_lag(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """--commit-to-kafka-group: after each batch Kafka's own admin API reads back the offsets
+    stored in PostgreSQL, and the lag Kafka's tools compute from them (log end minus committed)
+    is the lag txstore status shows, also past transaction markers and while the job is behind;
+    only an open transaction's messages are lag to the tools and not to the job."""
+    topic = new_real_topic(3, prefix="mirror")
+    bootstrap = real_kafka.bootstrap_servers
+    group = f"mirror-{topic}"
+    produce(bootstrap, topic, {0: 40, 1: 25, 2: 3})
+    producer = transactional(real_kafka, f"mirror-{topic}")
+    producer.begin_transaction()
+    in_transaction(producer, topic, {1: 4, 2: 2})
+    producer.commit_transaction(TX_TIMEOUT)  # a marker ends partitions 1 and 2
+    with job_for(
+        spark, real_kafka, database_url, topic, commit_to_kafka_group=group, max_offsets_per_batch=30
+    ) as job:
+        job.run_batch()  # behind: about 30 of the 76 offsets
+        behind = job_lag(database_url, real_kafka, "count_topic")
+        assert 76 - 30 <= sum(lag for _, lag in behind.values()) < 76
+        assert group_view(real_kafka, group, topic, 3) == behind
+        while job.run_batch().ranges:
+            pass
+        caught_up = job_lag(database_url, real_kafka, "count_topic")
+        assert caught_up == {0: (40, 0), 1: (30, 0), 2: (6, 0)}
+        assert group_view(real_kafka, group, topic, 3) == caught_up
+        produce(bootstrap, topic, {2: 5})  # new messages: both see the same lag before the next batch
+        assert group_view(real_kafka, group, topic, 3) == job_lag(database_url, real_kafka, "count_topic")
+        assert group_view(real_kafka, group, topic, 3)[2] == (6, 5)
+        job.run_batch()
+        # An open transaction: its messages are lag to Kafka's tools (the high watermark), not to
+        # the job, which reads to the last stable offset and counts them once they commit.
+        producer.begin_transaction()
+        in_transaction(producer, topic, {0: 4})
+        assert job_lag(database_url, real_kafka, "count_topic")[0] == (40, 0)
+        assert group_view(real_kafka, group, topic, 3)[0] == (40, 4)
+        producer.abort_transaction(TX_TIMEOUT)
+    assert totals(db, topic) == {topic: 40 + 25 + 3 + 6 + 5}
+
+
+@pytest.mark.spark
+def test_the_mirror_gives_kafka_tools_every_partition_the_job_stores_also_those_it_started_at_latest(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """A job started at ``latest`` stores each partition's log end without counting a range there;
+    an empty partition stores 0. Kafka's tools must see those offsets too (lag 0), not a partition
+    with no committed offset (``-``, which lag monitors read as unknown or as the whole log)."""
+    topic = new_real_topic(3, prefix="mirror-latest")
+    bootstrap = real_kafka.bootstrap_servers
+    group = f"mirror-{topic}"
+    produce(bootstrap, topic, {0: 8, 1: 2})
+    with job_for(
+        spark,
+        real_kafka,
+        database_url,
+        topic,
+        commit_to_kafka_group=group,
+        starting_offsets=parse_starting_offsets("latest"),
+    ) as job:
+        assert job.run_batch().ranges == ()
+        assert job_lag(database_url, real_kafka, "count_topic") == {0: (8, 0), 1: (2, 0), 2: (0, 0)}
+        assert group_view(real_kafka, group, topic, 3) == {0: (8, 0), 1: (2, 0), 2: (0, 0)}
+        produce(bootstrap, topic, {1: 3})
+        job.run_batch()
+        assert group_view(real_kafka, group, topic, 3) == {0: (8, 0), 1: (5, 0), 2: (0, 0)}
+    assert totals(db, topic) == {topic: 3}
 
 
 # -- kill and restart (last: they restart the session's broker) ------------------------------

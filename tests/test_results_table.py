@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
+from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import log_ends, offsets
 from tests.test_job_process import job_env
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
@@ -138,7 +139,7 @@ def sales_table(name: str = "sales", schema: str | None = None) -> ResultsTable:
     return ResultsTable.of(table, SALES_KEYS, SALES_MERGE)
 
 
-def settings(kafka: MockKafkaCluster, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
+def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
     return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
 
 
@@ -149,22 +150,22 @@ def run_once(spark: Any, s: JobSettings, table: ResultsTable, query: str = SALES
 
 def test_sums_counts_min_max_and_first_and_last_seen_stay_exact_over_runs_retries_and_lost_acks(
     spark: Any,
-    kafka: MockKafkaCluster,
+    any_kafka: AnyKafka,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    new_any_topic: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     db.execute(SALES.format(name="sales"))
-    topic = new_topic(3)
+    topic = new_any_topic(3)
     rng = random.Random(20261122)
-    s = settings(kafka, database_url, "sales", topic)
+    s = settings(any_kafka, database_url, "sales", topic)
     runs: list[list[Sale]] = []
     # Run 1 plain; run 2 rolls back its first commit (the retry commits); run 3 commits,
     # then the acknowledgement is lost (the retry finds it committed).
     for run, failpoint in enumerate((None, "before-commit@first", "after-commit@first")):
         orders = sales(rng, 400, run)
-        send(kafka.bootstrap_servers, topic, to_messages(orders, 3))
+        send(any_kafka.bootstrap_servers, topic, to_messages(orders, 3))
         runs.append(orders)
         if failpoint:
             monkeypatch.setenv(FAILPOINTS_ENV, failpoint)
@@ -173,7 +174,7 @@ def test_sums_counts_min_max_and_first_and_last_seen_stay_exact_over_runs_retrie
         outcomes = run_once(spark, s, sales_table())
         assert outcomes == ({ALREADY_COMMITTED} if run == 2 else {COMMITTED}), run
         assert stored_sales(db) == expected_sales(runs), run
-        assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+        assert offsets(db, topic, "sales") == log_ends(any_kafka, topic)
     # Nothing new: an idle batch changes nothing.
     monkeypatch.delenv(FAILPOINTS_ENV)
     assert run_once(spark, s, sales_table()) == set()
@@ -325,7 +326,7 @@ def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_a
         assert offsets(db, topic, f"job{i}") == log_ends(kafka, topic)
 
 
-def aggregate_args(kafka: MockKafkaCluster, database_url: str, topic: str, *more: str) -> list[str]:
+def aggregate_args(kafka: AnyKafka, database_url: str, topic: str, *more: str) -> list[str]:
     return [
         "--bootstrap-servers",
         kafka.bootstrap_servers,

@@ -53,7 +53,7 @@ from txstore.core.errors import (
     first_line,
 )
 from txstore.core.failpoints import FailPoints
-from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 from txstore.kafka.bad_messages import SKIP
 from txstore.kafka.client import Watermarks
 from txstore.kafka.mirror import GroupOffsetMirror
@@ -65,6 +65,7 @@ from txstore.modes.per_batch import DRIVER_COMMIT_ATTEMPTS, PerBatchMode
 from txstore.modes.per_range import PerRangeMode
 from txstore.modes.results_table import ResultsTableMode
 from txstore.planning import Planner
+from txstore.postgres import store
 from txstore.postgres.driverdb import DriverConnection
 from txstore.postgres.idempotent import MessageTransform
 from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
@@ -190,6 +191,7 @@ class TransactionalJob:
         self.batches = 0
         self._db = DriverConnection(settings.database_url, settings.job)
         self._mirror: GroupOffsetMirror | None = None
+        self._mirrored: dict[TopicPartition, int] = {}  # the offsets the group has from this job
         self._publisher = (
             OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
         )
@@ -341,7 +343,7 @@ class TransactionalJob:
         log_batch(s.job, report, skipped_by="transform" if s.sink == IDEMPOTENT else "aggregate")
         self.metrics.batch_finished(report.ranges, (report.plan_ms + report.run_ms) / 1000, report.commit_ms)
         if s.commit_to_kafka_group:
-            self._mirror_offsets(report)
+            self._mirror_offsets()
         refused = [r for r in report.ranges if r.outcome == REFUSED]
         bad = [b for r in refused if r.error_kind == BadMessage.__name__ for b in r.bad_messages]
         if bad:  # retrying cannot help, whatever else was refused
@@ -387,15 +389,34 @@ class TransactionalJob:
         if self.metrics.enabled:
             self.metrics.outbox_pending(pending_count(self._connection(), self.settings.job))
 
-    def _mirror_offsets(self, report: BatchReport) -> None:
-        """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``)."""
+    def _mirror_offsets(self) -> None:
+        """After the database commits: the same offsets to the Kafka group (``--commit-to-kafka-group``).
+
+        Every partition the job stores, read back from the database, not only the batch's
+        ranges: a partition started at its end (``latest``, a start time past the end) or
+        found empty has an offset but no range, and Kafka's tools would show it without one.
+        Only offsets that changed since the last mirror are sent. Never fatal.
+        """
         s = self.settings
         assert s.commit_to_kafka_group is not None
         if self._mirror is None:
             self._mirror = GroupOffsetMirror(s.kafka_conf, s.commit_to_kafka_group)
-        self._mirror.publish(
-            {r.range.key: r.range.until_offset for r in report.ranges if r.outcome != REFUSED}
-        )
+        try:
+            conn = self._connection()
+            stored = store.committed_offsets(conn, s.job, list(s.topics))
+            conn.commit()
+        except psycopg.Error as e:
+            self._drop_connection()
+            log.warning(
+                "could not mirror offsets to Kafka group %r: reading them failed: %s (the database "
+                "stays correct)",
+                s.commit_to_kafka_group,
+                first_line(e),
+            )
+            return
+        changed = {k: o for k, o in stored.items() if self._mirrored.get(k) != o}
+        if self._mirror.publish(changed):
+            self._mirrored.update(changed)
 
     # -- the loop ---------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:

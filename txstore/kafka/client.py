@@ -193,12 +193,60 @@ class _Admin:
                 return str(error.str())
         return None
 
+    def refusal(self, servers: str) -> KafkaUnavailable | None:
+        """The broker answered and refused this client for good (after serving its queue): a
+        login it does not accept, or a certificate the client does not trust. Waiting longer
+        cannot help, so the call stops at once, saying which."""
+        try:
+            self.client.poll(0)
+        except Exception:
+            return None
+        for error in self.errors:
+            reason = _CLIENT_PREFIX.sub("", str(error.str()))
+            if error.code() == KafkaError._AUTHENTICATION:
+                return KafkaUnavailable(
+                    f"Kafka at {servers} refused the login ({reason}); check --kafka-option "
+                    "sasl.username, sasl.password and sasl.mechanisms"
+                )
+            if error.code() == KafkaError._SSL and "certificate verify failed" in reason:
+                return KafkaUnavailable(
+                    f"Kafka at {servers} sent a certificate this client does not trust ({reason}); "
+                    "check --kafka-option ssl.ca.location (the CA that signed the broker's certificate)"
+                )
+        return None
+
+    def metadata(self, servers: str, topic: str, timeout: float) -> Any:
+        """``list_topics(topic)`` within ``timeout``. While librdkafka reports errors it is asked
+        in slices of a second, so that a refusal (:meth:`refusal`) ends the call at once rather
+        than when the timeout is spent; a broker that is only slow (no error) gets the rest of
+        the timeout in one request."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.client.list_topics(topic, timeout=max(min(1.0, left), 0.001))
+            except KafkaException:
+                refused = self.refusal(servers)
+                if refused is not None:
+                    raise refused from None
+                if time.monotonic() + 0.001 >= deadline:
+                    raise
+                if not self.errors:  # slow, not failing: one request for the rest of the time
+                    return self.client.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.001))
+
     def unavailable(self, servers: str, what: str, timeout: float, error: BaseException) -> KafkaUnavailable:
+        refused = self.refusal(servers)
+        if refused is not None:
+            return refused
         reason = self.last_error() or _error_text(error)
         return KafkaUnavailable(
             f"Kafka at {servers} did not answer {what} within {timeout:g}s ({reason}); check "
             f"--bootstrap-servers / {BOOTSTRAP_ENV}, the network, and --kafka-option security settings"
         )
+
+
+# How librdkafka begins a broker's error: "sasl_ssl://127.0.0.1:9093/bootstrap: " (the broker is named).
+_CLIENT_PREFIX = re.compile(r"^[a-z_]+://[^ ]+/[^ :]+: ")
 
 
 def _error_text(error: BaseException) -> str:
@@ -255,7 +303,7 @@ def _watermarks(
     partitions: list[TopicPartition] = []
     try:
         for topic in topics:
-            metadata = admin.client.list_topics(topic, timeout=timeout)
+            metadata = admin.metadata(servers, topic, timeout)
             found = metadata.topics.get(topic)
             missing = found is None or (
                 found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART

@@ -29,6 +29,13 @@ SIGKILL after ``stop_timeout``) and deletes the directory. On Linux the
 broker is also killed when the thread that started it dies (``setpriv
 --pdeathsig``), so a test run that is killed leaves no broker behind.
 
+``scram_users={"name": "password"}`` adds a second listener, SASL_SSL on its own
+port (:attr:`RealKafkaCluster.secure_bootstrap_servers`): TLS with a certificate for
+127.0.0.1 signed by a CA made at start (``openssl``; the CA's PEM is
+:attr:`RealKafkaCluster.ca_location`, the broker's key and chain a PEM keystore) and
+SCRAM-SHA-512 logins for those users, written by ``kafka-storage format --add-scram``.
+:meth:`RealKafkaCluster.sasl_ssl_options` gives a client's settings for it.
+
 ``python -m txstore.testing.real_kafka --topic events:4`` serves one until
 stopped; ``--fetch`` only fetches the jars.
 """
@@ -266,6 +273,86 @@ def _java() -> str:
     return found
 
 
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+CERTIFICATE_DAYS = 7
+
+
+def _openssl(workdir: Path, *args: str) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise KafkaStartFailed("a SASL_SSL listener needs openssl on PATH (apt-get install openssl)")
+    done = subprocess.run(
+        [openssl, *args], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise KafkaStartFailed(
+            f"openssl {args[0]} failed (exit {done.returncode}): {lines[-1] if lines else ''}"
+        )
+
+
+def make_certificates(directory: Path) -> tuple[Path, Path]:
+    """A CA, and a certificate for 127.0.0.1 (and localhost) it signs, valid for a week:
+    ``(the CA's PEM, the broker's PEM keystore: unencrypted PKCS#8 key, then its chain)``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    days = str(CERTIFICATE_DAYS)
+    _openssl(
+        directory,
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        days,
+        "-subj",
+        "/CN=txstore test CA",
+    )
+    _openssl(
+        directory,
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "broker.key",
+        "-out",
+        "broker.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl(
+        directory,
+        "x509",
+        "-req",
+        "-in",
+        "broker.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "broker.pem",
+        "-days",
+        days,
+        "-extfile",
+        "san.cnf",
+    )
+    keystore = directory / "broker-keystore.pem"
+    keystore.write_text(
+        (directory / "broker.key").read_text()
+        + (directory / "broker.pem").read_text()
+        + (directory / "ca.pem").read_text()
+    )
+    return directory / "ca.pem", keystore
+
+
 class RealKafkaCluster:
     """One Apache Kafka node (KRaft broker and controller) on 127.0.0.1, until closed.
 
@@ -273,7 +360,9 @@ class RealKafkaCluster:
     may fetch them). ``workdir``: where the log directory, settings and
     ``kafka.log`` go (default: a new temporary directory, deleted on close).
     ``broker_config``: extra ``server.properties`` lines, e.g.
-    ``{"log.retention.check.interval.ms": "1000"}``.
+    ``{"log.retention.check.interval.ms": "1000"}``. ``scram_users``: name to
+    password; given, the broker also listens with SASL_SSL (SCRAM-SHA-512) on
+    :attr:`secure_port`.
     """
 
     brokers = 1
@@ -287,8 +376,13 @@ class RealKafkaCluster:
         start_timeout: float = START_TIMEOUT_SECONDS,
         stop_timeout: float = STOP_TIMEOUT_SECONDS,
         version: str = KAFKA_VERSION,
+        scram_users: Mapping[str, str] | None = None,
     ) -> None:
         self.version = version
+        self.scram_users = dict(scram_users or {})
+        self.secure_port = 0
+        self.ca_location: Path | None = None  # the CA that signed the SASL_SSL listener's certificate
+        self._keystore: Path | None = None
         self.jars = jars if jars is not None else kafka_jars(version)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -305,6 +399,8 @@ class RealKafkaCluster:
         self.port = 0
         self.controller_port = 0
         try:
+            if self.scram_users:
+                self.ca_location, self._keystore = make_certificates(self.workdir / "tls")
             self._format_and_start()
         except BaseException:
             self._kill_process()
@@ -316,6 +412,26 @@ class RealKafkaCluster:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def secure_bootstrap_servers(self) -> str:
+        """The SASL_SSL listener (only with ``scram_users``)."""
+        if not self.scram_users:
+            raise RuntimeError("this broker has no SASL_SSL listener: pass scram_users")
+        return f"127.0.0.1:{self.secure_port}"
+
+    def sasl_ssl_options(self, user: str, password: str, trust_ca: bool = True) -> dict[str, str]:
+        """A client's settings for the SASL_SSL listener (``--kafka-option`` pairs). ``trust_ca``
+        False leaves the test CA out: the client checks the certificate against the system's CAs."""
+        options = {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": SCRAM_MECHANISM,
+            "sasl.username": user,
+            "sasl.password": password,
+        }
+        if trust_ca:
+            options["ssl.ca.location"] = str(self.ca_location)
+        return options
+
+    @property
     def pid(self) -> int | None:
         """The broker's process id (None while it is not running)."""
         return self._process.pid if self._process is not None else None
@@ -323,6 +439,23 @@ class RealKafkaCluster:
     def running(self) -> bool:
         """Whether the broker process is alive (it may still be starting or stopping)."""
         return self._process is not None and self._process.poll() is None
+
+    def _secure_settings(self) -> dict[str, str]:
+        if not self.scram_users:
+            return {}
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+            f"SASL_SSL://127.0.0.1:{self.secure_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self._keystore),
+            "ssl.client.auth": "none",
+        }
 
     def _write_config(self) -> Path:
         settings = {
@@ -352,6 +485,7 @@ class RealKafkaCluster:
             "broker.session.timeout.ms": "4000",
             "num.network.threads": "2",
             "num.io.threads": "4",
+            **self._secure_settings(),
             **self._extra,
         }
         path = self.workdir / "server.properties"
@@ -376,6 +510,10 @@ class RealKafkaCluster:
             self.port, self.controller_port = _free_port(), _free_port()
             while self.controller_port == self.port:
                 self.controller_port = _free_port()
+            if self.scram_users:
+                self.secure_port = _free_port()
+                while self.secure_port in (self.port, self.controller_port):
+                    self.secure_port = _free_port()
             config = self._write_config()
             shutil.rmtree(self.workdir / "data", ignore_errors=True)
             self._format(config)
@@ -388,8 +526,20 @@ class RealKafkaCluster:
                     raise
 
     def _format(self, config: Path) -> None:
+        scram = [
+            arg
+            for name, password in sorted(self.scram_users.items())
+            for arg in ("--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]")
+        ]
         command = self._java_command(
-            "kafka.tools.StorageTool", "format", "--standalone", "-t", _cluster_id(), "-c", str(config)
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            _cluster_id(),
+            "-c",
+            str(config),
+            *scram,
         )
         with open(self.log_path, "ab") as log:
             try:
@@ -565,7 +715,9 @@ class RealKafkaCluster:
         process = self._process
         if process is None:
             return
-        self._reserved |= _reserve_ports({str(self.port), str(self.controller_port)})
+        self._reserved |= _reserve_ports(
+            {str(p) for p in (self.port, self.controller_port, self.secure_port) if p}
+        )
         self._kill_process()
 
     def stop(self) -> None:
@@ -573,7 +725,9 @@ class RealKafkaCluster:
         process = self._process
         if process is None:
             return
-        self._reserved |= _reserve_ports({str(self.port), str(self.controller_port)})
+        self._reserved |= _reserve_ports(
+            {str(p) for p in (self.port, self.controller_port, self.secure_port) if p}
+        )
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:

@@ -1,0 +1,110 @@
+"""Logging in to real Apache Kafka: TLS and SASL/SCRAM on the session broker's SASL_SSL listener.
+
+The broker (tests/real_kafka_fixture.py) has a certificate for 127.0.0.1 signed by a CA made
+when it started, and one SCRAM-SHA-512 user. txstore passes ``--kafka-option`` settings to
+every client it makes (planning, Spark tasks' readers, topic IDs), so a job given the right
+login counts exactly; a wrong password, or a client that does not trust the broker's
+certificate, stops the job in one line naming the broker and what failed, before anything
+is written to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import produce
+from tests.real_kafka_fixture import SCRAM_PASSWORD, SCRAM_USER
+from tests.test_count_topic import log_ends, offsets, totals
+from tests.test_recreated_topic import snapshot
+from txstore.core.errors import KafkaUnavailable
+from txstore.count_topic import count_messages
+from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.testing.real_kafka import RealKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+
+def secure_job(
+    spark: Any, kafka: RealKafkaCluster, database_url: str, topic: str, options: dict[str, str]
+) -> TransactionalJob:
+    settings = JobSettings(
+        "count_topic", (topic,), kafka.secure_bootstrap_servers, database_url, kafka_options=options
+    )
+    return TransactionalJob(spark, settings, count_messages)
+
+
+def test_the_right_password_and_certificate_count_exactly_over_sasl_ssl(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    topic = new_real_topic(3, prefix="login")
+    options = real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
+    produced = 0
+    for counts in ({0: 120, 1: 80, 2: 1}, {1: 9}):
+        produce(real_kafka.bootstrap_servers, topic, counts)
+        produced += sum(counts.values())
+        with secure_job(spark, real_kafka, database_url, topic, options) as job:
+            assert job.run_batch().messages == sum(counts.values())
+        assert totals(db, topic) == {topic: produced}
+        assert offsets(db, topic) == log_ends(real_kafka, topic)
+
+
+@pytest.mark.parametrize(
+    ("failure", "what", "check"),
+    [
+        (
+            "wrong password",
+            "refused the login (SASL authentication error: Authentication failed during authentication "
+            "due to invalid credentials with SASL mechanism SCRAM-SHA-512",
+            "check --kafka-option sasl.username, sasl.password and sasl.mechanisms",
+        ),
+        (
+            "untrusted certificate",
+            "sent a certificate this client does not trust (SSL handshake failed: "
+            "error:0A000086:SSL routines::certificate verify failed",
+            "check --kafka-option ssl.ca.location (the CA that signed the broker's certificate)",
+        ),
+    ],
+)
+def test_a_wrong_password_or_an_untrusted_certificate_is_one_line_naming_the_broker_and_writes_nothing(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+    failure: str,
+    what: str,
+    check: str,
+) -> None:
+    """Kafka answers at once, refusing: the job says so at once (not "did not answer within 15s"
+    after waiting for an answer that came), naming the broker, what it refused and what to check."""
+    topic = new_real_topic(1, prefix="login-refused")
+    produce(real_kafka.bootstrap_servers, topic, {0: 5})
+    if failure == "wrong password":
+        options = real_kafka.sasl_ssl_options(SCRAM_USER, "not the password")
+    else:
+        options = real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD, trust_ca=False)
+    before = snapshot(db)
+    started = time.monotonic()
+    with (
+        pytest.raises(KafkaUnavailable) as raised,
+        secure_job(spark, real_kafka, database_url, topic, options) as job,
+    ):
+        job.run_batch()
+    elapsed = time.monotonic() - started
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"Kafka at {real_kafka.secure_bootstrap_servers} {what}"), message
+    assert message.endswith(check), message
+    assert SCRAM_PASSWORD not in message and "not the password" not in message
+    assert snapshot(db) == before
+    assert elapsed < METADATA_TIMEOUT_SECONDS / 2
