@@ -273,7 +273,11 @@ class RealKafkaCluster:
     may fetch them). ``workdir``: where the log directory, settings and
     ``kafka.log`` go (default: a new temporary directory, deleted on close).
     ``broker_config``: extra ``server.properties`` lines, e.g.
-    ``{"log.retention.check.interval.ms": "1000"}``.
+    ``{"log.retention.check.interval.ms": "1000"}``. ``extra_listeners``: more
+    plaintext listeners on 127.0.0.1, name -> (port, advertised ``host:port``):
+    a client that bootstraps through one is told only its advertised address
+    (a proxy's, so that the clients of that listener cannot go around the proxy);
+    :attr:`bootstrap_servers` stays the direct ``PLAINTEXT`` listener.
     """
 
     brokers = 1
@@ -287,8 +291,10 @@ class RealKafkaCluster:
         start_timeout: float = START_TIMEOUT_SECONDS,
         stop_timeout: float = STOP_TIMEOUT_SECONDS,
         version: str = KAFKA_VERSION,
+        extra_listeners: Mapping[str, tuple[int, str]] | None = None,
     ) -> None:
         self.version = version
+        self.extra_listeners = dict(extra_listeners or {})
         self.jars = jars if jars is not None else kafka_jars(version)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -325,15 +331,26 @@ class RealKafkaCluster:
         return self._process is not None and self._process.poll() is None
 
     def _write_config(self) -> Path:
+        extra = self.extra_listeners
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(self.broker_id),
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": ",".join(
+                [
+                    f"PLAINTEXT://127.0.0.1:{self.port}",
+                    *(f"{name}://127.0.0.1:{port}" for name, (port, _) in extra.items()),
+                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                ]
+            ),
+            "advertised.listeners": ",".join(
+                [f"PLAINTEXT://127.0.0.1:{self.port}", *(f"{name}://{a}" for name, (_, a) in extra.items())]
+            ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(
+                ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT", *(f"{name}:PLAINTEXT" for name in extra)]
+            ),
             "log.dirs": str(self.workdir / "data"),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",  # txstore never creates topics: tests create theirs
@@ -560,12 +577,20 @@ class RealKafkaCluster:
             time.sleep(0.05)
 
     # -- stopping and restarting ------------------------------------------------
+    def _ports(self) -> set[str]:
+        """Every port the broker listens on (kept reserved while it is down)."""
+        return {
+            str(self.port),
+            str(self.controller_port),
+            *(str(p) for p, _ in self.extra_listeners.values()),
+        }
+
     def kill(self) -> None:
         """SIGKILL the broker (no controlled shutdown); :meth:`restart` recovers its log."""
         process = self._process
         if process is None:
             return
-        self._reserved |= _reserve_ports({str(self.port), str(self.controller_port)})
+        self._reserved |= _reserve_ports(self._ports())
         self._kill_process()
 
     def stop(self) -> None:
@@ -573,7 +598,7 @@ class RealKafkaCluster:
         process = self._process
         if process is None:
             return
-        self._reserved |= _reserve_ports({str(self.port), str(self.controller_port)})
+        self._reserved |= _reserve_ports(self._ports())
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:
