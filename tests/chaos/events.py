@@ -59,6 +59,7 @@ from confluent_kafka import Producer
 from txstore.kafka import client_config, fetch_watermarks
 from txstore.ranges import OffsetRange
 from txstore.reader import RangeReader
+from txstore.testing.mock_kafka import MockKafkaCluster
 
 if TYPE_CHECKING:
     from tests.chaos.runner import Instance, Trial
@@ -130,6 +131,7 @@ class TrialEvents:
             self.publish_topic is not None
             and not {"topic-recreated", "poison-message"} & set(plan.faults)
             and self.rng.random() < 0.5
+            and not plan.real_kafka  # the mock's push_request_errors makes the broker refuse
         )
         self.refusals = 0  # Produce errors pushed
         self.lock = threading.Lock()
@@ -287,6 +289,7 @@ class TrialEvents:
             keys = [f"k{self.rng.randrange(t.plan.keys)}".encode() for _ in range(300)]
             self._send({p: keys[p :: t.plan.partitions] for p in range(t.plan.partitions)})
             self.refusals = self.rng.randint(1, 2)
+            assert isinstance(t.env.kafka, MockKafkaCluster)
             t.env.kafka.push_request_errors(PRODUCE_API, *[TOPIC_AUTHORIZATION_FAILED] * self.refusals)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not self._set_aside():
