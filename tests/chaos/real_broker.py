@@ -117,6 +117,11 @@ class ChaosRealKafka:
                 self.restart()
         return time.monotonic() - started
 
+    def await_outage_end(self) -> None:
+        """Until a kill-and-restart in progress (another fault's) is over."""
+        with self._outage:
+            pass
+
     def restart(self) -> None:
         """Start the broker again (same ports and log directory) and wait until it answers."""
         self._keeper.submit(self.cluster.restart).result()

@@ -966,10 +966,11 @@ class Trial:
         return int(row[0]) if row else 0
 
     def _kill_broker_when(self, moment: Callable[[], bool]) -> bool:
-        """SIGKILL the real broker at a moment ``moment`` finds (within 25 s), keep it down for
-        0-3 s, then restart it (its log recovered) and wait until it answers."""
+        """SIGKILL the real broker at a moment ``moment`` finds (within 25 s of the broker being
+        up), keep it down for 0-3 s, then restart it (its log recovered) and wait until it answers."""
         real = self.env.real_kafka
         assert real is not None
+        real.await_outage_end()  # another kill's restart: its moment comes once the broker is back
         deadline = time.monotonic() + 25
         while not moment():
             if time.monotonic() > deadline or self.window_over.is_set():
