@@ -39,6 +39,11 @@ from tests.chaos.proxy import TcpProxy, frozen_network_available
 from txstore.testing.real_kafka import RealKafkaCluster
 
 LISTENER = "CHAOS"
+# Kafka 4 refuses messages timestamped over an hour ahead (log.message.timestamp.after.max.ms
+# defaults to an hour there): the poison-message kind's timestamp beyond any calendar must get in, as a
+# message from a producer with a broken clock does on a broker configured to take it. (Seed 6031:
+# the broker refused the poison with INVALID_TIMESTAMP, and the trial failed on the refusal.)
+BROKER_CONFIG = {"log.message.timestamp.after.max.ms": str(2**63 - 1)}
 
 
 def _free_port() -> int:
@@ -65,6 +70,7 @@ class ChaosRealKafka:
                 RealKafkaCluster,
                 workdir=workdir,
                 extra_listeners={LISTENER: (self.proxy.target[1], advertised)},
+                broker_config=BROKER_CONFIG,
             ).result()
             self._check_advertised()
         except BaseException:
