@@ -17,6 +17,7 @@ from tests.chaos.runner import (
     REAL_KAFKA_EXCLUDED,
     REAL_KAFKA_FAULT_KINDS,
     REAL_KAFKA_FIRST_KINDS,
+    REAL_KAFKA_OPT_IN,
     Summary,
     TrialPlan,
     environment,
@@ -152,6 +153,11 @@ def test_real_kafka_plans_start_with_a_kafka_fault_and_never_draw_what_does_not_
         TrialPlan.generate(1, ("aborted-transactions",))
     with pytest.raises(ValueError, match="do not run on the real broker"):
         TrialPlan.generate(1, ("kafka-request-errors",), kafka="real")
+    # Opt-in there: run when asked for, never drawn.
+    assert TrialPlan.generate(1, ("topic-recreated", "aborted-transactions"), kafka="real").faults == (
+        "topic-recreated",
+    )
+    assert [p.seed for p in plans if set(p.faults) & set(REAL_KAFKA_OPT_IN)] == []
     assert set(kinds_for("real")) >= set(REAL_KAFKA_FIRST_KINDS)
 
 
