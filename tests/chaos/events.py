@@ -79,6 +79,7 @@ OUT_OF_LOG = re.compile(
     r"partition (?P<partition>\d+): stored offset \d+ is beyond the log-end offset (?P<end>\d+)"
 )
 BAD_MESSAGE_LINE = "the aggregate failed on this message"
+TOPIC_MISSING_LINE = "does not exist on Kafka"
 
 
 def compatible(faults: Sequence[str]) -> tuple[str, ...]:
@@ -171,6 +172,10 @@ class TrialEvents:
         tail = "\n".join(line for line in inst.log().splitlines()[-30:] if ": error: " in line)
         if self.old is not None and RECREATED_LINE in tail:
             return "topic-recreated"
+        if self.old is not None and self.trial.plan.real_kafka and TOPIC_MISSING_LINE in tail:
+            # A real broker deletes, then creates: a job that plans in between stops on the
+            # missing topic (UnknownTopic), and is started again like a crashed one (seed 6101).
+            return "topic-missing"
         if self.old is not None and any(line in tail for line in OUT_OF_LOG_LINES):
             # Refilled past, the line is still right if the job looked before the refill was in.
             seen = OUT_OF_LOG.search(tail)
