@@ -1,4 +1,4 @@
-"""python -m tests.chaos --trials N [--seed S] [--connect] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
+"""python -m tests.chaos --trials N [--seed S] [--connect] [--kafka real] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from tests.chaos.runner import (
     FAULT_KINDS,
     OPT_IN_FAULT_KINDS,
+    REAL_KAFKA_FAULT_KINDS,
     Summary,
     TrialPlan,
     TrialResult,
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--faults",
         help="with --replay or a single trial: these fault kinds instead "
-        f"({', '.join(FAULT_KINDS + OPT_IN_FAULT_KINDS)})",
+        f"({', '.join(FAULT_KINDS + OPT_IN_FAULT_KINDS + REAL_KAFKA_FAULT_KINDS)}; the last "
+        f"{len(REAL_KAFKA_FAULT_KINDS)} with --kafka real only)",
     )
     parser.add_argument(
         "--job-args",
@@ -53,6 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the jobs as Spark Connect clients (--remote) of a local Connect server the run "
         "starts; without the fault kinds that do not apply there (runner.CONNECT_EXCLUDED)",
+    )
+    parser.add_argument(
+        "--kafka",
+        choices=("mock", "real"),
+        default="mock",
+        help="the broker: librdkafka's mock cluster (default) or Apache Kafka (4.1, KRaft; its jars "
+        "fetched by Maven once), the jobs' connections through a proxy it advertises, with the "
+        "fault kinds of a real broker (runner.REAL_KAFKA_FAULT_KINDS); with --summarize: which "
+        "broker's fault kinds the summary lists",
     )
     parser.add_argument(
         "--keep",
@@ -72,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.summarize:
         summary = summarize(line for log in args.summarize for line in log.read_text().splitlines())
+        summary.kafka = args.kafka
         print(summary.line())
         return 0 if summary.results and not summary.failed else 1
+    if args.connect and args.kafka == "real":
+        parser.error("--connect runs on the mock broker only (not yet with --kafka real)")
     faults = tuple(args.faults.split(",")) if args.faults else None
     if args.replay is not None:
         seeds = [args.replay]
@@ -81,10 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         first = args.seed if args.seed is not None else random.randrange(1_000_000)
         seeds = [first + i for i in range(args.trials)]
     plans = [
-        TrialPlan.generate(s, faults, job_args=shlex.split(args.job_args), connect=args.connect)
+        TrialPlan.generate(
+            s, faults, job_args=shlex.split(args.job_args), connect=args.connect, kafka=args.kafka
+        )
         for s in seeds
     ]
-    summary = Summary(seed=seeds[0])
+    summary = Summary(seed=seeds[0], kafka=args.kafka)
     started = time.monotonic()
 
     def log(line: str) -> None:
@@ -95,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     directory = args.keep or Path(tempfile.mkdtemp(prefix="txstore-chaos-"))
     try:
-        with environment(args.database_url, directory) as env:
+        with environment(args.database_url, directory, kafka=args.kafka) as env:
             run_trials(env, plans, log, summary)
     except KeyboardInterrupt:
         log("interrupted; summary of the trials that finished:")

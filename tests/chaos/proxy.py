@@ -160,6 +160,7 @@ class TcpProxy:
         self._flowing = threading.Event()  # cleared while frozen
         self._flowing.set()
         self._closed = threading.Event()
+        self.accepted = 0  # connections forwarded (or waiting for a thaw to be)
         self.dropped = 0
         self.refused = 0
         self.freezes = 0
@@ -239,6 +240,7 @@ class TcpProxy:
                 self.refused += 1
                 _reset(client)
                 continue
+            self.accepted += 1
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:

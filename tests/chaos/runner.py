@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from tests.chaos.events import EVENT_FAULT_KINDS, OPERATOR_EXITS, TrialEvents, compatible, plan_job_args
 from tests.chaos.procs import (
@@ -60,7 +61,9 @@ from tests.chaos.procs import (
     tagged,
 )
 from tests.chaos.proxy import TcpProxy, frozen_network_available
+from tests.chaos.real_broker import ChaosRealKafka
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
+from tests.chaos.transactions import TransactionalTraffic
 from tests.spark_connect import SparkConnectServer
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
@@ -101,6 +104,26 @@ CONNECT_EXCLUDED = (
     # Spark configuration is the server's, a client cannot turn speculation on).
     "speculation",
 )
+# On real Apache Kafka (``--kafka real``, tests/chaos/real_broker.py) the jobs reach the broker
+# through a proxy the broker advertises, so kafka-down drops and refuses the job's connections
+# there (the proxy's outage) and kafka-frozen freezes its network (the proxy's freeze: packets
+# dropped, as for pg-frozen). Three kinds only a real broker has:
+REAL_KAFKA_FAULT_KINDS = (
+    "kafka-killed-mid-read",  # SIGKILL of the broker while a task reads, then a restart
+    "kafka-killed-mid-commit",  # SIGKILL of the broker while a task is inside its commit transaction
+    "aborted-transactions",  # a transactional producer commits some transactions, aborts others
+)
+# The kinds a real-Kafka trial's first fault rotates over (the others are drawn from every kind
+# that runs there): the point of those trials is the broker.
+REAL_KAFKA_FIRST_KINDS = (*REAL_KAFKA_FAULT_KINDS, "kafka-frozen", "kafka-down")
+REAL_KAFKA_EXCLUDED = (
+    # The mock's request-error injection (push_request_errors) has no counterpart on a real broker.
+    "kafka-request-errors",
+)
+# Run on real Kafka when asked for (--faults), not drawn: the operator's step after a recreation
+# was written against the mock (no topic IDs, a topic auto-created by a producer) and has passed
+# only a few trials on a real broker; drawing it would also change what every real seed plans.
+REAL_KAFKA_OPT_IN = ("topic-recreated",)
 # Known, but only run when asked for (--faults): none now. Adding kinds to FAULT_KINDS
 # changes what every seed plans (README, "Chaos testing").
 OPT_IN_FAULT_KINDS: tuple[str, ...] = ()
@@ -129,6 +152,8 @@ NEEDS_SLOW_TASKS = {
     "pg-terminate",
     "instance-during-batch",
     "speculation",
+    "kafka-killed-mid-read",
+    "kafka-killed-mid-commit",
 }
 
 
@@ -147,6 +172,9 @@ class TrialPlan:
     max_offsets_per_batch: int | None
     failpoints: str
     job_args: tuple[str, ...] = ()  # more count_topic flags, e.g. ("--by", "key", "--commit", "per-batch")
+    kafka: str = (
+        "mock"  # "mock" (librdkafka's mock cluster) or "real" (Apache Kafka, tests/chaos/real_broker.py)
+    )
 
     @property
     def standalone(self) -> bool:
@@ -156,6 +184,10 @@ class TrialPlan:
     def connect(self) -> bool:
         return self.launch == "connect"
 
+    @property
+    def real_kafka(self) -> bool:
+        return self.kafka == "real"
+
     @classmethod
     def generate(
         cls,
@@ -164,6 +196,7 @@ class TrialPlan:
         intense: bool = False,
         job_args: Sequence[str] = (),
         connect: bool = False,
+        kafka: str = "mock",
     ) -> TrialPlan:
         """The trial for ``seed``: its first fault kind rotates with the seed, 0-2 more at random.
 
@@ -173,20 +206,29 @@ class TrialPlan:
         by default the topic total, committed per range.
         ``connect``: the job runs as a Spark Connect client (without the kinds in
         :data:`CONNECT_EXCLUDED`); the other draws are the classic plan's.
+        ``kafka``: "real" runs on Apache Kafka: the first kind rotates over
+        :data:`REAL_KAFKA_FIRST_KINDS`, the others come from every kind that runs there.
         """
+        if kafka not in ("mock", "real"):
+            raise ValueError(f"kafka must be 'mock' or 'real', not {kafka!r}")
+        real = kafka == "real"
         rng = random.Random(seed)
         if faults is None:
-            kinds = [k for k in FAULT_KINDS if not (connect and k in CONNECT_EXCLUDED)]
-            first = kinds[seed % len(kinds)]
+            kinds = [k for k in kinds_for(kafka) if not (connect and k in CONNECT_EXCLUDED)]
+            rotation = REAL_KAFKA_FIRST_KINDS if real else kinds
+            first = rotation[seed % len(rotation)]
             others = [k for k in kinds if k not in (first, "speculation")]
             faults = (first, *rng.sample(others, rng.choice((0, 1, 1, 2))))
         faults = compatible(faults)
+        wrong = set(faults) - set(kinds_for(kafka)) - set(REAL_KAFKA_OPT_IN if real else ())
+        if wrong & (set(FAULT_KINDS) | set(REAL_KAFKA_FAULT_KINDS)):
+            raise ValueError(f"fault kinds {sorted(wrong)} do not run on the {kafka} broker")
         if connect and set(faults) & set(CONNECT_EXCLUDED):
             excluded = ", ".join(sorted(set(faults) & set(CONNECT_EXCLUDED)))
             raise ValueError(f"fault kinds {excluded} do not run under Spark Connect (CONNECT_EXCLUDED)")
-        unknown = set(faults) - set(FAULT_KINDS) - set(OPT_IN_FAULT_KINDS)
+        unknown = set(faults) - set(FAULT_KINDS) - set(OPT_IN_FAULT_KINDS) - set(REAL_KAFKA_FAULT_KINDS)
         if unknown:
-            known = ", ".join(FAULT_KINDS + OPT_IN_FAULT_KINDS)
+            known = ", ".join(FAULT_KINDS + OPT_IN_FAULT_KINDS + REAL_KAFKA_FAULT_KINDS)
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {known}")
         window = rng.uniform(6.0, 11.0) + (10.0 if "speculation" in faults else 0.0)
         plan = cls(
@@ -204,7 +246,7 @@ class TrialPlan:
         )
         args, keys = plan_job_args(rng, faults, job_args)  # what the event faults need
         launch = "connect" if connect else plan.launch
-        return dataclasses.replace(plan, job_args=args, keys=keys or plan.keys, launch=launch)
+        return dataclasses.replace(plan, job_args=args, keys=keys or plan.keys, launch=launch, kafka=kafka)
 
     @property
     def driver_points(self) -> tuple[str, ...]:
@@ -215,6 +257,14 @@ class TrialPlan:
     @property
     def counts_per_key(self) -> bool:
         return "--by" in self.job_args
+
+
+def kinds_for(kafka: str) -> tuple[str, ...]:
+    """The fault kinds that run on the ``kafka`` broker ("mock" or "real")."""
+    if kafka == "real":
+        drawn = (*REAL_KAFKA_EXCLUDED, *REAL_KAFKA_OPT_IN)
+        return tuple(k for k in FAULT_KINDS if k not in drawn) + REAL_KAFKA_FAULT_KINDS
+    return FAULT_KINDS
 
 
 def _failpoints(rng: random.Random, faults: Sequence[str], intense: bool = False) -> str:
@@ -272,6 +322,7 @@ class TrialResult:
 class Summary:
     seed: int | None = None
     results: list[TrialResult] = field(default_factory=list)
+    kafka: str = "mock"
 
     def add(self, result: TrialResult) -> None:
         self.results.append(result)
@@ -289,15 +340,16 @@ class Summary:
 
     def line(self) -> str:
         injected = self.injected
-        kinds = " ".join(
-            f"{k}={injected[k]}" for k in FAULT_KINDS + OPT_IN_FAULT_KINDS if k in FAULT_KINDS or injected[k]
-        )
+        listed = kinds_for(self.kafka)
+        everything = dict.fromkeys(listed + FAULT_KINDS + OPT_IN_FAULT_KINDS + REAL_KAFKA_FAULT_KINDS)
+        kinds = " ".join(f"{k}={injected[k]}" for k in everything if k in listed or injected[k])
         produced = sum(r.produced for r in self.results)
         counted = sum(r.counted for r in self.results)
         retried = sum(r.events["failed-task-attempts"] for r in self.results)
         failed = ",".join(str(r.plan.seed) for r in self.failed) or "none"
+        broker = ", real Kafka" if self.kafka == "real" else ""
         return (
-            f"chaos: {len(self.results)} trials (seed {self.seed}), faults injected: {kinds}; "
+            f"chaos: {len(self.results)} trials (seed {self.seed}{broker}), faults injected: {kinds}; "
             f"Spark task attempts failed and retried {retried}; messages produced {produced}, "
             f"counted {counted}, lost {sum(r.lost for r in self.results)}, "
             f"duplicated {sum(r.duplicated for r in self.results)}; failed trials: {failed}"
@@ -307,17 +359,34 @@ class Summary:
 # -- what the trials share --------------------------------------------------------------------------
 class ChaosEnvironment:
     """The broker, a fresh database, the proxy in front of it, and (lazily) a standalone cluster
-    and a Spark Connect server."""
+    and a Spark Connect server.
+
+    ``kafka``: "mock" (librdkafka's mock cluster, in a child process) or "real" (Apache Kafka,
+    the jobs' connections through a proxy of its own: :mod:`tests.chaos.real_broker`).
+    """
 
     def __init__(
-        self, admin_url: str, directory: Path | None = None, connect_server: SparkConnectServer | None = None
+        self,
+        admin_url: str,
+        directory: Path | None = None,
+        connect_server: SparkConnectServer | None = None,
+        kafka: str = "mock",
     ) -> None:
         self.tag = f"chaos-{os.getpid()}-{int(time.time())}"
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="txstore-chaos-")
         self.directory = directory or Path(self._tmp.name)  # type: ignore[union-attr]
         self.directory.mkdir(parents=True, exist_ok=True)
         self.admin_url = admin_url
-        self.kafka = MockKafkaCluster(brokers=1)
+        self.real_kafka: ChaosRealKafka | None = None
+        self.kafka: MockKafkaCluster | ChaosRealKafka
+        if kafka == "real":
+            self.kafka = self.real_kafka = ChaosRealKafka(self.directory / "kafka")
+        else:
+            self.kafka = MockKafkaCluster(brokers=1)
+        # What the jobs are given: on the real broker, the proxy it advertises.
+        self.job_bootstrap_servers = (
+            self.real_kafka.job_bootstrap_servers if self.real_kafka else self.kafka.bootstrap_servers
+        )
         self.database = f"txstore_chaos_{os.getpid()}"
         self._cluster: StandaloneCluster | None = None
         # Given (the tests' session server): used, not stopped; else started on first use.
@@ -460,6 +529,7 @@ class Trial:
         self.producing_paused = threading.Event()
         self.key_grain = "key+window" if "--window" in plan.job_args else "key"
         self.events = TrialEvents(self)
+        self.transactions: TransactionalTraffic | None = None  # the aborted-transactions kind's producer
         # Where this trial's part of the Connect server's log (task fail points) begins.
         self.server_log_start = self._server_log_size()
 
@@ -598,7 +668,7 @@ class Trial:
             log_path = self.directory / f"instance-{number}.log"
             args = [
                 "--bootstrap-servers",
-                self.env.kafka.bootstrap_servers,
+                self.env.job_bootstrap_servers,
                 "--database-url",
                 self.env.job_database_url,
                 "--topic",
@@ -847,6 +917,12 @@ class Trial:
         return True
 
     def _fault_kafka_down(self) -> bool:
+        if self.env.real_kafka is not None:  # the jobs' connections dropped, new ones refused
+            seconds = self.rng.uniform(1.0, 5.0)
+            self.env.real_kafka.proxy.outage(seconds)
+            time.sleep(seconds)
+            return True
+        assert isinstance(self.env.kafka, MockKafkaCluster)
         self.env.kafka.set_broker_down(1)
         try:
             time.sleep(self.rng.uniform(1.0, 5.0))
@@ -859,6 +935,14 @@ class Trial:
         requests in that time are answered that late (the mock's round-trip time; a proxy
         cannot freeze it, clients connect to the address the broker advertises)."""
         seconds = self.rng.uniform(1.0, 8.0)
+        if self.env.real_kafka is not None:  # the jobs' network to the broker frozen (the proxy)
+            self.env.real_kafka.proxy.freeze()
+            try:
+                time.sleep(seconds)
+            finally:
+                self.env.real_kafka.proxy.thaw()
+            return True
+        assert isinstance(self.env.kafka, MockKafkaCluster)
         self.env.kafka.set_broker_rtt(1, int(seconds * 1000))
         try:
             time.sleep(seconds)
@@ -867,10 +951,75 @@ class Trial:
         return True
 
     def _fault_kafka_request_errors(self) -> bool:
+        assert isinstance(self.env.kafka, MockKafkaCluster)
         api = self.rng.choice(sorted(KAFKA_APIS.values()))
         errors = [self.rng.choice(KAFKA_ERRORS) for _ in range(self.rng.randint(1, 8))]
         self.env.kafka.push_request_errors(api, *errors)
         return True
+
+    def _jobs_in_transaction(self) -> int:
+        """How many of the job's PostgreSQL sessions are inside a transaction now."""
+        with self.env.connect() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = 'txstore' "
+                "AND xact_start IS NOT NULL AND state <> 'idle'",
+                (self.env.database,),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _kill_broker_when(self, moment: Callable[[], bool]) -> bool:
+        """SIGKILL the real broker at a moment ``moment`` finds (within 25 s of the broker being
+        up), keep it down for 0-3 s, then restart it (its log recovered) and wait until it answers."""
+        real = self.env.real_kafka
+        assert real is not None
+        real.await_outage_end()  # another kill's restart: its moment comes once the broker is back
+        deadline = time.monotonic() + 25
+        while not moment():
+            if time.monotonic() > deadline or self.window_over.is_set():
+                return False
+            time.sleep(0.02)
+        seconds = real.kill_and_restart(self.rng.uniform(0.0, 3.0))
+        self.say(f"  broker restarted in {seconds:.1f}s")
+        return True
+
+    def _fault_kafka_killed_mid_read(self) -> bool:
+        """While a Python worker runs a task and fewer job sessions than busy workers are inside
+        a transaction: some task is reading (or aggregating what it read), not committing."""
+
+        def reading() -> bool:
+            busy_workers = sum(1 for inst in self._alive() for w in python_workers(inst.tag) if busy(w.pid))
+            return busy_workers > 0 and self._jobs_in_transaction() < busy_workers
+
+        return self._kill_broker_when(reading)
+
+    def _fault_kafka_killed_mid_commit(self) -> bool:
+        """While a job session is inside its commit transaction (the sleep fail points stall
+        tasks there)."""
+        return self._kill_broker_when(lambda: self._jobs_in_transaction() > 0)
+
+    def _fault_aborted_transactions(self) -> bool:
+        """Transactions committed and aborted until the window ends (tests/chaos/transactions.py)."""
+        traffic = TransactionalTraffic(
+            self.env.kafka.bootstrap_servers,
+            self.topic,
+            self.plan.partitions,
+            self.plan.keys,
+            random.Random(self.plan.seed * 131 + 11),
+            self.stop_producing,
+            self.say,
+        )
+        self.transactions = traffic
+        traffic.run()
+        done = traffic.transactions
+        self.result.events["transactions-committed"] += done["committed"]
+        self.result.events["transactions-aborted"] += done["aborted"]
+        self.result.events["transactions-fenced"] += done["fenced"]
+        self.result.events["aborted-messages"] += traffic.count(traffic.aborted)
+        self.say(
+            f"  transactions: {done['committed']} committed ({traffic.count(traffic.committed)} messages), "
+            f"{done['aborted']} aborted ({traffic.count(traffic.aborted)}), {done['fenced']} fenced"
+        )
+        return done["aborted"] > 0
 
     def _fault_topic_recreated(self) -> bool:
         return self.events.inject_topic_recreated()
@@ -937,6 +1086,16 @@ class Trial:
         return None
 
     def _heal(self) -> None:
+        real = self.env.real_kafka
+        if real is not None:
+            real.proxy.heal()
+            self.env.proxy.heal()
+            try:
+                real.ensure_running()
+            except Exception as e:
+                self.result.failures.append(f"the broker did not start again: {type(e).__name__}: {e}")
+            return
+        assert isinstance(self.env.kafka, MockKafkaCluster)
         with contextlib.suppress(Exception):
             self.env.kafka.set_broker_up(1)
         with contextlib.suppress(Exception):
@@ -1036,10 +1195,32 @@ class Trial:
         return any(p in inst.failpoints for p in self.plan.driver_points)
 
     def _log_ends(self) -> dict[int, int]:
-        marks = fetch_watermarks(client_config(self.env.kafka.bootstrap_servers), [self.topic])
+        """The log ends (read-committed; with transactions, once none is left open, so that they
+        are the ends for good)."""
+        conf = client_config(self.env.kafka.bootstrap_servers)
+        marks = fetch_watermarks(conf, [self.topic])
         if any(m.low != 0 for m in marks):
             raise RuntimeError(f"the broker dropped messages (log start above 0): {marks}")
-        return {m.partition: m.high for m in marks}
+        ends = {m.partition: m.high for m in marks}
+        if self.transactions is not None:
+            deadline = time.monotonic() + 60
+            while (last := self._uncommitted_ends()) != ends:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"transactions still open after 60s: stable ends {ends}, log ends {last}"
+                    )
+                time.sleep(0.5)
+                ends = {m.partition: m.high for m in fetch_watermarks(conf, [self.topic])}
+        return ends
+
+    def _uncommitted_ends(self) -> dict[int, int]:
+        admin = AdminClient({"bootstrap.servers": self.env.kafka.bootstrap_servers, "log_level": 2})
+        futures = admin.list_offsets(
+            {TopicPartition(self.topic, p): _LATEST for p in range(self.plan.partitions)},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=30,
+        )
+        return {tp.partition: int(f.result(timeout=30).offset) for tp, f in futures.items()}
 
     def _offsets(self) -> dict[int, int]:
         with self.env.connect() as conn:
@@ -1050,8 +1231,13 @@ class Trial:
 
     def _check(self) -> None:
         ends = self._log_ends()
-        produced = self.events.produced(ends)  # with a recreated topic's old messages
-        expected_total = self.events.expected_total(ends)  # without poison, with the old generation
+        visible: dict[int, dict[int, bytes]] = {}
+        messages = ends  # per partition; with transactions, their markers and aborted messages are not
+        if self.transactions is not None:
+            visible = self._scan(ends)
+            messages = {p: len(visible.get(p, {})) for p in ends}
+        produced = self.events.produced(messages)  # with a recreated topic's old messages
+        expected_total = self.events.expected_total(messages)  # without poison, with the old generation
         with self.env.connect() as conn:
             total = conn.execute(
                 "SELECT coalesce(sum(metric), 0) FROM txn_data WHERE job = %s AND topic = %s "
@@ -1070,10 +1256,14 @@ class Trial:
         r = self.result
         r.produced, r.counted = produced, counted
         r.lost, r.duplicated = max(0, expected_total - counted), max(0, counted - expected_total)
-        if self.delivered != produced or self.delivery_errors:
+        transactional = 0
+        if self.transactions is not None:
+            transactional, problems = self.transactions.judge(visible)
+            r.failures.extend(problems)
+        if self.delivered + transactional != produced or self.delivery_errors:
             r.failures.append(
-                f"producer acknowledged {self.delivered} messages but Kafka holds {produced} "
-                f"({self.delivery_errors[:3]})"
+                f"producer acknowledged {self.delivered} messages (and {transactional} in committed "
+                f"transactions) but Kafka holds {produced} ({self.delivery_errors[:3]})"
             )
         if self._offsets() != ends:
             r.failures.append(f"offsets {self._offsets()} differ from the log ends {ends}")
@@ -1082,7 +1272,7 @@ class Trial:
         if self.plan.counts_per_key and not by_key and produced:
             r.failures.append("the job counts per key but wrote no per-key rows")
         if by_key or self.plan.counts_per_key:
-            expected = self.events.expected_keys(self._key_counts(ends))
+            expected = self.events.expected_keys(self._key_counts(ends, visible))
             counted_keys = {str(k): int(v) for k, v in by_key}
             if counted_keys != expected:
                 wrong = {
@@ -1095,13 +1285,23 @@ class Trial:
                 r.duplicated += sum(max(0, c - p) for p, c in wrong.values())
         self.events.check()
 
-    def _key_counts(self, ends: dict[int, int]) -> dict[str, int]:
+    def _key_counts(
+        self, ends: dict[int, int], visible: dict[int, dict[int, bytes]] | None = None
+    ) -> dict[str, int]:
         counts: collections.Counter[str] = collections.Counter()
+        for keys in (visible or self._scan(ends)).values():
+            counts.update(k.decode() for k in keys.values())
+        return dict(counts)
+
+    def _scan(self, ends: dict[int, int]) -> dict[int, dict[int, bytes]]:
+        """Every message a read-committed reader sees below ``ends``: partition -> offset -> key."""
+        found: dict[int, dict[int, bytes]] = {}
         conf = client_config(self.env.kafka.bootstrap_servers)
         for partition, end in ends.items():
+            found[partition] = {}
             for batch in RangeReader(conf, OffsetRange(self.topic, partition, 0, end)):
-                counts.update((m.key() or b"").decode() for m in batch)
-        return dict(counts)
+                found[partition].update((int(m.offset() or 0), m.key() or b"") for m in batch)
+        return found
 
     def _count_from_logs(self) -> None:
         """Fail points that fired and speculative copies, from the jobs' own reports."""
@@ -1114,6 +1314,9 @@ class Trial:
             self.result.injected["speculation"] += events["speculative-task-attempts"]
         self.result.events["failed-task-attempts"] += events["failed-task-attempts"]
         self.result.events["already-committed"] += logs.count(", already committed")
+
+
+_LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
 class _EventCounts(collections.Counter[str]):
@@ -1152,10 +1355,14 @@ def run_trials(
     summary: Summary | None = None,
 ) -> Summary:
     summary = summary or Summary()
+    broker = "real" if env.real_kafka else "mock"
+    if any(p.kafka != broker for p in plans):
+        raise ValueError(f"plans for another broker than the environment's ({broker})")
     for n, plan in enumerate(plans, 1):
         log(
             f"trial {n}/{len(plans)} seed {plan.seed}: faults {','.join(plan.faults)}; "
             f"{plan.partitions} partitions, {plan.launch}, interval {plan.interval}, window {plan.window}s"
+            + (", real Kafka" if plan.real_kafka else "")
             + (f", {shlex.join(plan.job_args)}" if plan.job_args else "")
         )
         trial = Trial(env, plan, log)
@@ -1174,11 +1381,12 @@ def environment(
     admin_url: str | None = None,
     directory: Path | None = None,
     connect_server: SparkConnectServer | None = None,
+    kafka: str = "mock",
 ) -> Iterator[ChaosEnvironment]:
     """What the trials share; ``connect_server``: the Connect server for ``connect`` trials
-    (default: one started on first use and stopped at the end)."""
+    (default: one started on first use and stopped at the end); ``kafka``: "mock" or "real"."""
     url = admin_url or default_admin_url()
-    env = ChaosEnvironment(url, directory, connect_server)
+    env = ChaosEnvironment(url, directory, connect_server, kafka)
     try:
         yield env
     finally:

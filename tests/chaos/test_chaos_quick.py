@@ -1,18 +1,33 @@
 """The CI subset of the chaos suite: eight trials that together inject every fault kind,
-and one on Spark Connect.
+one on Spark Connect, and two on real Apache Kafka.
 
 The long run is ``python -m tests.chaos --trials 200`` (see the README).
 """
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 import pytest
 
-from tests.chaos.runner import CONNECT_EXCLUDED, FAULT_KINDS, Summary, TrialPlan, environment, run_trials
+from tests.chaos.runner import (
+    CONNECT_EXCLUDED,
+    FAULT_KINDS,
+    REAL_KAFKA_EXCLUDED,
+    REAL_KAFKA_FAULT_KINDS,
+    REAL_KAFKA_FIRST_KINDS,
+    REAL_KAFKA_OPT_IN,
+    Summary,
+    TrialPlan,
+    environment,
+    kinds_for,
+    run_trials,
+)
 from tests.conftest import pg_url
+from tests.real_kafka_fixture import _in_ci
 from tests.spark_connect import SparkConnectServer
+from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
@@ -57,6 +72,17 @@ QUICK: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
 # budget is minutes: it shares the session's Connect server with tests/test_connect_jobs.py.
 QUICK_CONNECT: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
     (121, ("kill-driver", "kill-python-worker", "fp-before-commit", "second-instance"), ("--by", "key")),
+)
+
+
+# On real Apache Kafka (tests/chaos/real_broker.py: the jobs reach it only through a proxy it
+# advertises): the broker SIGKILLed and restarted while a task reads and while one is inside its
+# commit transaction, a transactional producer committing some transactions and aborting others,
+# and the jobs' Kafka network dropped and frozen at the proxy. Two trials, so that the kills and
+# the frozen network each have a trial's batches to themselves; the broker starts once (~10 s).
+QUICK_REAL: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
+    (131, ("kafka-killed-mid-read", "aborted-transactions", "kafka-down"), ("--by", "key")),
+    (132, ("kafka-killed-mid-commit", "kafka-frozen"), ("--commit", "per-batch")),
 )
 
 
@@ -108,3 +134,64 @@ def test_connect_plans_never_draw_a_kind_connect_excludes_and_run_as_clients() -
     assert not any(p.standalone for p in plans)
     # Every other kind still comes first in some seed's rotation.
     assert {p.faults[0] for p in plans} == set(FAULT_KINDS) - set(CONNECT_EXCLUDED)
+
+
+def test_the_quick_real_kafka_plans_cover_every_kafka_fault_kind() -> None:
+    assert {kind for _, faults, _ in QUICK_REAL for kind in faults} == set(REAL_KAFKA_FIRST_KINDS)
+
+
+def test_real_kafka_plans_start_with_a_kafka_fault_and_never_draw_what_does_not_run_there() -> None:
+    plans = [TrialPlan.generate(seed, kafka="real") for seed in range(4 * len(REAL_KAFKA_FIRST_KINDS))]
+    assert {p.faults[0] for p in plans} == set(REAL_KAFKA_FIRST_KINDS)
+    assert [p.seed for p in plans if set(p.faults) & set(REAL_KAFKA_EXCLUDED)] == []
+    assert {p.kafka for p in plans} == {"real"}
+    # The mock's plans never draw a real broker's kinds, and keep their rotation.
+    mock = [TrialPlan.generate(seed) for seed in range(2 * len(FAULT_KINDS))]
+    assert [p.seed for p in mock if set(p.faults) & set(REAL_KAFKA_FAULT_KINDS)] == []
+    assert [p.faults[0] for p in mock] == [FAULT_KINDS[s % len(FAULT_KINDS)] for s in range(len(mock))]
+    with pytest.raises(ValueError, match="do not run on the mock broker"):
+        TrialPlan.generate(1, ("aborted-transactions",))
+    with pytest.raises(ValueError, match="do not run on the real broker"):
+        TrialPlan.generate(1, ("kafka-request-errors",), kafka="real")
+    # Opt-in there: run when asked for, never drawn.
+    assert TrialPlan.generate(1, ("topic-recreated", "aborted-transactions"), kafka="real").faults == (
+        "topic-recreated",
+    )
+    assert [p.seed for p in plans if set(p.faults) & set(REAL_KAFKA_OPT_IN)] == []
+    assert set(kinds_for("real")) >= set(REAL_KAFKA_FIRST_KINDS)
+
+
+@pytest.mark.timeout(600)
+def test_on_real_kafka_under_broker_kills_aborted_transactions_and_a_frozen_network_every_message_is_counted_exactly_once(
+    tmp_path: Path,
+) -> None:
+    try:
+        kafka_jars()
+    except KafkaJarsUnavailable as e:
+        if _in_ci():
+            pytest.fail(f"real Kafka (CI must run it): {e}", pytrace=False)
+        pytest.skip(f"real Kafka not available: {e}")
+    plans = [
+        TrialPlan.generate(seed, faults, intense=True, job_args=args, kafka="real")
+        for seed, faults, args in QUICK_REAL
+    ]
+    lines: list[str] = []
+    with environment(pg_url("postgres"), tmp_path, kafka="real") as env:
+        summary = run_trials(
+            env, plans, log=lines.append, summary=Summary(seed=QUICK_REAL[0][0], kafka="real")
+        )
+        assert env.real_kafka is not None
+        proxied, kills = env.real_kafka.proxy.accepted, env.real_kafka.kills
+    report = "\n".join([*lines, summary.line()])
+    print(report)
+    assert [r.plan.seed for r in summary.failed] == [], report
+    assert sum(r.lost for r in summary.results) == 0, report
+    assert sum(r.duplicated for r in summary.results) == 0, report
+    assert sum(r.counted for r in summary.results) > 0, report
+    planned = {kind for _, faults, _ in QUICK_REAL for kind in faults}
+    assert sorted(k for k in planned if summary.injected[k] == 0) == [], report
+    assert kills == 2, report
+    assert proxied > 0, report  # the jobs' connections went through the proxy
+    events = sum((r.events for r in summary.results), collections.Counter())
+    assert events["transactions-aborted"] > 0 and events["transactions-committed"] > 0, report
+    assert events["aborted-messages"] > 0, report

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.chaos.__main__ import summarize
+import pytest
+
+from tests.chaos.__main__ import main, summarize
 from tests.chaos.runner import Summary, TrialPlan, TrialResult
 
 
@@ -48,3 +50,21 @@ def test_a_failure_quoting_several_lines_is_one_line_and_old_broken_lines_still_
         assert "failed trials: 4017" in rebuilt.line()
         assert "lost 1483, duplicated 1483" in rebuilt.line()
         assert len(rebuilt.results) == 2
+
+
+def test_a_real_kafka_summary_lists_the_real_brokers_kinds_and_not_the_mocks_own() -> None:
+    own = Summary(seed=6000, kafka="real")
+    own.add(result(6000, 80, 80, {"kafka-killed-mid-read": 1, "aborted-transactions": 1}))
+    line = own.line()
+    assert "(seed 6000, real Kafka)" in line
+    assert "kafka-killed-mid-read=1 kafka-killed-mid-commit=0 aborted-transactions=1" in line
+    assert "kafka-request-errors" not in line and "topic-recreated" not in line
+    mock = Summary(seed=6000)
+    mock.add(result(6000, 80, 80, {}))
+    assert "kafka-request-errors=0" in mock.line() and "aborted-transactions" not in mock.line()
+
+
+def test_connect_on_real_kafka_is_refused_in_one_line() -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--kafka", "real", "--connect", "--trials", "1"])
+    assert stopped.value.code == 2

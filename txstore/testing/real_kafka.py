@@ -362,7 +362,11 @@ class RealKafkaCluster:
     ``broker_config``: extra ``server.properties`` lines, e.g.
     ``{"log.retention.check.interval.ms": "1000"}``. ``scram_users``: name to
     password; given, the broker also listens with SASL_SSL (SCRAM-SHA-512) on
-    :attr:`secure_port`.
+    :attr:`secure_port`. ``extra_listeners``: more
+    plaintext listeners on 127.0.0.1, name -> (port, advertised ``host:port``):
+    a client that bootstraps through one is told only its advertised address
+    (a proxy's, so that the clients of that listener cannot go around the proxy);
+    :attr:`bootstrap_servers` stays the direct ``PLAINTEXT`` listener.
     """
 
     brokers = 1
@@ -377,12 +381,14 @@ class RealKafkaCluster:
         stop_timeout: float = STOP_TIMEOUT_SECONDS,
         version: str = KAFKA_VERSION,
         scram_users: Mapping[str, str] | None = None,
+        extra_listeners: Mapping[str, tuple[int, str]] | None = None,
     ) -> None:
         self.version = version
         self.scram_users = dict(scram_users or {})
         self.secure_port = 0
         self.ca_location: Path | None = None  # the CA that signed the SASL_SSL listener's certificate
         self._keystore: Path | None = None
+        self.extra_listeners = dict(extra_listeners or {})
         self.jars = jars if jars is not None else kafka_jars(version)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -443,11 +449,7 @@ class RealKafkaCluster:
     def _secure_settings(self) -> dict[str, str]:
         if not self.scram_users:
             return {}
-        return {
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
-            f"SASL_SSL://127.0.0.1:{self.secure_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port}",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+        return {  # the listener itself is in _listeners
             "sasl.enabled.mechanisms": SCRAM_MECHANISM,
             f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;"
@@ -457,16 +459,34 @@ class RealKafkaCluster:
             "ssl.client.auth": "none",
         }
 
+    def _listeners(self) -> list[tuple[str, int, str, str]]:
+        """Every client listener: (name, port, advertised ``host:port``, security protocol)."""
+        found = [("PLAINTEXT", self.port, f"127.0.0.1:{self.port}", "PLAINTEXT")]
+        found += [
+            (name, port, advertised, "PLAINTEXT") for name, (port, advertised) in self.extra_listeners.items()
+        ]
+        if self.scram_users:
+            found.append(("SASL_SSL", self.secure_port, f"127.0.0.1:{self.secure_port}", "SASL_SSL"))
+        return found
+
     def _write_config(self) -> Path:
+        listeners = self._listeners()
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(self.broker_id),
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": ",".join(
+                [
+                    *(f"{name}://127.0.0.1:{port}" for name, port, _, _ in listeners),
+                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                ]
+            ),
+            "advertised.listeners": ",".join(f"{name}://{a}" for name, _, a, _ in listeners),
+            "listener.security.protocol.map": ",".join(
+                ["CONTROLLER:PLAINTEXT", *(f"{name}:{protocol}" for name, _, _, protocol in listeners)]
+            ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.workdir / "data"),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",  # txstore never creates topics: tests create theirs
@@ -710,14 +730,21 @@ class RealKafkaCluster:
             time.sleep(0.05)
 
     # -- stopping and restarting ------------------------------------------------
+    def _ports(self) -> set[str]:
+        """Every port the broker listens on (kept reserved while it is down)."""
+        return {
+            str(self.port),
+            str(self.controller_port),
+            *(str(p) for p, _ in self.extra_listeners.values()),
+            *([str(self.secure_port)] if self.secure_port else []),
+        }
+
     def kill(self) -> None:
         """SIGKILL the broker (no controlled shutdown); :meth:`restart` recovers its log."""
         process = self._process
         if process is None:
             return
-        self._reserved |= _reserve_ports(
-            {str(p) for p in (self.port, self.controller_port, self.secure_port) if p}
-        )
+        self._reserved |= _reserve_ports(self._ports())
         self._kill_process()
 
     def stop(self) -> None:
@@ -725,9 +752,7 @@ class RealKafkaCluster:
         process = self._process
         if process is None:
             return
-        self._reserved |= _reserve_ports(
-            {str(p) for p in (self.port, self.controller_port, self.secure_port) if p}
-        )
+        self._reserved |= _reserve_ports(self._ports())
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:
