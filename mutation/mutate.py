@@ -194,6 +194,12 @@ MODULES = (
         ("is_message_failure", "aggregate_range", "isolate", "_bisect"),
         (CORE, READER),
     ),
+    Module(
+        "bad_rows",
+        "txstore/spark/bad_rows.py",
+        ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),
+        ("tests/test_bad_rows.py",),
+    ),
 )
 
 PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-o", "addopts="]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import random
 
 import psycopg
+from pyspark.errors import AnalysisException, PythonException
 
 from txstore.core.errors import TopicRecreated
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.bad_messages import BadOffset
-from txstore.spark.bad_rows import find_bad_offsets, is_row_failure, without
+from txstore.kafka.bad_messages import REASON_CHARS, BadOffset
+from txstore.spark.bad_rows import failure_reason, find_bad_offsets, is_row_failure, without
 
 
 def fails_on(bad: set[tuple[int, int]], tried: list[OffsetRange]):  # type: ignore[no-untyped-def]
@@ -102,3 +103,54 @@ def test_the_search_stops_once_more_than_its_limit_fail() -> None:
     assert [b.offset for b in found] == [0, 1, 2, 3, 4, 5]
     assert len(tried) < 2 * 14 * 6
     assert len(find_bad_offsets([OffsetRange("t", 0, 0, 10_000)], fails_on(every, []), True, limit=5)) == 1
+
+
+class Py4JJavaError(Exception):
+    """Named as py4j's: classic Spark's failed job, told by its name (no JVM needed here)."""
+
+
+def test_a_failed_spark_job_is_searched_unless_the_query_is_wrong_or_the_failure_is_txstores() -> None:
+    cast = Py4JJavaError(
+        "An error occurred while calling o81.collect.\n: org.apache.spark.SparkNumberFormatException: "
+        '[CAST_INVALID_INPUT] The value \'x\' of the type "STRING" cannot be cast to "INT"'
+    )
+    assert is_row_failure(cast)
+    assert is_row_failure(PythonException(message="Traceback ...\nValueError: invalid literal for int()"))
+    assert not is_row_failure(AnalysisException(message="[UNRESOLVED_COLUMN] x cannot be resolved"))
+    assert not is_row_failure(
+        PythonException(
+            message="Traceback ...\ntxstore.core.errors.TopicRecreated: job 'j' topic 't': recreated"
+        )
+    )
+    assert not is_row_failure(
+        Py4JJavaError(
+            "An error occurred while calling o1.collect.\ntxstore.core.errors.DataLoss: job 'j' topic 't'"
+        )
+    )
+
+
+def test_the_reason_recorded_is_the_error_with_its_class_or_the_tasks_error_or_named_by_its_type() -> None:
+    assert failure_reason(psycopg.errors.NotNullViolation('null value in column "n"\nDETAIL: row')) == (
+        'NotNullViolation: null value in column "n"'
+    )
+    cast = Py4JJavaError(
+        "An error occurred while calling o81.collect.\n: org.apache.spark.SparkNumberFormatException: "
+        "[CAST_INVALID_INPUT] The value 'x' cannot be cast\n\tat org.apache.spark..."
+    )
+    assert (
+        failure_reason(cast)
+        == "SparkNumberFormatException: [CAST_INVALID_INPUT] The value 'x' cannot be cast"
+    )
+    assert (
+        failure_reason(PythonException(message="Traceback ...\nValueError: bad int")) == "ValueError: bad int"
+    )
+    assert failure_reason(Py4JJavaError("no colon here")) == "Py4JJavaError: no colon here"
+    task_failed = Py4JJavaError("Job aborted.\nPythonException: the worker died")
+    assert failure_reason(task_failed) == "Py4JJavaError: Job aborted."
+    assert len(failure_reason(Py4JJavaError("ValueError: " + "x" * 5000))) <= REASON_CHARS
+
+
+def test_a_bad_offset_at_a_pieces_end_belongs_to_the_next_piece() -> None:
+    pieces = [OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 5, 10)]
+    cut = without(pieces, [BadOffset("t", 0, 5, "r")])
+    assert [(p.from_offset, p.until_offset) for p in cut] == [(0, 5), (6, 10)]
