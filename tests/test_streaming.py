@@ -19,7 +19,7 @@ import pytest
 import txstore
 from tests.conftest import produce
 from tests.test_count_topic import log_ends, offsets, totals
-from txstore.spark.streaming import batch_ranges, check_alignment, offsets_dict, offsets_map
+from txstore.spark.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
