@@ -44,7 +44,7 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
 
     def streamWriter(self, schema: Any, overwrite: bool) -> Any:
         """``writeStream.format("txstore")``: see :mod:`txstore.spark.stream_sink`."""
-        return stream_writer(self.options, schema)
+        return stream_writer(self.options, schema, overwrite)
 
 
 def register(spark: Any) -> None:
