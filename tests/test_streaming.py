@@ -8,6 +8,7 @@ older copy.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -316,6 +317,36 @@ def test_a_recreated_topic_stops_the_query_with_count_topics_line(
     )
     assert expected in str(e.value)
     assert totals(db, topic, job=JOB) == {topic: 8}
+
+
+def test_a_partition_added_to_the_topic_between_micro_batches_is_read_from_its_start(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The test brokers cannot add partitions to a live topic (no CreatePartitions): the topic is
+    recreated with one more partition and its old partitions' messages, byte for byte and with
+    the same timestamps, which a consumer cannot tell from a partition added. The query, with
+    its checkpoint, goes on: the new partition enters at its earliest offset."""
+    topic = new_topic(2)
+    checkpoint = tmp_path / "chk"
+    old = [(i % 2, b"k", f"m{i}".encode(), 1_700_000_000_000 + i) for i in range(9)]
+    send(kafka.bootstrap_servers, topic, old)
+    run_available_now(session, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 9}
+
+    kafka.recreate_topic(topic, 3)  # "ALTER TOPIC ... PARTITIONS 3"
+    send(kafka.bootstrap_servers, topic, old)
+    assert log_ends(kafka, topic) == {0: 5, 1: 4, 2: 0}
+    produce(kafka.bootstrap_servers, topic, {2: 6, 0: 2})
+    query = run_available_now(session, kafka, database_url, topic, checkpoint)
+    assert totals(db, topic, job=JOB) == {topic: 17}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic) == {0: 7, 1: 4, 2: 6}
+    ends = [p["sources"][0]["endOffset"] for p in query.recentProgress if p["numInputRows"] > 0]
+    assert ends and json.loads(ends[-1]) == {topic: {"0": 7, "1": 4, "2": 6}}
 
 
 @pytest.mark.connect
