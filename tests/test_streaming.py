@@ -21,6 +21,7 @@ import pytest
 import txstore
 from tests.conftest import produce, send
 from tests.test_count_topic import log_ends, offsets, totals
+from tests.test_operator_cli import txstore as txstore_cli
 from txstore.spark.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -347,6 +348,64 @@ def test_a_partition_added_to_the_topic_between_micro_batches_is_read_from_its_s
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic) == {0: 7, 1: 4, 2: 6}
     ends = [p["sources"][0]["endOffset"] for p in query.recentProgress if p["numInputRows"] > 0]
     assert ends and json.loads(ends[-1]) == {topic: {"0": 7, "1": 4, "2": 6}}
+
+
+def test_the_querys_progress_and_txstore_status_agree_with_what_txstore_committed(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """Each micro-batch's numInputRows is its sources' endOffset - startOffset, the batches
+    follow each other, the last end is txn_offsets and the rows sum to txn_data's count; and
+    `txstore status` shows the streaming job like any other: offsets, lag, running."""
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 23, 1: 12})
+    query = (
+        sink(
+            stream(session, kafka, database_url, topic, maxOffsetsPerTrigger="10"),
+            database_url,
+            tmp_path / "c",
+        )
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        status = json.loads(
+            txstore_cli("status", "--job", JOB, "--json", url=database_url, kafka=kafka).stdout
+        )
+        assert [(r["partition"], r["offset"], r["lag"], r["running"]) for r in status] == [
+            (0, 23, 0, True),
+            (1, 12, 0, True),
+        ]
+    finally:
+        query.stop()
+    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    assert len(batches) >= 4  # 35 messages, at most 10 a micro-batch
+    previous_end = {topic: {"0": 0, "1": 0}}
+    for progress in batches:
+        (source,) = progress["sources"]
+        start = json.loads(source["startOffset"] or "null")
+        if start is None:  # Spark shows no start for a query's first micro-batch
+            assert progress is batches[0]
+            start = previous_end  # the initial offset: txn_offsets (none yet), else earliest
+        end = json.loads(source["endOffset"])
+        assert start == previous_end
+        read = sum(end[topic][p] - start[topic].get(p, 0) for p in end[topic])
+        assert progress["numInputRows"] == source["numInputRows"] == read <= 10
+        previous_end = end
+    assert {int(p): o for p, o in previous_end[topic].items()} == offsets(db, topic, job=JOB)
+    assert sum(p["numInputRows"] for p in batches) == totals(db, topic, job=JOB)[topic] == 35
+
+    produce(kafka.bootstrap_servers, topic, {1: 4})
+    stopped = txstore_cli("status", "--job", JOB, url=database_url, kafka=kafka)
+    assert [line.split()[:8] + line.split()[9:10] for line in stopped.stdout.splitlines()[1:]] == [
+        [JOB, topic, "0", "23", "0", "0", "23", "0", "no"],
+        [JOB, topic, "1", "12", "0", "0", "16", "4", "no"],
+    ]
 
 
 @pytest.mark.connect
