@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 import txstore
-from tests.conftest import produce, send
+from tests.conftest import produce, produce_in_transactions, send
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_operator_cli import txstore as txstore_cli
 from txstore.spark.stream_sink import RowsOutsideBatch, check_rows_in_batch
@@ -406,6 +406,32 @@ def test_the_querys_progress_and_txstore_status_agree_with_what_txstore_committe
         [JOB, topic, "0", "23", "0", "0", "23", "0", "no"],
         [JOB, topic, "1", "12", "0", "0", "16", "4", "no"],
     ]
+
+
+def test_a_source_that_counts_its_messages_commits_the_counts_a_row_per_message_would(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """txstore.countMessages: each task reads its range and yields one row with its count;
+    transaction markers take offsets but are not messages, so the count is not end - start."""
+    topic = new_topic(3)
+    checkpoint = tmp_path / "chk"
+    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=3)
+    produce(kafka.bootstrap_servers, topic, {2: 3})
+    query = run_available_now(
+        session, kafka, database_url, topic, checkpoint, **{"txstore.countMessages": "true"}
+    )
+    assert totals(db, topic, job=JOB) == {topic: 23}
+    rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+    assert rows == [3]  # one row per range, not per message
+    produce(kafka.bootstrap_servers, topic, {0: 4})
+    run_available_now(session, kafka, database_url, topic, checkpoint, **{"txstore.countMessages": "true"})
+    assert totals(db, topic, job=JOB) == {topic: 27}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
 
 
 @pytest.mark.connect

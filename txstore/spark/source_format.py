@@ -15,7 +15,12 @@ from pyspark.sql.datasource import DataSource
 
 from txstore.spark.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
 from txstore.spark.stream_sink import stream_writer
-from txstore.spark.stream_source import stream_reader
+from txstore.spark.stream_source import (
+    COUNT_MESSAGES_OPTION,
+    COUNT_SCHEMA,
+    parse_count_messages,
+    stream_reader,
+)
 
 
 class TxstoreDataSource(DataSource):  # type: ignore[misc]
@@ -30,9 +35,13 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
 
         # A bad option fails at load(), not at the action; the stream-only option is checked by
         # streamReader (txstore.spark.stream_source), and refused by reader() for a batch read.
-        given = {k: v for k, v in self.options.items() if str(k).lower() != "maxoffsetspertrigger"}
+        stream_only = ("maxoffsetspertrigger", COUNT_MESSAGES_OPTION)
+        given = {k: v for k, v in self.options.items() if str(k).lower() not in stream_only}
         options = parse_read_options(given, os.environ)
         check_explicit_offsets(options)
+        counting = {str(k).lower(): v for k, v in self.options.items()}.get(COUNT_MESSAGES_OPTION)
+        if parse_count_messages(counting):
+            return COUNT_SCHEMA
         return kafka_source_schema()
 
     def reader(self, schema: Any) -> TxstoreReader:

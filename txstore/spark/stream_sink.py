@@ -14,7 +14,8 @@ micro-batch:
   (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
   rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
 - ``write(iterator)`` (each task): counts its rows per ``topic`` (``txn_data`` topic totals, as
-  ``count_topic``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
+  ``count_topic``), or adds their ``txstore_messages`` when the source counted them
+  (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
   columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
   partition its rows came from;
 - ``commit(messages, batchId)`` (the driver): loads the ranges the source planned for this
@@ -147,16 +148,30 @@ def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -
     return SinkOptions(job, resolve_database_url(url), failpoints, table)
 
 
-def _count_topics(iterator: Iterator[Any]) -> dict[str, int]:
+COUNTED = "txstore_messages"
+"""The column of a source that counted its messages (``txstore.countMessages``): summed, not
+counted as rows."""
+
+
+def _count_topics(iterator: Iterator[Any], counted: bool = False) -> dict[str, int]:
+    """Messages per topic: a row each, or (``counted``) the sum of the rows' ``txstore_messages``."""
     counts: dict[str, int] = {}
     for item in iterator:
         if hasattr(item, "num_rows"):  # an Arrow record batch (PySpark 4.1+)
-            column = item.column(item.schema.get_field_index("topic"))
-            for value in column.value_counts().to_pylist():
-                counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
+            if counted:
+                import pyarrow as pa
+
+                rows = pa.Table.from_batches([item.select(["topic", COUNTED])])
+                sums = rows.group_by("topic").aggregate([(COUNTED, "sum")]).to_pylist()
+                pairs = [(v["topic"], v[f"{COUNTED}_sum"]) for v in sums]
+            else:
+                column = item.column(item.schema.get_field_index("topic"))
+                pairs = [(v["values"], v["counts"]) for v in column.value_counts().to_pylist()]
+            for topic, n in pairs:
+                counts[topic] = counts.get(topic, 0) + int(n)
         else:
             topic = item["topic"]
-            counts[topic] = counts.get(topic, 0) + 1
+            counts[topic] = counts.get(topic, 0) + (int(item[COUNTED]) if counted else 1)
     return counts
 
 
@@ -280,11 +295,18 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                 "writeStream.format('txstore') counts messages per topic: the DataFrame needs the "
                 "topic column of readStream.format('txstore')"
             )
+        elif overwrite:
+            raise ConfigError(
+                f"job {options.job}: writeStream.format('txstore') counts the rows of each micro-batch "
+                "and does not take outputMode('complete') (running totals, counted again every "
+                "micro-batch); write the messages' rows in append mode"
+            )
+        self.counted = options.table is None and COUNTED in schema.names
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         if self.options.table is not None:
             return _table_rows(self.options.table, iterator)
-        return TopicCounts(_count_topics(iterator))
+        return TopicCounts(_count_topics(iterator, self.counted))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if self.options.table is not None:

@@ -48,7 +48,10 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
   where the sink finds them;
 - ``read(partition)``: the batch source's Arrow reader, so retried tasks read
-  the same messages.
+  the same messages; with ``txstore.countMessages`` (``true``), the task reads its range
+  whole and yields one row, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`):
+  as the per-range count path, no row per message crosses into Spark, and the sink adds the
+  counts (Spark's ``numInputRows`` then counts ranges, not messages).
 
 The reader's planning connection holds the job's *stream lock* (exclusive,
 for the query's life) and the shared job lock (so ``txstore reset`` refuses
@@ -77,6 +80,7 @@ from txstore.core.ranges import (
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.locks import hold_job_lock
@@ -99,6 +103,11 @@ try:  # PySpark 4.2+: Trigger.AvailableNow stops at the log ends seen when the q
 except ImportError:  # older: Spark reads everything available in one batch instead
     pass
 
+COUNT_MESSAGES_OPTION = "txstore.countmessages"
+COUNT_SCHEMA = "topic string, partition int, txstore_messages bigint"
+"""The rows of ``readStream.format("txstore").option("txstore.countMessages", "true")``: one per
+range of a micro-batch, with how many messages its task read."""
+
 Offsets = dict[str, dict[str, int]]
 """Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
 
@@ -119,6 +128,7 @@ class StreamOptions:
     job: str
     database_url: str
     max_offsets_per_trigger: int | None = None
+    count_messages: bool = False  # txstore.countMessages: one row per range, its message count
 
 
 def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str]) -> StreamOptions:
@@ -136,6 +146,7 @@ def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str])
             "option txstore.job is required by readStream.format('txstore'): the job whose offsets "
             "in txn_offsets the stream continues and commits"
         )
+    count_messages = parse_count_messages(given.pop(COUNT_MESSAGES_OPTION, None))
     limit_text = given.pop("maxoffsetspertrigger", None)
     limit = None
     if limit_text is not None:
@@ -149,7 +160,16 @@ def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str])
             )
     read = parse_read_options(given, environ)
     assert read.job is not None and read.database_url is not None
-    return StreamOptions(read, read.job, read.database_url, limit)
+    return StreamOptions(read, read.job, read.database_url, limit, count_messages)
+
+
+def parse_count_messages(text: str | None) -> bool:
+    """``txstore.countMessages``: ``true`` or ``false`` (the default)."""
+    if text is None or text.strip().lower() == "false":
+        return False
+    if text.strip().lower() == "true":
+        return True
+    raise ConfigError(f"option txstore.countMessages must be true or false, got {text!r}")
 
 
 def offsets_dict(offsets: Mapping[TopicPartition, int]) -> Offsets:
@@ -211,7 +231,17 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def __init__(self, options: StreamOptions, schema: Any) -> None:
         self.options = options
-        self.batch_reader = TxstoreReader(options.read, schema)
+        self.schema = schema
+        if options.count_messages:
+            names = [f"{f.name} {f.dataType.simpleString()}" for f in schema.fields]
+            if ", ".join(names) != COUNT_SCHEMA:
+                raise ConfigError(
+                    f"readStream.format('txstore') with txstore.countMessages has the columns "
+                    f"{COUNT_SCHEMA}; leave out .schema() (it was {', '.join(names)})"
+                )
+            self.batch_reader = None
+        else:
+            self.batch_reader = TxstoreReader(options.read, schema)
         self._conn: psycopg.Connection | None = None  # opened by the planning methods only
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
@@ -347,7 +377,35 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         """Spark's commit of a batch it finished; the offsets are in PostgreSQL already."""
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return self.batch_reader.read(partition)
+        if self.batch_reader is not None:
+            return self.batch_reader.read(partition)
+        return self._count(partition)
+
+    def _count(self, partition: InputPartition) -> Iterator[Any]:
+        """``txstore.countMessages``: the range read whole, its messages counted, one row.
+
+        As the per-range count path: no row per message is built or handed to Spark (the
+        reader's checks of the planned log are the same); a retried task reads the range again
+        and counts the same messages.
+        """
+        import pyarrow as pa
+
+        if not isinstance(partition, RangePartition):
+            return
+        r = partition.range
+        n = 0
+        for batch in RangeReader(self.options.read.kafka_conf, r):  # to the end: gc paused throughout
+            n += len(batch)
+        yield pa.RecordBatch.from_pydict(
+            {"topic": [r.topic], "partition": [r.partition], "txstore_messages": [n]},
+            schema=pa.schema(
+                [
+                    pa.field("topic", pa.string()),
+                    pa.field("partition", pa.int32()),
+                    pa.field("txstore_messages", pa.int64()),
+                ]
+            ),
+        )
 
 
 def stream_reader(options: Mapping[str, str], schema: Any) -> TxstoreStreamReader:
