@@ -195,7 +195,7 @@ def table_identifier(table: ResultsTable) -> sql.Identifier:
 
 def create_temp_table(table: ResultsTable, types: Mapping[str, str]) -> sql.Composed:
     """The batch's rows' table (``types``: each column's type and collation, as
-    :func:`txstore.modes.results_table.temp_table_types` gives them), dropped at commit."""
+    :func:`txstore.postgres.results_merge.temp_table_types` gives them), dropped at commit."""
     columns = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(types[c])) for c in table.columns]
     if table.ordered:
         columns.append(sql.SQL("{} bigint").format(sql.Identifier(ROW_ORDER)))

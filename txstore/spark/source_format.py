@@ -1,6 +1,6 @@
 """``format("txstore")``: the one data source Spark registers, for batch reads
-(:mod:`txstore.spark.datasource`), stream reads and the exactly-once stream sink
-(:mod:`txstore.spark.streaming`).
+(:mod:`txstore.spark.datasource`), stream reads (:mod:`txstore.spark.stream_source`) and the
+exactly-once stream sink (:mod:`txstore.spark.stream_sink`).
 
 Apart from both so that the stream side can build on the batch side without either importing
 the other's entry point.
@@ -14,7 +14,13 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 
 from txstore.spark.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
-from txstore.spark.streaming import stream_reader, stream_writer
+from txstore.spark.stream_sink import stream_writer
+from txstore.spark.stream_source import (
+    COUNT_MESSAGES_OPTION,
+    COUNT_SCHEMA,
+    parse_count_messages,
+    stream_reader,
+)
 
 
 class TxstoreDataSource(DataSource):  # type: ignore[misc]
@@ -28,22 +34,26 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         from txstore.spark.source_columns import kafka_source_schema
 
         # A bad option fails at load(), not at the action; the stream-only option is checked by
-        # streamReader (txstore.spark.streaming), and refused by reader() for a batch read.
-        given = {k: v for k, v in self.options.items() if str(k).lower() != "maxoffsetspertrigger"}
+        # streamReader (txstore.spark.stream_source), and refused by reader() for a batch read.
+        stream_only = ("maxoffsetspertrigger", COUNT_MESSAGES_OPTION)
+        given = {k: v for k, v in self.options.items() if str(k).lower() not in stream_only}
         options = parse_read_options(given, os.environ)
         check_explicit_offsets(options)
+        counting = {str(k).lower(): v for k, v in self.options.items()}.get(COUNT_MESSAGES_OPTION)
+        if parse_count_messages(counting):
+            return COUNT_SCHEMA
         return kafka_source_schema()
 
     def reader(self, schema: Any) -> TxstoreReader:
         return TxstoreReader(parse_read_options(self.options, os.environ), schema)
 
     def streamReader(self, schema: Any) -> Any:
-        """``spark.readStream.format("txstore")``: see :mod:`txstore.spark.streaming`."""
+        """``spark.readStream.format("txstore")``: see :mod:`txstore.spark.stream_source`."""
         return stream_reader(self.options, schema)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-        """``writeStream.format("txstore")``: see :mod:`txstore.spark.streaming`."""
-        return stream_writer(self.options, schema)
+        """``writeStream.format("txstore")``: see :mod:`txstore.spark.stream_sink`."""
+        return stream_writer(self.options, schema, overwrite)
 
 
 def register(spark: Any) -> None:

@@ -1,8 +1,8 @@
-"""``spark.readStream.format("txstore")`` and ``writeStream.format("txstore")``: exactly-once streams.
+"""``spark.readStream.format("txstore")``: the exactly-once stream's source.
 
 A Python streaming data source (``DataSourceStreamReader``, PySpark 4.0 or
-newer) and sink (``DataSourceStreamWriter``) for one txstore job, so a
-Structured Streaming query keeps txstore's guarantee whatever happens to its
+newer) for one txstore job; its sink is :mod:`txstore.spark.stream_sink`, and
+the two together keep txstore's guarantee whatever happens to the query's
 checkpoint::
 
     txstore.register(spark)
@@ -17,6 +17,12 @@ checkpoint::
        .option("txstore.databaseUrl", "postgresql://...")
        .option("checkpointLocation", "/chk/events_stream")
        .start())
+
+The truth is in PostgreSQL, not in the checkpoint: the source checks each
+micro-batch's start against ``txn_offsets`` before anything is read, and
+hands the ranges it planned to the sink through ``txn_stream_plans``
+(:mod:`txstore.postgres.stream_plans`); the sink commits them with the
+batch's results in one transaction.
 
 Source options: those of the batch source (:mod:`txstore.spark.datasource`) except
 ``endingOffsets``, plus ``maxOffsetsPerTrigger``; ``txstore.job`` is
@@ -39,26 +45,22 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   with ``txn_offsets`` first: equal, or the whole batch already committed (a
   replay after a crash), or the query stops with :class:`CheckpointMismatch`
   before anything is read. The planned ranges are stored in
-  ``txn_stream_plans`` (one row per job), where the sink finds them;
+  ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
+  where the sink finds them;
 - ``read(partition)``: the batch source's Arrow reader, so retried tasks read
-  the same messages.
+  the same messages; with ``txstore.countMessages`` (``true``), the task reads its range
+  whole and yields one row, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`):
+  as the per-range count path, no row per message crosses into Spark, and the sink adds the
+  counts (Spark's ``numInputRows`` then counts ranges, not messages).
 
 The reader's planning connection holds the job's *stream lock* (exclusive,
 for the query's life) and the shared job lock (so ``txstore reset`` refuses
 while it runs): a second streaming query on the same job is refused with
 :class:`StreamLocked`.
-
-The sink counts the rows it receives per ``topic`` (txstore's own counts,
-``txn_data`` topic totals, as ``count_topic``) in its tasks, then in
-``commit`` adds them and moves every planned range's offset in one
-transaction with the conditional update (:class:`~txstore.postgres.sink.TransactionalSink`).
-A batch already committed (:class:`~txstore.core.errors.AlreadyCommitted`) is
-skipped; any other conflict stops the query.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,15 +68,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
-from pyspark.sql.datasource import (
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    InputPartition,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from txstore.core.errors import AlreadyCommitted, ConfigError, TxstoreError
-from txstore.core.failpoints import FailPoints
+from txstore.core.errors import ConfigError, TxstoreError
 from txstore.core.ranges import (
     OffsetRange,
     PartitionWatermarks,
@@ -82,14 +78,14 @@ from txstore.core.ranges import (
     limit_ranges,
     plan_ranges,
 )
-from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
-from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
+from txstore.postgres.db import connect
 from txstore.postgres.locks import hold_job_lock
 from txstore.postgres.migrate import check_schema
-from txstore.postgres.sink import TransactionalSink
+from txstore.postgres.stream_plans import save_plan
 from txstore.spark.datasource import (
     RangePartition,
     ReadOptions,
@@ -99,14 +95,7 @@ from txstore.spark.datasource import (
 
 log = logging.getLogger("txstore")
 
-_WriterBase: Any = DataSourceStreamWriter
 _ReaderMixins: tuple[Any, ...] = ()
-try:  # PySpark 4.1+: the sink is handed Arrow batches, no row becomes a Python object
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter
-
-    _WriterBase = DataSourceStreamArrowWriter
-except ImportError:
-    pass
 try:  # PySpark 4.2+: Trigger.AvailableNow stops at the log ends seen when the query started
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
@@ -114,17 +103,15 @@ try:  # PySpark 4.2+: Trigger.AvailableNow stops at the log ends seen when the q
 except ImportError:  # older: Spark reads everything available in one batch instead
     pass
 
+COUNT_MESSAGES_OPTION = "txstore.countmessages"
+COUNT_SCHEMA = "topic string, partition int, txstore_messages bigint"
+"""The rows of ``readStream.format("txstore").option("txstore.countMessages", "true")``: one per
+range of a micro-batch, with how many messages its task read."""
+
 Offsets = dict[str, dict[str, int]]
 """Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
 
 _STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
-
-_SAVE_PLAN = """
-INSERT INTO txn_stream_plans (job, start_offsets, end_offsets, ranges, planned_at)
-VALUES (%(job)s, %(start)s, %(end)s, %(ranges)s, now())
-ON CONFLICT (job) DO UPDATE SET start_offsets = EXCLUDED.start_offsets,
-    end_offsets = EXCLUDED.end_offsets, ranges = EXCLUDED.ranges, planned_at = EXCLUDED.planned_at
-"""
 
 
 class StreamLocked(TxstoreError):
@@ -141,6 +128,7 @@ class StreamOptions:
     job: str
     database_url: str
     max_offsets_per_trigger: int | None = None
+    count_messages: bool = False  # txstore.countMessages: one row per range, its message count
 
 
 def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str]) -> StreamOptions:
@@ -158,6 +146,7 @@ def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str])
             "option txstore.job is required by readStream.format('txstore'): the job whose offsets "
             "in txn_offsets the stream continues and commits"
         )
+    count_messages = parse_count_messages(given.pop(COUNT_MESSAGES_OPTION, None))
     limit_text = given.pop("maxoffsetspertrigger", None)
     limit = None
     if limit_text is not None:
@@ -171,7 +160,16 @@ def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str])
             )
     read = parse_read_options(given, environ)
     assert read.job is not None and read.database_url is not None
-    return StreamOptions(read, read.job, read.database_url, limit)
+    return StreamOptions(read, read.job, read.database_url, limit, count_messages)
+
+
+def parse_count_messages(text: str | None) -> bool:
+    """``txstore.countMessages``: ``true`` or ``false`` (the default)."""
+    if text is None or text.strip().lower() == "false":
+        return False
+    if text.strip().lower() == "true":
+        return True
+    raise ConfigError(f"option txstore.countMessages must be true or false, got {text!r}")
 
 
 def offsets_dict(offsets: Mapping[TopicPartition, int]) -> Offsets:
@@ -195,37 +193,6 @@ def batch_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartitio
     A partition the start does not name starts at its end offset (it enters with an empty range).
     """
     return sorted(OffsetRange(t, p, start.get((t, p), until), until) for (t, p), until in end.items())
-
-
-def _ranges_json(ranges: Sequence[OffsetRange]) -> str:
-    return json.dumps(
-        [
-            {
-                "topic": r.topic,
-                "partition": r.partition,
-                "from": r.from_offset,
-                "until": r.until_offset,
-                "generation": r.generation,
-                "log_end": r.log_end,
-            }
-            for r in ranges
-        ]
-    )
-
-
-def _ranges_from_json(items: Sequence[Mapping[str, Any]]) -> list[OffsetRange]:
-    return [
-        OffsetRange(
-            i["topic"],
-            int(i["partition"]),
-            int(i["from"]),
-            int(i["until"]),
-            None,
-            int(i["generation"]),
-            None if i["log_end"] is None else int(i["log_end"]),
-        )
-        for i in items
-    ]
 
 
 def realign_hint() -> str:
@@ -264,7 +231,17 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def __init__(self, options: StreamOptions, schema: Any) -> None:
         self.options = options
-        self.batch_reader = TxstoreReader(options.read, schema)
+        self.schema = schema
+        if options.count_messages:
+            names = [f"{f.name} {f.dataType.simpleString()}" for f in schema.fields]
+            if ", ".join(names) != COUNT_SCHEMA:
+                raise ConfigError(
+                    f"readStream.format('txstore') with txstore.countMessages has the columns "
+                    f"{COUNT_SCHEMA}; leave out .schema() (it was {', '.join(names)})"
+                )
+            self.batch_reader = None
+        else:
+            self.batch_reader = TxstoreReader(options.read, schema)
         self._conn: psycopg.Connection | None = None  # opened by the planning methods only
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
@@ -400,140 +377,37 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         """Spark's commit of a batch it finished; the offsets are in PostgreSQL already."""
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return self.batch_reader.read(partition)
+        if self.batch_reader is not None:
+            return self.batch_reader.read(partition)
+        return self._count(partition)
 
+    def _count(self, partition: InputPartition) -> Iterator[Any]:
+        """``txstore.countMessages``: the range read whole, its messages counted, one row.
 
-def save_plan(
-    conn: psycopg.Connection,
-    job: str,
-    start: Mapping[str, Any],
-    end: Mapping[str, Any],
-    ranges: Sequence[OffsetRange],
-) -> None:
-    with conn.transaction():
-        conn.execute(
-            _SAVE_PLAN,
-            {
-                "job": job,
-                "start": json.dumps(start, sort_keys=True),
-                "end": json.dumps(end, sort_keys=True),
-                "ranges": _ranges_json(ranges),
-            },
+        As the per-range count path: no row per message is built or handed to Spark (the
+        reader's checks of the planned log are the same); a retried task reads the range again
+        and counts the same messages.
+        """
+        import pyarrow as pa
+
+        if not isinstance(partition, RangePartition):
+            return
+        r = partition.range
+        n = 0
+        for batch in RangeReader(self.options.read.kafka_conf, r):  # to the end: gc paused throughout
+            n += len(batch)
+        yield pa.RecordBatch.from_pydict(
+            {"topic": [r.topic], "partition": [r.partition], "txstore_messages": [n]},
+            schema=pa.schema(
+                [
+                    pa.field("topic", pa.string()),
+                    pa.field("partition", pa.int32()),
+                    pa.field("txstore_messages", pa.int64()),
+                ]
+            ),
         )
-
-
-def load_plan(conn: psycopg.Connection, job: str) -> list[OffsetRange]:
-    row = conn.execute("SELECT ranges FROM txn_stream_plans WHERE job = %s", (job,)).fetchone()
-    conn.rollback()
-    if row is None:
-        raise TxstoreError(
-            f"job {job!r}: no planned micro-batch in txn_stream_plans; the sink commits only batches "
-            "read with readStream.format('txstore') and the same txstore.job"
-        )
-    return _ranges_from_json(row[0])
-
-
-# -- the sink --------------------------------------------------------------------------------------
-
-
-@dataclass
-class TopicCounts(WriterCommitMessage):  # type: ignore[misc]
-    """One write task's rows per topic."""
-
-    counts: dict[str, int]
-
-
-@dataclass(frozen=True)
-class SinkOptions:
-    job: str
-    database_url: str
-    failpoints: str = ""  # tests: txstore.core.failpoints, as TXSTORE_FAILPOINTS (txstore.core.failpoints)
-
-
-def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
-    given = {str(k).lower(): str(v) for k, v in options.items()}
-    known = {"txstore.job", "txstore.databaseurl", "txstore.failpoints", "checkpointlocation", "path"}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown option {unknown[0]!r} for writeStream.format('txstore'); it takes txstore.job "
-            "and txstore.databaseUrl"
-        )
-    job = given.get("txstore.job", "").strip()
-    if not job:
-        raise ConfigError("option txstore.job is required by writeStream.format('txstore')")
-    url = given.get("txstore.databaseurl") or environ.get(DATABASE_URL_ENV)
-    if not url:
-        raise ConfigError(
-            f"writeStream.format('txstore') needs the job's database: .option('txstore.databaseUrl', "
-            f"'postgresql://...') or {DATABASE_URL_ENV} on the driver"
-        )
-    failpoints = given.get("txstore.failpoints", "")
-    FailPoints.parse(failpoints)  # a bad one fails at start()
-    return SinkOptions(job, resolve_database_url(url), failpoints)
-
-
-def _count_topics(iterator: Iterator[Any]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in iterator:
-        if hasattr(item, "num_rows"):  # an Arrow record batch (PySpark 4.1+)
-            column = item.column(item.schema.get_field_index("topic"))
-            for value in column.value_counts().to_pylist():
-                counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
-        else:
-            topic = item["topic"]
-            counts[topic] = counts.get(topic, 0) + 1
-    return counts
-
-
-class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
-    """Counts each micro-batch's rows per topic and commits them with the batch's ranges."""
-
-    def __init__(self, options: SinkOptions, schema: Any) -> None:
-        if "topic" not in schema.names:
-            raise ConfigError(
-                "writeStream.format('txstore') counts messages per topic: the DataFrame needs the "
-                "topic column of readStream.format('txstore')"
-            )
-        self.options = options
-
-    def write(self, iterator: Iterator[Any]) -> TopicCounts:
-        return TopicCounts(_count_topics(iterator))
-
-    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
-        job = self.options.job
-        totals: dict[str, int] = {}
-        for m in messages:
-            if isinstance(m, TopicCounts):
-                for topic, n in m.counts.items():
-                    totals[topic] = totals.get(topic, 0) + n
-        with connect(self.options.database_url) as conn:
-            ranges = [r for r in load_plan(conn, job) if r.size > 0]
-            deltas = {(t, TOPIC_TOTAL): n for t, n in sorted(totals.items()) if n}
-            if not ranges:
-                if deltas:
-                    raise TxstoreError(f"job {job!r} batch {batchId}: rows but no planned range")
-                return
-            try:
-                failpoints = FailPoints.parse(self.options.failpoints)
-                TransactionalSink(conn, job, failpoints).commit_batch(ranges, deltas)
-            except AlreadyCommitted:
-                log.info(
-                    "job %s: micro-batch %d (%s) already committed; skipped",
-                    job,
-                    batchId,
-                    ", ".join(map(str, ranges)),
-                )
-
-    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to undo: tasks write nothing, the commit is one transaction."""
 
 
 def stream_reader(options: Mapping[str, str], schema: Any) -> TxstoreStreamReader:
     """The reader for ``readStream.format("txstore")`` (options checked here)."""
     return TxstoreStreamReader(parse_stream_options(options, os.environ), schema)
-
-
-def stream_writer(options: Mapping[str, str], schema: Any) -> TxstoreStreamWriter:
-    """The sink for ``writeStream.format("txstore")`` (options checked here)."""
-    return TxstoreStreamWriter(parse_sink_options(options, os.environ), schema)

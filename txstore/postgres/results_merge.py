@@ -1,0 +1,141 @@
+"""A batch's rows merged into a results table with its offsets moved, in one transaction.
+
+Shared by the results-table jobs (:mod:`txstore.modes.results_table`, rows from a Spark
+query over the batch's ranges) and the stream sink (:mod:`txstore.spark.stream_sink`, a
+micro-batch's rows from its write tasks): the rows arrive as chunks of ``COPY`` text
+(:mod:`txstore.postgres.copy_text`), go into a temporary table typed like the results
+table's columns, collations included (:func:`temp_table_types`), and are merged by the
+table's rules in one statement (:func:`~txstore.postgres.results_table.merge_statement`)
+after every range's offset moved conditionally (:func:`copy_and_merge`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from txstore.core.failpoints import FailPoints
+from txstore.core.fingerprint import Fingerprint
+from txstore.core.ranges import OffsetRange, TopicPartition
+from txstore.postgres.results_table import (
+    ResultsTable,
+    copy_rows,
+    create_temp_table,
+    merge_statement,
+    table_identifier,
+)
+from txstore.postgres.sink import (
+    MOVE_OFFSETS,
+    RECORD_BAD_MESSAGES,
+    bad_message_params,
+    classify_batch_conflict,
+    move_offsets_params,
+)
+from txstore.postgres.store import stored_offsets
+
+if TYPE_CHECKING:
+    from txstore.kafka.bad_messages import BadOffset
+
+Chunk = tuple[int, bytes]
+"""A number of result rows and their COPY text."""
+
+log = logging.getLogger("txstore")
+
+
+def copy_and_merge(
+    conn: psycopg.Connection,
+    job: str,
+    table: ResultsTable,
+    types: dict[str, str],
+    ranges: list[OffsetRange],
+    produced: Iterator[Chunk],
+    failpoints: FailPoints,
+    attempt: int,
+    last: Mapping[TopicPartition, Fingerprint] | None = None,
+    bad: Sequence[BadOffset] = (),
+) -> None:
+    first = next(produced, None)  # Spark computes the result before the transaction opens
+    hit = failpoints.hit
+    rows = 0
+    try:
+        with conn.cursor() as cur:
+            hit("before-upsert", attempt)
+            if first is not None:
+                rows = copy_to_temp_table(cur, table, types, itertools.chain([first], produced))
+            hit("between-upsert-and-offsets", attempt)
+            cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges, last))
+            if cur.rowcount == len(ranges):
+                if bad:
+                    cur.execute(RECORD_BAD_MESSAGES, bad_message_params(job, bad))
+                if first is not None:
+                    merge_rows(conn, cur, table)
+                    log.debug("job %s: merged %d result rows into %s", job, rows, table.label)
+                hit("before-commit", attempt)
+                conn.commit()
+                hit("after-commit", attempt)
+                return
+        conn.rollback()
+    except BaseException:
+        if not conn.closed:
+            conn.rollback()
+        raise
+    raise classify_batch_conflict(job, ranges, stored_offsets(conn, job, ranges))
+
+
+def copy_to_temp_table(
+    cur: psycopg.Cursor[Any], table: ResultsTable, types: Mapping[str, str], chunks: Iterable[Chunk]
+) -> int:
+    """The batch's temporary table, created and filled with ``chunks`` through ``COPY``; how
+    many rows went in."""
+    rows = 0
+    cur.execute(create_temp_table(table, types))
+    with cur.copy(copy_rows(table)) as copy:
+        for n, text in chunks:
+            copy.write(text)
+            rows += n
+    return rows
+
+
+def merge_rows(conn: psycopg.Connection, cur: psycopg.Cursor[Any], table: ResultsTable) -> None:
+    """Merge the copied rows as they are; if a key comes twice, grouped by key instead."""
+    try:
+        with conn.transaction():  # a savepoint: a duplicate key undoes only this statement
+            cur.execute(merge_statement(table, grouped=False))
+    except psycopg.errors.CardinalityViolation:
+        cur.execute(merge_statement(table, grouped=True))
+
+
+# Each column as the temporary table declares it: its type and, where it has one, its
+# collation, qualified and quoted (format_type() alone drops it).
+_COLUMN_DEFINITIONS = """
+SELECT a.attname,
+       format_type(a.atttypid, a.atttypmod)
+       || coalesce(' COLLATE ' || quote_ident(n.nspname) || '.' || quote_ident(c.collname), '')
+FROM pg_attribute a
+LEFT JOIN pg_collation c ON c.oid = a.attcollation
+LEFT JOIN pg_namespace n ON n.oid = c.collnamespace
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def temp_table_types(conn: psycopg.Connection, table: ResultsTable) -> dict[str, str]:
+    """Each of the table's columns' definition for the batch's temporary table: the declared type
+    and the column's collation.
+
+    The collation matters twice. Rows whose keys are equal under the column's collation (a
+    case-insensitive one: ``'Apple'`` and ``'apple'``) are one key in the table, so the
+    batch's rows must be grouped by that equality, or the merge updates one row twice and
+    fails on every run. And ``min``/``max`` of text must combine a batch's rows in the
+    column's order, as ``least``/``greatest`` then merge them with the stored value.
+    """
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_COLUMN_DEFINITIONS, (table_identifier(table).as_string(conn),))
+            definitions: dict[str, str] = dict(cur.fetchall())
+    finally:
+        conn.rollback()
+    return {c: definitions[c] for c in table.columns}

@@ -1,0 +1,373 @@
+"""``writeStream.format("txstore")``: the exactly-once stream's sink.
+
+A Python streaming data sink (``DataSourceStreamWriter``, PySpark 4.0 or newer;
+``DataSourceStreamArrowWriter`` on 4.1+, handed Arrow batches) for the rows of a
+``readStream.format("txstore")`` query (:mod:`txstore.spark.stream_source`) of the same
+``txstore.job``. It keeps either txstore's own counts (the default) or a results table of the user's
+(``txstore.table``, ``txstore.key``, ``txstore.merge``: the options, checks and merge rules of
+``jobs/aggregate.py --table/--key/--merge``, :mod:`txstore.postgres.results_table`). Steps of a
+micro-batch:
+
+- creating the writer (the driver, when Spark plans the first micro-batch's write, before any
+  task reads): with a results table, :func:`check_table_query` refuses what could not be merged
+  exactly once: a column that would round, a collation or time zone that would merge two keys
+  (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
+  rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
+- ``write(iterator)`` (each task): counts its rows per ``topic`` (``txn_data`` topic totals, as
+  ``count_topic``), or adds their ``txstore_messages`` when the source counted them
+  (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
+  columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
+  partition its rows came from;
+- ``commit(messages, batchId)`` (the driver): loads the ranges the source planned for this
+  micro-batch (:func:`~txstore.postgres.stream_plans.load_plan`), then in one transaction with
+  the conditional offset update adds the counts
+  (:class:`~txstore.postgres.sink.TransactionalSink`) or copies the rows into a temporary table
+  and merges them, grouped by key under the rules
+  (:func:`~txstore.postgres.results_merge.copy_and_merge`). A row whose message is outside the
+  planned ranges (state kept in the checkpoint, re-emitted) stops the query before anything is
+  written (:func:`check_rows_in_batch`). A batch already committed
+  (:class:`~txstore.core.errors.AlreadyCommitted`, a replay after a crash between PostgreSQL's
+  commit and Spark's commit log) is skipped; any other conflict stops the query;
+- ``abort``: nothing to undo, the tasks write nothing.
+
+Why per-message rows, aggregated by the sink: Structured Streaming's update and complete modes
+hand a sink the running totals of a streaming aggregation every micro-batch; merged by ``sum``
+they would count every message again in every later batch, and the aggregation's state would
+live in the checkpoint, which txstore does not trust. Each micro-batch's own rows, grouped by
+``txstore.key`` under ``txstore.merge``, are a delta, applied once with the offsets. Spark
+refuses update mode for this sink by itself.
+
+The micro-batch's rows travel to the driver as ``COPY`` text in the tasks' commit messages: a
+micro-batch's projected rows must fit in the driver's memory (bound them with
+``maxOffsetsPerTrigger``).
+
+The offsets committed are the planned ranges', never derived from the rows: a partition
+with no message in the batch (or only aborted transactions' offsets) still moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+
+from txstore.core.errors import AlreadyCommitted, ConfigError, ResultsTableInvalid, TxstoreError
+from txstore.core.failpoints import FailPoints
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL
+from txstore.postgres.copy_text import ORDER_BITS, copy_text
+from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
+from txstore.postgres.results_check import describe_table, table_problems
+from txstore.postgres.results_merge import copy_and_merge, temp_table_types
+from txstore.postgres.results_table import ResultsTable, parse_results_table
+from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
+from txstore.postgres.store import stored_offsets
+from txstore.postgres.stream_plans import load_plan
+
+log = logging.getLogger("txstore")
+
+_WriterBase: Any = DataSourceStreamWriter
+try:  # PySpark 4.1+: the sink is handed Arrow batches, no row becomes a Python object
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+
+    _WriterBase = DataSourceStreamArrowWriter
+except ImportError:
+    pass
+
+
+@dataclass
+class TopicCounts(WriterCommitMessage):  # type: ignore[misc]
+    """One write task's rows per topic."""
+
+    counts: dict[str, int]
+
+
+@dataclass
+class TableRows(WriterCommitMessage):  # type: ignore[misc]
+    """One write task's rows for a results table: COPY text chunks (row count, text), and the
+    lowest and highest offset of the messages they came from, per (topic, partition)."""
+
+    chunks: list[tuple[int, bytes]]
+    seen: dict[tuple[str, int], tuple[int, int]]
+
+
+class RowsOutsideBatch(TxstoreError):
+    """The sink received a row of a message outside its micro-batch's planned ranges."""
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    job: str
+    database_url: str
+    failpoints: str = ""  # tests: txstore.core.failpoints, as TXSTORE_FAILPOINTS (txstore.core.failpoints)
+    table: ResultsTable | None = None  # txstore.table/key/merge: merge the rows into it; None: count
+
+
+_TABLE_OPTIONS = ("txstore.table", "txstore.key", "txstore.merge")
+
+
+def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    known = {"txstore.job", "txstore.databaseurl", "txstore.failpoints", "checkpointlocation", "path"}
+    unknown = sorted(set(given) - known - set(_TABLE_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown option {unknown[0]!r} for writeStream.format('txstore'); it takes txstore.job, "
+            "txstore.databaseUrl, and txstore.table, txstore.key and txstore.merge"
+        )
+    job = given.get("txstore.job", "").strip()
+    if not job:
+        raise ConfigError("option txstore.job is required by writeStream.format('txstore')")
+    url = given.get("txstore.databaseurl") or environ.get(DATABASE_URL_ENV)
+    if not url:
+        raise ConfigError(
+            f"writeStream.format('txstore') needs the job's database: .option('txstore.databaseUrl', "
+            f"'postgresql://...') or {DATABASE_URL_ENV} on the driver"
+        )
+    failpoints = given.get("txstore.failpoints", "")
+    FailPoints.parse(failpoints)  # a bad one fails at start()
+    table = None
+    if any(name in given for name in _TABLE_OPTIONS):
+        missing = [name for name in _TABLE_OPTIONS if not given.get(name, "").strip()]
+        if missing:
+            raise ConfigError(
+                f"writeStream.format('txstore') merging into a results table needs {', '.join(missing)} "
+                "too: .option('txstore.table', '[schema.]name').option('txstore.key', 'COL[,COL...]')"
+                ".option('txstore.merge', 'COL=RULE[,...]')"
+            )
+        try:
+            table = parse_results_table(given["txstore.table"], given["txstore.key"], given["txstore.merge"])
+        except ValueError as e:
+            raise ConfigError(str(e).replace("--", "txstore.", 1)) from None
+        if problems := table.problems():
+            raise ResultsTableInvalid(problems)
+    return SinkOptions(job, resolve_database_url(url), failpoints, table)
+
+
+COUNTED = "txstore_messages"
+"""The column of a source that counted its messages (``txstore.countMessages``): summed, not
+counted as rows."""
+
+
+def _count_topics(iterator: Iterator[Any], counted: bool = False) -> dict[str, int]:
+    """Messages per topic: a row each, or (``counted``) the sum of the rows' ``txstore_messages``."""
+    counts: dict[str, int] = {}
+    for item in iterator:
+        if hasattr(item, "num_rows"):  # an Arrow record batch (PySpark 4.1+)
+            if counted:
+                import pyarrow as pa
+
+                rows = pa.Table.from_batches([item.select(["topic", COUNTED])])
+                sums = rows.group_by("topic").aggregate([(COUNTED, "sum")]).to_pylist()
+                pairs = [(v["topic"], v[f"{COUNTED}_sum"]) for v in sums]
+            else:
+                column = item.column(item.schema.get_field_index("topic"))
+                pairs = [(v["values"], v["counts"]) for v in column.value_counts().to_pylist()]
+            for topic, n in pairs:
+                counts[topic] = counts.get(topic, 0) + int(n)
+        else:
+            topic = item["topic"]
+            counts[topic] = counts.get(topic, 0) + (int(item[COUNTED]) if counted else 1)
+    return counts
+
+
+PROVENANCE = ("topic", "partition", "offset")
+"""The source's columns that say which message a row came from; a results-table sink needs them."""
+
+
+def check_table_query(options: SinkOptions, schema: Any, overwrite: bool) -> dict[str, str]:
+    """Refuse, before anything is read, a query whose rows the sink could not merge exactly once
+    into ``options.table``; else each column's definition for the temporary table.
+
+    The sink merges each micro-batch's own rows, grouped by key under the merge rules. So it
+    takes only rows that come from one message each, with the message's ``topic``,
+    ``partition`` and ``offset``: a streaming aggregation's output (running totals in update or
+    complete mode, re-emitted every batch) would be merged again and again, and any state kept
+    in the checkpoint would be lost with it. The rest is aggregate.py's check
+    (:func:`~txstore.postgres.results_check.table_problems`): columns that would round,
+    collations, time zones, keys, privileges.
+    """
+    table = options.table
+    assert table is not None
+    job = options.job
+    if overwrite:
+        raise ConfigError(
+            f"job {job}: writeStream.format('txstore') with txstore.table does not take outputMode"
+            "('complete'): its rows are running totals, merged again every micro-batch (double "
+            "counted); write the messages' rows in append mode and let txstore.merge aggregate them"
+        )
+    if _WriterBase is DataSourceStreamWriter:
+        raise ConfigError(
+            f"job {job}: writeStream.format('txstore') with txstore.table needs PySpark 4.1 or newer "
+            "(the Arrow stream writer); this is PySpark before 4.1"
+        )
+    missing = [c for c in PROVENANCE if c not in schema.names]
+    if missing:
+        raise ConfigError(
+            f"job {job}: writeStream.format('txstore') with txstore.table merges each micro-batch's "
+            f"own rows, one or more per message, and the query's rows have no {', '.join(missing)} "
+            "column: a streaming aggregation's rows (running totals, re-emitted every micro-batch) "
+            "would be merged again (double counted); keep readStream's topic, partition and offset "
+            "columns and no groupBy: txstore.merge aggregates each micro-batch by txstore.key"
+        )
+    output = [
+        (f.name, f.dataType.simpleString())
+        for f in schema.fields
+        if f.name in table.columns or f.name not in PROVENANCE
+    ]
+    with connect(options.database_url) as conn:
+        facts = describe_table(conn, table)
+        problems = table_problems(table, facts, output, f"role {conn.info.user}", job=job)
+        if problems:
+            raise ResultsTableInvalid(problems)
+        return temp_table_types(conn, table)
+
+
+def _table_rows(table: ResultsTable, iterator: Iterator[Any]) -> TableRows:
+    """A write task's Arrow batches as COPY text of the table's columns (numbered in Spark's
+    output order when a rule needs it), and the offsets of the messages they came from."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    position = (context.partitionId() << ORDER_BITS) if context is not None else 0
+    chunks: list[tuple[int, bytes]] = []
+    seen: dict[tuple[str, int], tuple[int, int]] = {}
+    columns = list(table.columns)
+    for batch in iterator:
+        if batch.num_rows == 0:
+            continue
+        where = pa.Table.from_batches([batch.select(list(PROVENANCE))])
+        spans = where.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
+        for item in spans.to_pylist():
+            key = (item["topic"], item["partition"])
+            low, high = item["offset_min"], item["offset_max"]
+            if None in (*key, low, high):
+                low, high = -1, -1  # a row without its message: refused by commit
+            if key in seen:
+                low, high = min(low, seen[key][0]), max(high, seen[key][1])
+            seen[key] = (low, high)
+        chunks.append((batch.num_rows, copy_text(batch.select(columns), position if table.ordered else None)))
+        position += batch.num_rows
+    return TableRows(chunks, seen)
+
+
+def check_rows_in_batch(
+    job: str, batch_id: int, ranges: Sequence[OffsetRange], seen: Mapping[tuple[str, int], tuple[int, int]]
+) -> None:
+    """Raise :class:`RowsOutsideBatch` (one line) unless every row's message is in ``ranges``.
+
+    A row of an earlier micro-batch's message comes from state kept in the checkpoint (an
+    aggregation, deduplication or join emitting later): merging it would not be exactly once.
+    """
+    planned = {r.key: r for r in ranges}
+    for (topic, partition), (low, high) in sorted(
+        seen.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)
+    ):
+        r = planned.get((topic, partition))
+        if r is None or low < r.from_offset or high >= r.until_offset:
+            where = "none" if r is None else f"[{r.from_offset}, {r.until_offset})"
+            raise RowsOutsideBatch(
+                f"job {job!r} micro-batch {batch_id}: the sink received rows of topic {topic!r} "
+                f"partition {partition} offsets {low}..{high}, outside this micro-batch's range "
+                f"{where}: a stateful operator (aggregation, deduplication, join) emits rows of "
+                "earlier micro-batches from state kept in the checkpoint, which txstore cannot merge "
+                "exactly once; nothing was written. Write each micro-batch's own rows (no groupBy) "
+                "and let txstore.merge aggregate them"
+            )
+
+
+class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
+    """Counts each micro-batch's rows per topic, or merges them into a results table, and commits
+    that with the batch's ranges."""
+
+    def __init__(self, options: SinkOptions, schema: Any, overwrite: bool = False) -> None:
+        self.options = options
+        self.types: dict[str, str] = {}
+        if options.table is not None:
+            self.types = check_table_query(options, schema, overwrite)
+        elif "topic" not in schema.names:
+            raise ConfigError(
+                "writeStream.format('txstore') counts messages per topic: the DataFrame needs the "
+                "topic column of readStream.format('txstore')"
+            )
+        elif overwrite:
+            raise ConfigError(
+                f"job {options.job}: writeStream.format('txstore') counts the rows of each micro-batch "
+                "and does not take outputMode('complete') (running totals, counted again every "
+                "micro-batch); write the messages' rows in append mode"
+            )
+        self.counted = options.table is None and COUNTED in schema.names
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        if self.options.table is not None:
+            return _table_rows(self.options.table, iterator)
+        return TopicCounts(_count_topics(iterator, self.counted))
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        if self.options.table is not None:
+            self._commit_table([m for m in messages if isinstance(m, TableRows)], batchId)
+            return
+        job = self.options.job
+        totals: dict[str, int] = {}
+        for m in messages:
+            if isinstance(m, TopicCounts):
+                for topic, n in m.counts.items():
+                    totals[topic] = totals.get(topic, 0) + n
+        with connect(self.options.database_url) as conn:
+            ranges = [r for r in load_plan(conn, job) if r.size > 0]
+            deltas = {(t, TOPIC_TOTAL): n for t, n in sorted(totals.items()) if n}
+            if not ranges:
+                if deltas:
+                    raise TxstoreError(f"job {job!r} batch {batchId}: rows but no planned range")
+                return
+            try:
+                failpoints = FailPoints.parse(self.options.failpoints)
+                TransactionalSink(conn, job, failpoints).commit_batch(ranges, deltas)
+            except AlreadyCommitted:
+                _skipped(job, batchId, ranges)
+
+    def _commit_table(self, messages: Sequence[TableRows], batch_id: int) -> None:
+        """The micro-batch's rows merged into the table and its ranges' offsets moved, in one
+        transaction (:func:`~txstore.postgres.results_merge.copy_and_merge`, as aggregate.py)."""
+        job, table = self.options.job, self.options.table
+        assert table is not None
+        seen: dict[tuple[str, int], tuple[int, int]] = {}
+        for m in messages:
+            for key, (low, high) in m.seen.items():
+                old = seen.get(key, (low, high))
+                seen[key] = (min(low, old[0]), max(high, old[1]))
+        with connect(self.options.database_url) as conn:
+            ranges = [r for r in load_plan(conn, job) if r.size > 0]
+            check_rows_in_batch(job, batch_id, ranges, seen)
+            if not ranges:
+                return
+            stored = stored_offsets(conn, job, ranges)
+            conn.rollback()
+            try:
+                if any(stored.get(r.key) != r.from_offset for r in ranges):
+                    raise classify_batch_conflict(job, ranges, stored)  # a replay: nothing to copy
+                chunks = (chunk for m in messages for chunk in m.chunks)
+                failpoints = FailPoints.parse(self.options.failpoints)
+                copy_and_merge(conn, job, table, self.types, ranges, chunks, failpoints, 0)
+            except AlreadyCommitted:
+                _skipped(job, batch_id, ranges)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: tasks write nothing, the commit is one transaction."""
+
+
+def _skipped(job: str, batch_id: int, ranges: Sequence[OffsetRange]) -> None:
+    log.info(
+        "job %s: micro-batch %d (%s) already committed; skipped", job, batch_id, ", ".join(map(str, ranges))
+    )
+
+
+def stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool = False) -> TxstoreStreamWriter:
+    """The sink for ``writeStream.format("txstore")`` (options checked here, and a results table
+    against the query and the database)."""
+    return TxstoreStreamWriter(parse_sink_options(options, os.environ), schema, overwrite)
