@@ -691,3 +691,33 @@ def test_rows_without_their_message_are_refused_in_one_line(
         "rows, one or more per message, and the query's rows have no offset column"
     ) in str(e.value)
     _nothing_committed(db, topic)
+
+
+def test_the_counts_sink_refuses_complete_modes_running_totals_in_one_line(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """Complete mode hands the sink every group's running total each micro-batch: counted as
+    rows per topic, every message would be counted again in each later batch."""
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 5)
+    with pytest.raises(QueryFailed) as e:
+        run_available_now(
+            session,
+            kafka,
+            database_url,
+            topic,
+            tmp_path / "complete",
+            rows=lambda df: df.groupBy("topic").count(),
+            output_mode="complete",
+        )
+    assert (
+        f"job {JOB}: writeStream.format('txstore') counts the rows of each micro-batch and does not take "
+        "outputMode('complete')"
+    ) in str(e.value), str(e.value)
+    assert set(offsets(db, topic, job=JOB).values()) <= {0}
+    assert sum(totals(db, topic, job=JOB).values()) == 0  # not one message counted
