@@ -89,9 +89,18 @@ class QueryFailed(Exception):
 
 
 @pytest.fixture
-def session(spark: Any) -> Any:
+def session(request: pytest.FixtureRequest) -> Any:
+    """The classic session, or (``@CLASSIC_AND_CONNECT``) also a Spark Connect client, whose
+    source and sink run on the server."""
+    spark = request.getfixturevalue(
+        "spark_connect" if getattr(request, "param", "") == "connect" else "spark"
+    )
     txstore.register(spark)
     return spark
+
+
+CLASSIC_AND_CONNECT = pytest.mark.parametrize("session", ["classic", "connect"], indirect=True)
+"""The checkpoint accidents hold through a Spark Connect client as on classic Spark."""
 
 
 # -- pure ----------------------------------------------------------------------------------------
@@ -182,6 +191,7 @@ def test_max_offsets_per_trigger_cuts_batches_and_available_now_reads_them_all(
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
 
 
+@CLASSIC_AND_CONNECT
 def test_checkpoint_deleted_starts_where_postgresql_says(
     session: Any,
     kafka: MockKafkaCluster,
@@ -201,6 +211,7 @@ def test_checkpoint_deleted_starts_where_postgresql_says(
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
 
 
+@CLASSIC_AND_CONNECT
 def test_older_checkpoint_copy_stops_in_one_line_and_writes_nothing(
     session: Any,
     kafka: MockKafkaCluster,
@@ -235,6 +246,7 @@ def test_older_checkpoint_copy_stops_in_one_line_and_writes_nothing(
     assert offsets(db, topic, job=JOB) == stored
 
 
+@CLASSIC_AND_CONNECT
 def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_once(
     session: Any,
     kafka: MockKafkaCluster,
@@ -249,7 +261,7 @@ def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_onc
     run_available_now(session, kafka, database_url, topic, checkpoint)
     produce(kafka.bootstrap_servers, topic, {0: 2})
     second = run_available_now(session, kafka, database_url, topic, checkpoint)
-    last_batch = max(p["batchId"] for p in second.recentProgress if p["numInputRows"] > 0)
+    last_batch = max(p.batchId for p in second.recentProgress if p.numInputRows > 0)
     assert last_batch >= 1  # a batch after the first, whose start comes from the checkpoint
     assert totals(db, topic, job=JOB) == {topic: 12}
     # The state a crash leaves between the sink's PostgreSQL commit and Spark's commit log:
@@ -257,8 +269,8 @@ def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_onc
     (checkpoint / "commits" / str(last_batch)).unlink()
     (checkpoint / "commits" / f".{last_batch}.crc").unlink(missing_ok=True)
     again = run_available_now(session, kafka, database_url, topic, checkpoint)
-    replayed = [p for p in again.recentProgress if p["batchId"] == last_batch]
-    assert replayed and replayed[0]["numInputRows"] == 2  # read again, not counted again
+    replayed = [p for p in again.recentProgress if p.batchId == last_batch]
+    assert replayed and replayed[0].numInputRows == 2  # read again, not counted again
     assert totals(db, topic, job=JOB) == {topic: 12}
     produce(kafka.bootstrap_servers, topic, {1: 3})
     run_available_now(session, kafka, database_url, topic, checkpoint)
@@ -266,6 +278,7 @@ def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_onc
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
 
 
+@CLASSIC_AND_CONNECT
 def test_a_second_query_on_the_same_job_is_refused(
     session: Any,
     kafka: MockKafkaCluster,
@@ -539,6 +552,7 @@ def sale_messages(n: int, partitions: int, seed: int) -> list[tuple[int, bytes, 
     ]
 
 
+@CLASSIC_AND_CONNECT
 def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_when_replayed(
     session: Any,
     kafka: MockKafkaCluster,
@@ -579,12 +593,12 @@ def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_w
     assert db.execute("SELECT count(*) FROM txn_data WHERE job = %s", (JOB,)).fetchone() == (0,)
 
     # The crash between the sink's PostgreSQL commit and Spark's commit log: the batch replays.
-    last_batch = max(p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0)
+    last_batch = max(p.batchId for p in query.recentProgress if p.numInputRows > 0)
     (checkpoint / "commits" / str(last_batch)).unlink()
     (checkpoint / "commits" / f".{last_batch}.crc").unlink(missing_ok=True)
     again = run()
-    replayed = [p for p in again.recentProgress if p["batchId"] == last_batch]
-    assert replayed and replayed[0]["numInputRows"] > 0  # read again, merged once
+    replayed = [p for p in again.recentProgress if p.batchId == last_batch]
+    assert replayed and replayed[0].numInputRows > 0  # read again, merged once
     assert sales(db) == expected_sales(first + second)
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
 
