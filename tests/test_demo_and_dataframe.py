@@ -18,6 +18,7 @@ from txstore.kafka.client import client_config
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS
 from txstore.spark.tasks import TASKS_PER_CORE, default_parallelism, read_ranges
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -36,6 +37,36 @@ def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> N
     assert result.returncode == 0, result.stderr[-3000:]
     assert "run 1: topic demo-events: produced 3000, counted 3000 (exact)" in result.stdout
     assert "run 2: topic demo-events: produced 4500, counted 4500 (exact)" in result.stdout
+
+
+def test_the_demo_counts_exactly_on_apache_kafka_with_kafka_real(real_kafka: RealKafkaCluster) -> None:
+    """``txstore demo --kafka real``: its own Apache Kafka broker (``real_kafka`` only makes this
+    test skip, or fail in CI, without Kafka's jars), stopped and deleted at the end."""
+    env = {k: v for k, v in os.environ.items() if k != "TXSTORE_DATABASE_URL"}
+    env["PYSPARK_PYTHON"] = sys.executable
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "txstore.ops.cli",
+            "demo",
+            "--kafka",
+            "real",
+            "--messages",
+            "2000",
+            "--partitions",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("Apache Kafka at 127.0.0.1:"), result.stdout
+    assert "run 1: topic demo-events: produced 2000, counted 2000 (exact)" in result.stdout
+    assert "run 2: topic demo-events: produced 3000, counted 3000 (exact)" in result.stdout
 
 
 def test_a_range_reads_as_a_dataframe_with_the_kafka_source_columns(

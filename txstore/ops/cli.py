@@ -40,6 +40,13 @@ def _main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run count_topic end to end on an embedded broker and database")
     demo.add_argument("--messages", type=int, default=20_000)
     demo.add_argument("--partitions", type=int, default=4)
+    demo.add_argument(
+        "--kafka",
+        choices=("mock", "real"),
+        default="mock",
+        help="the broker: librdkafka's mock cluster (default), or Apache Kafka started from its jars "
+        "(fetched once with Maven)",
+    )
     pyfiles = commands.add_parser("py-files", help="build the zip for spark-submit --py-files")
     pyfiles.add_argument("--output", type=Path, default=Path("txstore-pyfiles.zip"))
     commands.add_parser("mock-kafka", help="serve a Kafka-protocol mock broker until stopped", add_help=False)
@@ -114,11 +121,16 @@ def _main(argv: list[str] | None = None) -> int:
         return mock_kafka(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
+        from txstore.core.errors import ConfigError
         from txstore.ops.demo import run_demo
         from txstore.runner import configure_logging
 
         configure_logging()
-        return run_demo(args.messages, args.partitions)
+        try:
+            return run_demo(args.messages, args.partitions, args.kafka)
+        except ConfigError as e:
+            print(f"txstore: error: {e}", file=sys.stderr)
+            return 1
     if args.command == "py-files":
         from txstore.spark.pyfiles import build_py_files
 

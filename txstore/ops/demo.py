@@ -1,9 +1,10 @@
 """``txstore demo``: the whole pipeline on embedded parts, in one command.
 
-A Kafka-protocol mock broker with generated messages, the PostgreSQL named by
-``TXSTORE_DATABASE_URL`` or else a throwaway local one (pgserver), and Spark
-in local mode. Runs count_topic twice with new messages in between and
-prints the counts beside the number of messages produced.
+A Kafka-protocol mock broker (or, with ``--kafka real``, Apache Kafka started from its jars:
+:mod:`txstore.testing.real_kafka`, fetched once through Maven) with generated messages, the
+PostgreSQL named by ``TXSTORE_DATABASE_URL`` or else a throwaway local one (pgserver), and Spark
+in local mode. Runs count_topic twice with new messages in between and prints the counts
+beside the number of messages produced.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from confluent_kafka import Producer
 
+from txstore.core.errors import ConfigError
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import CLIENT_LOGGER
@@ -68,12 +71,39 @@ def produce(bootstrap: str, topic: str, count: int, partitions: int, start: int 
         raise RuntimeError(f"{remaining} demo messages were not delivered")
 
 
-def run_demo(messages: int = 20_000, partitions: int = 4) -> int:
+@contextlib.contextmanager
+def demo_broker(kind: str) -> Iterator[Any]:
+    """The demo's broker: librdkafka's mock cluster, or Apache Kafka (one KRaft node on
+    127.0.0.1, its files deleted afterwards); a broker that cannot be had is one line."""
+    if kind == "mock":
+        with MockKafkaCluster() as kafka:
+            yield kafka
+        return
+    from txstore.testing.real_kafka import (
+        KafkaJarsUnavailable,
+        KafkaStartFailed,
+        RealKafkaCluster,
+        kafka_jars,
+    )
+
+    try:
+        cluster = RealKafkaCluster(kafka_jars())
+        cluster.__enter__()
+    except (KafkaJarsUnavailable, KafkaStartFailed) as e:
+        raise ConfigError(f"--kafka real: {e}; run the demo without it for the mock broker") from None
+    try:
+        yield cluster
+    finally:
+        cluster.__exit__(None, None, None)
+
+
+def run_demo(messages: int = 20_000, partitions: int = 4, kafka_kind: str = "mock") -> int:
     topic = "demo-events"
     job = f"demo-{int(time.time())}"
-    with MockKafkaCluster() as kafka, demo_database() as database_url:
+    with demo_broker(kafka_kind) as kafka, demo_database() as database_url:
         kafka.create_topic(topic, partitions)
-        print(f"mock Kafka at {kafka.bootstrap_servers}, PostgreSQL at {redact(database_url)}")
+        name = "Apache Kafka" if kafka_kind == "real" else "mock Kafka"
+        print(f"{name} at {kafka.bootstrap_servers}, PostgreSQL at {redact(database_url)}")
         upgrade(database_url)
         spark = spark_session("txstore demo")
         settings = JobSettings(job, (topic,), kafka.bootstrap_servers, database_url)
