@@ -83,6 +83,8 @@ AGGREGATE_EXAMPLE = (
 # (continuation lines joined, the trailing comment and a leading "$ " dropped).
 ALLOWED: dict[str, str] = {
     "./dev demo": "`txstore demo` behind it is run by tests/test_demo_and_dataframe.py; `./dev` only installs first",
+    "./dev demo --kafka real": "`txstore demo --kafka real` behind it is run by "
+    "tests/test_demo_and_dataframe.py (on Apache Kafka); `./dev` only installs first",
     "./dev test": "what CI runs (.ci/run): the suite this test is part of",
     "txstore count-topic --topic events --once": "the console command calls txstore.count_topic.main, the same as "
     "jobs/count_topic.py, which tests run with these flags (test_count_topic.py, test_job_process.py)",
