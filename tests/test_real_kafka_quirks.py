@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, TopicPartition
 
 from tests.conftest import produce
 from txstore.core.errors import KafkaUnavailable
-from txstore.kafka.client import client_config, fetch_watermarks, offsets_for_timestamp
+from txstore.kafka.client import (
+    _LATEST,
+    _list_offsets,
+    client_config,
+    fetch_watermarks,
+    offsets_for_timestamp,
+)
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 LIST_OFFSETS_API = 2
@@ -74,3 +83,49 @@ def test_a_leadership_that_never_settles_fails_once_the_timeout_is_spent(
     finally:
         kafka.clear_request_errors(LIST_OFFSETS_API)
     assert 0.8 < time.monotonic() - started < 6
+
+
+class _AnsweringAdmin:
+    """confluent-kafka's AdminClient.list_offsets as a restarted Apache Kafka answered it in a
+    chaos trial (seed 131, broker killed mid-read): no error, offset -1001 (librdkafka's
+    OFFSET_INVALID) for a partition whose log was still loading; then the real offsets."""
+
+    def __init__(self, answers: list[dict[tuple[str, int], int]]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def list_offsets(self, requests: Any, isolation_level: Any = None, request_timeout: float = 0) -> Any:
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        futures = {}
+        for tp in requests:
+            future: Future[Any] = Future()
+            future.set_result(SimpleNamespace(offset=answer[(tp.topic, tp.partition)]))
+            futures[tp] = future
+        return futures
+
+
+def test_an_invalid_offset_in_a_log_offsets_answer_is_asked_again_never_taken_as_the_log() -> None:
+    # Taken as the log end, -1001 stopped the job: "stored offset 0 is beyond the log-end offset
+    # -1001 (topic deleted and recreated ...)".
+    partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    admin = _AnsweringAdmin([{("t", 0): -1001, ("t", 1): 7}, {("t", 0): 12, ("t", 1): 7}])
+    assert _list_offsets(admin, partitions, _LATEST, timeout=5.0, log_offsets=True) == {
+        ("t", 0): 12,
+        ("t", 1): 7,
+    }
+    assert admin.calls == 2
+
+
+def test_an_invalid_log_offset_that_stays_fails_as_kafka_unavailable_once_the_timeout_is_spent() -> None:
+    admin = _AnsweringAdmin([{("t", 0): -1001}])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
+        _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0, log_offsets=True)
+    assert 0.8 < time.monotonic() - started < 5
+
+
+def test_a_time_lookups_minus_one_stays_an_answer() -> None:
+    admin = _AnsweringAdmin([{("t", 0): -1}])
+    assert _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0) == {("t", 0): -1}
+    assert admin.calls == 1
