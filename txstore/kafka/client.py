@@ -321,9 +321,9 @@ def _watermarks(
                     "check that its partitions have leaders"
                 )
             partitions.extend(TopicPartition(topic, p) for p in sorted(found.partitions))
-        low = _list_offsets(admin.client, partitions, _EARLIEST, timeout)
+        low = _list_offsets(admin.client, partitions, _EARLIEST, timeout, log_offsets=True)
         # Read-committed end (the last stable offset): reading never waits on open transactions.
-        high = _list_offsets(admin.client, partitions, _LATEST, timeout, committed=True)
+        high = _list_offsets(admin.client, partitions, _LATEST, timeout, committed=True, log_offsets=True)
     except (KafkaException, TimeoutError) as e:
         raise admin.unavailable(servers, "a metadata request", timeout, e) from None
     return [
@@ -386,9 +386,17 @@ def _list_offsets(
     spec: Any,
     timeout: float,
     committed: bool = False,
+    log_offsets: bool = False,
 ) -> dict[tuple[str, int], int]:
     """One ListOffsets answer per partition; partitions whose leadership is moving are asked
-    again until ``timeout`` (then the last error is raised)."""
+    again until ``timeout`` (then the last error is raised).
+
+    ``log_offsets`` (a log start or end, never a time lookup, whose -1 means "no message that
+    late"): an answer below 0 is no offset of any log. A restarted Apache Kafka gave -1001
+    (librdkafka's OFFSET_INVALID) without an error while a partition's log was loading; taken as
+    the log end, it stopped the job as a recreated topic. It is asked again like a moving
+    leadership, then raised as :class:`TimeoutError` (the caller's "did not answer").
+    """
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     deadline = time.monotonic() + timeout
     found: dict[tuple[str, int], int] = {}
@@ -401,7 +409,16 @@ def _list_offsets(
         again: list[TopicPartition] = []
         for tp, future in futures.items():
             try:
-                found[(tp.topic, tp.partition)] = int(future.result(timeout=left).offset)
+                offset = int(future.result(timeout=left).offset)
+                if log_offsets and offset < 0:
+                    if time.monotonic() + LIST_OFFSETS_RETRY_SECONDS >= deadline:
+                        raise TimeoutError(
+                            f"ListOffsets answered {tp.topic}/{tp.partition} with offset {offset}, "
+                            "no log offset, until the timeout"
+                        )
+                    again.append(tp)
+                    continue
+                found[(tp.topic, tp.partition)] = offset
             except KafkaException as e:
                 error = e.args[0] if e.args else None
                 moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
