@@ -87,14 +87,11 @@ def demo_broker(kind: str) -> Iterator[Any]:
     )
 
     try:
-        cluster = RealKafkaCluster(kafka_jars())
-        cluster.__enter__()
+        cluster = RealKafkaCluster(kafka_jars())  # started here; closed by the with below
     except (KafkaJarsUnavailable, KafkaStartFailed) as e:
         raise ConfigError(f"--kafka real: {e}; run the demo without it for the mock broker") from None
-    try:
+    with cluster:
         yield cluster
-    finally:
-        cluster.__exit__(None, None, None)
 
 
 def run_demo(messages: int = 20_000, partitions: int = 4, kafka_kind: str = "mock") -> int:
