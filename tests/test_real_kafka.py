@@ -37,6 +37,8 @@ from txstore.ops.reset import apply_reset, plan_job_reset
 from txstore.ops.reset_plan import ResetTarget
 from txstore.ops.status import status
 from txstore.postgres.db import connect
+from txstore.postgres.results_table import ResultsTable
+from txstore.settings import PER_BATCH
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,
     KafkaStartFailed,
@@ -284,31 +286,68 @@ def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
     assert sum(ends.values()) > expected + 30  # aborted messages and markers take offsets
 
 
+REPORTED = {
+    "dataframe, counted in the tasks": "dataframe",  # a count grouped by topic: pushed down
+    "dataframe, counted by Spark": "dataframe",  # the same query run as written
+    "dataframe, pieces": "dataframe",  # ranges cut into more Spark tasks than partitions
+    "results table, counted in the tasks": "results table",
+    "results table, a row per message": "results table",  # a narrow query: no Spark shuffle
+}
+
+
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    reason="a DataFrame job reports each range's offset span (OffsetRange.size) as its messages "
-    "(modes/dataframe.py, modes/results_table.py): transaction markers and aborted messages go into "
-    "the report, its log line and txstore_messages; the counts stored are exact",
-)
+@pytest.mark.parametrize("path", list(REPORTED))
 def test_a_dataframe_job_reports_the_messages_it_counted_not_the_offsets_it_passed(
-    spark: Any,
+    any_spark: Any,
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
     new_real_topic: Callable[..., str],
+    path: str,
 ) -> None:
-    topic = new_real_topic(1)
+    """Transaction markers and aborted messages take offsets but are no messages: the batch's
+    report (its log line and ``txstore_messages``) gives each range's messages as the reading
+    tasks counted them, on classic Spark (an accumulator) and Spark Connect (observed), whatever
+    the query does with the rows."""
+    topic = new_real_topic(2)
     producer = transactional(real_kafka, f"report-{topic}")
     producer.begin_transaction()
-    in_transaction(producer, topic, {0: 3})
-    producer.commit_transaction(TX_TIMEOUT)  # offsets 0-2, the marker at 3
+    in_transaction(producer, topic, {0: 3, 1: 4})
+    producer.commit_transaction(TX_TIMEOUT)  # partition 0: offsets 0-2, the marker at 3
     producer.begin_transaction()
-    in_transaction(producer, topic, {0: 5})
-    producer.abort_transaction(TX_TIMEOUT)  # offsets 4-8, the marker at 9
-    report = counting_job(spark, real_kafka, database_url, topic, "dataframe").run_batch()
-    assert totals(db, topic) == {topic: 3}
-    assert report.messages == 3  # reported: 10
+    in_transaction(producer, topic, {0: 5, 1: 2})
+    producer.abort_transaction(TX_TIMEOUT)  # partition 0: offsets 4-8, the marker at 9
+    produce(real_kafka.bootstrap_servers, topic, {1: 6})
+    push_down = "counted in the tasks" in path
+    settings = JobSettings(
+        "reported",
+        (topic,),
+        real_kafka.bootstrap_servers,
+        database_url,
+        commit=PER_BATCH,
+        min_partitions=5 if path == "dataframe, pieces" else None,
+    )
+    if REPORTED[path] == "dataframe":
+        job = TransactionalJob(any_spark, settings, dataframe_aggregate=per_topic, push_down_counts=push_down)
+    else:
+        db.execute("CREATE TABLE reported (topic text PRIMARY KEY, messages bigint NOT NULL)")
+        db.commit()
+        query = (
+            (lambda frame: frame.groupBy("topic").count().selectExpr("topic", "`count` AS messages"))
+            if push_down
+            else (lambda frame: frame.selectExpr("topic", "CAST(1 AS BIGINT) AS messages"))
+        )
+        table = ResultsTable("reported", ("topic",), (("messages", "sum"),))
+        job = TransactionalJob(any_spark, settings, dataframe_aggregate=query, results_table=table)
+    job.check_query()
+    assert (job.pushdown is not None) == push_down
+    report = job.run_batch()
+    assert [(r.range.partition, r.range.size, r.messages) for r in report.ranges] == [(0, 10, 3), (1, 14, 10)]
+    assert report.messages == 13
+    if REPORTED[path] == "dataframe":
+        assert totals(db, topic, job="reported") == {topic: 13}
+    else:
+        assert db.execute("SELECT topic, messages FROM reported").fetchall() == [(topic, 13)]
 
 
 @pytest.mark.spark

@@ -5,7 +5,9 @@
    the job declared (:func:`~txstore.spark.tasks.read_ranges`;
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
-   the driver (:func:`~txstore.spark.deltas.dataframe_deltas`). A query that is only
+   the driver (:func:`~txstore.spark.deltas.dataframe_deltas`); the tasks hand back how
+   many messages each range had (:mod:`txstore.spark.range_counts`), for the batch's
+   report (offsets are not messages: transaction markers, aborted messages). A query that is only
    counts grouped by Kafka-source columns (found before the first batch,
    :mod:`txstore.spark.pushdown`) is instead counted per group by the reading
    tasks, and those counts are collected and summed on the driver
@@ -20,6 +22,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ from txstore.settings import JobSettings
 from txstore.spark.deltas import BatchResult, arrow_deltas, dataframe_deltas
 from txstore.spark.probing import QueryRefused, analysed_fields
 from txstore.spark.pushdown import PartialCount, final_counts
+from txstore.spark.range_counts import RangeCounts
 from txstore.spark.range_task import RangeReport
 from txstore.spark.tasks import job_description, read_ranges
 
@@ -55,20 +59,18 @@ class DataFrameMode:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
         last = last_messages(s.kafka_conf, ranges, s.job)
+        counted = RangeCounts(self.spark)  # each range's messages, as the reading tasks count them
+        read = functools.partial(
+            read_ranges, self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, counts=counted
+        )
         with job_description(self.spark, description):
             if self.pushdown is None:
-                frame = self.dataframe_aggregate(
-                    read_ranges(
-                        self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, self.read_columns
-                    )
-                )
-                deltas = dataframe_deltas(frame)
+                deltas = dataframe_deltas(self.dataframe_aggregate(read(self.read_columns)))
             else:  # the tasks' counts per group, summed here: no shuffle, no second Spark stage
-                counts = read_ranges(
-                    self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, partial=self.pushdown
-                ).toArrow()
-                deltas = arrow_deltas(final_counts(counts, self.pushdown))
-            result = BatchResult(deltas, {r.key: r.size for r in ranges}, last)
+                partial = read(partial=self.pushdown).toArrow()
+                deltas = arrow_deltas(final_counts(partial, self.pushdown))
+            messages = counted.messages(ranges)
+            result = BatchResult(deltas, {r.key: messages.get(r.key, r.size) for r in ranges}, last)
         return commit_result(s, ranges, result, self.failpoints, self.connection, self.number)
 
 

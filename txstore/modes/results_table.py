@@ -66,6 +66,7 @@ from txstore.settings import JobSettings
 from txstore.spark.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure, without
 from txstore.spark.probing import QueryRefused, analysed_fields
 from txstore.spark.pushdown import PartialCount, batch_frame
+from txstore.spark.range_counts import RangeCounts
 from txstore.spark.range_task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
 from txstore.spark.tasks import job_description, read_ranges
 
@@ -91,15 +92,19 @@ class ResultsTableMode:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
         last: dict[TopicPartition, Fingerprint] = {}  # each range's last message, stored with its offset
+        counted: list[RangeCounts] = []  # the messages the last query run read (txstore.spark.range_counts)
         started = time.perf_counter()
         try:
-            outcome = self._commit(ranges, pieces, last, description)
+            outcome = self._commit(ranges, pieces, last, counted, description)
         except Exception as e:
             if not is_row_failure(e):
                 raise
             failure = e
         else:
-            return [RangeReport(r, outcome, r.size) for r in ranges], (time.perf_counter() - started) * 1000
+            messages = reported_messages(counted, ranges)
+            return [RangeReport(r, outcome, messages[r.key]) for r in ranges], (
+                time.perf_counter() - started
+            ) * 1000
         # One message's value, every time: find it (txstore.spark.bad_rows), on this path only.
         skip = s.on_bad_message == SKIP
         with job_description(self.spark, f"{description}: finding the message it fails on"):
@@ -115,19 +120,25 @@ class ResultsTableMode:
                 s.job, bad[0].topic, bad[0].partition, bad[0].offset, bad[0].reason, self._stage(bad[0])
             )
         started = time.perf_counter()
-        outcome = self._commit(ranges, without(pieces, bad), last, description, bad)
+        counted.clear()
+        outcome = self._commit(ranges, without(pieces, bad), last, counted, description, bad)
         commit_ms = (time.perf_counter() - started) * 1000
+        messages = reported_messages(counted, ranges, bad)
         reports = []
         for r in ranges:
             mine = tuple(b for b in bad if (b.topic, b.partition) == r.key)
             if outcome == COMMITTED and mine:
                 reports.append(
                     RangeReport(
-                        r, outcome, r.size, bad_messages=mine[:REPORTED_BAD_MESSAGES], skipped=len(mine)
+                        r,
+                        outcome,
+                        messages[r.key],
+                        bad_messages=mine[:REPORTED_BAD_MESSAGES],
+                        skipped=len(mine),
                     )
                 )
             else:
-                reports.append(RangeReport(r, outcome, r.size))
+                reports.append(RangeReport(r, outcome, messages[r.key]))
         return reports, commit_ms
 
     def _commit(
@@ -135,11 +146,13 @@ class ResultsTableMode:
         ranges: list[OffsetRange],
         pieces: list[OffsetRange],
         last: dict[TopicPartition, Fingerprint],
+        counted: list[RangeCounts],
         description: str,
         bad: Sequence[BadOffset] = (),
     ) -> str:
         """The batch's rows (the query over ``pieces``) merged and every range's offset moved, in
-        one transaction, again on a new connection if it drops; ``bad`` recorded beside them."""
+        one transaction, again on a new connection if it drops; ``bad`` recorded beside them.
+        ``counted`` ends with the counts of the last query run, if one ran."""
         s = self.settings
         columns = list(self.table.columns)
         skipped = {(b.topic, b.partition, b.offset) for b in bad}
@@ -149,7 +162,8 @@ class ResultsTableMode:
             last.update(last_messages(s.kafka_conf, ranges, s.job))
             # A range whose last message is skipped ends its read before it: nothing to compare.
             ends = {k: f for k, f in last.items() if (*k, f.offset) not in skipped}
-            return copy_chunks(self._frame(pieces, ends).select(*columns), self.table.ordered)
+            counted[:] = [RangeCounts(self.spark)]
+            return copy_chunks(self._frame(pieces, ends, counted[0]).select(*columns), self.table.ordered)
 
         def commit(conn: psycopg.Connection, attempt: int) -> None:
             with job_description(self.spark, description):
@@ -159,13 +173,18 @@ class ResultsTableMode:
 
         return commit_with_retries(s, self.connection, self.number, commit)
 
-    def _frame(self, pieces: Sequence[OffsetRange], last: Mapping[TopicPartition, Fingerprint]) -> Any:
+    def _frame(
+        self,
+        pieces: Sequence[OffsetRange],
+        last: Mapping[TopicPartition, Fingerprint],
+        counts: RangeCounts | None = None,
+    ) -> Any:
         s = self.settings
         return batch_frame(
             self.dataframe_aggregate,
             self.pushdown,
             lambda columns, partial: read_ranges(
-                self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, columns, partial
+                self.spark, pieces, s.kafka_conf, s.job, last, s.min_partitions, columns, partial, counts
             ),
             self.read_columns,
         )
@@ -204,6 +223,22 @@ class ResultsTableMode:
         if isinstance(getattr(psycopg.errors, name, None), type):
             return f"merge into {self.table.label}"
         return "query"
+
+
+def reported_messages(
+    counted: Sequence[RangeCounts], ranges: Sequence[OffsetRange], skipped: Sequence[BadOffset] = ()
+) -> dict[TopicPartition, int]:
+    """Each range's messages for its report: as the last query run's tasks counted them
+    (:mod:`txstore.spark.range_counts`), plus the ``skipped`` ones of the range, which it did not
+    read; a range no query read to its end (a batch found committed before, a query that stops
+    early) reports its offset span."""
+    found = counted[-1].messages(ranges) if counted else {}
+    return {
+        r.key: found[r.key] + sum(1 for b in skipped if (b.topic, b.partition) == r.key)
+        if r.key in found
+        else r.size
+        for r in ranges
+    }
 
 
 def copy_chunks(frame: Any, ordered: bool) -> Generator[Chunk, None, None]:

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange, TopicPartition
 from txstore.kafka.reader import RangeReader
+from txstore.spark.sessions import is_connect
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 
 if TYPE_CHECKING:
     from txstore.spark.pushdown import PartialCount
+    from txstore.spark.range_counts import CountChannel, RangeCounts
 
 T = TypeVar("T")
 
@@ -64,12 +66,6 @@ def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRa
         groups[-1].append(r)
         done += weight
     return groups
-
-
-def is_connect(spark: Any) -> bool:
-    """True for a Spark Connect client session (``sc://``), False for a classic one."""
-    session = getattr(spark, "underlying_session", spark)  # runner.LazySparkSession starts it here
-    return type(session).__module__.startswith("pyspark.sql.connect")
 
 
 _parallelism: dict[int, int] = {}
@@ -207,35 +203,40 @@ class _RangeBatches:
     ends: Mapping[OffsetRange, Fingerprint] = field(default_factory=dict)  # a range's expected last
     columns: Sequence[str] = KAFKA_SOURCE_COLUMNS
     partial: PartialCount | None = None  # the task's counts per group (txstore.spark.pushdown), not messages
+    counts: CountChannel | None = None  # each range's messages handed back (txstore.spark.range_counts)
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from txstore.spark.arrow import arrow_schema, coalesce, record_batches
+        from txstore.spark.arrow import arrow_schema, coalesce
 
-        schema = arrow_schema(self.columns)
+        read = arrow_schema(self.columns)
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         ranges = [r for i in ids for r in self.groups[i]]
-        # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
-        joined = coalesce(
-            converted
-            for offset_range in ranges
-            for converted in record_batches(
-                RangeReader(
-                    self.kafka_conf,
-                    offset_range,
-                    pause_gc=False,
-                    job=self.job,
-                    expect_last=self.ends.get(offset_range),
-                ),
-                schema,
-                offset_range.key,
-            )
-        )
-        if self.partial is None:
-            yield from joined
-            return
-        from txstore.spark.pushdown import task_counts
+        counted: dict[OffsetRange, int] = {}  # each range read to its end: its messages
+        joined = coalesce(b for r in ranges for b in self._read(r, read, counted))
+        out: Iterable[Any] = joined
+        handed = read
+        if self.partial is not None:
+            from txstore.spark.pushdown import partial_arrow_schema, task_counts
 
-        yield from task_counts(joined, self.partial)
+            out, handed = task_counts(joined, self.partial), partial_arrow_schema(self.partial)
+        if self.counts is None:
+            yield from out
+        else:
+            yield from self.counts.handed_back(out, handed, counted)
+
+    def _read(self, offset_range: OffsetRange, schema: Any, counted: dict[OffsetRange, int]) -> Iterator[Any]:
+        from txstore.spark.arrow import record_batches
+
+        # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
+        reader = RangeReader(
+            self.kafka_conf,
+            offset_range,
+            pause_gc=False,
+            job=self.job,
+            expect_last=self.ends.get(offset_range),
+        )
+        yield from record_batches(reader, schema, offset_range.key)
+        counted[offset_range] = reader.messages
 
 
 def spark_tasks(
@@ -263,6 +264,7 @@ def read_ranges(
     min_partitions: int | None = None,
     columns: Sequence[str] | None = None,
     partial: PartialCount | None = None,
+    counts: RangeCounts | None = None,
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns (``columns``:
     only those, in that order; nothing else is built, nor sent to Spark). ``partial``: instead,
@@ -278,7 +280,9 @@ def read_ranges(
     (:func:`~txstore.kafka.reader.last_messages`); the range (or piece) that ends the
     partition's read must end on it. ``min_partitions``: at least that many
     Spark partitions, one per range (cut them with
-    :func:`~txstore.core.ranges.split_ranges` first).
+    :func:`~txstore.core.ranges.split_ranges` first). ``counts``: the tasks hand back each
+    range's messages through it (:mod:`txstore.spark.range_counts`), for the driver to ask
+    once the frame's action is done.
     """
     chosen = tuple(columns) if columns is not None else KAFKA_SOURCE_COLUMNS
     schema = kafka_source_schema(chosen)
@@ -293,9 +297,12 @@ def read_ranges(
         final = {r.key: max(q.until_offset for q in ranges if q.key == r.key) for r in ranges}
         ends = {r: last[r.key] for r in ranges if r.key in last and r.until_offset == final[r.key]}
     groups = spark_tasks(spark, ranges, min_partitions)
-    return _one_task_per_group(spark, len(groups)).mapInArrow(
-        _RangeBatches(groups, dict(kafka_conf), job, ends, chosen, partial), schema
-    )
+    if counts is None:
+        return _one_task_per_group(spark, len(groups)).mapInArrow(
+            _RangeBatches(groups, dict(kafka_conf), job, ends, chosen, partial), schema
+        )
+    read = _RangeBatches(groups, dict(kafka_conf), job, ends, chosen, partial, counts.reading(ranges))
+    return counts.wrap(_one_task_per_group(spark, len(groups)).mapInArrow(read, counts.schema(schema)))
 
 
 _PY_ERROR_LINE = re.compile(
