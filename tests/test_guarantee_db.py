@@ -47,7 +47,12 @@ from txstore.postgres.outbox import (
     producer_config,
     retry_set_aside,
 )
-from txstore.postgres.sink import TransactionalSink, outbox_params
+from txstore.postgres.sink import (
+    TransactionalSink,
+    commit_if_offsets_move,
+    move_offsets_params,
+    outbox_params,
+)
 from txstore.settings import JobSettings
 
 CONF = {"bootstrap.servers": "fake:9092"}
@@ -404,6 +409,33 @@ def test_a_failure_at_any_point_of_a_commit_leaves_all_or_nothing_and_no_open_tr
         db.execute("DELETE FROM txn_bad_messages")
     assert len(rows(db, "SELECT * FROM txn_outbox")) == (1 if point == "after-commit" else 0)
     assert len(stored(db)) == (3 if point == "after-commit" else 0)
+
+
+def test_a_commits_step_after_the_offsets_runs_only_once_every_offset_moved_and_commits_with_them(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """``then`` of the shared conditional commit (a results table's merge): never run for a batch
+    whose offsets did not all move, and committed or rolled back with them."""
+    seed(db, "j", "t", {0: 0, 1: 5})
+    ran: list[int] = []
+
+    def then(cur: psycopg.Cursor[Any]) -> None:
+        ran.append(len(ran))
+        cur.execute("INSERT INTO txn_data (job, topic, grain, metric) VALUES ('j', 't', 'test', 1)")
+
+    def commit(ranges: list[OffsetRange], failpoints: FailPoints) -> None:
+        params = move_offsets_params("j", ranges)
+        commit_if_offsets_move(conn, "j", ranges, params, failpoints, 0, (), lambda cur: None, then)
+
+    with pytest.raises(OffsetOverlap):
+        commit([OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 2, 5)], FailPoints())
+    assert (ran, offsets(db), data(db)) == ([], {("t", 0): 0, ("t", 1): 5}, {})
+    with pytest.raises(InjectedFailure):
+        commit([OffsetRange("t", 0, 0, 3)], FailPoints.parse("before-commit"))
+    assert (ran, offsets(db), data(db)) == ([0], {("t", 0): 0, ("t", 1): 5}, {})
+    commit([OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 5, 7)], FailPoints())
+    assert (ran, offsets(db)) == ([0, 1], {("t", 0): 3, ("t", 1): 7})
+    assert data(db) == {("t", "test", None, None): 1}
 
 
 def test_only_a_connection_with_autocommit_off_is_taken(database_url: str) -> None:
