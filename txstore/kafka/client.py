@@ -311,7 +311,9 @@ def _watermarks(
             if missing:
                 raise UnknownTopic(
                     f"topic {topic!r} does not exist on Kafka at {servers}; check --topic "
-                    "(txstore never creates topics)"
+                    "(txstore never creates topics)",
+                    topic,
+                    servers,
                 )
             assert found is not None
             if found.error is not None or not found.partitions:
