@@ -96,6 +96,7 @@ MODULES = (
             "outbox_identity",
             "require_transactions",
             "TransactionalSink",
+            "commit_if_offsets_move",
             "move_offsets_params",
             "bad_message_params",
         ),

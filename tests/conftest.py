@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 from pytest_postgresql import factories
 
 from tests import pg_server
+from tests.kafka_transactions import transactional
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
 from txstore.postgres.migrate import upgrade
@@ -240,8 +241,7 @@ def produce_in_transactions(
 ) -> None:
     """Committed transactions of ``per_transaction`` messages, spread round-robin over
     ``partitions``: each commit marker takes an offset, leaving holes in every partition."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
-    producer.init_transactions(10)
+    producer = transactional(bootstrap, f"tx-{topic}")
     for _ in range(transactions):
         producer.begin_transaction()
         for i in range(per_transaction):

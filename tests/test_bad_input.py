@@ -21,9 +21,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
+from tests.job_processes import count_topic_args, job_env, run_job
 from tests.private_postgres import free_port
 from tests.test_count_topic import job_for, log_ends, offsets, totals
-from tests.test_job_process import count_topic_args, job_env, run_job
 from tests.test_schema import tables
 from txstore.core.errors import ConfigError
 from txstore.job import JobSettings

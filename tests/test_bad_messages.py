@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
+from tests.job_processes import count_topic_args, job_env, operator_cli, run_job
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import stored_messages
-from tests.test_job_process import count_topic_args, job_env, operator_cli, run_job
 from txstore.core.errors import BadMessage
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL, ResultKey

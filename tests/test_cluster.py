@@ -23,9 +23,16 @@ import pyspark
 import pytest
 
 from tests.conftest import REPO, produce
+from tests.job_processes import (
+    children,
+    command_line,
+    count_topic_args,
+    job_env,
+    kill_group,
+    python_without_txstore,
+)
 from tests.private_postgres import free_port
 from tests.test_count_topic import log_ends, offsets, totals
-from tests.test_job_process import count_topic_args, job_env, python_without_txstore
 from txstore.spark.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -116,29 +123,7 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
         yield Standalone(f"spark://127.0.0.1:{port}", processes[1].pid, env)
     finally:
         for p in reversed(processes):  # the worker's group holds its executors
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=30)
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid``, from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended meanwhile
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def command_line(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+            kill_group(p)
 
 
 def blocked_commits(db: psycopg.Connection) -> int:
@@ -215,9 +200,7 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
 
             assert job.wait(timeout=180) == 0, out.read_text()[-5000:]
         finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait(timeout=30)
+            kill_group(job)
 
     log_text = out.read_text()
     assert "Lost executor" in log_text, log_text[-5000:]

@@ -30,10 +30,10 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, send
+from tests.job_processes import JOB, count_topic_args, job_env, run_job
 from tests.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_idempotent_and_outbox import read_topic, stored_messages
-from tests.test_job_process import JOB, count_topic_args, job_env, run_job
 from tests.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.test_sink import snapshot
 from txstore.core.errors import BatchFailed

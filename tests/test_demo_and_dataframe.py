@@ -23,46 +23,50 @@ from txstore.testing.real_kafka import RealKafkaCluster
 pytestmark = pytest.mark.spark
 
 
-def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> None:
+def demo(*args: str, database_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``txstore demo ARGS`` in a process of its own, on a throwaway PostgreSQL unless given
+    ``database_url`` (as ``TXSTORE_DATABASE_URL``)."""
     env = {k: v for k, v in os.environ.items() if k != "TXSTORE_DATABASE_URL"}
     env["PYSPARK_PYTHON"] = sys.executable
-    result = subprocess.run(
-        [sys.executable, "-m", "txstore.ops.cli", "demo", "--messages", "3000", "--partitions", "3"],
+    if database_url is not None:
+        env["TXSTORE_DATABASE_URL"] = database_url
+    return subprocess.run(
+        [sys.executable, "-m", "txstore.ops.cli", "demo", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> None:
+    result = demo("--messages", "3000", "--partitions", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "run 1: topic demo-events: produced 3000, counted 3000 (exact)" in result.stdout
     assert "run 2: topic demo-events: produced 4500, counted 4500 (exact)" in result.stdout
 
 
+def test_a_demo_whose_database_cannot_be_reached_is_one_line_not_a_traceback() -> None:
+    """``TXSTORE_DATABASE_URL`` naming no server: the demo stops in one line naming the
+    database and what to do, exit 1, as every txstore command does (was: Alembic's traceback)."""
+    result = demo("--messages", "10", database_url="postgresql://nobody@127.0.0.1:1/txstore")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("txstore: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(
+        "txstore: error: cannot connect to PostgreSQL at postgresql://nobody@127.0.0.1:1/txstore: "
+    ), errors
+    assert errors[0].endswith(
+        "; check TXSTORE_DATABASE_URL and that the server is up, or unset it for a throwaway PostgreSQL"
+    ), errors
+
+
 def test_the_demo_counts_exactly_on_apache_kafka_with_kafka_real(real_kafka: RealKafkaCluster) -> None:
     """``txstore demo --kafka real``: its own Apache Kafka broker (``real_kafka`` only makes this
     test skip, or fail in CI, without Kafka's jars), stopped and deleted at the end."""
-    env = {k: v for k, v in os.environ.items() if k != "TXSTORE_DATABASE_URL"}
-    env["PYSPARK_PYTHON"] = sys.executable
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txstore.ops.cli",
-            "demo",
-            "--kafka",
-            "real",
-            "--messages",
-            "2000",
-            "--partitions",
-            "2",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = demo("--kafka", "real", "--messages", "2000", "--partitions", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("Apache Kafka at 127.0.0.1:"), result.stdout
     assert "run 1: topic demo-events: produced 2000, counted 2000 (exact)" in result.stdout

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, send
+from tests.job_processes import count_topic_args, job_env, operator_cli, run_job, spark_submit
 from tests.test_aggregates import MINUTE, expected, keyed_messages, stored
 from tests.test_count_topic import log_ends, offsets
 from tests.test_idempotent_and_outbox import published, read_topic, stored_messages
-from tests.test_job_process import count_topic_args, job_env, operator_cli, run_job, spark_submit
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -28,6 +28,7 @@ from txstore.core.errors import (
     OffsetOverlap,
     PermissionDenied,
     PublishFailed,
+    UnknownTopic,
 )
 from txstore.core.failpoints import FailPoints, InjectedFailure
 from txstore.core.fingerprint import Fingerprint, fingerprint
@@ -47,7 +48,12 @@ from txstore.postgres.outbox import (
     producer_config,
     retry_set_aside,
 )
-from txstore.postgres.sink import TransactionalSink, outbox_params
+from txstore.postgres.sink import (
+    TransactionalSink,
+    commit_if_offsets_move,
+    move_offsets_params,
+    outbox_params,
+)
 from txstore.settings import JobSettings
 
 CONF = {"bootstrap.servers": "fake:9092"}
@@ -160,6 +166,35 @@ def test_aged_out_offsets_stop_the_plan_or_are_skipped_and_recorded_beside_a_new
     assert "t/0: offsets 3 -> 10 (7 messages) aged out of Kafka before they were counted" in caplog.text
     assert planner(database_url, marks, fail_on_data_loss=False).plan(lambda: conn) == ranges
     assert rows(db, "SELECT count(*) FROM txn_lost_ranges") == [(1,)]
+
+
+def test_a_missing_topic_named_as_a_typo_or_if_counted_as_perhaps_being_recreated_and_stop_the_plan(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """Kafka has no topic ``t``: a typo for a job that stored nothing for it ("check --topic", as
+    the client says), but a topic deleted, perhaps mid-recreation, for a job with offsets stored
+    for it; its line says so and what to run, naming the job."""
+    typo = UnknownTopic("topic 't' does not exist on Kafka at fake:9092; check --topic", "t", "fake:9092")
+
+    def missing(conf: Any, topics: Sequence[str]) -> list[PartitionWatermarks]:
+        raise typo
+
+    with pytest.raises(UnknownTopic) as raised:
+        Planner(JobSettings("j", ("t",), "fake:9092", database_url), missing).plan(lambda: conn)
+    assert raised.value is typo
+    seed(db, "j", "t", {0: 4, 1: 0})
+    seed(db, "j", "u", {0: 0})
+    seed(db, "k", "t", {2: 0})
+    with pytest.raises(UnknownTopic) as raised:
+        Planner(JobSettings("j", ("t", "u"), "fake:9092", database_url), missing).plan(lambda: conn)
+    assert str(raised.value) == (
+        "job 'j' topic 't' does not exist on Kafka at fake:9092 now, though the job stored offsets "
+        "for 2 of its partitions: it may be being deleted and recreated. Run the job again once the "
+        "topic exists (a recreated topic then stops it in one line naming the reset to run); if it "
+        "was deleted for good, forget its offsets: txstore reset --job j --topic t --forget --execute"
+    )
+    assert (raised.value.topic, raised.value.servers, raised.value.transient) == ("t", "fake:9092", False)
+    assert offsets(db) == {("t", 0): 4, ("t", 1): 0, ("u", 0): 0}
 
 
 def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
@@ -404,6 +439,33 @@ def test_a_failure_at_any_point_of_a_commit_leaves_all_or_nothing_and_no_open_tr
         db.execute("DELETE FROM txn_bad_messages")
     assert len(rows(db, "SELECT * FROM txn_outbox")) == (1 if point == "after-commit" else 0)
     assert len(stored(db)) == (3 if point == "after-commit" else 0)
+
+
+def test_a_commits_step_after_the_offsets_runs_only_once_every_offset_moved_and_commits_with_them(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """``then`` of the shared conditional commit (a results table's merge): never run for a batch
+    whose offsets did not all move, and committed or rolled back with them."""
+    seed(db, "j", "t", {0: 0, 1: 5})
+    ran: list[int] = []
+
+    def then(cur: psycopg.Cursor[Any]) -> None:
+        ran.append(len(ran))
+        cur.execute("INSERT INTO txn_data (job, topic, grain, metric) VALUES ('j', 't', 'test', 1)")
+
+    def commit(ranges: list[OffsetRange], failpoints: FailPoints) -> None:
+        params = move_offsets_params("j", ranges)
+        commit_if_offsets_move(conn, "j", ranges, params, failpoints, 0, (), lambda cur: None, then)
+
+    with pytest.raises(OffsetOverlap):
+        commit([OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 2, 5)], FailPoints())
+    assert (ran, offsets(db), data(db)) == ([], {("t", 0): 0, ("t", 1): 5}, {})
+    with pytest.raises(InjectedFailure):
+        commit([OffsetRange("t", 0, 0, 3)], FailPoints.parse("before-commit"))
+    assert (ran, offsets(db), data(db)) == ([0], {("t", 0): 0, ("t", 1): 5}, {})
+    commit([OffsetRange("t", 0, 0, 3), OffsetRange("t", 1, 5, 7)], FailPoints())
+    assert (ran, offsets(db)) == ([0, 1], {("t", 0): 3, ("t", 1): 7})
+    assert data(db) == {("t", "test", None, None): 1}
 
 
 def test_only_a_connection_with_autocommit_off_is_taken(database_url: str) -> None:

@@ -3,56 +3,38 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import venv
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
-import pyspark
 import pytest
 
 from tests.conftest import REPO, produce
+from tests.job_processes import (
+    JOB,
+    command_line,
+    count_topic_args,
+    descendants,
+    gone_within,
+    job_env,
+    kill_group,
+    operator_cli,
+    python_without_txstore,
+    run_job,
+    spark_submit,
+    wait_for,
+)
+from tests.job_processes import start_job as start_job_process
 from tests.test_count_topic import log_ends, offsets, totals
 from txstore.spark.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
-
-JOB = str(REPO / "jobs" / "count_topic.py")
-
-
-def job_env(**extra: str) -> dict[str, str]:
-    skip = ("TXSTORE_", "KAFKA_", "PYSPARK_SUBMIT", "PYTHONPATH")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
-    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **extra})
-    return env
-
-
-def count_topic_args(kafka: MockKafkaCluster, database_url: str, topic: str, *more: str) -> list[str]:
-    return [
-        "--bootstrap-servers",
-        kafka.bootstrap_servers,
-        "--database-url",
-        database_url,
-        "--topic",
-        topic,
-        *more,
-    ]
-
-
-def run_job(
-    *args: str, timeout: float = 180, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, JOB, *args], env=env or job_env(), capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture
@@ -62,22 +44,13 @@ def start_job() -> Iterator[Callable[..., subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [sys.executable, JOB, *args],
-            env=job_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        process = start_job_process(*args)
         started.append(process)
         return process
 
     yield start
     for p in started:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=30)
+        kill_group(p)
 
 
 def test_a_restart_reads_its_offsets_from_the_database_only(
@@ -191,36 +164,6 @@ def test_a_sigterm_while_spark_starts_stops_the_job_with_status_0_before_any_bat
     assert totals(db, topic) == {topic: 5 * batches}  # exact either way
 
 
-def operator_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "txstore.ops.cli", *args],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def spark_submit(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    spark_home = Path(pyspark.__file__).parent
-    env = {**env, "SPARK_HOME": str(spark_home)}
-    return subprocess.run(
-        [
-            str(spark_home / "bin" / "spark-submit"),
-            "--master",
-            "local[2]",
-            "--conf",
-            "spark.ui.enabled=false",
-            *args,
-        ],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
 def test_spark_submit_with_txstore_installed(
     kafka: MockKafkaCluster,
     database_url: str,
@@ -234,27 +177,6 @@ def test_spark_submit_with_txstore_installed(
     result = spark_submit(JOB, "--topic", topic, "--once", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert totals(db, topic) == {topic: 42}
-
-
-def python_without_txstore(tmp_path: Path) -> str:
-    """An interpreter with txstore's dependencies but not txstore itself: a venv that
-    sees the test venv's site-packages as a plain path, so its editable txstore
-    install (a .pth hook there) does not apply."""
-    bare = tmp_path / "bare"
-    venv.EnvBuilder(with_pip=False).create(bare)
-    site = next((bare / "lib").glob("python*/site-packages"))
-    deps = next(p for p in map(Path, sys.path) if (p / "confluent_kafka").is_dir())
-    (site / "deps.pth").write_text(f"{deps}\n")
-    python = str(bare / "bin" / "python")
-    check = subprocess.run(
-        [python, "-c", "import confluent_kafka, psycopg, pyspark; import txstore"],
-        cwd=tmp_path,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert "No module named 'txstore'" in check.stderr
-    return python
 
 
 def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
@@ -312,56 +234,6 @@ def test_an_unreachable_database_is_one_line_without_the_password(kafka: MockKaf
     assert "Traceback" not in result.stderr
 
 
-def descendants(pid: int) -> set[int]:
-    """Every living process under ``pid`` (children, theirs, ...), from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def gone_within(pids: set[int], seconds: float) -> set[int]:
-    """The pids still alive after waiting up to ``seconds`` for them to end."""
-    deadline = time.monotonic() + seconds
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return {p for p in pids if alive(p)}
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def assert_stopped_now(job: subprocess.Popen[str], spark: set[int]) -> None:
     """Exit 130, one line on stderr saying so (no Python or Java traceback), and none of the
     JVM's or its workers' processes left running."""
@@ -411,14 +283,7 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
     produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20})
     # The tasks stall before COMMIT, their transactions open, while the driver waits in Spark.
     env_job = job_env(TXSTORE_FAILPOINTS="before-commit:sleep=60")
-    job = subprocess.Popen(
-        [sys.executable, JOB, *count_topic_args(kafka, database_url, topic, "--interval", "0.5")],
-        env=env_job,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    job = start_job_process(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"), env=env_job)
     try:
         workers = lambda: [p for p in descendants(job.pid) if "pyspark" in command_line(p)]  # noqa: E731
 
@@ -441,9 +306,7 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
         job.send_signal(signal.SIGINT)
         assert_stopped_now(job, spark)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
+        kill_group(job)
     assert totals(db, topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
     again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
     assert again.returncode == 0, again.stderr

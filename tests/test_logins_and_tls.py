@@ -21,10 +21,10 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
+from tests.job_processes import count_topic_args, job_env, run_job
 from tests.private_postgres import SUPERUSER_PASSWORD, private_postgres, url
 from tests.test_bad_input import error_line, snapshot
 from tests.test_count_topic import job_for, log_ends
-from tests.test_job_process import count_topic_args, job_env, run_job
 from tests.test_schema import alembic
 from txstore.core.errors import BatchFailed
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS

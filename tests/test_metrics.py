@@ -16,9 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import produce, send
+from tests.job_processes import count_topic_args, run_job
 from tests.test_bad_messages import MINUTE_MS, messages_with_bad_timestamps
 from tests.test_count_topic import job_for
-from tests.test_job_process import count_topic_args, run_job
 from txstore.core.errors import BatchFailed, DatabaseUnavailable, PublishFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
+from tests.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
 from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import job_for, log_ends, offsets, totals
 from txstore.core.errors import DataLoss, OffsetOutOfLog
@@ -249,17 +250,12 @@ def test_the_test_broker_has_no_last_stable_offset_below_an_open_transaction(
     the high watermark even while a producer transaction is open. If a future mock keeps the
     last stable offset below the open transaction, this fails as a reminder to add the
     end-to-end test (--starting-timestamp on a topic with an open transaction)."""
-    from confluent_kafka import Producer
-
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 3})
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"open-{topic}"})
-    producer.init_transactions(10)
+    producer = transactional(kafka, f"open-{topic}")
     producer.begin_transaction()
-    for _ in range(4):
-        producer.produce(topic, value=b"open", partition=0)
-    assert producer.flush(10) == 0
+    in_transaction(producer, topic, {0: 4}, b"open")
     try:
         assert log_ends(kafka, topic) == {0: 7}  # read-committed end, yet past the open transaction
     finally:
-        producer.abort_transaction(10)
+        producer.abort_transaction(TX_TIMEOUT)

@@ -8,7 +8,6 @@ broker module itself (jars, start failures, kill and restart), without Spark.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -20,16 +19,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from tests.conftest import REPO, produce, send
+from tests.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
 from tests.test_count_topic import job_for, log_ends, offsets, totals
 from tests.test_operator_cli import txstore
 from tests.test_recreated_topic import snapshot
 from txstore.core.errors import TopicRecreated
 from txstore.core.starting import StartingOffsets, parse_starting_offsets, parse_timestamp
-from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import Watermarks, client_config, offsets_for_timestamp
 from txstore.kafka.topic_ids import fetch_topic_ids
@@ -47,9 +46,7 @@ from txstore.testing.real_kafka import (
     make_certificates,
 )
 
-CLIENT_LOG = logging.getLogger("tests.real_kafka.client")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-TX_TIMEOUT = 30.0
 
 
 def high_watermarks(kafka: RealKafkaCluster, topic: str, partitions: int) -> dict[int, int]:
@@ -62,30 +59,18 @@ def high_watermarks(kafka: RealKafkaCluster, topic: str, partitions: int) -> dic
     return {tp.partition: f.result(10).offset for tp, f in futures.items()}
 
 
-def transactional(kafka: RealKafkaCluster, name: str) -> Producer:
-    producer = Producer(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            "transactional.id": name,
-            "linger.ms": 5,
-            # Its log lines go through logging (pytest captures them): one kept alive past the
-            # session's broker (by a traceback) would otherwise print refused connections at the end.
-            "logger": CLIENT_LOG,
-        }
-    )
-    producer.init_transactions(TX_TIMEOUT)
-    return producer
-
-
-def in_transaction(producer: Producer, topic: str, counts: dict[int, int], value: bytes = b"tx") -> None:
-    """Produce ``counts[partition]`` messages in the producer's open transaction, flushed to the log."""
-    for partition, n in counts.items():
-        for _ in range(n):
-            producer.produce(topic, value=value, key=b"k", partition=partition)
-    assert producer.flush(TX_TIMEOUT) == 0
-
-
 # -- the broker module ----------------------------------------------------------------------
+
+
+def fake_mvn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Path:
+    """A ``mvn`` running ``script`` (sh), alone on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "mvn"
+    fake.write_text(f"#!/bin/sh\n{script}")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return fake
 
 
 def test_without_maven_and_cached_jars_the_jars_are_unavailable_in_one_line(
@@ -108,18 +93,14 @@ def test_a_failing_maven_gives_its_first_error_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Offline: Maven's own error line, without its colours or help pointer."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "mvn"
-    fake.write_text(
-        "#!/bin/sh\n"
+    fake_mvn(
+        tmp_path,
+        monkeypatch,
         "printf '\\033[0m[ERROR] Failed to execute goal on project kafka-broker: Could not resolve "
         "dependencies: Cannot access central in offline mode -> [Help 1]\\n[ERROR] \\n'\n"
-        "exit 1\n"
+        "exit 1\n",
     )
-    fake.chmod(0o755)
     monkeypatch.setenv("TXSTORE_KAFKA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("PATH", str(bin_dir))
     with pytest.raises(KafkaJarsUnavailable) as raised:
         kafka_jars("4.1.2")
     log = tmp_path / "cache" / "kafka-4.1.2" / "mvn.log"
@@ -583,8 +564,7 @@ def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
     bootstrap = real_kafka.bootstrap_servers
     same = [(0, b"k", b"same-%d" % i, T0 + i) for i in range(3)]
     send(bootstrap, topic, same)
-    settings = JobSettings("count_topic", (topic,), bootstrap, database_url)
-    TransactionalJob(spark, settings, count_messages).run()
+    job_for(spark, real_kafka, database_url, topic).run()
     old_id = fetch_topic_ids(client_config(bootstrap), [topic])[topic]
     assert db.execute("SELECT off, last_off, topic_id FROM txn_offsets").fetchone() == (3, 2, old_id)
 
@@ -594,7 +574,7 @@ def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
     assert new_id != old_id
     before = snapshot(db)
     with pytest.raises(TopicRecreated) as raised:
-        TransactionalJob(spark, settings, count_messages).run()
+        job_for(spark, real_kafka, database_url, topic).run()
     assert str(raised.value) == (
         f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
         f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
@@ -608,7 +588,7 @@ def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
             conn, client_config(bootstrap), "count_topic", topic, [0], ResetTarget("earliest")
         )
         apply_reset(conn, "count_topic", moves)
-    TransactionalJob(spark, settings, count_messages).run()
+    job_for(spark, real_kafka, database_url, topic).run()
     assert totals(db, topic) == {topic: 3 + 6}
     assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
 
@@ -758,16 +738,12 @@ def test_an_artifact_maven_central_does_not_have_is_told_apart_from_a_failed_fet
 ) -> None:
     from txstore.testing.real_kafka import maven_dependencies
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "mvn"
-    fake.write_text(
-        "#!/bin/sh\n"
+    fake = fake_mvn(
+        tmp_path,
+        monkeypatch,
         "echo '[ERROR] Failed to execute goal on project p: Could not resolve dependencies: "
-        "Could not find artifact org.example:nothing:jar:9.9 in central'\nexit 1\n"
+        "Could not find artifact org.example:nothing:jar:9.9 in central'\nexit 1\n",
     )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
     with pytest.raises(KafkaJarsUnavailable) as raised:
         maven_dependencies(tmp_path / "home", "<project/>", "org.example:nothing:9.9", "nothing-", 30)
     assert raised.value.not_published

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from tests.conftest import produce_in_transactions, send, send_one_by_one
 from tests.test_count_topic import job_for, offsets, totals
 from tests.test_operator_cli import txstore
-from txstore.core.errors import BatchFailed, TopicRecreated
+from txstore.core.errors import BatchFailed, TopicRecreated, UnknownTopic
 from txstore.core.fingerprint import Fingerprint, digest
 from txstore.core.ranges import OffsetRange, PartitionHistory
 from txstore.core.starting import StartDecision
@@ -376,6 +376,33 @@ def test_a_broker_without_topic_ids_is_asked_once_and_answers_at_once(
         assert time.monotonic() - started < 0.1
     finally:
         kafka.set_broker_up(1)
+
+
+def test_a_counted_topic_deleted_and_not_yet_created_again_stops_the_job_saying_so_and_what_to_run(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """A recreation's gap (deleted, not created yet; a real broker's, chaos seed 6101): the job that
+    counted the topic is told it does not exist now and may be being recreated, and what to run,
+    not to check a --topic it has been counting all along."""
+    topic = new_topic(2)
+    fill(kafka, topic, 3, 2, b"old", OLD_TS)
+    job_for(spark, kafka, database_url, topic).run()
+    before = snapshot(db)
+    kafka.delete_topic(topic)
+    with pytest.raises(UnknownTopic) as raised:
+        job_for(spark, kafka, database_url, topic).run()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic {topic!r} does not exist on Kafka at {kafka.bootstrap_servers} now, "
+        "though the job stored offsets for 2 of its partitions: it may be being deleted and recreated. "
+        "Run the job again once the topic exists (a recreated topic then stops it in one line naming "
+        "the reset to run); if it was deleted for good, forget its offsets: "
+        f"txstore reset --job count_topic --topic {topic} --forget --execute"
+    )
+    assert snapshot(db) == before
 
 
 @pytest.mark.parametrize("recreated_by", ["the job", "a reset"])

@@ -24,9 +24,9 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
+from tests.job_processes import job_env
 from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import log_ends, offsets
-from tests.test_job_process import job_env
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
 from txstore.aggregate import SqlAggregate
 from txstore.core.failpoints import FAILPOINTS_ENV

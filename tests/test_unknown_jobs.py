@@ -11,6 +11,7 @@ from tests.test_operator_cli import txstore
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision
+from txstore.ops import status
 from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.sink import TransactionalSink
@@ -82,3 +83,40 @@ def test_publish_of_an_unknown_job_is_refused_in_one_line_listing_the_known_jobs
         "",
         f"txstore: error: no job 'by_offset' in the database ({KNOWN}); check --job\n",
     )
+
+
+def test_a_job_known_only_by_results_waiting_or_set_aside_to_publish_is_known_and_listed(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    """Results waiting in the outbox, or set aside because Kafka refused them for good, make a
+    job known; results already sent (kept a week, then pruned) do not."""
+    for job, sent, set_aside in (
+        ("by_pending", False, False),
+        ("by_set_aside", False, True),
+        ("by_sent", True, False),
+    ):
+        db.execute(
+            "INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, sent_at, failed_at) "
+            "VALUES (%s, 'out', %s, '{}', '{}', CASE WHEN %s THEN now() END, CASE WHEN %s THEN now() END)",
+            (job, f"{job}/1", sent, set_aside),
+        )
+    for known in ("by_pending", "by_set_aside"):
+        assert txstore("status", "--job", known, url=database_url).returncode == 0
+    typo = txstore("status", "--job", "by_sent", url=database_url)
+    assert (typo.returncode, typo.stdout, typo.stderr) == (
+        1,
+        "",
+        "txstore: error: no job 'by_sent' in the database (known jobs: 'by_pending', 'by_set_aside'); "
+        "check --job\n",
+    )
+
+
+def test_every_part_of_the_known_jobs_lookups_reads_an_index_not_the_table(db: psycopg.Connection) -> None:
+    """Each table is looked up by an index on ``job``: read whole, ``txn_outbox`` holds every
+    result sent in the last 7 days, and the skip scan would read it once per job. With sequential
+    scans priced out, a plan still holding one has no index to use."""
+    with db.transaction():
+        db.execute("SET LOCAL enable_seqscan = off")
+        for query, params in ((status._KNOWN_JOBS, None), (status._JOB_KNOWN, {"job": "j"})):
+            plan = "\n".join(row[0] for row in db.execute(f"EXPLAIN {query}", params))
+            assert "Seq Scan" not in plan, plan

@@ -19,7 +19,13 @@ from typing import Any
 
 import psycopg
 
-from txstore.core.errors import PRIVILEGE_HINT, DatabaseUnavailable, PermissionDenied, first_line
+from txstore.core.errors import (
+    PRIVILEGE_HINT,
+    DatabaseUnavailable,
+    PermissionDenied,
+    UnknownTopic,
+    first_line,
+)
 from txstore.core.ranges import (
     OffsetRange,
     PartitionHistory,
@@ -28,6 +34,7 @@ from txstore.core.ranges import (
     aged_out,
     limit_ranges,
     plan_ranges,
+    topic_missing_now,
 )
 from txstore.core.starting import resolve_starting_offsets
 from txstore.kafka.client import offsets_for_timestamp
@@ -85,7 +92,14 @@ class Planner:
         # instance of the job commits in between.
         s = self.settings
         committed, self.history = store.committed_state(conn, s.job, s.topics)
-        return committed, self.watermarks(s.kafka_conf, s.topics)
+        try:
+            return committed, self.watermarks(s.kafka_conf, s.topics)
+        except UnknownTopic as e:
+            # A topic the job stored offsets for existed: gone now, it is no typo.
+            stored = sum(1 for topic, _ in committed if topic == e.topic)
+            if not stored:
+                raise
+            raise topic_missing_now(s.job, e.topic, e.servers, stored) from None
 
     def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
         """Kafka's topic IDs where it reports them (asked with the job's own admin client only),

@@ -518,7 +518,9 @@ class TrialEvents:
             for m in batch:
                 size = len(m.value() or b"")
                 largest = max(largest, size)
-                headers = {k: (v or b"").decode() for k, v in m.headers() or []}
+                pairs = m.headers() or []
+                assert isinstance(pairs, list), pairs  # a consumed message's: (name, bytes) pairs
+                headers = {k: v.decode() if isinstance(v, bytes) else v or "" for k, v in pairs}
                 commit = headers.get("txstore-commit", "")
                 parts[commit].add(int(headers.get("txstore-part", "0")))
                 of[commit] = int(headers.get("txstore-parts", "0"))

@@ -89,9 +89,18 @@ class KafkaUnavailable(TxstoreError):
 
 
 class UnknownTopic(KafkaUnavailable):
-    """A topic the job was told to read does not exist (txstore never creates topics)."""
+    """A topic the job was told to read does not exist (txstore never creates topics).
+
+    ``topic`` and ``servers`` name it and the Kafka asked, so that a caller who knows more can
+    say more: a job with offsets stored for the topic counted it, so it is not a typo but a
+    topic deleted, perhaps being recreated (:func:`txstore.core.ranges.topic_missing_now`)."""
 
     transient = False
+
+    def __init__(self, message: str, topic: str = "", servers: str = "") -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.servers = servers
 
 
 class KafkaReadError(TxstoreError):

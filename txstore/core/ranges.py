@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from txstore.core.errors import DataLoss, OffsetOutOfLog
+from txstore.core.errors import DataLoss, OffsetOutOfLog, UnknownTopic
 from txstore.core.fingerprint import Fingerprint, recreated_error
 
 TopicPartition = tuple[str, int]
@@ -172,8 +172,10 @@ def plan_ranges(
     return ranges
 
 
-def reset_command(job: str, topic: str, partition: int, target: str) -> str:
-    """The exact ``txstore reset`` command line an error message suggests."""
+def reset_command(job: str, topic: str, partition: int | None, target: str) -> str:
+    """The exact ``txstore reset`` command line an error message suggests (``partition`` None:
+    every partition of the topic)."""
+    where = [] if partition is None else ["--partition", str(partition)]
     return " ".join(
         [
             "txstore reset",
@@ -181,11 +183,27 @@ def reset_command(job: str, topic: str, partition: int, target: str) -> str:
             shlex.quote(job),
             "--topic",
             shlex.quote(topic),
-            "--partition",
-            str(partition),
+            *where,
             target,
             "--execute",
         ]
+    )
+
+
+def topic_missing_now(job: str, topic: str, servers: str, stored_partitions: int) -> UnknownTopic:
+    """The one-line error for a topic Kafka does not have although the job stored offsets for
+    ``stored_partitions`` of its partitions: it existed, so it is not a typo (not "check
+    --topic"). A recreation deletes, then creates: planned in between, the job finds no topic.
+    Run again once the topic exists, the job stops on the recreation with the reset to run;
+    a topic deleted for good needs its offsets forgotten."""
+    return UnknownTopic(
+        f"job {job!r} topic {topic!r} does not exist on Kafka at {servers} now, though the job stored "
+        f"offsets for {stored_partitions} of its partitions: it may be being deleted and recreated. "
+        "Run the job again once the topic exists (a recreated topic then stops it in one line naming "
+        "the reset to run); if it was deleted for good, forget its offsets: "
+        f"{reset_command(job, topic, None, '--forget')}",
+        topic,
+        servers,
     )
 
 

@@ -311,7 +311,9 @@ def _watermarks(
             if missing:
                 raise UnknownTopic(
                     f"topic {topic!r} does not exist on Kafka at {servers}; check --topic "
-                    "(txstore never creates topics)"
+                    "(txstore never creates topics)",
+                    topic,
+                    servers,
                 )
             assert found is not None
             if found.error is not None or not found.partitions:
@@ -411,7 +413,7 @@ def _list_offsets(
             try:
                 offset = int(future.result(timeout=left).offset)
                 if log_offsets and offset < 0:
-                    if time.monotonic() + LIST_OFFSETS_RETRY_SECONDS >= deadline:
+                    if not _ask_again(deadline):
                         raise TimeoutError(
                             f"ListOffsets answered {tp.topic}/{tp.partition} with offset {offset}, "
                             "no log offset, until the timeout"
@@ -422,13 +424,19 @@ def _list_offsets(
             except KafkaException as e:
                 error = e.args[0] if e.args else None
                 moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
-                if not moving or time.monotonic() + LIST_OFFSETS_RETRY_SECONDS >= deadline:
+                if not moving or not _ask_again(deadline):
                     raise
                 again.append(tp)
         if again:
             time.sleep(LIST_OFFSETS_RETRY_SECONDS)
         pending = again
     return found
+
+
+def _ask_again(deadline: float) -> bool:
+    """Whether a partition's answer may be asked again: a retry's pause still ends before
+    ``deadline`` (else the caller raises, having waited as long as it may)."""
+    return time.monotonic() + LIST_OFFSETS_RETRY_SECONDS < deadline
 
 
 _EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]

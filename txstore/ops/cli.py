@@ -120,17 +120,6 @@ def _main(argv: list[str] | None = None) -> int:
 
         return mock_kafka(argv[1:])
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from txstore.core.errors import ConfigError
-        from txstore.ops.demo import run_demo
-        from txstore.runner import configure_logging
-
-        configure_logging()
-        try:
-            return run_demo(args.messages, args.partitions, args.kafka)
-        except ConfigError as e:
-            print(f"txstore: error: {e}", file=sys.stderr)
-            return 1
     if args.command == "py-files":
         from txstore.spark.pyfiles import build_py_files
 
@@ -138,13 +127,25 @@ def _main(argv: list[str] | None = None) -> int:
         return 0
     from txstore.core.errors import TxstoreError
 
+    # One handler for every command that can stop on a named error: one line, exit 1, no traceback.
     try:
+        if args.command == "demo":
+            return _demo(args)
         return _operate(args)
     except TxstoreError as e:
         if args.command == "status" and args.check:
             return _cannot_check(str(e), args.json)
         print(f"txstore: error: {e}", file=sys.stderr)
         return 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``txstore demo``: the quickstart, with the job's log lines as a job logs them."""
+    from txstore.ops.demo import run_demo
+    from txstore.runner import configure_logging
+
+    configure_logging()
+    return run_demo(args.messages, args.partitions, args.kafka)
 
 
 def _cannot_check(reason: str, as_json: bool) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from txstore.core.errors import ConfigError
+from txstore.core.errors import ConfigError, DatabaseUnavailable
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import CLIENT_LOGGER
@@ -34,9 +34,16 @@ log = logging.getLogger("txstore")
 
 @contextlib.contextmanager
 def demo_database() -> Iterator[str]:
-    """``TXSTORE_DATABASE_URL`` if set, else a throwaway PostgreSQL deleted afterwards."""
+    """``TXSTORE_DATABASE_URL`` if set, else a throwaway PostgreSQL deleted afterwards.
+
+    A URL given is connected to first, so that a server that cannot be reached is one line
+    (:class:`DatabaseUnavailable`) before Alembic's migrations would raise their own traceback."""
     url = os.environ.get(DATABASE_URL_ENV)
     if url:
+        try:
+            connect(url, given_by=DATABASE_URL_ENV).close()
+        except DatabaseUnavailable as e:
+            raise DatabaseUnavailable(f"{e}, or unset it for a throwaway PostgreSQL") from None
         yield url
         return
     import pgserver

@@ -99,7 +99,9 @@ _KNOWN_JOBS = (
             _distinct_jobs("txn_offsets"),
             _distinct_jobs("txn_data"),
             _distinct_jobs("txn_messages"),
-            _distinct_jobs("txn_outbox", "sent_at IS NULL"),
+            # Unsent results, in the outbox's two partial indexes: waiting, and set aside.
+            _distinct_jobs("txn_outbox", "sent_at IS NULL AND failed_at IS NULL"),
+            _distinct_jobs("txn_outbox", "sent_at IS NULL AND failed_at IS NOT NULL"),
             _distinct_jobs("txn_bad_messages"),
         ]
     )
@@ -107,9 +109,20 @@ _KNOWN_JOBS = (
 )
 
 
+_JOB_KNOWN = (
+    "SELECT EXISTS (SELECT FROM txn_offsets WHERE job = %(job)s) "
+    "OR EXISTS (SELECT FROM txn_data WHERE job = %(job)s) "
+    "OR EXISTS (SELECT FROM txn_messages WHERE job = %(job)s) "
+    "OR EXISTS (SELECT FROM txn_outbox WHERE job = %(job)s AND sent_at IS NULL AND failed_at IS NULL) "
+    "OR EXISTS (SELECT FROM txn_outbox WHERE job = %(job)s AND sent_at IS NULL AND failed_at IS NOT NULL) "
+    "OR EXISTS (SELECT FROM txn_bad_messages WHERE job = %(job)s)"
+)
+
+
 def known_jobs(conn: psycopg.Connection) -> list[str]:
     """The jobs the database knows, by anything stored for them (as :func:`unknown_job_problem`):
-    offsets, results, messages, results to publish, messages skipped as bad."""
+    offsets, results, messages, results to publish (waiting or set aside), messages skipped as
+    bad; each by a skip scan of an index on ``job``."""
     rows = conn.execute(_KNOWN_JOBS).fetchall()
     conn.commit()
     return [r[0] for r in rows]
@@ -119,17 +132,11 @@ def unknown_job_problem(conn: psycopg.Connection, job: str) -> str | None:
     """Why ``job`` (``--job``) names no job the database knows, listing those it does; None if known.
 
     A job is known by anything stored for it: offsets, results, messages (a ``--forget`` leaves
-    those), results to publish, messages skipped as bad; each looked up by its index on ``job``.
+    those), results to publish (waiting or set aside), messages skipped as bad; each looked up by
+    an index on ``job``.
     A typo would otherwise show an empty status, or have ``txstore reset`` store offsets for a
     job that never existed."""
-    row = conn.execute(
-        "SELECT EXISTS (SELECT FROM txn_offsets WHERE job = %(job)s) "
-        "OR EXISTS (SELECT FROM txn_data WHERE job = %(job)s) "
-        "OR EXISTS (SELECT FROM txn_messages WHERE job = %(job)s) "
-        "OR EXISTS (SELECT FROM txn_outbox WHERE job = %(job)s AND sent_at IS NULL) "
-        "OR EXISTS (SELECT FROM txn_bad_messages WHERE job = %(job)s)",
-        {"job": job},
-    ).fetchone()
+    row = conn.execute(_JOB_KNOWN, {"job": job}).fetchone()
     conn.commit()
     if row and row[0]:
         return None

@@ -158,10 +158,13 @@ def connection_settings(url: str) -> dict[str, object]:
     return settings
 
 
-def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
+def connect(
+    url: str, *, autocommit: bool = False, given_by: str = f"--database-url / {DATABASE_URL_ENV}"
+) -> psycopg.Connection:
     """Open a bounded, READ COMMITTED connection (see the module docstring).
 
-    Failures become one redacted line.
+    Failures become one redacted line; a server that cannot be reached says to check
+    ``given_by``, where the URL came from.
     """
     conninfo = libpq_url(url)
     kwargs: dict[str, object] = {
@@ -183,7 +186,7 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
             ) from None
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact(url)}: {first_line(e)}; "
-            f"check --database-url / {DATABASE_URL_ENV} and that the server is up"
+            f"check {given_by} and that the server is up"
         ) from None
     except psycopg.ProgrammingError as e:
         # libpq quotes the token it could not parse, which may be part of the password.

@@ -28,14 +28,7 @@ from txstore.postgres.results_table import (
     merge_statement,
     table_identifier,
 )
-from txstore.postgres.sink import (
-    MOVE_OFFSETS,
-    RECORD_BAD_MESSAGES,
-    bad_message_params,
-    classify_batch_conflict,
-    move_offsets_params,
-)
-from txstore.postgres.store import stored_offsets
+from txstore.postgres.sink import commit_if_offsets_move, move_offsets_params
 
 if TYPE_CHECKING:
     from txstore.kafka.bad_messages import BadOffset
@@ -58,32 +51,24 @@ def copy_and_merge(
     last: Mapping[TopicPartition, Fingerprint] | None = None,
     bad: Sequence[BadOffset] = (),
 ) -> None:
+    """Copy the batch's rows (``produced``) to a temporary table, move every range's offset, and
+    only then merge the rows into ``table`` and commit, all in one transaction
+    (:func:`~txstore.postgres.sink.commit_if_offsets_move`, the conflict it raises included)."""
     first = next(produced, None)  # Spark computes the result before the transaction opens
-    hit = failpoints.hit
-    rows = 0
-    try:
-        with conn.cursor() as cur:
-            hit("before-upsert", attempt)
-            if first is not None:
-                rows = copy_to_temp_table(cur, table, types, itertools.chain([first], produced))
-            hit("between-upsert-and-offsets", attempt)
-            cur.execute(MOVE_OFFSETS, move_offsets_params(job, ranges, last))
-            if cur.rowcount == len(ranges):
-                if bad:
-                    cur.execute(RECORD_BAD_MESSAGES, bad_message_params(job, bad))
-                if first is not None:
-                    merge_rows(conn, cur, table)
-                    log.debug("job %s: merged %d result rows into %s", job, rows, table.label)
-                hit("before-commit", attempt)
-                conn.commit()
-                hit("after-commit", attempt)
-                return
-        conn.rollback()
-    except BaseException:
-        if not conn.closed:
-            conn.rollback()
-        raise
-    raise classify_batch_conflict(job, ranges, stored_offsets(conn, job, ranges))
+    copied = 0
+
+    def copy(cur: psycopg.Cursor[Any]) -> None:
+        nonlocal copied
+        if first is not None:
+            copied = copy_to_temp_table(cur, table, types, itertools.chain([first], produced))
+
+    def merge(cur: psycopg.Cursor[Any]) -> None:
+        if first is not None:
+            merge_rows(conn, cur, table)
+            log.debug("job %s: merged %d result rows into %s", job, copied, table.label)
+
+    params = move_offsets_params(job, ranges, last)
+    commit_if_offsets_move(conn, job, ranges, params, failpoints, attempt, bad, write=copy, then=merge)
 
 
 def copy_to_temp_table(

@@ -147,6 +147,12 @@ txn_outbox = Table(
         "id",
         postgresql_where=text("sent_at IS NULL AND failed_at IS NULL"),
     ),
+    # The rows set aside, by job: `txstore publish --retry-failed` and the known-jobs lookup.
+    Index(
+        "txn_outbox_set_aside_idx",
+        "job",
+        postgresql_where=text("sent_at IS NULL AND failed_at IS NOT NULL"),
+    ),
     comment="Committed results waiting to be published to Kafka, written with their offsets.",
 )
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -350,31 +350,67 @@ class TransactionalSink:
             upsert = _UPSERT_AND_OUTBOX if rows else _EMPTY_OUTBOX
         elif rows:
             upsert = _UPSERT
-        conn = self.conn
-        hit = self.failpoints.hit
-        try:
-            with conn.cursor() as cur:
-                hit("before-upsert", attempt)
-                if upsert:
-                    cur.execute(upsert, params)
-                hit("between-upsert-and-offsets", attempt)
-                cur.execute(MOVE_OFFSETS, params)
-                if cur.rowcount == len(ranges):
-                    if bad:
-                        cur.execute(RECORD_BAD_MESSAGES, bad_message_params(self.job, bad))
-                    hit("before-commit", attempt)
-                    conn.commit()
-                    hit("after-commit", attempt)
-                    return
+
+        def upsert_rows(cur: psycopg.Cursor[Any]) -> None:
+            if upsert:
+                cur.execute(upsert, params)
+
+        commit_if_offsets_move(
+            self.conn, self.job, ranges, params, self.failpoints, attempt, bad, write=upsert_rows
+        )
+
+
+def commit_if_offsets_move(
+    conn: psycopg.Connection,
+    job: str,
+    ranges: Sequence[OffsetRange],
+    params: Mapping[str, Any],
+    failpoints: FailPoints,
+    attempt: int,
+    bad: Sequence[BadOffset],
+    write: Callable[[psycopg.Cursor[Any]], None],
+    then: Callable[[psycopg.Cursor[Any]], None] | None = None,
+) -> None:
+    """The conditional commit every sink of results and offsets shares, in one transaction:
+
+    1. ``write`` the results (the upsert, or a results table's rows copied to a temporary table);
+    2. move every range's offset from exactly ``from`` (:data:`MOVE_OFFSETS` with ``params``,
+       :func:`move_offsets_params` and anything else ``write`` needs);
+    3. only if every range's row moved: record the messages skipped as ``bad``, ``then`` (a
+       results table's merge, which must not run for a batch whose offsets did not move), COMMIT;
+    4. otherwise ROLLBACK, read the stored offsets and raise the
+       :class:`~txstore.core.errors.CommitConflict` saying why (:func:`classify_conflict` for one
+       range, :func:`classify_batch_conflict` for several).
+
+    An error anywhere rolls back (unless the connection is gone) and propagates. The fail
+    points (``before-upsert``, ``between-upsert-and-offsets``, ``before-commit``,
+    ``after-commit``) are hit between the steps, for the chaos tests.
+    """
+    hit = failpoints.hit
+    try:
+        with conn.cursor() as cur:
+            hit("before-upsert", attempt)
+            write(cur)
+            hit("between-upsert-and-offsets", attempt)
+            cur.execute(MOVE_OFFSETS, params)
+            if cur.rowcount == len(ranges):
+                if bad:
+                    cur.execute(RECORD_BAD_MESSAGES, bad_message_params(job, bad))
+                if then is not None:
+                    then(cur)
+                hit("before-commit", attempt)
+                conn.commit()
+                hit("after-commit", attempt)
+                return
+        conn.rollback()
+    except BaseException:
+        if not conn.closed:
             conn.rollback()
-        except BaseException:
-            if not conn.closed:
-                conn.rollback()
-            raise
-        stored = stored_offsets(conn, self.job, ranges)
-        if len(ranges) == 1:
-            raise classify_conflict(self.job, ranges[0], stored.get(ranges[0].key))
-        raise classify_batch_conflict(self.job, ranges, stored)
+        raise
+    stored = stored_offsets(conn, job, ranges)
+    if len(ranges) == 1:
+        raise classify_conflict(job, ranges[0], stored.get(ranges[0].key))
+    raise classify_batch_conflict(job, ranges, stored)
 
 
 def move_offsets_params(

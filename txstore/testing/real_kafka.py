@@ -10,30 +10,30 @@ a context manager), so a test can take either. Unlike the mock it is Kafka
 itself: last stable offsets below open transactions, offsets-for-times,
 topic IDs, log recovery after a kill.
 
-Kafka's jars come from Maven Central, once: :func:`kafka_jars` has Maven copy
-``org.apache.kafka:kafka_2.13`` (:data:`KAFKA_VERSION`) and its runtime
-dependencies, plus an SLF4J provider, into ``~/.cache/txstore/kafka-VERSION/libs``
-(``TXSTORE_KAFKA_CACHE`` replaces ``~/.cache/txstore``). Without Maven, or
-offline with an empty cache, it raises :class:`KafkaJarsUnavailable` with one line.
+Kafka's jars come from Maven Central, once (:mod:`txstore.testing.kafka_jars`):
+:func:`kafka_jars` has Maven copy ``org.apache.kafka:kafka_2.13`` (:data:`KAFKA_VERSION`) and
+its runtime dependencies, plus an SLF4J provider, into ``~/.cache/txstore/kafka-VERSION/libs``
+(``TXSTORE_KAFKA_CACHE`` replaces ``~/.cache/txstore``). Without Maven, or offline with an
+empty cache, it raises :class:`KafkaJarsUnavailable` with one line.
 
 Starting is what Kafka's ``bin/kafka-storage.sh format --standalone`` and
-``bin/kafka-server-start.sh`` do: format a log directory in a fresh temporary
-directory, then run ``kafka.Kafka`` on two free ports (clients and controller)
-with a small heap. The broker's output goes to ``kafka.log`` in that
-directory; a broker that does not answer metadata within ``start_timeout``
-raises :class:`KafkaStartFailed` naming that file and its last lines (and the
-directory is kept for reading). :meth:`RealKafkaCluster.kill` ends it with
-SIGKILL, :meth:`RealKafkaCluster.restart` starts it again on the same ports
-and log directory; :meth:`RealKafkaCluster.close` stops it (SIGTERM, then
-SIGKILL after ``stop_timeout``) and deletes the directory. On Linux the
-broker is also killed when the thread that started it dies (``setpriv
---pdeathsig``), so a test run that is killed leaves no broker behind.
+``bin/kafka-server-start.sh`` do (:mod:`txstore.testing.kafka_process`): format a log directory
+in a fresh temporary directory, then run ``kafka.Kafka`` on two free ports (clients and
+controller) with a small heap. The broker's output goes to ``kafka.log`` in that directory; a
+broker that does not answer metadata within ``start_timeout`` raises :class:`KafkaStartFailed`
+naming that file and its last lines (and the directory is kept for reading).
+:meth:`RealKafkaCluster.kill` ends it with SIGKILL, :meth:`RealKafkaCluster.restart` starts it
+again on the same ports and log directory; :meth:`RealKafkaCluster.close` stops it (SIGTERM,
+then SIGKILL after ``stop_timeout``) and deletes the directory. On Linux the broker is also
+killed when the thread that started it dies (``setpriv --pdeathsig``), so a test run that is
+killed leaves no broker behind.
 
 ``scram_users={"name": "password"}`` adds a second listener, SASL_SSL on its own
 port (:attr:`RealKafkaCluster.secure_bootstrap_servers`): TLS with a certificate for
 127.0.0.1 signed by a CA made at start (``openssl``; the CA's PEM is
 :attr:`RealKafkaCluster.ca_location`, the broker's key and chain a PEM keystore) and
-SCRAM-SHA-512 logins for those users, written by ``kafka-storage format --add-scram``.
+SCRAM-SHA-512 logins for those users, written by ``kafka-storage format --add-scram``
+(:mod:`txstore.testing.kafka_tls`).
 :meth:`RealKafkaCluster.sasl_ssl_options` gives a client's settings for it.
 
 ``python -m txstore.testing.real_kafka --topic events:4`` serves one until
@@ -43,11 +43,7 @@ stopped; ``--fetch`` only fetches the jars.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import fcntl
-import os
-import re
 import shutil
 import signal
 import socket
@@ -56,7 +52,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -65,292 +60,45 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from txstore.testing.kafka_jars import (
+    CACHE_ENV,
+    FETCH_TIMEOUT_SECONDS,
+    KAFKA_VERSION,
+    KafkaJarsUnavailable,
+    cache_root,
+    kafka_jars,
+    maven_dependencies,
+)
+from txstore.testing.kafka_process import (
+    KafkaStartFailed,
+    Listener,
+    format_log_directory,
+    free_port,
+    start_process,
+    tail,
+    write_config,
+)
+from txstore.testing.kafka_tls import SCRAM_MECHANISM, broker_settings, make_certificates, scram_format_args
 from txstore.testing.mock_kafka import _release_ports, _reserve_ports
 
-KAFKA_VERSION = "4.1.2"
-"""The Apache Kafka release the tests run (``org.apache.kafka:kafka_2.13``)."""
-LOG4J_VERSION = "2.25.3"  # the log4j-core Kafka 4.1.2 depends on; its SLF4J 1.7 provider
-MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-FETCH_TIMEOUT_SECONDS = 300.0  # within pytest-timeout's 600 s for the test whose fixture fetches
+__all__ = [  # the names tests, chaos trials, the benchmark and the demo import from here
+    "CACHE_ENV",
+    "FETCH_TIMEOUT_SECONDS",
+    "KAFKA_VERSION",
+    "SCRAM_MECHANISM",
+    "KafkaJarsUnavailable",
+    "KafkaStartFailed",
+    "RealKafkaCluster",
+    "cache_root",
+    "kafka_jars",
+    "main",
+    "make_certificates",
+    "maven_dependencies",
+]
+
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 20.0
 ADMIN_TIMEOUT_SECONDS = 30.0
-CACHE_ENV = "TXSTORE_KAFKA_CACHE"
-JVM_OPTIONS = (
-    "-Xms128m",
-    "-Xmx512m",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-XX:TieredStopAtLevel=1",  # C1 only: starts faster on a busy machine; a test broker moves little data
-    "-Xshare:auto",
-    "-Djava.awt.headless=true",
-)
-_COMPLETE = ".complete"  # written last into libs/: the copy is whole
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txstore.testing</groupId>
-  <artifactId>kafka-broker</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_2.13</artifactId>
-      <version>{kafka}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId>
-      <version>{log4j}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
-
-# Warnings and errors only, plus the line that says the server is up.
-_LOG4J2 = """status = error
-appender.out.type = Console
-appender.out.name = OUT
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.out.ref = OUT
-logger.started.name = kafka.server.KafkaRaftServer
-logger.started.level = INFO
-"""
-
-
-class KafkaJarsUnavailable(RuntimeError):
-    """Kafka's jars are not cached and Maven cannot fetch them (not installed, or offline)."""
-
-    not_published = False  # Maven Central has no such artifact (asking again will not help)
-
-
-class KafkaStartFailed(RuntimeError):
-    """The broker did not start, or did not answer metadata in time."""
-
-
-def cache_root() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "txstore"
-
-
-def _first_error(output: str) -> str:
-    """Maven's first ``[ERROR]`` line without its prefix or colours (else its last line)."""
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", output)
-    lines = [line.strip() for line in plain.splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("[ERROR]"):
-            return line.removeprefix("[ERROR]").strip().removesuffix("-> [Help 1]").strip()
-    return lines[-1] if lines else "no output"
-
-
-def kafka_jars(version: str = KAFKA_VERSION, timeout: float = FETCH_TIMEOUT_SECONDS) -> Path:
-    """The directory of Kafka ``version``'s jars, fetched by Maven the first time.
-
-    Raises :class:`KafkaJarsUnavailable` with one line when the jars are not cached and Maven
-    is missing or fails (:func:`maven_dependencies`).
-    """
-    return maven_dependencies(
-        cache_root() / f"kafka-{version}",
-        _POM.format(kafka=version, log4j=LOG4J_VERSION),
-        f"Kafka {version}'s jars (org.apache.kafka:kafka_2.13:{version})",
-        "kafka_2.13-",
-        timeout,
-    )
-
-
-def maven_dependencies(home: Path, pom: str, what: str, expected: str, timeout: float) -> Path:
-    """``home/libs``: the runtime dependencies of ``pom``, copied there by Maven the first time.
-
-    Safe to call from several processes at once (a lock file in ``home``; the copy is renamed
-    into place whole, marked complete last). A jar whose name starts with ``expected`` must be
-    among them. Raises :class:`KafkaJarsUnavailable` in one line naming ``what`` when Maven is
-    missing, takes longer than ``timeout`` or fails (its output kept in ``home/mvn.log``;
-    ``not_published`` set when Maven Central has no such artifact).
-    """
-    libs = home / "libs"
-    if (libs / _COMPLETE).exists():
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaJarsUnavailable(
-            f"{what} are not in {libs} and Maven (mvn) is not on PATH to fetch them; "
-            "install it (apt-get install maven)"
-        )
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / "fetch.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching: wait for it
-        if (libs / _COMPLETE).exists():
-            return libs
-        work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
-        try:
-            (work / "pom.xml").write_text(pom)
-            command = [
-                mvn,
-                "-B",
-                "-q",
-                "-Dstyle.color=never",
-                "-f",
-                str(work / "pom.xml"),
-                f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
-                f"-DoutputDirectory={work / 'libs'}",
-                "-DincludeScope=runtime",
-            ]
-            log = home / "mvn.log"
-            try:
-                done = subprocess.run(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    timeout=timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise KafkaJarsUnavailable(
-                    f"Maven did not fetch {what} within {timeout:g} s; is Maven Central reachable?"
-                ) from None
-            log.write_text(done.stdout)
-            jars = sorted((work / "libs").glob("*.jar")) if (work / "libs").is_dir() else []
-            if done.returncode != 0 or not any(j.name.startswith(expected) for j in jars):
-                error = KafkaJarsUnavailable(
-                    f"Maven could not fetch {what} (exit {done.returncode}, output in {log}): "
-                    f"{_first_error(done.stdout)}"
-                )
-                error.not_published = (
-                    "Could not find artifact" in done.stdout or "was not found in" in done.stdout
-                )
-                raise error
-            (work / "libs" / _COMPLETE).write_text("".join(f"{j.name}\n" for j in jars))
-            if libs.exists():
-                shutil.rmtree(libs)  # an incomplete copy left by a killed fetch
-            (work / "libs").rename(libs)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return libs
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _cluster_id() -> str:
-    """A random Kafka cluster ID (``kafka-storage.sh random-uuid``: base64url, no padding)."""
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not text.startswith("-"):  # Kafka's Uuid.randomUuid() avoids these too
-            return text
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        return f"(cannot read it: {e})"
-    kept = [line for line in text.splitlines() if line.strip()][-lines:]
-    return "\n".join(kept) if kept else "(empty)"
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidate = Path(home) / "bin" / "java" if home else None
-    if candidate is not None and candidate.exists():
-        return str(candidate)
-    found = shutil.which("java")
-    if found is None:
-        raise KafkaStartFailed(
-            "Kafka needs Java 17 or newer on PATH (apt-get install openjdk-17-jre-headless)"
-        )
-    return found
-
-
-SCRAM_MECHANISM = "SCRAM-SHA-512"
-CERTIFICATE_DAYS = 7
-
-
-def _openssl(workdir: Path, *args: str) -> None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        raise KafkaStartFailed("a SASL_SSL listener needs openssl on PATH (apt-get install openssl)")
-    done = subprocess.run(
-        [openssl, *args], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
-    )
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        raise KafkaStartFailed(
-            f"openssl {args[0]} failed (exit {done.returncode}): {lines[-1] if lines else ''}"
-        )
-
-
-def make_certificates(directory: Path) -> tuple[Path, Path]:
-    """A CA, and a certificate for 127.0.0.1 (and localhost) it signs, valid for a week:
-    ``(the CA's PEM, the broker's PEM keystore: unencrypted PKCS#8 key, then its chain)``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    days = str(CERTIFICATE_DAYS)
-    _openssl(
-        directory,
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        days,
-        "-subj",
-        "/CN=txstore test CA",
-    )
-    _openssl(
-        directory,
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "broker.key",
-        "-out",
-        "broker.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    )
-    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl(
-        directory,
-        "x509",
-        "-req",
-        "-in",
-        "broker.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "broker.pem",
-        "-days",
-        days,
-        "-extfile",
-        "san.cnf",
-    )
-    keystore = directory / "broker-keystore.pem"
-    keystore.write_text(
-        (directory / "broker.key").read_text()
-        + (directory / "broker.pem").read_text()
-        + (directory / "ca.pem").read_text()
-    )
-    return directory / "ca.pem", keystore
 
 
 class RealKafkaCluster:
@@ -446,20 +194,7 @@ class RealKafkaCluster:
         """Whether the broker process is alive (it may still be starting or stopping)."""
         return self._process is not None and self._process.poll() is None
 
-    def _secure_settings(self) -> dict[str, str]:
-        if not self.scram_users:
-            return {}
-        return {  # the listener itself is in _listeners
-            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
-            f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-            ),
-            "ssl.keystore.type": "PEM",
-            "ssl.keystore.location": str(self._keystore),
-            "ssl.client.auth": "none",
-        }
-
-    def _listeners(self) -> list[tuple[str, int, str, str]]:
+    def _listeners(self) -> list[Listener]:
         """Every client listener: (name, port, advertised ``host:port``, security protocol)."""
         found = [("PLAINTEXT", self.port, f"127.0.0.1:{self.port}", "PLAINTEXT")]
         found += [
@@ -470,70 +205,21 @@ class RealKafkaCluster:
         return found
 
     def _write_config(self) -> Path:
-        listeners = self._listeners()
-        settings = {
-            "process.roles": "broker,controller",
-            "node.id": str(self.broker_id),
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
-            "listeners": ",".join(
-                [
-                    *(f"{name}://127.0.0.1:{port}" for name, port, _, _ in listeners),
-                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
-                ]
-            ),
-            "advertised.listeners": ",".join(f"{name}://{a}" for name, _, a, _ in listeners),
-            "listener.security.protocol.map": ",".join(
-                ["CONTROLLER:PLAINTEXT", *(f"{name}:{protocol}" for name, _, _, protocol in listeners)]
-            ),
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "log.dirs": str(self.workdir / "data"),
-            "num.partitions": "1",
-            "auto.create.topics.enable": "false",  # txstore never creates topics: tests create theirs
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "5",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "5",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "group.initial.rebalance.delay.ms": "0",
-            # After a kill, the restarted controller unfences the broker only once the old
-            # registration's session has expired: 4 s instead of 9 s makes such a restart take
-            # about 8 s rather than 13-17 s here (heartbeats every 0.5 s keep a live one in).
-            "broker.heartbeat.interval.ms": "500",
-            "broker.session.timeout.ms": "4000",
-            "num.network.threads": "2",
-            "num.io.threads": "4",
-            **self._secure_settings(),
-            **self._extra,
-        }
-        path = self.workdir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        (self.workdir / "log4j2.properties").write_text(_LOG4J2)
-        return path
-
-    def _java_command(self, main: str, *args: str) -> list[str]:
-        return [
-            _java(),
-            *JVM_OPTIONS,
-            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
-            "-cp",
-            f"{self.jars}/*",
-            main,
-            *args,
-        ]
+        secure = broker_settings(self._keystore) if self._keystore is not None else {}
+        return write_config(
+            self.workdir, self.broker_id, self.controller_port, self._listeners(), {**secure, **self._extra}
+        )
 
     def _format_and_start(self) -> None:
         """Format a fresh log directory and start on free ports; new ports once if they were taken."""
         for attempt in (1, 2):
-            self.port, self.controller_port = _free_port(), _free_port()
+            self.port, self.controller_port = free_port(), free_port()
             while self.controller_port == self.port:
-                self.controller_port = _free_port()
+                self.controller_port = free_port()
             if self.scram_users:
-                self.secure_port = _free_port()
+                self.secure_port = free_port()
                 while self.secure_port in (self.port, self.controller_port):
-                    self.secure_port = _free_port()
+                    self.secure_port = free_port()
             config = self._write_config()
             shutil.rmtree(self.workdir / "data", ignore_errors=True)
             self._format(config)
@@ -541,67 +227,22 @@ class RealKafkaCluster:
                 self._start()
                 return
             except KafkaStartFailed:
-                in_use = "Address already in use" in _tail(self.log_path, 200)
+                in_use = "Address already in use" in tail(self.log_path, 200)
                 if attempt == 2 or not in_use:
                     raise
 
     def _format(self, config: Path) -> None:
-        scram = [
-            arg
-            for name, password in sorted(self.scram_users.items())
-            for arg in ("--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]")
-        ]
-        command = self._java_command(
-            "kafka.tools.StorageTool",
-            "format",
-            "--standalone",
-            "-t",
-            _cluster_id(),
-            "-c",
-            str(config),
-            *scram,
-        )
-        with open(self.log_path, "ab") as log:
-            try:
-                done = subprocess.run(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=self.start_timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise KafkaStartFailed(
-                    f"formatting Kafka's log directory took over {self.start_timeout:g} s; "
-                    f"log {self.log_path}:\n{_tail(self.log_path)}"
-                ) from None
-        if done.returncode != 0:
-            raise KafkaStartFailed(
-                f"formatting Kafka's log directory failed (exit {done.returncode}); "
-                f"log {self.log_path}:\n{_tail(self.log_path)}"
-            )
+        more = scram_format_args(self.scram_users)
+        format_log_directory(self.jars, self.workdir, config, self.log_path, self.start_timeout, more)
 
     def _start(self) -> None:
         """Run the broker on the ports and log directory set up, and wait until it answers metadata."""
         if self._process is not None:
             raise RuntimeError(f"Kafka is already running (pid {self._process.pid})")
         self._release_ports()
-        command = self._java_command("kafka.Kafka", str(self.workdir / "server.properties"))
-        setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-        if setpriv is not None:  # the broker dies with the thread that started it
-            command = [setpriv, "--pdeathsig", "KILL", *command]
         started = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- starting Kafka {self.version} on {self.bootstrap_servers}\n".encode())
-            log.flush()
-            self._process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C in the terminal is the test run's to handle
-            )
+        banner = f"--- starting Kafka {self.version} on {self.bootstrap_servers}"
+        self._process = start_process(self.jars, self.workdir, self.log_path, banner)
         try:
             self._wait_until_ready(started + self.start_timeout)
         except BaseException:
@@ -613,7 +254,7 @@ class RealKafkaCluster:
     def _failed(self, why: str) -> KafkaStartFailed:
         return KafkaStartFailed(
             f"Kafka {self.version} on {self.bootstrap_servers} {why}; log {self.log_path}:\n"
-            f"{_tail(self.log_path)}"
+            f"{tail(self.log_path)}"
         )
 
     def _wait_until_ready(self, deadline: float) -> None:
@@ -845,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             while not stop.wait(1.0):
                 if not cluster.running():
                     print(
-                        f"real_kafka: Kafka exited; its log ends:\n{_tail(cluster.log_path)}", file=sys.stderr
+                        f"real_kafka: Kafka exited; its log ends:\n{tail(cluster.log_path)}", file=sys.stderr
                     )
                     return 1
     except KafkaStartFailed as e:
