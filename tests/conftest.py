@@ -10,7 +10,6 @@ copy of it.
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from pytest_postgresql import factories
 
 from tests import pg_server
 from tests.kafka_transactions import transactional
+from tests.topics import topic_name
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
 from txstore.postgres.migrate import upgrade
@@ -171,15 +171,12 @@ def send_one_by_one(bootstrap: str, topic: str, messages: Iterable[Outgoing]) ->
     assert not failed, failed
 
 
-_topic_numbers = itertools.count()
-
-
 @pytest.fixture
 def new_topic(kafka: MockKafkaCluster) -> Callable[..., str]:
     """Create a uniquely named topic: ``new_topic(partitions=4)``."""
 
     def create(partitions: int = 4, prefix: str = "t") -> str:
-        name = f"{prefix}-{os.getpid()}-{next(_topic_numbers)}"
+        name = topic_name(prefix)
         kafka.create_topic(name, partitions)
         return name
 

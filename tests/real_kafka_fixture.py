@@ -12,12 +12,12 @@ and why those: docs/development.md, "On both brokers".
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.topics import topic_name
 from txstore.kafka.reader import close_idle_consumers
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import KafkaJarsUnavailable, RealKafkaCluster, kafka_jars
@@ -65,15 +65,12 @@ def real_kafka() -> Iterator[RealKafkaCluster]:
         close_idle_consumers()  # readers this process kept for reuse, before their broker goes
 
 
-_topic_numbers = itertools.count()
-
-
 @pytest.fixture
 def new_real_topic(real_kafka: RealKafkaCluster) -> Callable[..., str]:
     """Create a uniquely named topic on the real broker: ``new_real_topic(partitions=4)``."""
 
     def create(partitions: int = 4, prefix: str = "real", config: dict[str, str] | None = None) -> str:
-        name = f"{prefix}-{os.getpid()}-{next(_topic_numbers)}"
+        name = topic_name(prefix)
         real_kafka.create_topic(name, partitions, config=config)
         return name
 
@@ -96,7 +93,7 @@ def new_any_topic(any_kafka: AnyKafka) -> Callable[..., str]:
     """
 
     def create(partitions: int = 4, prefix: str = "any", config: dict[str, str] | None = None) -> str:
-        name = f"{prefix}-{os.getpid()}-{next(_topic_numbers)}"
+        name = topic_name(prefix)
         if isinstance(any_kafka, RealKafkaCluster):
             any_kafka.create_topic(name, partitions, config=config)
         else:
