@@ -120,3 +120,27 @@ def test_every_part_of_the_known_jobs_lookups_reads_an_index_not_the_table(db: p
         for query, params in ((status._KNOWN_JOBS, None), (status._JOB_KNOWN, {"job": "j"})):
             plan = "\n".join(row[0] for row in db.execute(f"EXPLAIN {query}", params))
             assert "Seq Scan" not in plan, plan
+
+
+def test_the_outbox_lines_of_status_count_pending_and_set_aside_rows_from_indexes_not_the_table(
+    db: psycopg.Connection,
+) -> None:
+    """``txstore status`` counts each job's unsent results, waiting and set aside. Every result
+    sent in the last 7 days stays in ``txn_outbox``: read whole on every status, as the lookup
+    was (``sent_at IS NULL`` alone matches neither partial index), it grows with them."""
+    rows = [("a", False, False)] * 3 + [("a", False, True), ("b", False, True), ("c", True, False)]
+    for i, (job, sent, set_aside) in enumerate(rows):
+        db.execute(
+            "INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, sent_at, failed_at) "
+            "VALUES (%s, 'out', %s, '{}', '{}', CASE WHEN %s THEN now() END, CASE WHEN %s THEN now() END)",
+            (job, f"{job}/{i}", sent, set_aside),
+        )
+    db.commit()
+    assert status.outbox_status(db) == [status.OutboxStatus("a", 3, 1), status.OutboxStatus("b", 0, 1)]
+    assert status.outbox_status(db, "a") == [status.OutboxStatus("a", 3, 1)]
+    assert status.outbox_status(db, "c") == []
+    with db.transaction():
+        db.execute("SET LOCAL enable_seqscan = off")
+        for job in (None, "a"):
+            plan = "\n".join(row[0] for row in db.execute(f"EXPLAIN {status._OUTBOX_STATUS}", {"job": job}))
+            assert "Seq Scan" not in plan, plan
