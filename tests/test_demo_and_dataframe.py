@@ -9,12 +9,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from tests.conftest import REPO
+from tests.conftest import REPO, pg_url
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config
+from txstore.postgres.db import redact
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS
 from txstore.spark.tasks import TASKS_PER_CORE, default_parallelism, read_ranges
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -61,6 +63,33 @@ def test_a_demo_whose_database_cannot_be_reached_is_one_line_not_a_traceback() -
     assert errors[0].endswith(
         "; check TXSTORE_DATABASE_URL and that the server is up, or unset it for a throwaway PostgreSQL"
     ), errors
+
+
+def test_a_demo_whose_database_role_cannot_create_the_tables_is_one_line_not_a_traceback(
+    empty_database_url: str,
+) -> None:
+    """A reachable database where the role may not create tables (PostgreSQL 15+ gives PUBLIC
+    no CREATE on schema public): the migration's own error, in one line naming the database and
+    what to do, exit 1 (was: Alembic's traceback)."""
+    role, password = f"demo_reader_{os.getpid()}", f"pw-{os.getpid()}"
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        try:
+            admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            url = pg_url(admin.info.dbname, role, password)
+            result = demo("--messages", "10", database_url=url)
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert password not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("txstore: error: ")]
+    assert errors == [
+        f"txstore: error: cannot create the txstore tables in {redact(url)}: permission denied for "
+        "schema public; set TXSTORE_DATABASE_URL to a database where this role may create tables, "
+        "or unset it for a throwaway PostgreSQL"
+    ], result.stderr[-3000:]
 
 
 def test_the_demo_counts_exactly_on_apache_kafka_with_kafka_real(real_kafka: RealKafkaCluster) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from txstore.core.errors import ConfigError, DatabaseUnavailable
+from txstore.core.errors import ConfigError, DatabaseUnavailable, first_line
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import CLIENT_LOGGER
@@ -101,6 +101,23 @@ def demo_broker(kind: str) -> Iterator[Any]:
         yield cluster
 
 
+def create_tables(database_url: str) -> None:
+    """The txstore tables, by Alembic's migrations to head; a database that refuses them (a role
+    that may not create tables) stops the demo in one line with PostgreSQL's reason, not a
+    traceback."""
+    import sqlalchemy.exc
+
+    try:
+        upgrade(database_url)
+    except sqlalchemy.exc.DBAPIError as e:
+        reason = first_line(e.orig if e.orig is not None else e)
+        raise ConfigError(
+            f"cannot create the txstore tables in {redact(database_url)}: {reason}; set "
+            f"{DATABASE_URL_ENV} to a database where this role may create tables, or unset it for a "
+            "throwaway PostgreSQL"
+        ) from None
+
+
 def run_demo(messages: int = 20_000, partitions: int = 4, kafka_kind: str = "mock") -> int:
     topic = "demo-events"
     job = f"demo-{int(time.time())}"
@@ -108,7 +125,7 @@ def run_demo(messages: int = 20_000, partitions: int = 4, kafka_kind: str = "moc
         kafka.create_topic(topic, partitions)
         name = "Apache Kafka" if kafka_kind == "real" else "mock Kafka"
         print(f"{name} at {kafka.bootstrap_servers}, PostgreSQL at {redact(database_url)}")
-        upgrade(database_url)
+        create_tables(database_url)
         spark = spark_session("txstore demo")
         settings = JobSettings(job, (topic,), kafka.bootstrap_servers, database_url)
         produced = 0
