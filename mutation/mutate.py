@@ -29,6 +29,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -241,6 +242,7 @@ class Worker:
             "args": [*PYTEST_ARGS, *(["-k", module.keyword] if module.keyword else []), *module.tests],
             "timeout": timeout,
             "log": str(self.logs / f"{job_id}.log"),
+            "run": mutant_run_id(job_id),
         }
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps(job) + "\n")
@@ -332,6 +334,19 @@ def make_databases(copy: Path, template: str, workers: int) -> list[str | None]:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
             names.append(name)
     return names
+
+
+def mutant_run_id(job_id: int) -> str:
+    """A mutant's test run's id: its databases' suffix (``TXSTORE_TEST_RUN``, tests/conftest.py).
+    The job number and a random part: a pid is no name of its own here (pids wrap round, and
+    test runs in other pid namespaces may share the server)."""
+    return f"m{job_id}x{secrets.token_hex(4)}"
+
+
+def run_databases(run: str) -> list[str]:
+    """LIKE patterns of the databases a test run of id ``run`` makes: ``txstore_<kind>_<run>``,
+    and those named after it (``_tmpl``, a module's shared database)."""
+    return [f"txstore\\_%\\_{run}", f"txstore\\_%\\_{run}\\_%"]
 
 
 def drop_databases(names_like: Sequence[str]) -> None:
@@ -463,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 answer = worker.run(job_id, module, source, timeout)
                 result = Result(module, mutant, answer["code"], answer["seconds"], answer["tail"])
                 if result.code is None:
-                    drop_databases([f"txstore\\_%\\_{answer['pid']}%"])
+                    drop_databases(run_databases(answer["run"]))
                 with lock:
                     results.append(result)
                     if mutant is None:
@@ -574,6 +589,20 @@ def report(
             print(diff(r.module, sources[r.module.name], r.mutant), end="")
             if r.outcome == "error":
                 print(r.tail[-1500:])
+    # A mutant listed as equivalent that a test killed: the listing is out of date, or the kill
+    # is the run's own failure (a database gone, a server down), which would also have counted
+    # every other mutant of the module killed. Either way the numbers are not to be trusted yet.
+    contradicted = [r for r in results if r.mutant and r.mutant.ident in known and r.outcome == "killed"]
+    if contradicted:
+        print(
+            f"\n{len(contradicted)} mutants {EQUIVALENT.relative_to(REPO)} lists as surviving were "
+            "killed: a test now catches them (take them off the list), or the run failed around "
+            "them (the log's end below):"
+        )
+        for r in contradicted:
+            assert r.mutant is not None
+            print(f"  {r.mutant.ident} {r.module.path}:{r.mutant.line} {r.mutant.scope}: {r.mutant.operator}")
+        print(contradicted[0].tail[-1500:])
     present = {x.ident for v in mutants.values() for x in v}
     stale = sorted(set(known) - present)
     if stale and not args.module and not args.only:
@@ -598,7 +627,7 @@ def report(
                 indent=2,
             )
         )
-    return 1 if unexplained or overall < args.target else 0
+    return 1 if unexplained or contradicted or overall < args.target else 0
 
 
 if __name__ == "__main__":

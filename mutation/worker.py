@@ -79,11 +79,13 @@ def _where_txstore_is_imported(copy: Path) -> str:
     return found.decode()
 
 
-def _run_child(copy: Path, args: list[str], log: Path) -> None:
-    """In the forked child: run pytest in the copy, output to ``log``; never returns."""
+def _run_child(copy: Path, args: list[str], log: Path, run: str) -> None:
+    """In the forked child: run pytest in the copy, output to ``log``, its databases named by
+    ``run`` (``TXSTORE_TEST_RUN``); never returns."""
     code = 99
     try:
         os.setpgid(0, 0)
+        os.environ["TXSTORE_TEST_RUN"] = run
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -134,7 +136,7 @@ def run_job(copy: Path, job: dict[str, Any]) -> dict[str, Any]:
     try:
         pid = os.fork()
         if pid == 0:
-            _run_child(copy, job["args"], log)
+            _run_child(copy, job["args"], log, job["run"])
         _running[:] = [pid]
         deadline = started + job["timeout"]
         code: int | None = None
@@ -158,7 +160,14 @@ def run_job(copy: Path, job: dict[str, Any]) -> dict[str, Any]:
         tail = log.read_text(errors="replace")[-3000:]
     except FileNotFoundError:
         tail = ""
-    return {"id": job["id"], "code": code, "seconds": time.monotonic() - started, "pid": pid, "tail": tail}
+    return {
+        "id": job["id"],
+        "code": code,
+        "seconds": time.monotonic() - started,
+        "pid": pid,
+        "run": job["run"],
+        "tail": tail,
+    }
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ copy of it.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -70,8 +71,10 @@ def _migrate_template(dbname: str, **_connection: Any) -> None:
     upgrade(pg_url(dbname))
 
 
-# Database names carry the pid, so two test runs against one server never collide.
-_RUN = os.getpid()
+# Database names carry the run's id, so two test runs against one server never collide: the pid
+# and a random part (a pid is not unique across pid namespaces sharing the server), or the
+# mutation runner's id for the run (TXSTORE_TEST_RUN), which it drops after a timeout.
+_RUN = os.environ.get("TXSTORE_TEST_RUN") or f"{os.getpid()}_{secrets.token_hex(3)}"
 
 postgresql_migrated_proc = factories.postgresql_noproc(
     dbname=f"txstore_test_{_RUN}", load=[_migrate_template]
