@@ -3,9 +3,10 @@
 A killed test run leaves its databases behind, and the runner drops them. It used to drop
 every database LIKE ``txstore_%_PID%``, PID the killed child's: with pids wrapping round on a
 busy machine, a child with pid 1187 took ``txstore_mutate_11878_w0``, the runner's own worker
-database, and every later mutant of every database-backed module then "failed" on a database
-that did not exist: 282 mutants counted killed that no test had killed (a full run on
-2026-11-25; the same modules alone: 263 killed, 19 equivalent). Now each test run gets a run id
+database, and every later mutant of the database-backed modules then "failed" on a database
+that did not exist: all 282 of three modules counted killed by that, not by a test, 19 listed as
+surviving among them (a full run on 2026-11-25; the same modules alone: 263 killed, 19
+equivalent). Now each test run gets a run id
 of its own (``TXSTORE_TEST_RUN``, its databases' suffix), and only those are dropped.
 """
 
