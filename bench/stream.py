@@ -12,7 +12,10 @@ into ``txn_data`` with a new job per run, in an order that rotates from round to
 - ``stream-topic-column``: the same with ``.schema("topic string")``;
 - ``stream-counted-by-source``: the same with ``.option("txstore.countMessages",
   "true")``: the source's tasks count their messages and hand Spark one row per range
-  (:mod:`txstore.spark.stream_source`).
+  (:mod:`txstore.spark.stream_source`), a micro-batch's ranges read in one Spark task per core
+  (``txstore.tasks``' default, the parallelism ``register`` measured);
+- ``stream-counted-task-per-range``: the same with ``txstore.tasks`` set to the number of
+  partitions, a Spark task per range (how the source planned before ``txstore.tasks``).
 
 Steady state: a round of every path first, not measured (Python workers, consumers, Spark's
 code warm). A stream's time is its data micro-batch's ``triggerExecution`` (planning the
@@ -50,7 +53,8 @@ PER_RANGE = "per-range"
 STREAM_ALL = "stream-all-columns"
 STREAM_TOPIC = "stream-topic-column"
 STREAM_COUNTED = "stream-counted-by-source"
-PATHS = (PER_RANGE, STREAM_ALL, STREAM_TOPIC, STREAM_COUNTED)
+STREAM_COUNTED_PER_RANGE = "stream-counted-task-per-range"
+PATHS = (PER_RANGE, STREAM_ALL, STREAM_TOPIC, STREAM_COUNTED, STREAM_COUNTED_PER_RANGE)
 
 
 class StreamRuns:
@@ -92,8 +96,10 @@ class StreamRuns:
         reader = self.spark.readStream.format("txstore")
         if path == STREAM_TOPIC:
             reader = reader.schema("topic string")
-        if path == STREAM_COUNTED:
+        if path in (STREAM_COUNTED, STREAM_COUNTED_PER_RANGE):
             reader = reader.option("txstore.countMessages", "true")
+        if path == STREAM_COUNTED_PER_RANGE:
+            reader = reader.option("txstore.tasks", str(self.workload.partitions))
         frame = (
             reader.option("kafka.bootstrap.servers", self.bootstrap)
             .option("subscribe", self.workload.topic)
