@@ -13,7 +13,8 @@ micro-batch:
   exactly once: a column that would round, a collation or time zone that would merge two keys
   (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
   rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
-- ``write(iterator)`` (each task): counts its rows per ``topic`` (``txn_data`` topic totals, as
+- ``write(iterator)`` (each task; the first in a Python worker freezes its heap,
+  :mod:`~txstore.spark.worker_heap`): counts its rows per ``topic`` (``txn_data`` topic totals, as
   ``count_topic``), or adds their ``txstore_messages`` when the source counted them
   (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
   columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
@@ -67,6 +68,7 @@ from txstore.postgres.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan
+from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
 
@@ -304,6 +306,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
         self.counted = options.table is None and COUNTED in schema.names
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        freeze_once()  # PySpark's collection after each task then skips the imports' objects
         if self.options.table is not None:
             return _table_rows(self.options.table, iterator)
         return TopicCounts(_count_topics(iterator, self.counted))

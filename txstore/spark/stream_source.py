@@ -53,7 +53,8 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   workers, so a task per core, not per range, is what a micro-batch of many partitions pays.
   ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
   per task when the source was registered otherwise);
-- ``read(partition)``: the task's ranges in their planned order (a retried task gets the same
+- ``read(partition)`` (the first in a Python worker freezes its heap,
+  :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried task gets the same
   pickled partition, so it reads the same messages), through the batch source's Arrow reader;
   with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
   row per range, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`): as the
@@ -104,6 +105,7 @@ from txstore.spark.datasource import (
     partition_ranges,
 )
 from txstore.spark.range_task import task_attempt
+from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
 
@@ -434,6 +436,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         """Spark's commit of a batch it finished; the offsets are in PostgreSQL already."""
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        freeze_once()  # PySpark's collection after each task then skips the imports' objects
         ranges = partition_ranges(partition)
         if self.batch_reader is None:
             return self._count(ranges)
