@@ -25,6 +25,7 @@ from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.datasource import RangesPartition
 from txstore.spark.source_format import registered_source
+from txstore.spark.stream_sink import _count_topics
 from txstore.spark.stream_source import micro_batch_tasks, parse_stream_options, stream_reader
 from txstore.spark.tasks import default_parallelism, is_connect
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -101,6 +102,23 @@ def test_the_tasks_option_is_a_whole_number_of_at_least_one_else_the_registered_
             f"option txstore.tasks must be a whole number of at least 1 (the most Spark tasks a "
             f"micro-batch's ranges are read in), got {bad!r}"
         )
+
+
+def test_the_sink_adds_a_task_s_counted_rows_per_topic_or_counts_its_message_rows() -> None:
+    import pyarrow as pa
+
+    counted = [
+        pa.RecordBatch.from_pydict(
+            {"topic": ["a", "b", "a"], "partition": [0, 0, 1], "txstore_messages": [3, 4, 5]}
+        ),
+        pa.RecordBatch.from_pydict({"topic": ["b"], "partition": [1], "txstore_messages": [0]}),
+    ]
+    assert _count_topics(iter(counted), counted=True) == {"a": 8, "b": 4}
+    rows = [
+        pa.RecordBatch.from_pydict({"topic": ["a", "b", "a"]}),
+        pa.RecordBatch.from_pydict({"topic": ["b"]}),
+    ]
+    assert _count_topics(iter(rows)) == {"a": 2, "b": 2}
 
 
 def test_register_hands_its_parallelism_to_the_source_as_the_default() -> None:
