@@ -8,8 +8,9 @@ A Python streaming data sink (``DataSourceStreamWriter``, PySpark 4.0 or newer;
 ``jobs/aggregate.py --table/--key/--merge``, :mod:`txstore.postgres.results_table`). Steps of a
 micro-batch:
 
-- creating the writer (the driver, when Spark plans the first micro-batch's write, before any
-  task reads): with a results table, :func:`check_table_query` refuses what could not be merged
+- creating the writer (a Python planner worker of the driver, when Spark plans each
+  micro-batch's write before any task reads, and again for its commit; the first in a worker
+  freezes its heap, :mod:`~txstore.spark.worker_heap`): with a results table, :func:`check_table_query` refuses what could not be merged
   exactly once: a column that would round, a collation or time zone that would merge two keys
   (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
   rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
@@ -288,6 +289,9 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
     that with the batch's ranges."""
 
     def __init__(self, options: SinkOptions, schema: Any, overwrite: bool = False) -> None:
+        # Made in a PySpark planner worker twice a micro-batch (the writer factory, the commit):
+        # freezing its heap keeps the daemon's collection after each call off the tasks' cores.
+        freeze_once()
         self.options = options
         self.types: dict[str, str] = {}
         if options.table is not None:

@@ -10,11 +10,16 @@ timed run of the stream: 157 ms median between a worker's task ending and its ne
 starting, 0 ms with the heap frozen; the counted micro-batch 20% faster).
 
 :func:`freeze_once` moves what is alive into the collector's permanent generation
-(``gc.freeze``), once per process, at the start of the first stream task the process runs:
-then each later collection scans only what the later tasks left. Objects freed by reference
-counting still are; what the freeze cannot reclaim is reference cycles that were already
-garbage at that moment, once (bounded). Only the stream source and sink call it: their tasks
-take two workers each, so a micro-batch pays the collections twice.
+(``gc.freeze``), once per process, at the start of the first stream task the process runs, or
+when the process first creates the stream sink's writer: then each later collection scans
+only what the later tasks left. Objects freed by reference counting still are; what the freeze
+cannot reclaim is reference cycles that were already garbage at that moment, once (bounded).
+Only the stream source and sink call it: their tasks take two workers each, and Spark makes
+the sink's writer in a planner worker (also a daemon's, also collected after each call) twice
+a micro-batch, for its writer factory and for its commit, so the collections ran on the
+cores the tasks and the commit needed (alternating runs of the counted stream, load 2-3: a
+micro-batch 465 ms median with those planner workers' heaps unfrozen, 385 ms frozen, faster
+in 7 of 8 pairs).
 """
 
 from __future__ import annotations
