@@ -54,9 +54,9 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
   per task when the source was registered otherwise);
 - ``read(partition)`` (the first in a Python worker freezes its heap,
-  :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried task gets the same
-  pickled partition, so it reads the same messages), through the batch source's Arrow reader;
-  with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
+  :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried
+  task gets the same pickled partition, so it reads the same messages), through the batch
+  source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
   row per range, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`): as the
   per-range count path, no row per message crosses into Spark, and the sink adds the counts
   (Spark's ``numInputRows`` then counts ranges, not messages).
@@ -147,9 +147,8 @@ class StreamOptions:
     database_url: str
     max_offsets_per_trigger: int | None = None
     count_messages: bool = False  # txstore.countMessages: one row per range, its message count
-    tasks: int | None = (
-        None  # txstore.tasks: the most Spark tasks a micro-batch is read in; None: a range each
-    )
+    # txstore.tasks: the most Spark tasks a micro-batch is read in; None: a task per range
+    tasks: int | None = None
     failpoints: str = ""  # tests: txstore.failpoints (txstore.core.failpoints), in the reading tasks
 
 
