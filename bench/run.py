@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import platform
+import secrets
 import statistics
 import sys
 import time
@@ -144,10 +145,11 @@ def bench_database(url: str | None) -> Iterator[str]:
     user = os.environ.get("PGUSER", "postgres")
     password = os.environ.get("PGPASSWORD", "")
     auth = f"{user}:{password}" if password else user
-    name = f"txstore_bench_{os.getpid()}"
+    # The pid alone is not unique: runs in other pid namespaces (CI, other work trees) share the
+    # machine's PostgreSQL, and a run whose pid matched dropped another run's database mid-run.
+    name = f"txstore_bench_{os.getpid()}_{secrets.token_hex(4)}"
     admin = f"postgresql://{auth}@{host}:{port}/postgres"
     with connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         url = f"postgresql://{auth}@{host}:{port}/{name}"

@@ -12,10 +12,14 @@ into ``txn_data`` with a new job per run, in an order that rotates from round to
 - ``stream-topic-column``: the same with ``.schema("topic string")``;
 - ``stream-counted-by-source``: the same with ``.option("txstore.countMessages",
   "true")``: the source's tasks count their messages and hand Spark one row per range
-  (:mod:`txstore.spark.stream_source`).
+  (:mod:`txstore.spark.stream_source`), a micro-batch's ranges read in one Spark task per core
+  (``txstore.tasks``' default, the parallelism ``register`` measured);
+- ``stream-counted-task-per-range``: the same with ``txstore.tasks`` set to the number of
+  partitions, a Spark task per range (how the source planned before ``txstore.tasks``).
 
 Steady state: a round of every path first, not measured (Python workers, consumers, Spark's
-code warm). A stream's time is its data micro-batch's ``triggerExecution`` (planning the
+code warm); a stream's job has its ``txn_offsets`` rows before the clock, as per-range's
+``plan()`` creates its own before its clock and a running stream has after its first micro-batch. A stream's time is its data micro-batch's ``triggerExecution`` (planning the
 micro-batch, reading, the sink's commit: Spark's own ``durationMs``); the query's start-up
 (the first ``latestOffset``, the checkpoint's files) is reported beside it as ``wall``. Each
 stored total is checked against the messages produced. Ratios are per round, their median
@@ -39,6 +43,7 @@ from typing import Any
 from bench.broker import BrokerProcess
 from bench.run import bench_database, machine, say, warm_up
 from bench.workload import Workload, produce
+from txstore.core.starting import StartDecision
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.postgres import store
@@ -50,7 +55,8 @@ PER_RANGE = "per-range"
 STREAM_ALL = "stream-all-columns"
 STREAM_TOPIC = "stream-topic-column"
 STREAM_COUNTED = "stream-counted-by-source"
-PATHS = (PER_RANGE, STREAM_ALL, STREAM_TOPIC, STREAM_COUNTED)
+STREAM_COUNTED_PER_RANGE = "stream-counted-task-per-range"
+PATHS = (PER_RANGE, STREAM_ALL, STREAM_TOPIC, STREAM_COUNTED, STREAM_COUNTED_PER_RANGE)
 
 
 class StreamRuns:
@@ -89,11 +95,18 @@ class StreamRuns:
         return {"batch_ms": ms, "wall_ms": ms}
 
     def _stream(self, name: str, path: str) -> dict[str, Any]:
+        with connect(self.database_url) as conn:  # the job's offset rows, at the topic's start
+            starts = [
+                StartDecision(self.workload.topic, p, 0, "bench") for p in range(self.workload.partitions)
+            ]
+            store.create_start_rows(conn, name, starts)
         reader = self.spark.readStream.format("txstore")
         if path == STREAM_TOPIC:
             reader = reader.schema("topic string")
-        if path == STREAM_COUNTED:
+        if path in (STREAM_COUNTED, STREAM_COUNTED_PER_RANGE):
             reader = reader.option("txstore.countMessages", "true")
+        if path == STREAM_COUNTED_PER_RANGE:
+            reader = reader.option("txstore.tasks", str(self.workload.partitions))
         frame = (
             reader.option("kafka.bootstrap.servers", self.bootstrap)
             .option("subscribe", self.workload.topic)

@@ -34,13 +34,19 @@ def test_every_part_of_the_syntax_parses() -> None:
     )
     assert FailPoints.parse("") == FailPoints() == FailPoints.parse(" , ")
     assert {"after-plan", "between-batches"} == DRIVER_NAMES
-    assert len(TASK_NAMES) == 4
+    assert {
+        "before-upsert",
+        "between-upsert-and-offsets",
+        "before-commit",
+        "after-commit",
+        "after-first-range",  # a stream source's task, once it read its first range
+    } == TASK_NAMES
 
 
 @pytest.mark.parametrize(
     ("text", "hint"),
     [
-        ("nowhere", "names: after-commit, after-plan, before-commit"),
+        ("nowhere", "names: after-commit, after-first-range, after-plan, before-commit"),
         ("after-commit:explode", "actions: raise, exit, sleep=SECONDS"),
         ("after-commit:sleep=soon", "expected a number from 0 to 3600, got 'soon'"),
         ("after-commit@second", "expected a number from 0 to 1, got 'second'"),

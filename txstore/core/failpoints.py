@@ -20,7 +20,8 @@ on any cluster. When ``TXSTORE_FAILPOINTS`` is unset the set is empty and each
 check returns at once.
 
 Task names (in the sink): ``before-upsert``, ``between-upsert-and-offsets``,
-``before-commit``, ``after-commit``. Driver names (in the job loop):
+``before-commit``, ``after-commit``; in a task of ``readStream.format("txstore")`` (its
+``txstore.failpoints`` option): ``after-first-range``, once the task has read its first range. Driver names (in the job loop):
 ``after-plan`` (between planning a batch and running it) and
 ``between-batches`` (after a batch, before waiting for the next).
 """
@@ -35,7 +36,9 @@ from dataclasses import dataclass
 
 FAILPOINTS_ENV = "TXSTORE_FAILPOINTS"
 UNTIL_ENV = "TXSTORE_FAILPOINTS_UNTIL"
-TASK_NAMES = frozenset({"before-upsert", "between-upsert-and-offsets", "before-commit", "after-commit"})
+TASK_NAMES = frozenset(
+    {"before-upsert", "between-upsert-and-offsets", "before-commit", "after-commit", "after-first-range"}
+)
 DRIVER_NAMES = frozenset({"after-plan", "between-batches"})
 NAMES = TASK_NAMES | DRIVER_NAMES
 EXIT_STATUS = 137

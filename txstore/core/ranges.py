@@ -248,6 +248,33 @@ def limit_ranges(ranges: Sequence[OffsetRange], max_offsets: int | None) -> list
     return limited
 
 
+RANGE_COST_MESSAGES = 1_000
+"""A range's fixed cost (assign, first fetch, commit) in messages, for balancing tasks."""
+
+
+def group_ranges(ranges: Sequence[OffsetRange], groups: int) -> list[list[OffsetRange]]:
+    """The ranges, in order, cut into at most ``groups`` runs of neighbours of about equal work.
+
+    A range's work is its size plus :data:`RANGE_COST_MESSAGES`. Walking the ranges in order,
+    a new run starts when the work done so far, counting half of the next range, passes the
+    runs so far times an equal share; so every range is in exactly one run, the runs keep the
+    planned order, and a range much larger than the share gets a run of its own. Pure, so the
+    same ranges always give the same runs (a retried task re-reads exactly its run).
+    """
+    if groups < 1:
+        raise ValueError(f"groups must be at least 1, got {groups}")
+    weights = [r.size + RANGE_COST_MESSAGES for r in ranges]
+    share = sum(weights) / groups
+    runs: list[list[OffsetRange]] = [[]]
+    done = 0
+    for r, weight in zip(ranges, weights, strict=True):
+        if runs[-1] and len(runs) < groups and done + weight / 2 > share * len(runs):
+            runs.append([])
+        runs[-1].append(r)
+        done += weight
+    return runs if ranges else []
+
+
 def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
     """Cut ranges into at least ``min_partitions`` pieces, each range in proportion to its size.
 

@@ -9,8 +9,9 @@ Arrow batches (:mod:`~txstore.spark.arrow`), the Kafka-source columns
 reading tasks (:mod:`~txstore.spark.pushdown`), finding the message a results table refuses
 (:mod:`~txstore.spark.bad_rows`), the ``txstore`` data source for batch and streaming reads
 and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.datasource`,
-:mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) and shipping txstore to executors
-(:mod:`~txstore.spark.pyfiles`).
+:mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) shipping txstore to executors
+(:mod:`~txstore.spark.pyfiles`), and a reused Python worker's heap frozen once
+(:mod:`~txstore.spark.worker_heap`).
 
 Everything runs on classic Spark and Spark Connect alike (DataFrames and ``mapInArrow``,
 no RDD, no ``sparkContext`` except behind ``is_connect``).

@@ -394,6 +394,25 @@ class RangePartition(InputPartition):  # type: ignore[misc]
         self.range = offset_range
 
 
+class RangesPartition(InputPartition):  # type: ignore[misc]
+    """One Spark task's input: neighbouring offset ranges, read in order, fixed when the read was
+    planned (a streaming micro-batch's run of ranges, :func:`~txstore.core.ranges.group_ranges`)."""
+
+    def __init__(self, ranges: Sequence[OffsetRange]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+
+
+def partition_ranges(partition: InputPartition) -> tuple[OffsetRange, ...]:
+    """The ranges a task reads: a :class:`RangePartition`'s one, a :class:`RangesPartition`'s
+    all; none for Spark's ``InputPartition(None)`` (an empty read)."""
+    if isinstance(partition, RangesPartition):
+        return partition.ranges
+    if isinstance(partition, RangePartition):
+        return (partition.range,)
+    return ()
+
+
 class TxstoreReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: ReadOptions, schema: Any) -> None:
         self.options = options
@@ -407,18 +426,20 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
     def read(self, partition: InputPartition) -> Iterator[Any]:
         from txstore.spark.arrow import arrow_schema, coalesce, record_batches
 
-        if not isinstance(partition, RangePartition):
-            # Nothing to read: Spark turns an empty partitions() into one InputPartition(None).
+        # Nothing to read for Spark's InputPartition(None) (it stands for an empty partitions()).
+        ranges = partition_ranges(partition)
+        if not ranges:
             return
         built = arrow_schema(self.columns)
         expected = _spark_arrow_schema(self.schema)
         # A declared schema may differ from the source's in nullability only: a free cast.
         cast = None if built.equals(expected) else expected
         conf = self.options.kafka_conf
-        # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
-        reader = RangeReader(conf, partition.range, pause_gc=False)
-        for batch in coalesce(record_batches(reader, built, partition.range.key)):
-            yield batch if cast is None else batch.cast(cast)
+        for offset_range in ranges:  # in the planned order
+            # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
+            reader = RangeReader(conf, offset_range, pause_gc=False)
+            for batch in coalesce(record_batches(reader, built, offset_range.key)):
+                yield batch if cast is None else batch.cast(cast)
 
 
 def _spark_arrow_schema(schema: Any) -> Any:

@@ -8,12 +8,14 @@ A Python streaming data sink (``DataSourceStreamWriter``, PySpark 4.0 or newer;
 ``jobs/aggregate.py --table/--key/--merge``, :mod:`txstore.postgres.results_table`). Steps of a
 micro-batch:
 
-- creating the writer (the driver, when Spark plans the first micro-batch's write, before any
-  task reads): with a results table, :func:`check_table_query` refuses what could not be merged
+- creating the writer (a Python planner worker of the driver, when Spark plans each
+  micro-batch's write before any task reads, and again for its commit; the first in a worker
+  freezes its heap, :mod:`~txstore.spark.worker_heap`): with a results table, :func:`check_table_query` refuses what could not be merged
   exactly once: a column that would round, a collation or time zone that would merge two keys
   (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
   rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
-- ``write(iterator)`` (each task): counts its rows per ``topic`` (``txn_data`` topic totals, as
+- ``write(iterator)`` (each task; the first in a Python worker freezes its heap,
+  :mod:`~txstore.spark.worker_heap`): counts its rows per ``topic`` (``txn_data`` topic totals, as
   ``count_topic``), or adds their ``txstore_messages`` when the source counted them
   (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
   columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
@@ -67,6 +69,7 @@ from txstore.postgres.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan
+from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
 
@@ -159,11 +162,11 @@ def _count_topics(iterator: Iterator[Any], counted: bool = False) -> dict[str, i
     for item in iterator:
         if hasattr(item, "num_rows"):  # an Arrow record batch (PySpark 4.1+)
             if counted:
-                import pyarrow as pa
-
-                rows = pa.Table.from_batches([item.select(["topic", COUNTED])])
-                sums = rows.group_by("topic").aggregate([(COUNTED, "sum")]).to_pylist()
-                pairs = [(v["topic"], v[f"{COUNTED}_sum"]) for v in sums]
+                # A row per range, not per message: summed in Python, without pyarrow's group_by
+                # (whose first use in a worker costs more than a micro-batch's rows).
+                topics = item.column(item.schema.get_field_index("topic")).to_pylist()
+                numbers = item.column(item.schema.get_field_index(COUNTED)).to_pylist()
+                pairs = list(zip(topics, numbers, strict=True))
             else:
                 column = item.column(item.schema.get_field_index("topic"))
                 pairs = [(v["values"], v["counts"]) for v in column.value_counts().to_pylist()]
@@ -286,6 +289,9 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
     that with the batch's ranges."""
 
     def __init__(self, options: SinkOptions, schema: Any, overwrite: bool = False) -> None:
+        # Made in a PySpark planner worker twice a micro-batch (the writer factory, the commit):
+        # freezing its heap keeps the daemon's collection after each call off the tasks' cores.
+        freeze_once()
         self.options = options
         self.types: dict[str, str] = {}
         if options.table is not None:
@@ -304,6 +310,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
         self.counted = options.table is None and COUNTED in schema.names
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        freeze_once()  # PySpark's collection after each task then skips the imports' objects
         if self.options.table is not None:
             return _table_rows(self.options.table, iterator)
         return TopicCounts(_count_topics(iterator, self.counted))

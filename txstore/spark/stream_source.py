@@ -25,7 +25,8 @@ hands the ranges it planned to the sink through ``txn_stream_plans``
 batch's results in one transaction.
 
 Source options: those of the batch source (:mod:`txstore.spark.datasource`) except
-``endingOffsets``, plus ``maxOffsetsPerTrigger``; ``txstore.job`` is
+``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``,
+``txstore.countMessages`` and ``txstore.tasks``; ``txstore.job`` is
 required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
 ``txn_offsets``). Steps:
 
@@ -39,19 +40,26 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   lines as ``count_topic`` (:func:`~txstore.core.ranges.plan_ranges`). A partition
   the start does not name (a new one) enters at earliest, with an empty range
   first, so every range of a batch starts at an offset of its start;
-- ``partitions(start, end)``: one :class:`~txstore.spark.datasource.RangePartition`
-  per partition with messages, ``[start, end)``, with the generation and the
-  last counted message to verify from ``txn_offsets``. The start is compared
-  with ``txn_offsets`` first: equal, or the whole batch already committed (a
+- ``partitions(start, end)``: one range per partition with messages, ``[start, end)``, with
+  the generation and the last counted message to verify from ``txn_offsets``. The start is
+  compared with ``txn_offsets`` first: equal, or the whole batch already committed (a
   replay after a crash), or the query stops with :class:`CheckpointMismatch`
   before anything is read. The planned ranges are stored in
   ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
-  where the sink finds them;
-- ``read(partition)``: the batch source's Arrow reader, so retried tasks read
-  the same messages; with ``txstore.countMessages`` (``true``), the task reads its range
-  whole and yields one row, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`):
-  as the per-range count path, no row per message crosses into Spark, and the sink adds the
-  counts (Spark's ``numInputRows`` then counts ranges, not messages).
+  where the sink finds them. They become Spark's input partitions
+  (:class:`~txstore.spark.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
+  each while there are no more ranges than ``txstore.tasks``, else ``txstore.tasks`` runs of
+  neighbouring ranges. Each task of a Python source feeding a Python sink takes two Python
+  workers, so a task per core, not per range, is what a micro-batch of many partitions pays.
+  ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
+  per task when the source was registered otherwise);
+- ``read(partition)`` (the first in a Python worker freezes its heap,
+  :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried
+  task gets the same pickled partition, so it reads the same messages), through the batch
+  source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
+  row per range, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`): as the
+  per-range count path, no row per message crosses into Spark, and the sink adds the counts
+  (Spark's ``numInputRows`` then counts ranges, not messages).
 
 The reader's planning connection holds the job's *stream lock* (exclusive,
 for the query's life) and the shared job lock (so ``txstore reset`` refuses
@@ -71,15 +79,17 @@ import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from txstore.core.errors import ConfigError, TxstoreError
+from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import (
     OffsetRange,
     PartitionWatermarks,
     TopicPartition,
+    group_ranges,
     limit_ranges,
     plan_ranges,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
-from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client import Watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import connect
@@ -88,10 +98,14 @@ from txstore.postgres.migrate import check_schema
 from txstore.postgres.stream_plans import save_plan
 from txstore.spark.datasource import (
     RangePartition,
+    RangesPartition,
     ReadOptions,
     TxstoreReader,
     parse_read_options,
+    partition_ranges,
 )
+from txstore.spark.range_task import task_attempt
+from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
 
@@ -104,6 +118,10 @@ except ImportError:  # older: Spark reads everything available in one batch inst
     pass
 
 COUNT_MESSAGES_OPTION = "txstore.countmessages"
+TASKS_OPTION = "txstore.tasks"
+FAILPOINTS_OPTION = "txstore.failpoints"
+STREAM_ONLY_OPTIONS = ("maxoffsetspertrigger", COUNT_MESSAGES_OPTION, TASKS_OPTION, FAILPOINTS_OPTION)
+"""Options of ``readStream.format("txstore")`` that a batch read does not take (lower case)."""
 COUNT_SCHEMA = "topic string, partition int, txstore_messages bigint"
 """The rows of ``readStream.format("txstore").option("txstore.countMessages", "true")``: one per
 range of a micro-batch, with how many messages its task read."""
@@ -129,11 +147,18 @@ class StreamOptions:
     database_url: str
     max_offsets_per_trigger: int | None = None
     count_messages: bool = False  # txstore.countMessages: one row per range, its message count
+    # txstore.tasks: the most Spark tasks a micro-batch is read in; None: a task per range
+    tasks: int | None = None
+    failpoints: str = ""  # tests: txstore.failpoints (txstore.core.failpoints), in the reading tasks
 
 
-def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str]) -> StreamOptions:
+def parse_stream_options(
+    options: Mapping[str, str], environ: Mapping[str, str], default_tasks: int | None = None
+) -> StreamOptions:
     """The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
-    ``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``; ``txstore.job`` required."""
+    ``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``, ``txstore.countMessages``,
+    ``txstore.tasks`` (else ``default_tasks``, what :func:`txstore.register` measured) and
+    ``txstore.failpoints``; ``txstore.job`` required."""
     given = {str(k).lower(): str(v) for k, v in options.items()}
     for name in ("endingoffsets", "minpartitions"):
         if name in given:
@@ -147,6 +172,10 @@ def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str])
             "in txn_offsets the stream continues and commits"
         )
     count_messages = parse_count_messages(given.pop(COUNT_MESSAGES_OPTION, None))
+    tasks_text = given.pop(TASKS_OPTION, None)
+    tasks = default_tasks if tasks_text is None else parse_tasks(tasks_text)
+    failpoints = given.pop(FAILPOINTS_OPTION, "")
+    FailPoints.parse(failpoints)  # a bad one fails at load()
     limit_text = given.pop("maxoffsetspertrigger", None)
     limit = None
     if limit_text is not None:
@@ -160,7 +189,7 @@ def parse_stream_options(options: Mapping[str, str], environ: Mapping[str, str])
             )
     read = parse_read_options(given, environ)
     assert read.job is not None and read.database_url is not None
-    return StreamOptions(read, read.job, read.database_url, limit, count_messages)
+    return StreamOptions(read, read.job, read.database_url, limit, count_messages, tasks, failpoints)
 
 
 def parse_count_messages(text: str | None) -> bool:
@@ -170,6 +199,34 @@ def parse_count_messages(text: str | None) -> bool:
     if text.strip().lower() == "true":
         return True
     raise ConfigError(f"option txstore.countMessages must be true or false, got {text!r}")
+
+
+def parse_tasks(text: str) -> int:
+    """``txstore.tasks``: a whole number of at least 1."""
+    try:
+        tasks = int(text)
+    except ValueError:
+        tasks = 0
+    if tasks < 1:
+        raise ConfigError(
+            "option txstore.tasks must be a whole number of at least 1 (the most Spark tasks a "
+            f"micro-batch's ranges are read in), got {text!r}"
+        )
+    return tasks
+
+
+def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[list[OffsetRange]]:
+    """A micro-batch's ranges (in order) as the Spark tasks that read them.
+
+    A task each while there are no more ranges than ``tasks`` (or ``tasks`` is None): the ranges
+    are read side by side. More ranges share ``tasks`` runs of neighbours of about equal work
+    (:func:`~txstore.core.ranges.group_ranges`), as the batch jobs share a task per core
+    (:func:`txstore.spark.tasks.task_groups`): each task of a Python source feeding a Python
+    sink costs two Python workers, which a task per range would pay for every partition.
+    """
+    if tasks is None or len(ranges) <= tasks:
+        return [[r] for r in ranges]
+    return group_ranges(ranges, tasks)
 
 
 def offsets_dict(offsets: Mapping[TopicPartition, int]) -> Offsets:
@@ -243,6 +300,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         else:
             self.batch_reader = TxstoreReader(options.read, schema)
         self._conn: psycopg.Connection | None = None  # opened by the planning methods only
+        # The planning methods' Kafka admin client, kept across micro-batches (as a job keeps its).
+        self._kafka: Watermarks | None = None
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
 
@@ -269,16 +328,25 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
+        if self._kafka is not None:
+            self._kafka.close()
+        self._kafka = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_conn"] = None
+        state["_conn"] = None  # the planner's alone: a task opens neither
+        state["_kafka"] = None
         return state
 
     # -- offsets -----------------------------------------------------------------------------------
 
     def _watermarks(self) -> list[PartitionWatermarks]:
-        return fetch_watermarks(self.options.read.kafka_conf, self.options.read.topics)
+        """Kafka's log offsets, through one admin client for the query's life (a new client a call
+        took 2-67 ms against the test broker, a kept one under 1 ms; it is replaced after a
+        failed call)."""
+        if self._kafka is None:
+            self._kafka = Watermarks()
+        return self._kafka(self.options.read.kafka_conf, self.options.read.topics)
 
     def initialOffset(self) -> Offsets:
         offsets = self._initial_offsets()
@@ -371,33 +439,56 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             ranges.append(replace(r, verify=verify, generation=generation, log_end=log_end))
         save_plan(conn, job, start, end, ranges)
         self._last_end = finish
-        return [RangePartition(r) for r in ranges if r.size > 0]
+        reading = [r for r in ranges if r.size > 0]
+        return [RangesPartition(run) for run in micro_batch_tasks(reading, self.options.tasks)]
 
     def commit(self, end: Mapping[str, Any]) -> None:
         """Spark's commit of a batch it finished; the offsets are in PostgreSQL already."""
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if self.batch_reader is not None:
-            return self.batch_reader.read(partition)
-        return self._count(partition)
+        freeze_once()  # PySpark's collection after each task then skips the imports' objects
+        ranges = partition_ranges(partition)
+        if self.batch_reader is None:
+            return self._count(ranges)
+        return self._messages(self.batch_reader, ranges)
 
-    def _count(self, partition: InputPartition) -> Iterator[Any]:
-        """``txstore.countMessages``: the range read whole, its messages counted, one row.
+    def _after_first_range(self) -> None:
+        if self.options.failpoints:  # tests only
+            FailPoints.parse(self.options.failpoints).hit("after-first-range", task_attempt())
+
+    def _messages(self, reader: TxstoreReader, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
+        """The messages of the task's ranges, one range after the other (the batch source's reader)."""
+        for i, r in enumerate(ranges):
+            yield from reader.read(RangePartition(r))
+            if i == 0:
+                self._after_first_range()
+
+    def _count(self, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
+        """``txstore.countMessages``: each range read whole and its messages counted; one row per
+        range, all in one record batch.
 
         As the per-range count path: no row per message is built or handed to Spark (the
-        reader's checks of the planned log are the same); a retried task reads the range again
+        reader's checks of the planned log are the same); a retried task reads its ranges again
         and counts the same messages.
         """
         import pyarrow as pa
 
-        if not isinstance(partition, RangePartition):
+        if not ranges:
             return
-        r = partition.range
-        n = 0
-        for batch in RangeReader(self.options.read.kafka_conf, r):  # to the end: gc paused throughout
-            n += len(batch)
+        counts = []
+        for i, r in enumerate(ranges):
+            n = 0
+            for batch in RangeReader(self.options.read.kafka_conf, r):  # to the end: gc paused throughout
+                n += len(batch)
+            counts.append(n)
+            if i == 0:
+                self._after_first_range()
         yield pa.RecordBatch.from_pydict(
-            {"topic": [r.topic], "partition": [r.partition], "txstore_messages": [n]},
+            {
+                "topic": [r.topic for r in ranges],
+                "partition": [r.partition for r in ranges],
+                "txstore_messages": counts,
+            },
             schema=pa.schema(
                 [
                     pa.field("topic", pa.string()),
@@ -408,6 +499,9 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         )
 
 
-def stream_reader(options: Mapping[str, str], schema: Any) -> TxstoreStreamReader:
-    """The reader for ``readStream.format("txstore")`` (options checked here)."""
-    return TxstoreStreamReader(parse_stream_options(options, os.environ), schema)
+def stream_reader(
+    options: Mapping[str, str], schema: Any, default_tasks: int | None = None
+) -> TxstoreStreamReader:
+    """The reader for ``readStream.format("txstore")`` (options checked here); ``default_tasks``:
+    ``txstore.tasks`` when the options do not give it."""
+    return TxstoreStreamReader(parse_stream_options(options, os.environ, default_tasks), schema)

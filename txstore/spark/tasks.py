@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from txstore.core.fingerprint import Fingerprint
-from txstore.core.ranges import OffsetRange, TopicPartition
+from txstore.core.ranges import OffsetRange, TopicPartition, group_ranges
 from txstore.kafka.reader import RangeReader
 from txstore.spark.sessions import is_connect
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
@@ -42,30 +42,18 @@ T = TypeVar("T")
 TASKS_PER_CORE = 2
 """Up to this many ranges per core, each range is its own task; beyond, one task per core."""
 
-RANGE_COST_MESSAGES = 1_000
-"""A range's fixed cost (assign, first fetch, commit) in messages, for balancing tasks."""
-
 
 def task_groups(ranges: Sequence[OffsetRange], cores: int) -> list[list[OffsetRange]]:
     """The ranges, in order, as Spark tasks: one each, or ``cores`` runs of about equal work.
 
     Up to ``TASKS_PER_CORE * cores`` ranges, every range is its own task.
-    More are cut into ``cores`` runs; work is a range's size plus
-    :data:`RANGE_COST_MESSAGES`.
+    More are cut into ``cores`` runs of neighbours
+    (:func:`~txstore.core.ranges.group_ranges`; work is a range's size plus
+    :data:`~txstore.core.ranges.RANGE_COST_MESSAGES`).
     """
     if len(ranges) <= TASKS_PER_CORE * cores:
         return [[r] for r in ranges]
-    slots = cores
-    weights = [r.size + RANGE_COST_MESSAGES for r in ranges]
-    share = sum(weights) / slots
-    groups: list[list[OffsetRange]] = [[]]
-    done = 0
-    for r, weight in zip(ranges, weights, strict=True):
-        if groups[-1] and len(groups) < slots and done + weight / 2 > share * len(groups):
-            groups.append([])
-        groups[-1].append(r)
-        done += weight
-    return groups
+    return group_ranges(ranges, cores)
 
 
 _parallelism: dict[int, int] = {}
