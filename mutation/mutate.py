@@ -79,8 +79,16 @@ MODULES = (
     Module(
         "ranges",
         "txstore/core/ranges.py",
-        ("OffsetRange", "PartitionHistory", "plan_ranges", "aged_out", "limit_ranges", "split_ranges"),
-        (SPLIT, CORE, "tests/test_planning.py"),
+        (
+            "OffsetRange",
+            "PartitionHistory",
+            "plan_ranges",
+            "aged_out",
+            "limit_ranges",
+            "group_ranges",
+            "split_ranges",
+        ),
+        (SPLIT, CORE, "tests/test_planning.py", "tests/test_task_groups.py"),
     ),
     Module(
         "sink",

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import produce
 from tests.test_count_topic import job_for, log_ends, offsets, totals
-from txstore.core.ranges import OffsetRange
+from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.spark.tasks import TASKS_PER_CORE, task_groups
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -38,6 +38,23 @@ def test_a_large_range_gets_a_task_of_its_own() -> None:
     assert len(groups) == 3
     assert [planned[4]] in groups
     assert [r for g in groups for r in g] == planned
+
+
+def test_a_run_ends_once_the_work_so_far_with_half_the_next_range_passes_its_share() -> None:
+    """The rule of ``group_ranges``, worked by hand. Work is size + 1,000 (a range's fixed cost):
+    3,000 1,500 1,000 3,000 2,000, 10,500 in all, a share of 3,500 for 3 runs. The second range
+    starts run 2 (3,000 + 750 > 3,500); the fourth does not start run 3, as 5,500 + 1,500 is
+    7,000, equal to two shares, not past them; the fifth does (8,500 + 1,000 > 7,000)."""
+    planned = ranges(2_000, 500, 0, 2_000, 1_000)
+    assert group_ranges(planned, 3) == [planned[:1], planned[1:4], planned[4:]]
+
+
+def test_one_run_holds_every_range_and_no_run_is_refused() -> None:
+    planned = ranges(5, 0, 70)
+    assert group_ranges(planned, 1) == [planned]
+    for groups in (0, -1):
+        with pytest.raises(ValueError, match=f"^groups must be at least 1, got {groups}$"):
+            group_ranges(planned, groups)
 
 
 @pytest.mark.spark
