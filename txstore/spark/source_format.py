@@ -19,14 +19,14 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 
 from txstore.spark.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
-from txstore.spark.stream_sink import stream_writer
-from txstore.spark.stream_source import (
+from txstore.spark.stream_options import (
     COUNT_MESSAGES_OPTION,
     COUNT_SCHEMA,
     STREAM_ONLY_OPTIONS,
     parse_count_messages,
-    stream_reader,
 )
+from txstore.spark.stream_sink import stream_writer
+from txstore.spark.stream_source import stream_reader
 from txstore.spark.tasks import default_parallelism
 
 

@@ -57,7 +57,7 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried
   task gets the same pickled partition, so it reads the same messages), through the batch
   source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
-  row per range, ``topic, partition, txstore_messages`` (:data:`COUNT_SCHEMA`): as the
+  row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`): as the
   per-range count path, no row per message crosses into Spark, and the sink adds the counts
   (Spark's ``numInputRows`` then counts ranges, not messages).
 
@@ -72,13 +72,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from txstore.core.errors import ConfigError, TxstoreError
+from txstore.core.errors import ConfigError, TxstoreError, UnknownTopic
 from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import (
     OffsetRange,
@@ -87,6 +87,7 @@ from txstore.core.ranges import (
     group_ranges,
     limit_ranges,
     plan_ranges,
+    topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.kafka.client import Watermarks
@@ -99,12 +100,15 @@ from txstore.postgres.stream_plans import save_plan
 from txstore.spark.datasource import (
     RangePartition,
     RangesPartition,
-    ReadOptions,
     TxstoreReader,
-    parse_read_options,
     partition_ranges,
 )
 from txstore.spark.range_task import task_attempt
+from txstore.spark.stream_options import (
+    COUNT_SCHEMA,
+    StreamOptions,
+    parse_stream_options,
+)
 from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
@@ -116,15 +120,6 @@ try:  # PySpark 4.2+: Trigger.AvailableNow stops at the log ends seen when the q
     _ReaderMixins = (SupportsTriggerAvailableNow,)
 except ImportError:  # older: Spark reads everything available in one batch instead
     pass
-
-COUNT_MESSAGES_OPTION = "txstore.countmessages"
-TASKS_OPTION = "txstore.tasks"
-FAILPOINTS_OPTION = "txstore.failpoints"
-STREAM_ONLY_OPTIONS = ("maxoffsetspertrigger", COUNT_MESSAGES_OPTION, TASKS_OPTION, FAILPOINTS_OPTION)
-"""Options of ``readStream.format("txstore")`` that a batch read does not take (lower case)."""
-COUNT_SCHEMA = "topic string, partition int, txstore_messages bigint"
-"""The rows of ``readStream.format("txstore").option("txstore.countMessages", "true")``: one per
-range of a micro-batch, with how many messages its task read."""
 
 Offsets = dict[str, dict[str, int]]
 """Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
@@ -138,81 +133,6 @@ class StreamLocked(TxstoreError):
 
 class CheckpointMismatch(TxstoreError):
     """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    read: ReadOptions
-    job: str
-    database_url: str
-    max_offsets_per_trigger: int | None = None
-    count_messages: bool = False  # txstore.countMessages: one row per range, its message count
-    # txstore.tasks: the most Spark tasks a micro-batch is read in; None: a task per range
-    tasks: int | None = None
-    failpoints: str = ""  # tests: txstore.failpoints (txstore.core.failpoints), in the reading tasks
-
-
-def parse_stream_options(
-    options: Mapping[str, str], environ: Mapping[str, str], default_tasks: int | None = None
-) -> StreamOptions:
-    """The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
-    ``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``, ``txstore.countMessages``,
-    ``txstore.tasks`` (else ``default_tasks``, what :func:`txstore.register` measured) and
-    ``txstore.failpoints``; ``txstore.job`` required."""
-    given = {str(k).lower(): str(v) for k, v in options.items()}
-    for name in ("endingoffsets", "minpartitions"):
-        if name in given:
-            raise ConfigError(
-                f"option {name} is not supported by readStream.format('txstore'): each micro-batch "
-                "reads one range per partition up to the log end (limit it with maxOffsetsPerTrigger)"
-            )
-    if not given.get("txstore.job", "").strip():
-        raise ConfigError(
-            "option txstore.job is required by readStream.format('txstore'): the job whose offsets "
-            "in txn_offsets the stream continues and commits"
-        )
-    count_messages = parse_count_messages(given.pop(COUNT_MESSAGES_OPTION, None))
-    tasks_text = given.pop(TASKS_OPTION, None)
-    tasks = default_tasks if tasks_text is None else parse_tasks(tasks_text)
-    failpoints = given.pop(FAILPOINTS_OPTION, "")
-    FailPoints.parse(failpoints)  # a bad one fails at load()
-    limit_text = given.pop("maxoffsetspertrigger", None)
-    limit = None
-    if limit_text is not None:
-        try:
-            limit = int(limit_text)
-        except ValueError:
-            limit = 0
-        if limit < 1:
-            raise ConfigError(
-                f"option maxOffsetsPerTrigger must be a whole number of at least 1, got {limit_text!r}"
-            )
-    read = parse_read_options(given, environ)
-    assert read.job is not None and read.database_url is not None
-    return StreamOptions(read, read.job, read.database_url, limit, count_messages, tasks, failpoints)
-
-
-def parse_count_messages(text: str | None) -> bool:
-    """``txstore.countMessages``: ``true`` or ``false`` (the default)."""
-    if text is None or text.strip().lower() == "false":
-        return False
-    if text.strip().lower() == "true":
-        return True
-    raise ConfigError(f"option txstore.countMessages must be true or false, got {text!r}")
-
-
-def parse_tasks(text: str) -> int:
-    """``txstore.tasks``: a whole number of at least 1."""
-    try:
-        tasks = int(text)
-    except ValueError:
-        tasks = 0
-    if tasks < 1:
-        raise ConfigError(
-            "option txstore.tasks must be a whole number of at least 1 (the most Spark tasks a "
-            f"micro-batch's ranges are read in), got {text!r}"
-        )
-    return tasks
 
 
 def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[list[OffsetRange]]:
@@ -346,7 +266,14 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         failed call)."""
         if self._kafka is None:
             self._kafka = Watermarks()
-        return self._kafka(self.options.read.kafka_conf, self.options.read.topics)
+        try:
+            return self._kafka(self.options.read.kafka_conf, self.options.read.topics)
+        except UnknownTopic as e:
+            # A topic the job stored offsets for existed: gone now, it is no typo (as count_topic).
+            stored = sum(1 for t, _ in store.committed_offsets(self._db(), self.options.job, [e.topic]))
+            if not stored:
+                raise
+            raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
 
     def initialOffset(self) -> Offsets:
         offsets = self._initial_offsets()

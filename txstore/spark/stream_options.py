@@ -1,0 +1,100 @@
+"""The options of ``spark.readStream.format("txstore")``, parsed once, checked at ``load()``.
+
+The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
+``endingOffsets`` and ``minPartitions``, plus the stream's own: ``maxOffsetsPerTrigger``,
+``txstore.countMessages``, ``txstore.tasks`` and (tests) ``txstore.failpoints``. The source
+itself is :mod:`txstore.spark.stream_source`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from txstore.core.errors import ConfigError
+from txstore.core.failpoints import FailPoints
+from txstore.spark.datasource import ReadOptions, parse_read_options
+
+COUNT_MESSAGES_OPTION = "txstore.countmessages"
+TASKS_OPTION = "txstore.tasks"
+FAILPOINTS_OPTION = "txstore.failpoints"
+STREAM_ONLY_OPTIONS = ("maxoffsetspertrigger", COUNT_MESSAGES_OPTION, TASKS_OPTION, FAILPOINTS_OPTION)
+"""Options of ``readStream.format("txstore")`` that a batch read does not take (lower case)."""
+COUNT_SCHEMA = "topic string, partition int, txstore_messages bigint"
+"""The rows of ``readStream.format("txstore").option("txstore.countMessages", "true")``: one per
+range of a micro-batch, with how many messages its task read."""
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    read: ReadOptions
+    job: str
+    database_url: str
+    max_offsets_per_trigger: int | None = None
+    count_messages: bool = False  # txstore.countMessages: one row per range, its message count
+    # txstore.tasks: the most Spark tasks a micro-batch is read in; None: a task per range
+    tasks: int | None = None
+    failpoints: str = ""  # tests: txstore.failpoints (txstore.core.failpoints), in the reading tasks
+
+
+def parse_stream_options(
+    options: Mapping[str, str], environ: Mapping[str, str], default_tasks: int | None = None
+) -> StreamOptions:
+    """The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
+    ``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``, ``txstore.countMessages``,
+    ``txstore.tasks`` (else ``default_tasks``, what :func:`txstore.register` measured) and
+    ``txstore.failpoints``; ``txstore.job`` required."""
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    for name in ("endingoffsets", "minpartitions"):
+        if name in given:
+            raise ConfigError(
+                f"option {name} is not supported by readStream.format('txstore'): each micro-batch "
+                "reads one range per partition up to the log end (limit it with maxOffsetsPerTrigger)"
+            )
+    if not given.get("txstore.job", "").strip():
+        raise ConfigError(
+            "option txstore.job is required by readStream.format('txstore'): the job whose offsets "
+            "in txn_offsets the stream continues and commits"
+        )
+    count_messages = parse_count_messages(given.pop(COUNT_MESSAGES_OPTION, None))
+    tasks_text = given.pop(TASKS_OPTION, None)
+    tasks = default_tasks if tasks_text is None else parse_tasks(tasks_text)
+    failpoints = given.pop(FAILPOINTS_OPTION, "")
+    FailPoints.parse(failpoints)  # a bad one fails at load()
+    limit_text = given.pop("maxoffsetspertrigger", None)
+    limit = None
+    if limit_text is not None:
+        try:
+            limit = int(limit_text)
+        except ValueError:
+            limit = 0
+        if limit < 1:
+            raise ConfigError(
+                f"option maxOffsetsPerTrigger must be a whole number of at least 1, got {limit_text!r}"
+            )
+    read = parse_read_options(given, environ)
+    assert read.job is not None and read.database_url is not None
+    return StreamOptions(read, read.job, read.database_url, limit, count_messages, tasks, failpoints)
+
+
+def parse_count_messages(text: str | None) -> bool:
+    """``txstore.countMessages``: ``true`` or ``false`` (the default)."""
+    if text is None or text.strip().lower() == "false":
+        return False
+    if text.strip().lower() == "true":
+        return True
+    raise ConfigError(f"option txstore.countMessages must be true or false, got {text!r}")
+
+
+def parse_tasks(text: str) -> int:
+    """``txstore.tasks``: a whole number of at least 1."""
+    try:
+        tasks = int(text)
+    except ValueError:
+        tasks = 0
+    if tasks < 1:
+        raise ConfigError(
+            "option txstore.tasks must be a whole number of at least 1 (the most Spark tasks a "
+            f"micro-batch's ranges are read in), got {text!r}"
+        )
+    return tasks
