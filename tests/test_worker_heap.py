@@ -4,7 +4,8 @@ PySpark's daemon runs ``gc.collect()`` in a reused worker after every task
 (``pyspark/daemon.py``), and the next task handed to that worker waits for it: a full
 collection of the ~100,000 objects pyspark, pyarrow, psycopg, confluent-kafka and txstore
 leave after their imports took 0.1-0.6 s a task on the 2-core machine. The stream source and
-sink freeze what is alive at their first task in a process (``gc.freeze``), once. Run in a
+sink, and the batch jobs' tasks, freeze what is alive at their first task in a process
+(``gc.freeze``), once. Run in a
 child Python, so this test process's own collector is left alone.
 """
 
@@ -12,8 +13,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 from tests.conftest import REPO
+from txstore.core.ranges import OffsetRange
+from txstore.spark.tasks import run_ranges
 
 CHILD = """
 import gc, time
@@ -46,3 +53,20 @@ def test_the_first_task_in_a_worker_freezes_the_imports_once_and_later_garbage_i
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("objects ")
+
+
+def _freeze_counts(ranges: Iterator[OffsetRange]) -> Iterator[int]:
+    import gc
+
+    for _ in ranges:
+        yield gc.get_freeze_count()
+
+
+@pytest.mark.spark
+def test_a_batch_task_runs_in_a_worker_whose_heap_is_frozen(spark: Any) -> None:
+    """The batch jobs' tasks (per-range, per-batch, DataFrame reads) freeze their worker's heap too:
+    a per-range batch of 400,000 messages in 4 partitions took 0.25-0.27 s with it against
+    0.33-0.38 s without (two A/B pairs, 5 batches each, load 3-5)."""
+    ranges = [OffsetRange("t", p, 0, 0) for p in range(4)]
+    counts = run_ranges(spark, ranges, _freeze_counts, "freeze counts")
+    assert len(counts) == 4 and min(counts) > 10_000, counts

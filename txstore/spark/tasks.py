@@ -32,6 +32,7 @@ from txstore.core.ranges import OffsetRange, TopicPartition, group_ranges
 from txstore.kafka.reader import RangeReader
 from txstore.spark.sessions import is_connect
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
+from txstore.spark.worker_heap import freeze_once
 
 if TYPE_CHECKING:
     from txstore.spark.pushdown import PartialCount
@@ -142,6 +143,7 @@ class _EachGroup(Generic[T]):
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        freeze_once()  # PySpark's collection after each task then skips the imports' objects
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         chunk: list[T] = []
         for output in self.task(r for i in ids for r in self.groups[i]):
@@ -196,6 +198,7 @@ class _RangeBatches:
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
         from txstore.spark.arrow import arrow_schema, coalesce
 
+        freeze_once()
         read = arrow_schema(self.columns)
         ids = [i for batch in batches for i in batch.column(0).to_pylist()]
         ranges = [r for i in ids for r in self.groups[i]]
