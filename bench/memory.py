@@ -5,7 +5,8 @@ process. :meth:`PeakMemory.reset` writes ``5`` to each process's
 ``clear_refs``, which resets that mark, so each measured batch gets its own
 peak. Processes are found as descendants of this (driver) process: the JVM
 (``java``) and the Python workers (``pyspark.daemon`` / ``pyspark.worker``
-and the workers it forks).
+and the workers it forks). ``exclude``: pids left out (a broker this process started, whose
+JVM is not Spark's).
 """
 
 from __future__ import annotations
@@ -62,13 +63,16 @@ def _status_kib(pid: int, field: str) -> int:
 class PeakMemory:
     """Driver (this Python process and the JVM) and Python worker peaks, in MiB."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: set[int] | None = None) -> None:
         self.driver = os.getpid()
+        self.exclude = set(exclude or ())
         self.reset_supported = True
 
     def processes(self) -> dict[str, list[int]]:
         jvm, workers = [], []
         for pid in _descendants(self.driver):
+            if pid in self.exclude:
+                continue
             cmd = _cmdline(pid)
             if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
                 workers.append(pid)

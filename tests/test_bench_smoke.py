@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from bench.run import main
+from bench.stream import PATHS, PER_RANGE
+from bench.stream import main as stream_main
+from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -149,3 +152,58 @@ def test_a_small_benchmark_run_puts_connect_beside_classic(
     ):
         assert targets[name]["measured"] > 0 and targets[name]["limit"] == 0.8
     assert "Connect / classic, per-range count path" in capsys.readouterr().out
+
+
+def test_a_tiny_stream_benchmark_on_real_kafka_checks_and_times_every_path(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m bench.stream --kafka real`` on the session's Apache Kafka: every path's total
+    checked against the messages produced, a warm-up round and one measured round (about 30 s)."""
+    output = tmp_path / "stream-real.json"
+    status = stream_main(
+        [
+            "--kafka=real",
+            "--messages=3000",
+            "--partitions=2",
+            "--rounds=1",
+            f"--output={output}",
+            f"--database-url={database_url}",
+        ],
+        spark=spark,
+        kafka=real_kafka,
+    )
+    assert status == 0
+    doc = json.loads(output.read_text())
+    assert doc["kafka"] == f"Apache Kafka {real_kafka.version}"
+    assert doc["workload"]["messages"] == 3000 and doc["workload"]["partitions"] == 2
+    assert len(doc["machine"]["load_average_at_start"]) == 3
+    [measured] = doc["rounds"]
+    assert set(measured) == set(PATHS)
+    assert all(run["messages"] == 3000 and run["batch_ms"] > 0 for run in measured.values())
+    for path in PATHS:
+        line = doc["summary"][path]
+        assert line["messages_per_second"] > 0
+        assert line["memory_peak_mib"]["jvm_mib"] > 0
+        if path == PER_RANGE:
+            assert line["profile_median"]["ranges"] == 2
+        else:
+            assert line["throughput_vs_per_range"] > 0
+            assert line["durations_ms_median"]["triggerExecution"] == line["batch_ms"]
+    assert "per-range's throughput" in capsys.readouterr().out
+
+
+def test_the_stream_benchmark_refuses_a_workload_the_test_broker_cannot_hold(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The mock keeps about 5 MiB per partition: 4,000,000 messages over 8 are refused before
+    anything starts, pointing at ``--kafka real``."""
+    with pytest.raises(SystemExit) as refused:
+        stream_main(["--messages=4000000", "--partitions=8"])
+    assert refused.value.code == 2
+    assert "use --kafka real" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        stream_main(["--kafka=other"])
