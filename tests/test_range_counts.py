@@ -26,8 +26,9 @@ from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings
 from txstore.settings import PER_BATCH
 from txstore.spark.arrow import arrow_schema
-from txstore.spark.range_counts import MARKER, CountChannel, _PieceCounts, range_messages
+from txstore.spark.range_counts import MARKER, CountChannel, _PieceCounts, observations_merge, range_messages
 from txstore.spark.range_task import COMMITTED
+from txstore.spark.sessions import is_connect
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 # -- without servers ------------------------------------------------------------------------
@@ -137,9 +138,12 @@ def test_each_range_reports_its_messages_once_whatever_the_query_does(
     ends = log_ends(kafka, topic)
     assert ends == {0: 16, 1: 16}  # 12 messages and 4 markers each
     report = dataframe_job(any_spark, kafka, database_url, topic, "twice", query).run_batch()
+    # A Spark Connect client older than PySpark 4.2 cannot send one observation in two branches
+    # of a plan: there nothing is observed (the query still runs) and the spans are reported.
+    messages = 12 if not is_connect(any_spark) or observations_merge() else 16
     assert [(r.range.partition, r.range.size, r.messages) for r in report.ranges] == [
-        (0, 16, 12),
-        (1, 16, 12),
+        (0, 16, messages),
+        (1, 16, messages),
     ]
     assert totals(db, topic, job="twice") == {topic: 24 * times}
     assert offsets(db, topic, "twice") == ends

@@ -17,7 +17,7 @@ aborted messages; a compacted topic has holes. The report (its log line,
      filed under the :class:`RangeCounts`'s token;
    - under Spark Connect, which has no accumulators, as one marker row per piece with a
      column of its own (:data:`MARKER`, null on every message's row), which an
-     ``Observation`` collects (``collect_list`` skips nulls) and a filter then drops,
+     ``Observation`` collects as JSON lines (``collect_list`` skips nulls) and a filter then drops,
      below the user's query (:meth:`RangeCounts.wrap`; Spark pushes no filter through
      an observation, so every marker reaches it). An observation would not do on
      classic Spark: a ``toLocalIterator`` whose plan has no shuffle ends its query
@@ -29,11 +29,13 @@ the frame twice, reports the same piece again with the same count (reads are
 deterministic), so pieces are keyed, never added twice; Spark drops a failed
 attempt's counts. A range with a piece no task reported (the query stopped reading
 early, as a ``limit`` does, or Spark never read it) is left out of
-:meth:`RangeCounts.messages`: its caller reports the range's offset span instead.
+:meth:`RangeCounts.messages`: its caller reports the range's offset span instead. So does every
+range under a Spark Connect client older than PySpark 4.2 (:func:`observations_merge`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 import weakref
@@ -192,7 +194,10 @@ class RangeCounts:
         self.expected: set[Piece] = set()
         self.observation: Any = None
         self._tally: _Tally | None = None
+        self.channel: CountChannel | None = None  # None: nothing counted, the spans are reported
         if is_connect(spark):
+            if not observations_merge():
+                return
             from pyspark.sql.connect.observation import Observation
 
             self.observation = Observation(f"txstore_range_counts_{self.token}")
@@ -204,8 +209,9 @@ class RangeCounts:
             weakref.finalize(self, self._tally.forget, self.token)
             self.channel = CountChannel(self.token, self._tally.accumulator)
 
-    def reading(self, pieces: Sequence[OffsetRange]) -> CountChannel:
-        """Note the pieces the action reads; the channel their tasks hand counts back through."""
+    def reading(self, pieces: Sequence[OffsetRange]) -> CountChannel | None:
+        """Note the pieces the action reads; the channel their tasks hand counts back through
+        (None: they count nothing)."""
         self.expected.update(piece_of(p) for p in pieces if p.size > 0)
         return self.channel
 
@@ -233,21 +239,39 @@ class RangeCounts:
             return frame
         from pyspark.sql.connect.functions import builtin as functions
 
-        observed = frame.observe(
-            self.observation, functions.collect_list(functions.col(MARKER)).alias("pieces")
-        )
+        # One string, a JSON line per marker: a Connect server of PySpark 4.0 cannot send an
+        # observed array back ("Unsupported component type class java.lang.Object in arrays").
+        pieces = functions.concat_ws("\n", functions.collect_list(functions.to_json(functions.col(MARKER))))
+        observed = frame.observe(self.observation, pieces.alias("pieces"))
         return observed.where(f"`{MARKER}` IS NULL").drop(MARKER)
 
     def messages(self, ranges: Sequence[OffsetRange]) -> dict[TopicPartition, int]:
         """After the action: each range's messages, for the ranges every expected piece of which a
         task reported (the module's step 3); call once."""
+        if self.channel is None:
+            return {}
         reported: dict[Piece, int] = {}
         if self._tally is not None:
             reported = self._tally.take(self.token)
         elif self.observation is not None:
-            for row in self.observation.get.get("pieces") or ():
-                reported[(row[0], int(row[1]), int(row[2]), int(row[3]))] = int(row[4])
+            for line in (self.observation.get.get("pieces") or "").splitlines():
+                p = json.loads(line)
+                reported[(p["topic"], int(p["partition"]), int(p["from_offset"]), int(p["until_offset"]))] = (
+                    int(p["messages"])
+                )
         return range_messages(ranges, self.expected, reported)
+
+
+def observations_merge() -> bool:
+    """Whether this process's Spark Connect client can send a plan that holds one observation in
+    two branches (a query that unions or joins the batch with itself). PySpark 4.2 and newer
+    can; 4.0 and 4.1 merge the branches' observations with ``dict(**a, **b)``, which fails on
+    the shared name ("got multiple values for keyword argument"): there the counts are not
+    observed, and the report gives the ranges' offset spans, as it did before."""
+    from pyspark.version import __version__
+
+    major, minor = (int(x) for x in __version__.split(".")[:2])
+    return (major, minor) >= (4, 2)
 
 
 def range_messages(
