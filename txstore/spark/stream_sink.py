@@ -20,7 +20,8 @@ micro-batch:
   (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
   columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
   partition its rows came from;
-- ``commit(messages, batchId)`` (the driver): loads the ranges the source planned for this
+- ``commit(messages, batchId)`` (the driver, a planner worker again, through a connection kept
+  for the worker's next commit, :mod:`~txstore.postgres.kept`): loads the ranges the source planned for this
   micro-batch (:func:`~txstore.postgres.stream_plans.load_plan`), then in one transaction with
   the conditional offset update adds the counts
   (:class:`~txstore.postgres.sink.TransactionalSink`) or copies the rows into a temporary table
@@ -62,7 +63,8 @@ from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.postgres.copy_text import ORDER_BITS, copy_text
-from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
+from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
+from txstore.postgres.kept import kept_connection
 from txstore.postgres.results_check import describe_table, table_problems
 from txstore.postgres.results_merge import copy_and_merge, temp_table_types
 from txstore.postgres.results_table import ResultsTable, parse_results_table
@@ -222,7 +224,7 @@ def check_table_query(options: SinkOptions, schema: Any, overwrite: bool) -> dic
         for f in schema.fields
         if f.name in table.columns or f.name not in PROVENANCE
     ]
-    with connect(options.database_url) as conn:
+    with kept_connection(options.database_url) as conn:
         facts = describe_table(conn, table)
         problems = table_problems(table, facts, output, f"role {conn.info.user}", job=job)
         if problems:
@@ -325,7 +327,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             if isinstance(m, TopicCounts):
                 for topic, n in m.counts.items():
                     totals[topic] = totals.get(topic, 0) + n
-        with connect(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url) as conn:
             ranges = [r for r in load_plan(conn, job) if r.size > 0]
             deltas = {(t, TOPIC_TOTAL): n for t, n in sorted(totals.items()) if n}
             if not ranges:
@@ -348,7 +350,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             for key, (low, high) in m.seen.items():
                 old = seen.get(key, (low, high))
                 seen[key] = (min(low, old[0]), max(high, old[1]))
-        with connect(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url) as conn:
             ranges = [r for r in load_plan(conn, job) if r.size > 0]
             check_rows_in_batch(job, batch_id, ranges, seen)
             if not ranges:
