@@ -24,6 +24,14 @@ Structured Streaming's fixed steps. The paths:
 - ``stream-counted-task-per-range``: the same with ``txstore.tasks`` set to the number of
   partitions, a Spark task per range (how the source planned before ``txstore.tasks``).
 
+``--batch-messages N``, running mode: each path is one job or one query that takes the topic
+in batches of ``N`` messages (the job's ``max_offsets_per_batch``, the query's
+``maxOffsetsPerTrigger``), as a job or query that runs for days does; its first batch is its
+warm-up (``first_batch``), its time the median of its later batches. Without it, a new job or
+query counts the whole topic in one batch, so a stream's measured micro-batch is always its
+query's first. ``--spark-conf KEY=VALUE`` sets Spark settings of the session started here
+(e.g. the checkpoint file manager).
+
 Steady state: a round of every path first, not measured (Python workers, consumers, Spark's
 code warm); a stream's job has its ``txn_offsets`` rows before the clock, as per-range's
 ``plan()`` creates its own before its clock and a running stream has after its first micro-batch. A stream's time is its data micro-batch's ``triggerExecution`` (planning the
@@ -87,8 +95,10 @@ class StreamRuns:
         workdir: Path,
         workload: Workload,
         memory: PeakMemory | None = None,
+        batch_messages: int | None = None,
     ) -> None:
         self.spark = spark
+        self.batch_messages = batch_messages
         self.bootstrap = bootstrap
         self.database_url = database_url
         self.workdir = workdir
@@ -109,25 +119,44 @@ class StreamRuns:
         return {"path": path, "messages": self.workload.messages, **result, "memory": memory}
 
     def _per_range(self, name: str) -> dict[str, Any]:
-        settings = JobSettings(name, (self.workload.topic,), self.bootstrap, self.database_url)
+        settings = JobSettings(
+            name,
+            (self.workload.topic,),
+            self.bootstrap,
+            self.database_url,
+            max_offsets_per_batch=self.batch_messages,
+        )
         job = TransactionalJob(self.spark, settings, count_messages)
+        batches: list[float] = []
+        profiles: list[dict[str, float]] = []
         try:
             job.plan()
-            started = time.perf_counter()
-            report = job.run_batch()
-            ms = (time.perf_counter() - started) * 1000
+            while True:  # one batch, or (--batch-messages) batches until the topic is counted
+                started = time.perf_counter()
+                report = job.run_batch()
+                ms = (time.perf_counter() - started) * 1000
+                if not report.ranges:
+                    break
+                if any(r.outcome != COMMITTED for r in report.ranges):
+                    outcomes = [r.outcome for r in report.ranges]
+                    raise RuntimeError(f"per-range: a range was not committed: {outcomes}")
+                batches.append(ms)
+                profiles.append(
+                    {
+                        "plan_ms": report.plan_ms,
+                        "run_ms": report.run_ms,
+                        "read_ms_sum": sum(r.read_ms for r in report.ranges),
+                        "task_commit_ms_sum": sum(r.commit_ms for r in report.ranges),
+                        "ranges": len(report.ranges),
+                    }
+                )
+                if self.batch_messages is None:
+                    break
         finally:
             job.close()
-        if any(r.outcome != COMMITTED for r in report.ranges):
-            raise RuntimeError(f"per-range: a range was not committed: {[r.outcome for r in report.ranges]}")
-        profile = {
-            "plan_ms": report.plan_ms,
-            "run_ms": report.run_ms,
-            "read_ms_sum": sum(r.read_ms for r in report.ranges),
-            "task_commit_ms_sum": sum(r.commit_ms for r in report.ranges),
-            "ranges": len(report.ranges),
-        }
-        return {"batch_ms": ms, "wall_ms": ms, "profile": profile}
+        measured, first = _measured(batches)
+        profile = {k: statistics.median(x[k] for x in _measured(profiles)[0]) for k in profiles[0]}
+        return {"batch_ms": statistics.median(measured), "wall_ms": sum(batches), "profile": profile, **first}
 
     def _stream(self, name: str, path: str) -> dict[str, Any]:
         with connect(self.database_url) as conn:  # the job's offset rows, at the topic's start
@@ -142,6 +171,8 @@ class StreamRuns:
             reader = reader.option("txstore.countMessages", "true")
         if path == STREAM_COUNTED_PER_RANGE:
             reader = reader.option("txstore.tasks", str(self.workload.partitions))
+        if self.batch_messages is not None:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.batch_messages))
         frame = (
             reader.option("kafka.bootstrap.servers", self.bootstrap)
             .option("subscribe", self.workload.topic)
@@ -162,11 +193,24 @@ class StreamRuns:
         wall_ms = (time.perf_counter() - started) * 1000
         if query.isActive or query.exception() is not None:
             raise RuntimeError(f"{path}: the query did not finish: {query.exception()}")
-        data = [p for p in query.recentProgress if p["numInputRows"] > 0]
-        if len(data) != 1:
+        data = [p["durationMs"] for p in query.recentProgress if p["numInputRows"] > 0]
+        if self.batch_messages is None and len(data) != 1:
             raise RuntimeError(f"{path}: expected one data micro-batch, got {len(data)}")
-        durations = data[0]["durationMs"]
-        return {"batch_ms": float(durations["triggerExecution"]), "wall_ms": wall_ms, "durations": durations}
+        measured, first = _measured(data)
+        if "first_batch" in first:
+            first["first_batch"] = float(first["first_batch"]["triggerExecution"])
+        durations = {k: statistics.median(d.get(k, 0) for d in measured) for k in measured[0]}
+        batch_ms = statistics.median(float(d["triggerExecution"]) for d in measured)
+        return {"batch_ms": batch_ms, "wall_ms": wall_ms, "durations": durations, **first}
+
+
+def _measured(batches: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The batches measured, and what to report beside them: a running job's or query's first
+    batch is its warm-up, left out (``first_batch``) when there are later ones; a single batch
+    is measured as it is (the default, a job or query per batch)."""
+    if len(batches) > 1:
+        return batches[1:], {"first_batch": batches[0], "batches": len(batches)}
+    return batches, {"batches": len(batches)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -186,8 +230,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=_count, default=4, help="partitions of the topic (default 4)")
     p.add_argument("--value-bytes", type=_count, default=20, help="message value size (default 20)")
     p.add_argument("--rounds", type=_count, default=3, help="measured rounds of every path (default 3)")
+    p.add_argument(
+        "--batch-messages",
+        type=_count,
+        help="running mode: each path one job or query that counts the topic in batches of this many "
+        "messages (the job's --max-offsets-per-batch, the query's maxOffsetsPerTrigger), its first "
+        "batch its warm-up, the median of the others its time (default: the whole topic in one "
+        "batch, a new job or query per batch)",
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated, of: " + ", ".join(PATHS))
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session started here, as spark-submit's --conf (repeatable; "
+        "e.g. spark.sql.streaming.checkpointFileManagerClass)",
+    )
     p.add_argument("--database-url", help="an existing PostgreSQL database (default: a throwaway one)")
     p.add_argument("--output", type=Path, help="write the results as JSON here")
     return p
@@ -201,6 +261,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     unknown = [x for x in paths if x not in PATHS]
     if unknown or not paths:
         p.error(f"unknown path {unknown[0]!r}" if unknown else "--paths: choose at least one")
+    bad = [c for c in args.spark_conf if "=" not in c or not c.split("=", 1)[0].strip()]
+    if bad:
+        p.error(f"--spark-conf {bad[0]!r}: give KEY=VALUE")
+    if args.batch_messages is not None and args.batch_messages * 2 > args.messages:
+        p.error(
+            f"--batch-messages {args.batch_messages}: at least two batches of --messages {args.messages} "
+            "are needed (the first is the warm-up)"
+        )
     if args.kafka == MOCK:
         fits = fit_value_bytes(args.messages, args.partitions, args.value_bytes, 1.0)
         if fits is None or fits < args.value_bytes:
@@ -272,6 +340,7 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
                 .config("spark.sql.shuffle.partitions", "2")
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.driver.host", "127.0.0.1")
+                .config(map=dict(c.split("=", 1) for c in args.spark_conf))
                 .getOrCreate()
             )
             spark.sparkContext.setLogLevel("ERROR")
@@ -283,7 +352,15 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
         broker_pid = getattr(broker, "pid", None)  # real Kafka's JVM: not Spark's
         memory = PeakMemory(exclude={broker_pid} if broker_pid else set())
         workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="txstore-bench-stream-"))
-        runs = StreamRuns(spark, broker.bootstrap_servers, database_url, Path(workdir), workload, memory)
+        runs = StreamRuns(
+            spark,
+            broker.bootstrap_servers,
+            database_url,
+            Path(workdir),
+            workload,
+            memory,
+            args.batch_messages,
+        )
         for path in paths:  # steady state: every path once, not measured
             runs.run(path)
         for r in range(args.rounds):
@@ -296,7 +373,7 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
                     f"wall {measured[path]['wall_ms']:8.0f} ms"
                 )
             rounds.append(measured)
-    summary = summarize(paths, rounds, workload)
+    summary = summarize(paths, rounds, workload, args.batch_messages)
     end = machine()
     say(
         f"\n{workload.messages:,} messages, {workload.partitions} partitions, {kafka_name}, "
@@ -328,7 +405,10 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
 
 
 def summarize(
-    paths: list[str], rounds: list[dict[str, dict[str, Any]]], workload: Workload
+    paths: list[str],
+    rounds: list[dict[str, dict[str, Any]]],
+    workload: Workload,
+    batch_messages: int | None = None,
 ) -> dict[str, Any]:
     """Per path: medians over the rounds, the ratio to per-range (per round, then the median),
     Spark's ``durationMs`` per phase (medians), the largest memory peaks."""
@@ -339,8 +419,11 @@ def summarize(
         line: dict[str, Any] = {
             "batch_ms": batch,
             "wall_ms": statistics.median(x["wall_ms"] for x in runs),
-            "messages_per_second": workload.messages / (batch / 1000),
+            "messages_per_second": (batch_messages or workload.messages) / (batch / 1000),
         }
+        firsts = [x["first_batch"] for x in runs if "first_batch" in x]
+        if firsts:
+            line["first_batch_ms"] = statistics.median(firsts)
         if PER_RANGE in paths and path != PER_RANGE:
             # throughput relative to per-range: per-range's time / this path's, per round
             per_round = [r[PER_RANGE]["batch_ms"] / r[path]["batch_ms"] for r in rounds]
@@ -369,6 +452,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{path:32s} batch {line['batch_ms']:8.0f} ms   wall {line['wall_ms']:8.0f} ms   "
             f"{line['messages_per_second']:>10,.0f} msg/s"
         )
+        if "first_batch_ms" in line:
+            text += f"   first batch {line['first_batch_ms']:.0f} ms"
         if "throughput_vs_per_range" in line:
             spread = ", ".join(f"{x:.2f}" for x in line["throughput_vs_per_range_rounds"])
             text += f"   {line['throughput_vs_per_range']:.2f}x per-range's throughput ({spread})"

@@ -207,3 +207,47 @@ def test_the_stream_benchmark_refuses_a_workload_the_test_broker_cannot_hold(
     assert "use --kafka real" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         stream_main(["--kafka=other"])
+
+
+def test_the_running_stream_benchmark_counts_the_topic_in_batches_and_leaves_the_first_out(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    """``--batch-messages``: each path one job or query over the topic in batches of that many
+    messages (3 here); the first batch is reported apart, the others are measured; every stored
+    total is still checked against the messages produced."""
+    output = tmp_path / "stream-running.json"
+    status = stream_main(
+        [
+            "--kafka=real",
+            "--messages=3000",
+            "--partitions=2",
+            "--batch-messages=1000",
+            "--rounds=1",
+            "--paths=per-range,stream-counted-by-source",
+            f"--output={output}",
+            f"--database-url={database_url}",
+        ],
+        spark=spark,
+        kafka=real_kafka,
+    )
+    assert status == 0
+    doc = json.loads(output.read_text())
+    [measured] = doc["rounds"]
+    for path in (PER_RANGE, "stream-counted-by-source"):
+        run = measured[path]
+        assert run["messages"] == 3000 and run["batches"] == 3
+        assert run["first_batch"] > 0 and run["batch_ms"] > 0
+    assert measured[PER_RANGE]["profile"]["ranges"] == 2
+    assert doc["summary"]["stream-counted-by-source"]["throughput_vs_per_range"] > 0
+
+
+def test_the_running_stream_benchmark_needs_two_batches_at_least(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        stream_main(["--messages=1000", "--batch-messages=600"])
+    assert refused.value.code == 2
+    assert "at least two batches" in capsys.readouterr().err
