@@ -205,6 +205,12 @@ MODULES = (
         (CORE, READER),
     ),
     Module(
+        "kept",
+        "txstore/postgres/kept.py",
+        ("_answers", "_take", "kept_connection", "close_kept"),
+        ("tests/test_kept_connection.py",),
+    ),
+    Module(
         "bad_rows",
         "txstore/spark/bad_rows.py",
         ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),

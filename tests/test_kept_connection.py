@@ -31,6 +31,22 @@ def test_two_calls_in_a_row_share_one_server_session(database_url: str) -> None:
     assert backend(database_url) == backend(database_url)
 
 
+def test_a_kept_connection_is_handed_out_outside_any_transaction(database_url: str) -> None:
+    """The check before use is rolled back: a caller's ``conn.transaction()`` is then a
+    transaction of its own, not a savepoint inside the check's (committed only later)."""
+    backend(database_url)
+    with kept_connection(database_url) as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_close_kept_ends_the_session_it_kept(database_url: str) -> None:
+    first = backend(database_url)
+    close_kept()
+    with connect(database_url) as other:
+        alive = other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (first,)).fetchone()
+    assert alive == (0,)
+
+
 def test_a_session_the_server_ended_between_calls_is_replaced_before_anything_is_written(
     database_url: str,
 ) -> None:
@@ -68,13 +84,21 @@ def test_a_call_that_raised_leaves_nothing_kept_and_nothing_written(database_url
     assert backend(database_url) != first
 
 
-def test_a_forked_child_opens_its_own_session_and_leaves_the_parents_alone(database_url: str) -> None:
+@pytest.mark.parametrize("first", ["takes", "closes_everything"])
+def test_a_forked_child_opens_its_own_session_and_leaves_the_parents_alone(
+    database_url: str, first: str
+) -> None:
+    """A child inherits the parent's kept connection (its socket): taking one opens its own, and
+    ``close_kept`` there closes nothing of the parent's, whichever the child does first."""
     parent = backend(database_url)
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: report its session, then leave without Python's clean-up
+    if pid == 0:  # the child: leave without Python's clean-up
         try:
+            if first == "closes_everything":
+                close_kept()
             os.write(write, str(backend(database_url)).encode())
+            close_kept()
         finally:
             os._exit(0)
     os.close(write)
@@ -97,4 +121,25 @@ def test_a_connection_left_inside_a_transaction_by_its_caller_is_not_handed_out_
     with kept_connection(database_url) as again:
         assert again is not conn
         assert again.execute("SELECT pg_backend_pid()").fetchone() != first
-    conn.close()
+    assert conn.closed  # closed when it was passed over, not left open in its transaction
+
+
+def test_a_commit_that_fails_at_the_end_of_a_call_raises_and_keeps_nothing(database_url: str) -> None:
+    """A deferred constraint is checked at COMMIT: the error reaches the caller, the
+    connection is closed, and the next call gets a new session."""
+    with connect(database_url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE deferred (n int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    first = backend(database_url)
+    with pytest.raises(psycopg.errors.UniqueViolation), kept_connection(database_url) as conn:
+        conn.execute("INSERT INTO deferred VALUES (1), (1)")
+    assert conn.closed
+    assert backend(database_url) != first
+    with connect(database_url) as other:
+        assert other.execute("SELECT count(*) FROM deferred").fetchone() == (0,)
+
+
+def test_a_caller_that_closed_the_connection_itself_gets_no_error(database_url: str) -> None:
+    first = backend(database_url)
+    with kept_connection(database_url) as conn:
+        conn.close()
+    assert backend(database_url) != first

@@ -69,16 +69,14 @@ def kept_connection(url: str) -> Iterator[psycopg.Connection]:
     except BaseException:
         conn.close()
         raise
+    if conn.closed:  # the caller closed it: nothing to keep
+        return
     try:
-        if not conn.closed:
-            conn.commit()
+        conn.commit()  # then idle: no transaction open
     except BaseException:
         conn.close()
         raise
-    if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
-        _kept[url] = (os.getpid(), conn)
-    else:
-        conn.close()
+    _kept[url] = (os.getpid(), conn)
 
 
 def close_kept() -> None:
