@@ -131,7 +131,12 @@ class StreamRuns:
         profiles: list[dict[str, float]] = []
         try:
             job.plan()
-            while True:  # one batch, or (--batch-messages) batches until the topic is counted
+            # One batch, or (--batch-messages) batches until the topic is counted; a batch takes
+            # about batch_messages, so more than that many batches and two is a runaway.
+            most = 1 if self.batch_messages is None else -(-self.workload.messages // self.batch_messages) + 2
+            for _ in range(most + 1):
+                if len(batches) == most:
+                    raise RuntimeError(f"per-range: the topic was not counted in {most} batches")
                 started = time.perf_counter()
                 report = job.run_batch()
                 ms = (time.perf_counter() - started) * 1000
