@@ -340,7 +340,7 @@ def make_databases(copy: Path, template: str, workers: int) -> list[str | None]:
         env={**os.environ, "PYTHONPATH": str(copy)},
         check=True,
     )
-    names = []
+    names: list[str | None] = []
     with pg_connect() as conn:
         conn.execute(f'ALTER DATABASE "{template}" WITH is_template true')
         for i in range(workers):

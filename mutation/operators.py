@@ -218,8 +218,8 @@ class _Finder:
         if isinstance(node, ast.Expr) and _is_log_call(node.value):
             return
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for child in node.body:
-                self.visit(child, node)
+            for statement in node.body:
+                self.visit(statement, node)
             return  # arguments' defaults and annotations are left alone
         if isinstance(node, ast.AnnAssign):
             if node.value is not None:

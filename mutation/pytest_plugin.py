@@ -49,7 +49,7 @@ def _premigrated_templates() -> None:
             load(self, what)
 
     DatabaseJanitor.init = fast_init  # type: ignore[method-assign]
-    DatabaseJanitor.load = fast_load  # type: ignore[method-assign]
+    DatabaseJanitor.load = fast_load  # type: ignore[method-assign,assignment]
 
 
 _premigrated_templates()
