@@ -743,6 +743,13 @@ class Trial:
                     # One 2-core executor per worker ("host"): a straggler's copy finds a free core.
                     "spark.cores.max": "4",
                     "spark.executor.cores": "2",
+                    # ... once both executors are there. Spark's default starts scheduling at 80%
+                    # of the cores or after 30 s; an executor later than that (a loaded machine)
+                    # leaves every task on one host, where Spark never runs a copy. A CI run's
+                    # speculation trial (seed 106) stalled 12 tasks and copied none; its logs
+                    # were gone, so this is the likely cause, not a proven one.
+                    "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                    "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
                     "spark.executor.memory": "512m",
                     f"spark.executorEnv.{TAG_ENV}": tag,
                     "spark.speculation": "true",
