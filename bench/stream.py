@@ -134,9 +134,7 @@ class StreamRuns:
             # One batch, or (--batch-messages) batches until the topic is counted; a batch takes
             # about batch_messages, so more than that many batches and two is a runaway.
             most = 1 if self.batch_messages is None else -(-self.workload.messages // self.batch_messages) + 2
-            for _ in range(most + 1):
-                if len(batches) == most:
-                    raise RuntimeError(f"per-range: the topic was not counted in {most} batches")
+            for _ in range(most):
                 started = time.perf_counter()
                 report = job.run_batch()
                 ms = (time.perf_counter() - started) * 1000
@@ -157,10 +155,13 @@ class StreamRuns:
                 )
                 if self.batch_messages is None:
                     break
+            else:
+                raise RuntimeError(f"per-range: the topic was not counted in {most} batches")
         finally:
             job.close()
         measured, first = _measured(batches)
-        profile = {k: statistics.median(x[k] for x in _measured(profiles)[0]) for k in profiles[0]}
+        measured_profiles = _measured(profiles)[0]
+        profile = {k: statistics.median(x[k] for x in measured_profiles) for k in profiles[0]}
         return {"batch_ms": statistics.median(measured), "wall_ms": sum(batches), "profile": profile, **first}
 
     def _stream(self, name: str, path: str) -> dict[str, Any]:
