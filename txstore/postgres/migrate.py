@@ -21,7 +21,7 @@ from txstore.postgres.db import redact
 if TYPE_CHECKING:
     from alembic.config import Config
 
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 """The Alembic head this code was written for; a test keeps it equal to the real head."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

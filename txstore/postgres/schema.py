@@ -183,6 +183,36 @@ txn_stream_plans = Table(
     # The ranges the source planned for it, with each one's generation and verify message.
     Column("ranges", JSONB, nullable=False),
     Column("planned_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The plan's identity (a digest of job, start and end), which its reading tasks' receipts name.
+    Column("plan_id", Text, nullable=False),
+    # How many reading tasks it was planned in (each writes one receipt in txn_stream_reads).
+    Column("tasks", Integer, nullable=False),
+    # Who moved the job's micro-batch offsets last: 'txstore' (the txstore sink, with its
+    # results), 'checkpoint' (the source's commit, for a query whose sink is not txstore's).
+    Column("committed_by", Text, nullable=True),
     PrimaryKeyConstraint("job"),
     comment="Each streaming job's planned micro-batch (readStream.format('txstore')): its sink commits these ranges.",
+)
+
+txn_stream_reads = Table(
+    "txn_stream_reads",
+    metadata,
+    Column("job", Text, nullable=False),
+    Column("plan_id", Text, nullable=False),
+    # The plan's reading task (its index), and the Spark stage and partition that ran it: the same
+    # task under two (stage, partition) pairs was read twice by the query (a self-union or join).
+    Column("task", Integer, nullable=False),
+    Column("stage", Integer, nullable=False),
+    Column("spark_partition", Integer, nullable=False),
+    # The streaming query, its run (a restart is a new run) and the micro-batch that read it
+    # (Spark's task properties).
+    Column("query_id", Text, nullable=True),
+    Column("run_id", Text, nullable=True),
+    Column("batch_id", BigInteger, nullable=True),
+    # Each range read: messages delivered and the last one's fingerprint.
+    Column("ranges", JSONB, nullable=False),
+    Column("read_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("job", "plan_id", "task", "stage", "spark_partition"),
+    comment="What each reading task of a streaming micro-batch read (readStream.format('txstore')): "
+    "its sink commits a plan only when this query read all of it, once.",
 )

@@ -424,7 +424,7 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
         return [RangePartition(r) for r in plan(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from txstore.spark.arrow import arrow_schema, coalesce, record_batches
+        from txstore.spark.arrow import arrow_schema
 
         # Nothing to read for Spark's InputPartition(None) (it stands for an empty partitions()).
         ranges = partition_ranges(partition)
@@ -437,9 +437,19 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
         conf = self.options.kafka_conf
         for offset_range in ranges:  # in the planned order
             # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
-            reader = RangeReader(conf, offset_range, pause_gc=False)
-            for batch in coalesce(record_batches(reader, built, offset_range.key)):
-                yield batch if cast is None else batch.cast(cast)
+            yield from self.read_range(RangeReader(conf, offset_range, pause_gc=False), built, cast)
+
+    def read_range(self, reader: RangeReader, built: Any = None, cast: Any = None) -> Iterator[Any]:
+        """One range's messages as record batches of the read's columns (``reader.messages`` and
+        ``reader.last`` tell what was read, once they are all yielded)."""
+        from txstore.spark.arrow import arrow_schema, coalesce, record_batches
+
+        if built is None:
+            built = arrow_schema(self.columns)
+            expected = _spark_arrow_schema(self.schema)
+            cast = None if built.equals(expected) else expected
+        for batch in coalesce(record_batches(reader, built, reader.range.key)):
+            yield batch if cast is None else batch.cast(cast)
 
 
 def _spark_arrow_schema(schema: Any) -> Any:

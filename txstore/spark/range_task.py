@@ -89,6 +89,37 @@ def task_attempt() -> int:
     return int(context.attemptNumber()) if context is not None else 0
 
 
+@dataclass(frozen=True)
+class TaskRun:
+    """Where the running task runs: its Spark stage and partition, and (in a streaming query) the
+    query's id, the micro-batch and the query's run (Spark's task properties
+    ``sql.streaming.queryId``, ``streaming.sql.batchId`` and ``spark.jobGroup.id``, which a
+    streaming query sets to its run's id; None outside a stream)."""
+
+    stage: int
+    partition: int
+    query_id: str | None
+    batch_id: int | None
+    run_id: str | None = None
+
+
+def task_run() -> TaskRun:
+    """The running task's :class:`TaskRun` (all zero and None outside Spark)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return TaskRun(0, 0, None, None)
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    return TaskRun(
+        int(context.stageId()),
+        int(context.partitionId()),
+        context.getLocalProperty("sql.streaming.queryId"),
+        None if batch is None else int(batch),
+        context.getLocalProperty("spark.jobGroup.id"),  # a streaming query's job group is its run's id
+    )
+
+
 def _refused(offset_range: OffsetRange, messages: int, error: Exception) -> RangeReport:
     bad = (
         (BadOffset(error.topic, error.partition, error.offset, error.reason),)

@@ -20,9 +20,12 @@ TASKS_OPTION = "txstore.tasks"
 FAILPOINTS_OPTION = "txstore.failpoints"
 STREAM_ONLY_OPTIONS = ("maxoffsetspertrigger", COUNT_MESSAGES_OPTION, TASKS_OPTION, FAILPOINTS_OPTION)
 """Options of ``readStream.format("txstore")`` that a batch read does not take (lower case)."""
-COUNT_SCHEMA = "topic string, partition int, txstore_messages bigint"
+COUNT_SCHEMA = (
+    "topic string, partition int, txstore_from bigint, txstore_until bigint, txstore_messages bigint"
+)
 """The rows of ``readStream.format("txstore").option("txstore.countMessages", "true")``: one per
-range of a micro-batch, with how many messages its task read."""
+range of a micro-batch (its offsets ``[txstore_from, txstore_until)``), with how many messages its
+task read. The sink checks each against the micro-batch's planned ranges and its task's receipt."""
 
 
 @dataclass(frozen=True)

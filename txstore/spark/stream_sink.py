@@ -53,13 +53,21 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
-from txstore.core.errors import AlreadyCommitted, ConfigError, ResultsTableInvalid, TxstoreError
+from txstore.core.errors import AlreadyCommitted, ConfigError, ResultsTableInvalid
 from txstore.core.failpoints import FailPoints
+from txstore.core.micro_batch import (
+    Delivery,
+    RowsOutsideBatch,
+    merge_spans,
+    spans_array,
+    spans_from_array,
+    verify_micro_batch,
+)
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.postgres.copy_text import ORDER_BITS, copy_text
@@ -70,7 +78,8 @@ from txstore.postgres.results_merge import copy_and_merge, temp_table_types
 from txstore.postgres.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
-from txstore.postgres.stream_plans import load_plan
+from txstore.postgres.stream_plans import load_plan, load_reads
+from txstore.spark.range_task import task_run
 from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
@@ -84,24 +93,38 @@ except ImportError:
     pass
 
 
+Run = tuple[str | None, int | None, str | None]
+"""The streaming query, micro-batch and run a writing task ran in (:func:`~txstore.spark.range_task.task_run`)."""
+
+
+def _run() -> Run:
+    run = task_run()
+    return (run.query_id, run.batch_id, run.run_id)
+
+
 @dataclass
 class TopicCounts(WriterCommitMessage):  # type: ignore[misc]
-    """One write task's rows per topic."""
+    """One write task's rows per topic, and what proves which messages they are: per
+    (topic, partition) the offsets of its rows as spans (:func:`~txstore.core.micro_batch.spans_array`),
+    or the counting source's rows ``(topic, partition, from, until, messages)``; rows missing
+    their topic, partition or offset (``unplaced``), and the query and micro-batch it ran in."""
 
     counts: dict[str, int]
+    spans: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    counted: list[tuple[str, int, int, int, int]] | None = None
+    unplaced: int = 0
+    run: Run = (None, None, None)
 
 
 @dataclass
 class TableRows(WriterCommitMessage):  # type: ignore[misc]
-    """One write task's rows for a results table: COPY text chunks (row count, text), and the
-    lowest and highest offset of the messages they came from, per (topic, partition)."""
+    """One write task's rows for a results table: COPY text chunks (row count, text), the
+    lowest and highest offset of the messages they came from, per (topic, partition), and the
+    query and micro-batch it ran in."""
 
     chunks: list[tuple[int, bytes]]
     seen: dict[tuple[str, int], tuple[int, int]]
-
-
-class RowsOutsideBatch(TxstoreError):
-    """The sink received a row of a message outside its micro-batch's planned ranges."""
+    run: Run = (None, None, None)
 
 
 @dataclass(frozen=True)
@@ -158,6 +181,143 @@ COUNTED = "txstore_messages"
 counted as rows."""
 
 
+def _batch_spans(batch: Any) -> tuple[dict[tuple[str, int], list[tuple[int, int]]], int]:
+    """An Arrow batch's rows as spans of offsets per (topic, partition), a message with two rows
+    as two spans that overlap; and how many rows lack their topic, partition or offset.
+
+    Vectorised (numpy): rows of a txstore source come sorted by partition and offset, so the
+    sort is skipped unless they are not; a span ends where the partition changes or the next
+    offset is not the one after."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = [batch.column(batch.schema.get_field_index(c)) for c in ("topic", "partition", "offset")]
+    unplaced = 0
+    if any(c.null_count for c in columns):
+        valid = pc.and_(pc.and_(pc.is_valid(columns[0]), pc.is_valid(columns[1])), pc.is_valid(columns[2]))
+        unplaced = len(valid) - pc.sum(valid).as_py()
+        columns = [pc.filter(c, valid) for c in columns]
+    if not len(columns[0]):
+        return {}, unplaced
+    topics = pc.dictionary_encode(columns[0])
+    if isinstance(topics, pa.ChunkedArray):
+        topics = topics.combine_chunks()
+    names = topics.dictionary.to_pylist()
+    codes = (topics.indices.to_numpy(zero_copy_only=False).astype(np.int64) << 32) | (
+        columns[1].to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
+    )
+    offsets = columns[2].to_numpy(zero_copy_only=False).astype(np.int64)
+    same = codes[1:] == codes[:-1]
+    if not np.all((codes[1:] > codes[:-1]) | (same & (offsets[1:] >= offsets[:-1]))):
+        order = np.lexsort((offsets, codes))
+        codes, offsets = codes[order], offsets[order]
+        same = codes[1:] == codes[:-1]
+    breaks = np.flatnonzero(~same | (offsets[1:] - offsets[:-1] != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(offsets)]))
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for first, stop in zip(starts.tolist(), ends.tolist(), strict=True):
+        code = int(codes[first])
+        key = (names[code >> 32], (code & 0xFFFFFFFF) - ((code & 0x80000000) << 1))
+        spans.setdefault(key, []).append((int(offsets[first]), int(offsets[stop - 1]) + 1))
+    return spans, unplaced
+
+
+def _row_spans(rows: Sequence[Any]) -> tuple[dict[tuple[str, int], list[tuple[int, int]]], int]:
+    """:func:`_batch_spans` for rows (PySpark before 4.1 hands the writer rows, not Arrow)."""
+    found: dict[tuple[str, int], list[int]] = {}
+    unplaced = 0
+    for row in rows:
+        if row["topic"] is None or row["partition"] is None or row["offset"] is None:
+            unplaced += 1
+        else:
+            found.setdefault((row["topic"], int(row["partition"])), []).append(int(row["offset"]))
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for key, offsets in found.items():
+        offsets.sort()
+        out = spans.setdefault(key, [])
+        for offset in offsets:
+            if out and offset == out[-1][1]:
+                out[-1] = (out[-1][0], offset + 1)
+            else:
+                out.append((offset, offset + 1))
+    return spans, unplaced
+
+
+def _task_spans(
+    parts: Sequence[dict[tuple[str, int], list[tuple[int, int]]]],
+) -> dict[tuple[str, int], bytes]:
+    """A task's spans per partition, merged (a message two rows had keeps an overlapping span, so
+    the commit names it)."""
+    out: dict[tuple[str, int], bytes] = {}
+    for key in {k for part in parts for k in part}:
+        merged, repeated = merge_spans(part.get(key, ()) for part in parts)
+        if repeated is not None:
+            merged.append((repeated, repeated + 1))
+        out[key] = spans_array(merged)
+    return out
+
+
+def _deliver(iterator: Iterator[Any], counted: bool) -> TopicCounts:
+    """A write task's :class:`TopicCounts`: its rows per topic and what proves which messages they are."""
+    if counted:
+        rows: list[tuple[str, int, int, int, int]] = []
+        for item in iterator:
+            if hasattr(item, "num_rows"):
+                rows.extend(
+                    tuple(r.values())  # type: ignore[misc]
+                    for r in item.select(
+                        ["topic", "partition", "txstore_from", "txstore_until", COUNTED]
+                    ).to_pylist()
+                )
+            else:
+                rows.append(
+                    (
+                        item["topic"],
+                        item["partition"],
+                        item["txstore_from"],
+                        item["txstore_until"],
+                        item[COUNTED],
+                    )
+                )
+        counts: dict[str, int] = {}
+        unplaced = 0
+        for topic, partition, low, high, n in rows:
+            if None in (topic, partition, low, high, n):
+                unplaced += 1
+                continue
+            counts[topic] = counts.get(topic, 0) + int(n)
+        placed = [r for r in rows if None not in r]
+        return TopicCounts(counts, counted=placed, unplaced=unplaced, run=_run())
+    counts = {}
+    parts = []
+    unplaced = 0
+    pending: list[Any] = []
+    for item in iterator:
+        if hasattr(item, "num_rows"):
+            if item.num_rows == 0:
+                continue
+            spans, missing = _batch_spans(item)
+            column = item.column(item.schema.get_field_index("topic"))
+            for v in column.value_counts().to_pylist():
+                if v["values"] is not None:
+                    counts[v["values"]] = counts.get(v["values"], 0) + int(v["counts"])
+        else:
+            pending.append(item)
+            continue
+        parts.append(spans)
+        unplaced += missing
+    if pending:
+        spans, missing = _row_spans(pending)
+        parts.append(spans)
+        unplaced += missing
+        for row in pending:
+            if row["topic"] is not None:
+                counts[row["topic"]] = counts.get(row["topic"], 0) + 1
+    return TopicCounts(counts, _task_spans(parts), None, unplaced, _run())
+
+
 def _count_topics(iterator: Iterator[Any], counted: bool = False) -> dict[str, int]:
     """Messages per topic: a row each, or (``counted``) the sum of the rows' ``txstore_messages``."""
     counts: dict[str, int] = {}
@@ -178,6 +338,13 @@ def _count_topics(iterator: Iterator[Any], counted: bool = False) -> dict[str, i
             topic = item["topic"]
             counts[topic] = counts.get(topic, 0) + (int(item[COUNTED]) if counted else 1)
     return counts
+
+
+def _unplaceable(names: Sequence[str]) -> list[str]:
+    """The columns a counting sink needs to name each row's message, missing from ``names``."""
+    if COUNTED in names:
+        return [c for c in ("topic", "partition", "txstore_from", "txstore_until") if c not in names]
+    return [c for c in PROVENANCE if c not in names]
 
 
 PROVENANCE = ("topic", "partition", "offset")
@@ -258,7 +425,7 @@ def _table_rows(table: ResultsTable, iterator: Iterator[Any]) -> TableRows:
             seen[key] = (low, high)
         chunks.append((batch.num_rows, copy_text(batch.select(columns), position if table.ordered else None)))
         position += batch.num_rows
-    return TableRows(chunks, seen)
+    return TableRows(chunks, seen, _run())
 
 
 def check_rows_in_batch(
@@ -298,10 +465,12 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
         self.types: dict[str, str] = {}
         if options.table is not None:
             self.types = check_table_query(options, schema, overwrite)
-        elif "topic" not in schema.names:
+        elif missing := _unplaceable(schema.names):
             raise ConfigError(
-                "writeStream.format('txstore') counts messages per topic: the DataFrame needs the "
-                "topic column of readStream.format('txstore')"
+                f"job {options.job}: writeStream.format('txstore') counts each message of the "
+                "micro-batch once and checks every row against the offsets its source planned: the "
+                f"query's rows have no {', '.join(missing)} column; keep readStream.format('txstore')'s "
+                "topic, partition and offset columns (or, with txstore.countMessages, its rows as they are)"
             )
         elif overwrite:
             raise ConfigError(
@@ -315,28 +484,46 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
         freeze_once()  # PySpark's collection after each task then skips the imports' objects
         if self.options.table is not None:
             return _table_rows(self.options.table, iterator)
-        return TopicCounts(_count_topics(iterator, self.counted))
+        return _deliver(iterator, self.counted)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if self.options.table is not None:
             self._commit_table([m for m in messages if isinstance(m, TableRows)], batchId)
             return
         job = self.options.job
+        delivered = [m for m in messages if isinstance(m, TopicCounts)]
+        unplaced = sum(m.unplaced for m in delivered)
+        if unplaced:
+            raise RowsOutsideBatch(
+                f"job {job!r} micro-batch {batchId}: {unplaced} rows have no topic, partition or "
+                f"{'txstore_from' if self.counted else 'offset'}, so no message of the micro-batch "
+                "can be named for them; nothing was written. Keep readStream.format('txstore')'s "
+                "columns as they are"
+            )
         totals: dict[str, int] = {}
-        for m in messages:
-            if isinstance(m, TopicCounts):
-                for topic, n in m.counts.items():
-                    totals[topic] = totals.get(topic, 0) + n
+        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for m in delivered:
+            for topic, n in m.counts.items():
+                totals[topic] = totals.get(topic, 0) + n
+            for key, data in m.spans.items():
+                spans.setdefault(key, []).extend(spans_from_array(data))
+        counts = None
+        if self.counted:
+            counts = [
+                (OffsetRange(t, p, low, high), n) for m in delivered for t, p, low, high, n in m.counted or ()
+            ]
+        delivery = Delivery(frozenset(m.run for m in delivered), spans, counts)
         with kept_connection(self.options.database_url) as conn:
-            ranges = [r for r in load_plan(conn, job) if r.size > 0]
+            plan = load_plan(conn, job)
+            reads = verify_micro_batch(job, batchId, plan, load_reads(conn, job, plan.plan_id), delivery)
+            ranges = list(plan.reading)
             deltas = {(t, TOPIC_TOTAL): n for t, n in sorted(totals.items()) if n}
             if not ranges:
-                if deltas:
-                    raise TxstoreError(f"job {job!r} batch {batchId}: rows but no planned range")
                 return
+            last = {key: read.last for key, read in reads.items() if read.last is not None}
             try:
                 failpoints = FailPoints.parse(self.options.failpoints)
-                TransactionalSink(conn, job, failpoints).commit_batch(ranges, deltas)
+                TransactionalSink(conn, job, failpoints).commit_batch(ranges, deltas, last=last)
             except AlreadyCommitted:
                 _skipped(job, batchId, ranges)
 
@@ -351,8 +538,11 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                 old = seen.get(key, (low, high))
                 seen[key] = (min(low, old[0]), max(high, old[1]))
         with kept_connection(self.options.database_url) as conn:
-            ranges = [r for r in load_plan(conn, job) if r.size > 0]
+            plan = load_plan(conn, job)
+            ranges = list(plan.reading)
             check_rows_in_batch(job, batch_id, ranges, seen)
+            delivery = Delivery(frozenset(m.run for m in messages))
+            reads = verify_micro_batch(job, batch_id, plan, load_reads(conn, job, plan.plan_id), delivery)
             if not ranges:
                 return
             stored = stored_offsets(conn, job, ranges)
@@ -362,7 +552,8 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                     raise classify_batch_conflict(job, ranges, stored)  # a replay: nothing to copy
                 chunks = (chunk for m in messages for chunk in m.chunks)
                 failpoints = FailPoints.parse(self.options.failpoints)
-                copy_and_merge(conn, job, table, self.types, ranges, chunks, failpoints, 0)
+                last = {key: read.last for key, read in reads.items() if read.last is not None}
+                copy_and_merge(conn, job, table, self.types, ranges, chunks, failpoints, 0, last=last)
             except AlreadyCommitted:
                 _skipped(job, batch_id, ranges)
 

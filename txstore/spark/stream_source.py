@@ -71,15 +71,19 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from txstore.core.errors import ConfigError, TxstoreError, UnknownTopic
+from txstore.core.errors import AlreadyCommitted, ConfigError, TxstoreError, UnknownTopic
 from txstore.core.failpoints import FailPoints
+from txstore.core.fingerprint import Fingerprint
+from txstore.core.micro_batch import RangeRead, Receipt, StreamPlan
 from txstore.core.ranges import (
     OffsetRange,
     PartitionWatermarks,
@@ -94,16 +98,25 @@ from txstore.kafka.client import Watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import connect
+from txstore.postgres.kept import kept_connection
 from txstore.postgres.locks import hold_job_lock
 from txstore.postgres.migrate import check_schema
-from txstore.postgres.stream_plans import save_plan
+from txstore.postgres.sink import TransactionalSink
+from txstore.postgres.stream_plans import (
+    CHECKPOINT_LED,
+    SINK_COMMITTED,
+    load_plan,
+    load_reads,
+    mark_committed,
+    record_read,
+    save_plan,
+)
 from txstore.spark.datasource import (
-    RangePartition,
     RangesPartition,
     TxstoreReader,
     partition_ranges,
 )
-from txstore.spark.range_task import task_attempt
+from txstore.spark.range_task import task_attempt, task_run
 from txstore.spark.stream_options import (
     COUNT_SCHEMA,
     StreamOptions,
@@ -133,6 +146,16 @@ class StreamLocked(TxstoreError):
 
 class CheckpointMismatch(TxstoreError):
     """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
+
+
+class StreamPartition(RangesPartition):
+    """One reading task of a micro-batch: its ranges, the plan's identity and the task's index in
+    it, which its receipt names (:func:`~txstore.postgres.stream_plans.record_read`)."""
+
+    def __init__(self, ranges: Sequence[OffsetRange], plan_id: str, index: int) -> None:
+        super().__init__(ranges)
+        self.plan_id = plan_id
+        self.index = index
 
 
 def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[list[OffsetRange]]:
@@ -203,6 +226,53 @@ def check_alignment(
     )
 
 
+def driver_process() -> str:
+    """``host:pid`` of the Spark driver's JVM this planner worker serves (its nearest ``java``
+    ancestor; the worker's parent where none is found): two sources in one application share it."""
+    pid = os.getppid()
+    for _ in range(8):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+                break
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pid = os.getppid()
+            break
+    else:
+        pid = os.getppid()
+    return f"{socket.gethostname()}:{pid}"
+
+
+def stream_lock_holder(conn: psycopg.Connection, job: str) -> tuple[str, str] | None:
+    """The application name and client address of the session holding the job's stream lock."""
+    row = conn.execute(
+        "SELECT a.application_name, coalesce(host(a.client_addr), 'local') FROM pg_locks l "
+        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+        f"AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = {_STREAM_KEY} LIMIT 1",
+        (job,),
+    ).fetchone()
+    conn.rollback()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
+def stream_locked_line(job: str, holder: tuple[str, str] | None, me: str) -> str:
+    """Why the job's stream lock is taken, in one line: a second source of the job in this Spark
+    application (a union or join of two sources of one job), or another query elsewhere."""
+    if holder is not None and holder[0] == me:
+        return (
+            f"job {job!r}: another readStream.format('txstore') of this job in this Spark application "
+            "holds the job's stream lock: a union or join of two sources of the same job in one "
+            "query (each would plan and commit the same offsets; read the job once and reuse the "
+            "DataFrame, or give each source its own txstore.job), or a second running query of "
+            "this job; nothing was read"
+        )
+    where = "" if holder is None else f" ({holder[0] or 'a session'} from {holder[1]})"
+    return (
+        f"job {job!r}: another streaming query of this job is running{where} (it holds the job's "
+        "stream lock); stop it first, or give this query another txstore.job"
+    )
+
+
 class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
     """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
 
@@ -232,14 +302,14 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             url, job = self.options.database_url, self.options.job
             conn = connect(url)
             check_schema(conn, url)
+            me = f"txstore stream {driver_process()}"
             with conn.transaction():
+                conn.execute("SELECT set_config('application_name', %s, false)", (me,))
                 row = conn.execute(f"SELECT pg_try_advisory_lock({_STREAM_KEY})", (job,)).fetchone()
             if not (row and row[0]):
+                holder = stream_lock_holder(conn, job)
                 conn.close()
-                raise StreamLocked(
-                    f"job {job!r}: another streaming query of this job is running (it holds the job's "
-                    "stream lock); stop it first, or give this query another txstore.job"
-                )
+                raise StreamLocked(stream_locked_line(job, holder, me))
             hold_job_lock(conn, job)
             self._conn = conn
         return self._conn
@@ -352,7 +422,13 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 [StartDecision(r.topic, r.partition, r.from_offset, "the stream's start") for r in missing],
             )
             committed, history = store.committed_state(conn, job, topics)
-        check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
+        try:
+            check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
+        except CheckpointMismatch:
+            if not self._caught_up(conn, planned):
+                raise
+            committed, history = store.committed_state(conn, job, topics)
+            check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
         watermarks = {w.key: w for w in self._watermarks()}
         ranges = []
         for r in planned:
@@ -364,35 +440,119 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             verify = last if last is not None and low <= last.offset < r.from_offset else None
             log_end = marks.high if marks else None
             ranges.append(replace(r, verify=verify, generation=generation, log_end=log_end))
-        save_plan(conn, job, start, end, ranges)
-        self._last_end = finish
         reading = [r for r in ranges if r.size > 0]
-        return [RangesPartition(run) for run in micro_batch_tasks(reading, self.options.tasks)]
+        tasks = micro_batch_tasks(reading, self.options.tasks)
+        plan_id = save_plan(conn, job, start, end, ranges, tasks)
+        self._last_end = finish
+        return [StreamPartition(run, plan_id, i) for i, run in enumerate(tasks)]
 
     def commit(self, end: Mapping[str, Any]) -> None:
-        """Spark's commit of a batch it finished; the offsets are in PostgreSQL already."""
+        """Spark's commit of a micro-batch its sink committed (Spark calls it while it starts the
+        next one).
+
+        With the txstore sink the offsets are in PostgreSQL already, with the results. With any
+        other sink (Spark's file sink, ``foreachBatch``, a console) nothing moved them: the source
+        moves them now, from the planned starts to the planned ends with the last messages'
+        fingerprints (:meth:`_follow_checkpoint`), so that ``txstore status``, lag and the next
+        micro-batch's check follow the query. The guarantee is then the sink's own (Spark's file
+        sink: exactly once through its log; ``foreachBatch``: at least once).
+        """
+        job = self.options.job
+        conn = self._db()
+        try:
+            plan = load_plan(conn, job)
+        except TxstoreError:
+            return  # nothing planned: nothing to move
+        if {r.key: r.until_offset for r in plan.ranges} != offsets_map(end) or not plan.reading:
+            return  # another micro-batch's end (a restart's first commit), or nothing read
+        stored = store.committed_offsets(conn, job, sorted({r.topic for r in plan.reading}))
+        if all(stored.get(r.key) == r.from_offset for r in plan.reading):
+            self._follow_checkpoint(conn, plan)
+        elif plan.committed_by != SINK_COMMITTED and all(
+            stored.get(r.key) == r.until_offset for r in plan.reading
+        ):
+            mark_committed(conn, job, plan.plan_id, SINK_COMMITTED)
+
+    def _follow_checkpoint(self, conn: psycopg.Connection, plan: StreamPlan) -> None:
+        """Move a micro-batch's offsets that a sink other than txstore's wrote (Spark committed it),
+        as one conditional update, and note the job as checkpoint-led."""
+        job = self.options.job
+        last: dict[TopicPartition, Fingerprint] = {}
+        for receipt in load_reads(conn, job, plan.plan_id):
+            for read in receipt.reads:
+                if read.last is not None:
+                    last[read.range.key] = read.last
+        try:
+            TransactionalSink(conn, job, FailPoints()).commit_batch(list(plan.reading), {}, last=last)
+        except AlreadyCommitted:
+            return
+        mark_committed(conn, job, plan.plan_id, CHECKPOINT_LED)
+        if plan.committed_by != CHECKPOINT_LED:
+            log.info(
+                "job %s: the query's sink is not txstore's: txn_offsets now follows Spark's checkpoint "
+                "(each micro-batch's offsets move when Spark commits it; the sink's own guarantee holds)",
+                job,
+            )
+
+    def _caught_up(self, conn: psycopg.Connection, planned: Sequence[OffsetRange]) -> bool:
+        """Whether the micro-batch starts where a checkpoint-led job's last micro-batch ended and
+        that one was moved now (Spark committed it, but stopped before the source's commit)."""
+        job = self.options.job
+        try:
+            plan = load_plan(conn, job)
+        except TxstoreError:
+            return False
+        if plan.committed_by != CHECKPOINT_LED or not plan.reading:
+            return False
+        ends = {r.key: r.until_offset for r in plan.ranges}
+        if any(ends.get(r.key, r.from_offset) != r.from_offset for r in planned):
+            return False
+        stored = store.committed_offsets(conn, job, sorted({r.topic for r in plan.reading}))
+        if not all(stored.get(r.key) == r.from_offset for r in plan.reading):
+            return False
+        self._follow_checkpoint(conn, plan)
+        return True
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         freeze_once()  # PySpark's collection after each task then skips the imports' objects
         ranges = partition_ranges(partition)
         if self.batch_reader is None:
-            return self._count(ranges)
-        return self._messages(self.batch_reader, ranges)
+            return self._count(partition, ranges)
+        return self._messages(self.batch_reader, partition, ranges)
 
     def _after_first_range(self) -> None:
         if self.options.failpoints:  # tests only
             FailPoints.parse(self.options.failpoints).hit("after-first-range", task_attempt())
 
-    def _messages(self, reader: TxstoreReader, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
-        """The messages of the task's ranges, one range after the other (the batch source's reader)."""
+    def _record(self, partition: InputPartition, reads: Sequence[RangeRead]) -> None:
+        """The task's receipt (:mod:`txstore.core.micro_batch`): its ranges were read to their end,
+        in this query's micro-batch, as this Spark stage and partition."""
+        if not isinstance(partition, StreamPartition):
+            return
+        run = task_run()
+        receipt = Receipt(
+            partition.index, run.stage, run.partition, run.query_id, run.batch_id, tuple(reads), run.run_id
+        )
+        with kept_connection(self.options.database_url) as conn:
+            record_read(conn, self.options.job, partition.plan_id, receipt)
+
+    def _messages(
+        self, reader: TxstoreReader, partition: InputPartition, ranges: Sequence[OffsetRange]
+    ) -> Iterator[Any]:
+        """The messages of the task's ranges, one range after the other (the batch source's reader);
+        the receipt once the last range was read to its end."""
+        reads = []
         for i, r in enumerate(ranges):
-            yield from reader.read(RangePartition(r))
+            kafka = RangeReader(self.options.read.kafka_conf, r, pause_gc=False, job=self.options.job)
+            yield from reader.read_range(kafka)
+            reads.append(RangeRead(r, kafka.messages, kafka.last))
             if i == 0:
                 self._after_first_range()
+        self._record(partition, reads)
 
-    def _count(self, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
+    def _count(self, partition: InputPartition, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
         """``txstore.countMessages``: each range read whole and its messages counted; one row per
-        range, all in one record batch.
+        range (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`), all in one record batch.
 
         As the per-range count path: no row per message is built or handed to Spark (the
         reader's checks of the planned log are the same); a retried task reads its ranges again
@@ -402,24 +562,29 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
         if not ranges:
             return
-        counts = []
+        reads = []
         for i, r in enumerate(ranges):
-            n = 0
-            for batch in RangeReader(self.options.read.kafka_conf, r):  # to the end: gc paused throughout
-                n += len(batch)
-            counts.append(n)
+            kafka = RangeReader(self.options.read.kafka_conf, r, job=self.options.job)  # gc paused throughout
+            for _ in kafka:
+                pass
+            reads.append(RangeRead(r, kafka.messages, kafka.last))
             if i == 0:
                 self._after_first_range()
+        self._record(partition, reads)
         yield pa.RecordBatch.from_pydict(
             {
                 "topic": [r.topic for r in ranges],
                 "partition": [r.partition for r in ranges],
-                "txstore_messages": counts,
+                "txstore_from": [r.from_offset for r in ranges],
+                "txstore_until": [r.until_offset for r in ranges],
+                "txstore_messages": [read.messages for read in reads],
             },
             schema=pa.schema(
                 [
                     pa.field("topic", pa.string()),
                     pa.field("partition", pa.int32()),
+                    pa.field("txstore_from", pa.int64()),
+                    pa.field("txstore_until", pa.int64()),
                     pa.field("txstore_messages", pa.int64()),
                 ]
             ),
