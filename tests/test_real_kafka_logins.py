@@ -10,6 +10,7 @@ is written to PostgreSQL.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +21,19 @@ import pytest
 from tests.conftest import produce
 from tests.real_kafka_fixture import SCRAM_PASSWORD, SCRAM_USER
 from tests.test_count_topic import log_ends, offsets, totals
+from tests.test_idempotent_and_outbox import read_topic
+from tests.test_operator_cli import txstore
 from tests.test_recreated_topic import snapshot
+from tests.test_sink import seed
 from txstore.core.errors import KafkaUnavailable
+from txstore.core.ranges import OffsetRange
+from txstore.core.results import TOPIC_TOTAL
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.postgres.db import connect
+from txstore.postgres.outbox import outbox_counts
+from txstore.postgres.sink import TransactionalSink
 from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -108,3 +117,74 @@ def test_a_wrong_password_or_an_untrusted_certificate_is_one_line_naming_the_bro
     assert SCRAM_PASSWORD not in message and "not the password" not in message
     assert snapshot(db) == before
     assert elapsed < METADATA_TIMEOUT_SECONDS / 2
+
+
+def publish_over_sasl_ssl(
+    kafka: RealKafkaCluster, database_url: str, options: dict[str, str], servers: str | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``txstore publish --job j`` through the SASL_SSL listener (or ``servers``) with ``options``;
+    what it printed and how long it took."""
+    kafka_options = [arg for k, v in options.items() for arg in ("--kafka-option", f"{k}={v}")]
+    started = time.monotonic()
+    done = txstore(
+        "publish",
+        "--job",
+        "j",
+        "--bootstrap-servers",
+        servers or kafka.secure_bootstrap_servers,
+        *kafka_options,
+        url=database_url,
+    )
+    return done, time.monotonic() - started
+
+
+def commit_one_result(database_url: str, db: psycopg.Connection, results: str) -> None:
+    seed(db, "j", "events", {0: 0})
+    with connect(database_url) as conn:
+        TransactionalSink(conn, "j", publish_to=results).commit(
+            OffsetRange("events", 0, 0, 1), {TOPIC_TOTAL: 1}
+        )
+
+
+def test_txstore_publish_with_the_right_login_sends_the_results_over_sasl_ssl(
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    results = new_real_topic(1, prefix="login-results")
+    commit_one_result(database_url, db, results)
+    done, _ = publish_over_sasl_ssl(
+        real_kafka, database_url, real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "published 1 results of job 'j'; 0 waiting, 0 set aside" in done.stdout
+    assert len(read_topic(real_kafka, results)) == 1
+
+
+def test_txstore_publish_with_a_wrong_password_stops_at_once_with_the_jobs_line_and_keeps_the_results(
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> None:
+    """The publisher checks its login as the job does: Kafka's refusal, in one line, in seconds
+    (not "Message timed out" after the 30 s delivery timeout); the result waits, not set aside."""
+    results = new_real_topic(1, prefix="login-results")
+    commit_one_result(database_url, db, results)
+    done, elapsed = publish_over_sasl_ssl(
+        real_kafka, database_url, real_kafka.sasl_ssl_options(SCRAM_USER, "not the password")
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    line = done.stderr.strip()
+    assert "\n" not in line
+    assert line.startswith(
+        f"txstore: error: Kafka at {real_kafka.secure_bootstrap_servers} refused the login (SASL authentication "
+        "error: Authentication failed during authentication due to invalid credentials with SASL mechanism "
+        "SCRAM-SHA-512"
+    ), line
+    assert line.endswith("check --kafka-option sasl.username, sasl.password and sasl.mechanisms"), line
+    assert "not the password" not in line
+    assert elapsed < METADATA_TIMEOUT_SECONDS / 2
+    assert outbox_counts(db, "j") == (1, 0)
+    assert read_topic(real_kafka, results) == []

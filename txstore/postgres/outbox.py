@@ -45,7 +45,8 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from txstore.core.errors import PublishFailed
+from txstore.core.errors import KafkaUnavailable, PublishFailed
+from txstore.kafka.client import refusal
 
 log = logging.getLogger("txstore")
 
@@ -55,8 +56,11 @@ CHUNK_BYTES = 64 * 1024 * 1024  # a chunk holds at most about this much payload 
 KEEP_SENT_DAYS = 7  # sent rows are kept this long for inspection, then deleted
 PRUNE_EVERY_SECONDS = 3600.0
 
-_producers: dict[tuple[tuple[str, str], ...], Producer] = {}
+_ProducerKey = tuple[tuple[str, str], ...]
+_producers: dict[_ProducerKey, Producer] = {}
+_producer_errors: dict[_ProducerKey, list[KafkaError]] = {}  # what each one's error_cb was given
 _producers_lock = threading.Lock()
+FLUSH_SLICE_SECONDS = 0.5  # how often a flush looks for a refused login or certificate
 
 
 def producer_config(
@@ -131,12 +135,23 @@ def record_batch_bytes(
 
 def shared_producer(conf: Mapping[str, Any]) -> Producer:
     """The process's producer for ``conf``, created on first use."""
-    key = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    key = _producer_key(conf)
     with _producers_lock:
         producer = _producers.get(key)
         if producer is None:
-            producer = _producers[key] = Producer(dict(conf))
+            errors = _producer_errors[key] = []
+            producer = _producers[key] = Producer({**conf, "error_cb": errors.append})
         return producer
+
+
+def _producer_key(conf: Mapping[str, Any]) -> _ProducerKey:
+    return tuple(sorted((k, str(v)) for k, v in conf.items()))
+
+
+def _errors_of(conf: Mapping[str, Any]) -> list[KafkaError]:
+    """The errors librdkafka reported to the shared producer for ``conf``, oldest first."""
+    with _producers_lock:
+        return _producer_errors.setdefault(_producer_key(conf), [])
 
 
 def _drop_producer(producer: Producer) -> None:
@@ -144,6 +159,7 @@ def _drop_producer(producer: Producer) -> None:
         for key, p in list(_producers.items()):
             if p is producer:
                 del _producers[key]
+                _producer_errors.pop(key, None)
 
 
 def close_producers(timeout: float = 10.0) -> None:
@@ -151,6 +167,7 @@ def close_producers(timeout: float = 10.0) -> None:
     with _producers_lock:
         producers = list(_producers.values())
         _producers.clear()
+        _producer_errors.clear()
     for producer in producers:
         try:
             producer.flush(timeout)
@@ -268,6 +285,7 @@ class _Outcome:
     failures: list[str] = field(default_factory=list)
     topic_refused: bool = False
     too_large_in_batch: list[int] = field(default_factory=list)
+    refusal: KafkaUnavailable | None = None  # Kafka refused the login or sent an untrusted certificate
 
     def refused(self, row_id: int, error: KafkaError, size_reason: str | None = None) -> None:
         """Row ``row_id`` refused with ``error``. A size refusal is set aside only with its
@@ -395,6 +413,8 @@ class OutboxPublisher:
         destination = rows[0][1]
         if outcome.set_aside:
             self._warn_set_aside(destination, outcome.set_aside)
+        if outcome.refusal is not None:
+            raise outcome.refusal  # the rows not delivered stay pending, as after any failure
         if outcome.failures:
             raise PublishFailed(
                 f"publishing results of job {self.job!r} to Kafka topic {destination!r} at "
@@ -426,6 +446,8 @@ class OutboxPublisher:
         failure, flush, send again alone the rows refused as too large in a batch; return what
         became of each."""
         producer = shared_producer(self.conf)
+        errors = _errors_of(self.conf)
+        errors.clear()  # only this chunk's errors explain its failure
         outcome = _Outcome()
         messages: dict[int, _Message] = {}
 
@@ -464,7 +486,7 @@ class OutboxPublisher:
                         row_id, error, too_large_for_producer_reason(message.batch_bytes, self.conf)
                     )
                 producer.poll(0)
-            remaining = producer.flush(self.timeout)
+            remaining = self._flush(producer, errors, outcome)
         except KafkaException as e:
             _drop_producer(producer)  # a fatal producer error: start afresh next time
             outcome.failures.append(str(e.args[0].str() if e.args else e))
@@ -473,7 +495,7 @@ class OutboxPublisher:
             outcome.failures.append(f"{remaining} messages not confirmed within {self.timeout:g}s")
         if outcome.topic_refused or any("fatal" in f.lower() for f in outcome.failures):
             _drop_producer(producer)
-        if outcome.too_large_in_batch and not outcome.failures:
+        if outcome.too_large_in_batch and not outcome.failures and outcome.refusal is None:
             self._send_alone(messages, outcome)
         return outcome
 
@@ -487,7 +509,10 @@ class OutboxPublisher:
             self.job,
             len(ids),
         )
-        producer = shared_producer(single_message_config(self.conf))
+        conf = single_message_config(self.conf)
+        producer = shared_producer(conf)
+        errors = _errors_of(conf)
+        errors.clear()
 
         def report(row_id: int, size_reason: str) -> Any:
             def on_delivery(error: KafkaError | None, message: Message) -> None:
@@ -507,7 +532,7 @@ class OutboxPublisher:
                     producer, message, report(row_id, too_large_reason(message.topic, message.batch_bytes))
                 )
                 producer.poll(0)
-            remaining = producer.flush(self.timeout)
+            remaining = self._flush(producer, errors, outcome)
         except KafkaException as e:
             _drop_producer(producer)
             outcome.failures.append(str(e.args[0].str() if e.args else e))
@@ -516,6 +541,24 @@ class OutboxPublisher:
             outcome.failures.append(f"{remaining} messages not confirmed within {self.timeout:g}s")
         if outcome.topic_refused or any("fatal" in f.lower() for f in outcome.failures):
             _drop_producer(producer)
+
+    def _flush(self, producer: Producer, errors: list[KafkaError], outcome: _Outcome) -> int:
+        """Wait until every message is delivered or refused, up to the timeout; return how many
+        are left. A login Kafka refuses, or a certificate this client does not trust, ends the
+        wait at once, in the line planning gives (:func:`txstore.kafka.client.refusal`): the
+        producer's messages are purged and the producer dropped, and ``outcome.refusal`` says why."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            remaining = int(producer.flush(max(min(FLUSH_SLICE_SECONDS, deadline - time.monotonic()), 0.0)))
+            if not remaining or time.monotonic() >= deadline:
+                return remaining
+            refused = refusal(errors, str(self.conf.get("bootstrap.servers")))
+            if refused is not None:
+                outcome.refusal = refused
+                producer.purge()
+                producer.poll(0)  # their reports (purged: a passing failure) before the producer goes
+                _drop_producer(producer)
+                return 0
 
     def _produce_one(self, producer: Producer, message: _Message, on_delivery: Any) -> None:
         deadline = time.monotonic() + self.timeout
