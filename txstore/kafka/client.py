@@ -25,6 +25,7 @@ from txstore.core.errors import (
     UnknownTopic,
 )
 from txstore.core.ranges import PartitionWatermarks
+from txstore.kafka.certificates import certificate_refusal
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
@@ -169,7 +170,7 @@ class _Admin:
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
         self.errors: list[KafkaError] = []
-        settings = {
+        self.settings = settings = {
             **conf,
             "allow.auto.create.topics": False,
             "error_cb": self.errors.append,
@@ -200,7 +201,7 @@ class _Admin:
             self.client.poll(0)
         except Exception:
             return None
-        return refusal(self.errors, servers)
+        return refusal(self.errors, servers, self.settings)
 
     def metadata(self, servers: str, topic: str, timeout: float) -> Any:
         """``list_topics(topic)`` within ``timeout``. While librdkafka reports errors it is asked
@@ -232,11 +233,13 @@ class _Admin:
         )
 
 
-def refusal(errors: Sequence[KafkaError], servers: str) -> KafkaUnavailable | None:
+def refusal(errors: Sequence[KafkaError], servers: str, conf: Mapping[str, Any]) -> KafkaUnavailable | None:
     """Whether ``errors`` (what a client's ``error_cb`` was given) say the broker at ``servers``
     answered and refused the client for good: a login it does not accept, or a certificate the
-    client does not trust. Every client txstore makes stops at once on these, in the same line:
-    planning (:class:`_Admin`) and publishing (:mod:`txstore.postgres.outbox`)."""
+    client does not trust (what was wrong with it is found with the client's settings ``conf``:
+    :func:`~txstore.kafka.certificates.certificate_refusal`). Every client txstore makes stops at
+    once on these, in the same line: planning (:class:`_Admin`) and publishing
+    (:mod:`txstore.postgres.outbox`)."""
     for error in errors:
         reason = _CLIENT_PREFIX.sub("", str(error.str()))
         if error.code() == KafkaError._AUTHENTICATION:
@@ -245,10 +248,7 @@ def refusal(errors: Sequence[KafkaError], servers: str) -> KafkaUnavailable | No
                 "sasl.username, sasl.password and sasl.mechanisms"
             )
         if error.code() == KafkaError._SSL and "certificate verify failed" in reason:
-            return KafkaUnavailable(
-                f"Kafka at {servers} sent a certificate this client does not trust ({reason}); "
-                "check --kafka-option ssl.ca.location (the CA that signed the broker's certificate)"
-            )
+            return certificate_refusal(servers, conf, reason)
     return None
 
 

@@ -552,7 +552,7 @@ class OutboxPublisher:
             remaining = int(producer.flush(max(min(FLUSH_SLICE_SECONDS, deadline - time.monotonic()), 0.0)))
             if not remaining or time.monotonic() >= deadline:
                 return remaining
-            refused = refusal(errors, str(self.conf.get("bootstrap.servers")))
+            refused = refusal(errors, str(self.conf.get("bootstrap.servers")), self.conf)
             if refused is not None:
                 outcome.refusal = refused
                 producer.purge()
