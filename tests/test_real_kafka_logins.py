@@ -5,7 +5,9 @@ when it started, and one SCRAM-SHA-512 user. txstore passes ``--kafka-option`` s
 every client it makes (planning, Spark tasks' readers, topic IDs), so a job given the right
 login counts exactly; a wrong password, or a client that does not trust the broker's
 certificate, stops the job in one line naming the broker and what failed, before anything
-is written to PostgreSQL.
+is written to PostgreSQL; ``txstore publish`` stops the same way, leaving its results waiting.
+An expired certificate and one for another host name (the broker's EXPIRED and OTHER_HOST
+listeners, signed by the trusted CA) are told apart from an untrusted CA.
 """
 
 from __future__ import annotations
