@@ -216,12 +216,21 @@ def test_rows_kafka_has_not_confirmed_when_the_flush_times_out_stay_pending(
 def test_a_row_kafka_refuses_for_good_is_set_aside_and_the_chunk_goes_on(
     monkeypatch: pytest.MonkeyPatch, committed_outbox: psycopg.Connection, db: psycopg.Connection
 ) -> None:
+    # Message 1 refused as too large in a record batch, and again sent alone (message 3).
     producer = FakeProducer(
-        outcome=lambda i: KafkaError.MSG_SIZE_TOO_LARGE if i == 1 else None,
+        outcome=lambda i: KafkaError.MSG_SIZE_TOO_LARGE if i in (1, 3) else None,
         refuse_at_produce=lambda i: KafkaError.MSG_SIZE_TOO_LARGE if i == 2 else None,
     )
     assert publish_with(monkeypatch, committed_outbox, producer, chunk_rows=3)() == 2
     assert outbox_state(db) == [(True, False), (False, True), (False, True), (True, False)]
+    keys = [k for (k,) in db.execute("SELECT dedup_key FROM txn_outbox WHERE job = 'j' ORDER BY id")]
+    assert [key.decode() for _, _, key, _ in producer.produced] == [
+        keys[0],
+        keys[1],
+        keys[2],
+        keys[1],
+        keys[3],
+    ]
     reasons = db.execute("SELECT failed_reason FROM txn_outbox WHERE failed_at IS NOT NULL").fetchall()
     assert all(r.startswith("the message is too large for Kafka") for (r,) in reasons)
 

@@ -193,7 +193,9 @@ class TransactionalJob:
         self._mirror: GroupOffsetMirror | None = None
         self._mirrored: dict[TopicPartition, int] = {}  # the offsets the group has from this job
         self._publisher = (
-            OutboxPublisher(settings.kafka_conf, settings.job) if settings.publish_topic else None
+            OutboxPublisher(settings.kafka_conf, settings.job, batch_bytes=settings.publish_max_bytes)
+            if settings.publish_topic
+            else None
         )
 
     @property

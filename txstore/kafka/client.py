@@ -25,6 +25,7 @@ from txstore.core.errors import (
     UnknownTopic,
 )
 from txstore.core.ranges import PartitionWatermarks
+from txstore.kafka.certificates import certificate_refusal
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
@@ -169,7 +170,7 @@ class _Admin:
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
         self.errors: list[KafkaError] = []
-        settings = {
+        self.settings = settings = {
             **conf,
             "allow.auto.create.topics": False,
             "error_cb": self.errors.append,
@@ -194,26 +195,13 @@ class _Admin:
         return None
 
     def refusal(self, servers: str) -> KafkaUnavailable | None:
-        """The broker answered and refused this client for good (after serving its queue): a
-        login it does not accept, or a certificate the client does not trust. Waiting longer
-        cannot help, so the call stops at once, saying which."""
+        """The broker answered and refused this client for good (after serving its queue):
+        :func:`refusal`. Waiting longer cannot help, so the call stops at once, saying which."""
         try:
             self.client.poll(0)
         except Exception:
             return None
-        for error in self.errors:
-            reason = _CLIENT_PREFIX.sub("", str(error.str()))
-            if error.code() == KafkaError._AUTHENTICATION:
-                return KafkaUnavailable(
-                    f"Kafka at {servers} refused the login ({reason}); check --kafka-option "
-                    "sasl.username, sasl.password and sasl.mechanisms"
-                )
-            if error.code() == KafkaError._SSL and "certificate verify failed" in reason:
-                return KafkaUnavailable(
-                    f"Kafka at {servers} sent a certificate this client does not trust ({reason}); "
-                    "check --kafka-option ssl.ca.location (the CA that signed the broker's certificate)"
-                )
-        return None
+        return refusal(self.errors, servers, self.settings)
 
     def metadata(self, servers: str, topic: str, timeout: float) -> Any:
         """``list_topics(topic)`` within ``timeout``. While librdkafka reports errors it is asked
@@ -243,6 +231,25 @@ class _Admin:
             f"Kafka at {servers} did not answer {what} within {timeout:g}s ({reason}); check "
             f"--bootstrap-servers / {BOOTSTRAP_ENV}, the network, and --kafka-option security settings"
         )
+
+
+def refusal(errors: Sequence[KafkaError], servers: str, conf: Mapping[str, Any]) -> KafkaUnavailable | None:
+    """Whether ``errors`` (what a client's ``error_cb`` was given) say the broker at ``servers``
+    answered and refused the client for good: a login it does not accept, or a certificate the
+    client does not trust (what was wrong with it is found with the client's settings ``conf``:
+    :func:`~txstore.kafka.certificates.certificate_refusal`). Every client txstore makes stops at
+    once on these, in the same line: planning (:class:`_Admin`) and publishing
+    (:mod:`txstore.postgres.outbox`)."""
+    for error in errors:
+        reason = _CLIENT_PREFIX.sub("", str(error.str()))
+        if error.code() == KafkaError._AUTHENTICATION:
+            return KafkaUnavailable(
+                f"Kafka at {servers} refused the login ({reason}); check --kafka-option "
+                "sasl.username, sasl.password and sasl.mechanisms"
+            )
+        if error.code() == KafkaError._SSL and "certificate verify failed" in reason:
+            return certificate_refusal(servers, conf, reason)
+    return None
 
 
 # How librdkafka begins a broker's error: "sasl_ssl://127.0.0.1:9093/bootstrap: " (the broker is named).

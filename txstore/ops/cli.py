@@ -108,7 +108,7 @@ def _main(argv: list[str] | None = None) -> int:
         "--retry-failed",
         action="store_true",
         help="first put back in line the results set aside because Kafka refused them for good "
-        "(too large, topic missing, not authorized), once the cause is fixed",
+        "(too large on its own, topic missing, not authorized), once the cause is fixed",
     )
 
     if argv and argv[0] == "count-topic":

@@ -17,7 +17,12 @@ consumers can reassemble a commit and drop the rare redelivery:
    (too large, topic missing, not authorized: :func:`set_aside_reason`) is
    set aside and the rest keep flowing; on any other failure stop
    producing more;
-3. flush (bounded by a timeout), then mark exactly the delivered rows
+3. flush (bounded by a timeout). Kafka applies a topic's ``max.message.bytes``
+   to a whole record batch, so rows refused as too large in a batch of several
+   are sent again each in a batch of its own (:func:`single_message_config`);
+   only a row refused alone is set aside, with the size of its record batch
+   (:func:`record_batch_bytes`), which is what the topic must accept;
+4. mark exactly the delivered rows
    sent and the refused ones set aside (``failed_at``, ``failed_reason``,
    one warning saying what to run) and COMMIT; a passing failure raises
    :class:`PublishFailed` and the undelivered rows stay for the next attempt.
@@ -33,14 +38,15 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from txstore.core.errors import PublishFailed
+from txstore.core.errors import KafkaUnavailable, PublishFailed
+from txstore.kafka.client import refusal
 
 log = logging.getLogger("txstore")
 
@@ -50,20 +56,28 @@ CHUNK_BYTES = 64 * 1024 * 1024  # a chunk holds at most about this much payload 
 KEEP_SENT_DAYS = 7  # sent rows are kept this long for inspection, then deleted
 PRUNE_EVERY_SECONDS = 3600.0
 
-_producers: dict[tuple[tuple[str, str], ...], Producer] = {}
+_ProducerKey = tuple[tuple[str, str], ...]
+_producers: dict[_ProducerKey, Producer] = {}
+_producer_errors: dict[_ProducerKey, list[KafkaError]] = {}  # what each one's error_cb was given
 _producers_lock = threading.Lock()
+FLUSH_SLICE_SECONDS = 0.5  # how often a flush looks for a refused login or certificate
 
 
-def producer_config(base: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+def producer_config(
+    base: Mapping[str, Any], timeout: float, batch_bytes: int | None = None
+) -> dict[str, Any]:
     """Reliable producer settings; a user's ``--kafka-option`` may not weaken them.
 
     A topic missing from the cluster fails its messages after half the timeout
     (``topic.metadata.propagation.max.ms``), before they time out, so they are
     set aside as "topic does not exist" rather than retried forever.
+    ``batch_bytes`` (a job's ``--publish-max-bytes``): the producer's ``batch.size``, so that
+    messages sized for a topic are not packed into record batches bigger than it takes.
     """
     return {
         "linger.ms": 5,
         "topic.metadata.propagation.max.ms": int(timeout * 500),
+        **({"batch.size": batch_bytes} if batch_bytes is not None else {}),
         **base,
         "enable.idempotence": True,
         "acks": "all",
@@ -71,14 +85,73 @@ def producer_config(base: Mapping[str, Any], timeout: float) -> dict[str, Any]:
     }
 
 
+def single_message_config(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` with every message in a record batch of its own: how rows refused as too large
+    in a batch are sent again, so that each meets the topic's limit on its own size."""
+    return {**conf, "batch.num.messages": 1, "linger.ms": 0}
+
+
+# Kafka's record batch (magic 2) without records: base offset, length, leader epoch, magic, CRC,
+# attributes, last offset delta, first and max timestamps, producer id and epoch, base sequence,
+# record count (DefaultRecordBatch.RECORD_BATCH_OVERHEAD).
+_BATCH_OVERHEAD = 61
+
+
+def _varint_bytes(value: int) -> int:
+    """The length of ``value`` as Kafka's zigzag varint."""
+    unsigned = (value << 1) ^ (value >> 63)
+    length = 1
+    while unsigned >= 0x80:
+        unsigned >>= 7
+        length += 1
+    return length
+
+
+def _sized(data: str | bytes | None) -> int:
+    """A varint length (-1: null) and the bytes (a ``str`` as UTF-8)."""
+    if data is None:
+        return _varint_bytes(-1)
+    raw = data.encode() if isinstance(data, str) else data
+    return _varint_bytes(len(raw)) + len(raw)
+
+
+def record_batch_bytes(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, str | bytes | None]]
+) -> int:
+    """The size of a record batch holding this one message, uncompressed, as Kafka counts it
+    against a topic's ``max.message.bytes`` (DefaultRecordBatch.sizeInBytes): the batch header,
+    then one record (attributes, timestamp and offset deltas of 0, key, value, headers)."""
+    body = (
+        1
+        + _varint_bytes(0)
+        + _varint_bytes(0)
+        + _sized(key)
+        + _sized(value)
+        + _varint_bytes(len(headers))
+        + sum(_sized(name) + _sized(data) for name, data in headers)
+    )
+    return _BATCH_OVERHEAD + _varint_bytes(body) + body
+
+
 def shared_producer(conf: Mapping[str, Any]) -> Producer:
     """The process's producer for ``conf``, created on first use."""
-    key = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    key = _producer_key(conf)
     with _producers_lock:
         producer = _producers.get(key)
         if producer is None:
-            producer = _producers[key] = Producer(dict(conf))
+            errors = _producer_errors[key] = []
+            producer = _producers[key] = Producer({**conf, "error_cb": errors.append})
         return producer
+
+
+def _producer_key(conf: Mapping[str, Any]) -> _ProducerKey:
+    return tuple(sorted((k, str(v)) for k, v in conf.items()))
+
+
+def _errors_of(conf: Mapping[str, Any]) -> list[KafkaError]:
+    """The errors librdkafka reported to the shared producer for ``conf``, oldest first."""
+    with _producers_lock:
+        return _producer_errors.setdefault(_producer_key(conf), [])
 
 
 def _drop_producer(producer: Producer) -> None:
@@ -86,6 +159,7 @@ def _drop_producer(producer: Producer) -> None:
         for key, p in list(_producers.items()):
             if p is producer:
                 del _producers[key]
+                _producer_errors.pop(key, None)
 
 
 def close_producers(timeout: float = 10.0) -> None:
@@ -93,6 +167,7 @@ def close_producers(timeout: float = 10.0) -> None:
     with _producers_lock:
         producers = list(_producers.values())
         _producers.clear()
+        _producer_errors.clear()
     for producer in producers:
         try:
             producer.flush(timeout)
@@ -103,9 +178,30 @@ def close_producers(timeout: float = 10.0) -> None:
 atexit.register(close_producers)
 
 
-_TOO_LARGE = (
-    "the message is too large for Kafka (lower --publish-max-bytes, or raise the topic's max.message.bytes)"
-)
+_TOO_LARGE = "the message is too large for Kafka (raise the topic's max.message.bytes)"
+_SIZE_REFUSALS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+_LATER_COMMITS = "a lower --publish-max-bytes splits only later commits"
+
+
+def too_large_reason(topic: str, batch_bytes: int) -> str:
+    """Why a message Kafka refused in a record batch of its own is set aside, and what sends it."""
+    return (
+        f"the message is too large for Kafka topic {topic!r}: on its own it is a record batch of "
+        f"{batch_bytes} bytes, more than the topic's max.message.bytes; raise that to at least "
+        f"{batch_bytes} ({_LATER_COMMITS})"
+    )
+
+
+def too_large_for_producer_reason(batch_bytes: int, conf: Mapping[str, Any]) -> str:
+    """Why a message this producer refused before sending it (its ``message.max.bytes``) is set aside."""
+    return (
+        f"the message is too large for Kafka: it is a record batch of {batch_bytes} bytes, more than "
+        f"this producer's message.max.bytes ({conf.get('message.max.bytes', 1_000_000)}); raise "
+        f"--kafka-option message.max.bytes, and the topic's max.message.bytes if lower, to at least "
+        f"{batch_bytes} ({_LATER_COMMITS})"
+    )
+
+
 _NO_TOPIC = "the topic does not exist (create it)"
 _NOT_AUTHORIZED = "not authorized to write to the topic (grant the producer's principal WRITE on it)"
 _SET_ASIDE: dict[int, str] = {
@@ -180,21 +276,46 @@ def retry_set_aside(conn: psycopg.Connection, job: str) -> int:
 
 @dataclass
 class _Outcome:
-    """What became of a chunk of rows: delivered ids, set-aside ids with their reasons, and
-    the first passing failure (which stops the chunk)."""
+    """What became of a chunk of rows: delivered ids, set-aside ids with their reasons, ids
+    refused as too large in a record batch with others (sent again alone), and the first
+    passing failure (which stops the chunk)."""
 
     delivered: list[int] = field(default_factory=list)
     set_aside: dict[int, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     topic_refused: bool = False
+    too_large_in_batch: list[int] = field(default_factory=list)
+    refusal: KafkaUnavailable | None = None  # Kafka refused the login or sent an untrusted certificate
 
-    def refused(self, row_id: int, error: KafkaError) -> None:
+    def refused(self, row_id: int, error: KafkaError, size_reason: str | None = None) -> None:
+        """Row ``row_id`` refused with ``error``. A size refusal is set aside only with its
+        ``size_reason`` (the row was alone in its batch, or never left the producer)."""
         reason = set_aside_reason(error.code())
         if reason is None:
             self.failures.append(f"{error.str()} ({error.name()})")
+        elif error.code() in _SIZE_REFUSALS and size_reason is None:
+            self.too_large_in_batch.append(row_id)
         else:
-            self.set_aside[row_id] = f"{reason}: {error.str()} ({error.name()})"
+            detail = size_reason if error.code() in _SIZE_REFUSALS and size_reason else reason
+            self.set_aside[row_id] = f"{detail}: {error.str()} ({error.name()})"
             self.topic_refused |= error.code() in _TOPIC_REFUSALS
+
+
+_Headers = list[tuple[str, str | bytes | None]]
+
+
+@dataclass(frozen=True)
+class _Message:
+    """One outbox row as the message that carries it."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: _Headers
+
+    @property
+    def batch_bytes(self) -> int:
+        return record_batch_bytes(self.key, self.value, self.headers)
 
 
 class OutboxPublisher:
@@ -207,8 +328,11 @@ class OutboxPublisher:
         timeout: float = PUBLISH_TIMEOUT_SECONDS,
         chunk_rows: int = CHUNK_ROWS,
         chunk_bytes: int = CHUNK_BYTES,
+        batch_bytes: int | None = None,
     ) -> None:
-        self.conf = producer_config(kafka_conf, timeout)
+        """``batch_bytes``: the largest record batch to make of several messages (a job's
+        ``--publish-max-bytes``, which its messages are sized for; :func:`producer_config`)."""
+        self.conf = producer_config(kafka_conf, timeout, batch_bytes)
         self.job = job
         self.timeout = timeout
         self.chunk_rows = chunk_rows
@@ -289,6 +413,8 @@ class OutboxPublisher:
         destination = rows[0][1]
         if outcome.set_aside:
             self._warn_set_aside(destination, outcome.set_aside)
+        if outcome.refusal is not None:
+            raise outcome.refusal  # the rows not delivered stay pending, as after any failure
         if outcome.failures:
             raise PublishFailed(
                 f"publishing results of job {self.job!r} to Kafka topic {destination!r} at "
@@ -317,9 +443,13 @@ class OutboxPublisher:
 
     def _produce(self, rows: list[tuple[Any, ...]]) -> _Outcome:
         """Produce rows, set aside the ones Kafka refuses for good, stop at the first other
-        failure, flush; return what became of each."""
+        failure, flush, send again alone the rows refused as too large in a batch; return what
+        became of each."""
         producer = shared_producer(self.conf)
+        errors = _errors_of(self.conf)
+        errors.clear()  # only this chunk's errors explain its failure
         outcome = _Outcome()
+        messages: dict[int, _Message] = {}
 
         def report(row_id: int) -> Any:
             def on_delivery(error: KafkaError | None, message: Message) -> None:
@@ -334,23 +464,29 @@ class OutboxPublisher:
             for row_id, destination, dedup_key, headers, payload, part, parts in rows:
                 if outcome.failures:
                     break  # fail fast: the rest stay pending, in order
-                message_headers: list[tuple[str, str | bytes | None]] = [
-                    *((k, str(v)) for k, v in headers.items()),
-                    ("txstore-part", str(part)),
-                    ("txstore-parts", str(parts)),
-                    ("txstore-outbox-id", str(row_id)),
-                ]
+                message = messages[row_id] = _Message(
+                    destination,
+                    dedup_key.encode(),
+                    payload.encode(),
+                    [
+                        *((k, str(v)) for k, v in headers.items()),
+                        ("txstore-part", str(part)),
+                        ("txstore-parts", str(parts)),
+                        ("txstore-outbox-id", str(row_id)),
+                    ],
+                )
                 try:
-                    self._produce_one(
-                        producer, destination, dedup_key, message_headers, payload, report(row_id)
-                    )
+                    self._produce_one(producer, message, report(row_id))
                 except KafkaException as e:
                     error = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
                     if error is None or set_aside_reason(error.code()) is None:
                         raise
-                    outcome.refused(row_id, error)  # refused before it left: too large, topic known bad
+                    # refused before it left: larger than the producer's message.max.bytes, topic known bad
+                    outcome.refused(
+                        row_id, error, too_large_for_producer_reason(message.batch_bytes, self.conf)
+                    )
                 producer.poll(0)
-            remaining = producer.flush(self.timeout)
+            remaining = self._flush(producer, errors, outcome)
         except KafkaException as e:
             _drop_producer(producer)  # a fatal producer error: start afresh next time
             outcome.failures.append(str(e.args[0].str() if e.args else e))
@@ -359,22 +495,81 @@ class OutboxPublisher:
             outcome.failures.append(f"{remaining} messages not confirmed within {self.timeout:g}s")
         if outcome.topic_refused or any("fatal" in f.lower() for f in outcome.failures):
             _drop_producer(producer)
+        if outcome.too_large_in_batch and not outcome.failures and outcome.refusal is None:
+            self._send_alone(messages, outcome)
         return outcome
 
-    def _produce_one(
-        self,
-        producer: Producer,
-        topic: str,
-        key: str,
-        headers: list[tuple[str, str | bytes | None]],
-        payload: str,
-        on_delivery: Any,
-    ) -> None:
+    def _send_alone(self, messages: Mapping[int, _Message], outcome: _Outcome) -> None:
+        """Send each row Kafka refused as too large in a record batch with others in a batch of
+        its own: one that fits the topic is delivered; one refused alone is set aside, with the
+        size the topic must accept."""
+        ids, outcome.too_large_in_batch = outcome.too_large_in_batch, []
+        log.info(
+            "job %s: %d outbox rows refused as too large in a record batch with others; sending each alone",
+            self.job,
+            len(ids),
+        )
+        conf = single_message_config(self.conf)
+        producer = shared_producer(conf)
+        errors = _errors_of(conf)
+        errors.clear()
+
+        def report(row_id: int, size_reason: str) -> Any:
+            def on_delivery(error: KafkaError | None, message: Message) -> None:
+                if error is None:
+                    outcome.delivered.append(row_id)
+                else:
+                    outcome.refused(row_id, error, size_reason)
+
+            return on_delivery
+
+        try:
+            for row_id in ids:
+                if outcome.failures:
+                    break
+                message = messages[row_id]
+                self._produce_one(
+                    producer, message, report(row_id, too_large_reason(message.topic, message.batch_bytes))
+                )
+                producer.poll(0)
+            remaining = self._flush(producer, errors, outcome)
+        except KafkaException as e:
+            _drop_producer(producer)
+            outcome.failures.append(str(e.args[0].str() if e.args else e))
+            remaining = 0
+        if remaining and not outcome.failures:
+            outcome.failures.append(f"{remaining} messages not confirmed within {self.timeout:g}s")
+        if outcome.topic_refused or any("fatal" in f.lower() for f in outcome.failures):
+            _drop_producer(producer)
+
+    def _flush(self, producer: Producer, errors: list[KafkaError], outcome: _Outcome) -> int:
+        """Wait until every message is delivered or refused, up to the timeout; return how many
+        are left. A login Kafka refuses, or a certificate this client does not trust, ends the
+        wait at once, in the line planning gives (:func:`txstore.kafka.client.refusal`): the
+        producer's messages are purged and the producer dropped, and ``outcome.refusal`` says why."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            remaining = int(producer.flush(max(min(FLUSH_SLICE_SECONDS, deadline - time.monotonic()), 0.0)))
+            if not remaining or time.monotonic() >= deadline:
+                return remaining
+            refused = refusal(errors, str(self.conf.get("bootstrap.servers")), self.conf)
+            if refused is not None:
+                outcome.refusal = refused
+                producer.purge()
+                producer.poll(0)  # their reports (purged: a passing failure) before the producer goes
+                _drop_producer(producer)
+                return 0
+
+    def _produce_one(self, producer: Producer, message: _Message, on_delivery: Any) -> None:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 producer.produce(
-                    topic, payload.encode(), key.encode(), headers=headers, on_delivery=on_delivery
+                    message.topic,
+                    message.value,
+                    message.key,
+                    headers=message.headers,
+                    on_delivery=on_delivery,
                 )
                 return
             except BufferError:

@@ -1,8 +1,10 @@
 """TLS and SCRAM logins for the test broker's SASL_SSL listener.
 
 :func:`make_certificates` makes a CA and a certificate for 127.0.0.1 it signs (``openssl``), the
-broker's key and chain as a PEM keystore; :func:`broker_settings` are the listener's
-``server.properties`` lines (SCRAM-SHA-512 logins, that keystore, no client certificates);
+broker's key and chain as a PEM keystore; :func:`make_faulty_certificates` two more keystores that
+CA signs, one expired and one for another host name (:data:`FAULTY_LISTENERS`, each served on a
+listener of its own: a client trusting the CA still refuses them); :func:`broker_settings` are the
+listeners' ``server.properties`` lines (SCRAM-SHA-512 logins, those keystores, no client certificates);
 :func:`scram_format_args` write the users' credentials when the log directory is formatted
 (``kafka-storage format --add-scram``: a KRaft broker has no ZooKeeper to hold them). A missing or failing
 ``openssl`` is a :class:`~txstore.testing.kafka_process.KafkaStartFailed` in one line.
@@ -19,6 +21,32 @@ from txstore.testing.kafka_process import KafkaStartFailed
 
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 CERTIFICATE_DAYS = 7
+EXPIRED = "EXPIRED"
+OTHER_HOST = "OTHER_HOST"
+FAULTY_LISTENERS = (EXPIRED, OTHER_HOST)
+"""SASL_SSL listeners whose certificates, signed by the trusted CA, are refused all the same:
+``EXPIRED`` is for 127.0.0.1 and was valid in January 2025 only; ``OTHER_HOST`` is valid for a week
+for :data:`OTHER_HOST_NAMES` only, never the 127.0.0.1 a client connects to."""
+EXPIRED_DATES = ("20250101000000Z", "20250201000000Z")
+OTHER_HOST_NAMES = "DNS:kafka.other.example,IP:10.255.255.1"
+
+# ``openssl ca`` (a start date in the past needs it on OpenSSL 3.0; ``x509 -not_before`` is 3.4+).
+_CA_CONFIG = """[ ca ]
+default_ca = test_ca
+[ test_ca ]
+database = ca-db/index.txt
+new_certs_dir = ca-db
+serial = ca-db/serial
+default_md = sha256
+policy = any_name
+unique_subject = no
+[ any_name ]
+commonName = supplied
+[ expired ]
+subjectAltName = IP:127.0.0.1,DNS:localhost
+[ other_host ]
+subjectAltName = {other_host}
+"""
 
 
 def _openssl(workdir: Path, *args: str) -> None:
@@ -97,19 +125,80 @@ def make_certificates(directory: Path) -> tuple[Path, Path]:
     return directory / "ca.pem", keystore
 
 
-def broker_settings(keystore: Path) -> dict[str, str]:
+def make_faulty_certificates(directory: Path) -> dict[str, Path]:
+    """After :func:`make_certificates` in ``directory``: a PEM keystore per listener of
+    :data:`FAULTY_LISTENERS`, its certificate signed by the same CA (``openssl ca``)."""
+    database = directory / "ca-db"
+    database.mkdir(exist_ok=True)
+    (database / "index.txt").write_text("")
+    (database / "serial").write_text("1000\n")
+    (directory / "ca.cnf").write_text(_CA_CONFIG.format(other_host=OTHER_HOST_NAMES))
+    dates = {
+        EXPIRED: ["-startdate", EXPIRED_DATES[0], "-enddate", EXPIRED_DATES[1]],
+        OTHER_HOST: ["-days", str(CERTIFICATE_DAYS)],
+    }
+    keystores: dict[str, Path] = {}
+    for name in FAULTY_LISTENERS:
+        stem = name.lower()
+        _openssl(
+            directory,
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{stem}.key",
+            "-out",
+            f"{stem}.csr",
+            "-subj",
+            "/CN=127.0.0.1" if name == EXPIRED else "/CN=kafka.other.example",
+        )
+        _openssl(
+            directory,
+            "ca",
+            "-batch",
+            "-config",
+            "ca.cnf",
+            "-cert",
+            "ca.pem",
+            "-keyfile",
+            "ca.key",
+            "-in",
+            f"{stem}.csr",
+            "-out",
+            f"{stem}.pem",
+            "-extensions",
+            stem,
+            "-notext",
+            *dates[name],
+        )
+        keystore = keystores[name] = directory / f"{stem}-keystore.pem"
+        keystore.write_text(
+            (directory / f"{stem}.key").read_text()
+            + (directory / f"{stem}.pem").read_text()
+            + (directory / "ca.pem").read_text()
+        )
+    return keystores
+
+
+def broker_settings(keystore: Path, faulty: Mapping[str, Path] | None = None) -> dict[str, str]:
     """The ``server.properties`` lines of a ``SASL_SSL`` listener (the listener itself is among
     the broker's listeners): SCRAM logins, ``keystore`` (:func:`make_certificates`), no client
-    certificates asked for."""
-    return {
+    certificates asked for; and of the listeners in ``faulty`` (name to keystore,
+    :func:`make_faulty_certificates`), each with its own keystore."""
+    jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    settings = {
         "sasl.enabled.mechanisms": SCRAM_MECHANISM,
-        f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-        ),
+        f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": str(keystore),
         "ssl.client.auth": "none",
     }
+    for name, path in (faulty or {}).items():
+        settings[f"listener.name.{name.lower()}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config"] = jaas
+        settings[f"listener.name.{name.lower()}.ssl.keystore.type"] = "PEM"
+        settings[f"listener.name.{name.lower()}.ssl.keystore.location"] = str(path)
+    return settings
 
 
 def scram_format_args(users: Mapping[str, str]) -> list[str]:

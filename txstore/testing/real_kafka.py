@@ -34,7 +34,9 @@ port (:attr:`RealKafkaCluster.secure_bootstrap_servers`): TLS with a certificate
 :attr:`RealKafkaCluster.ca_location`, the broker's key and chain a PEM keystore) and
 SCRAM-SHA-512 logins for those users, written by ``kafka-storage format --add-scram``
 (:mod:`txstore.testing.kafka_tls`).
-:meth:`RealKafkaCluster.sasl_ssl_options` gives a client's settings for it.
+:meth:`RealKafkaCluster.sasl_ssl_options` gives a client's settings for it. Two more SASL_SSL
+listeners serve certificates that CA signed but a client refuses all the same, one expired and
+one for another host name (:meth:`RealKafkaCluster.faulty_bootstrap_servers`).
 
 ``python -m txstore.testing.real_kafka --topic events:4`` serves one until
 stopped; ``--fetch`` only fetches the jars.
@@ -78,7 +80,14 @@ from txstore.testing.kafka_process import (
     tail,
     write_config,
 )
-from txstore.testing.kafka_tls import SCRAM_MECHANISM, broker_settings, make_certificates, scram_format_args
+from txstore.testing.kafka_tls import (
+    FAULTY_LISTENERS,
+    SCRAM_MECHANISM,
+    broker_settings,
+    make_certificates,
+    make_faulty_certificates,
+    scram_format_args,
+)
 from txstore.testing.mock_kafka import _release_ports, _reserve_ports
 
 __all__ = [  # the names tests, chaos trials, the benchmark and the demo import from here
@@ -110,7 +119,8 @@ class RealKafkaCluster:
     ``broker_config``: extra ``server.properties`` lines, e.g.
     ``{"log.retention.check.interval.ms": "1000"}``. ``scram_users``: name to
     password; given, the broker also listens with SASL_SSL (SCRAM-SHA-512) on
-    :attr:`secure_port`. ``extra_listeners``: more
+    :attr:`secure_port`, and on :attr:`faulty_ports` with an expired certificate and one for
+    another host name (:data:`~txstore.testing.kafka_tls.FAULTY_LISTENERS`). ``extra_listeners``: more
     plaintext listeners on 127.0.0.1, name -> (port, advertised ``host:port``):
     a client that bootstraps through one is told only its advertised address
     (a proxy's, so that the clients of that listener cannot go around the proxy);
@@ -136,6 +146,8 @@ class RealKafkaCluster:
         self.secure_port = 0
         self.ca_location: Path | None = None  # the CA that signed the SASL_SSL listener's certificate
         self._keystore: Path | None = None
+        self._faulty_keystores: dict[str, Path] = {}
+        self.faulty_ports: dict[str, int] = {}  # listener name (FAULTY_LISTENERS) to port
         self.extra_listeners = dict(extra_listeners or {})
         self.jars = jars if jars is not None else kafka_jars(version)
         self.start_timeout = start_timeout
@@ -155,6 +167,7 @@ class RealKafkaCluster:
         try:
             if self.scram_users:
                 self.ca_location, self._keystore = make_certificates(self.workdir / "tls")
+                self._faulty_keystores = make_faulty_certificates(self.workdir / "tls")
             self._format_and_start()
         except BaseException:
             self._kill_process()
@@ -185,6 +198,13 @@ class RealKafkaCluster:
             options["ssl.ca.location"] = str(self.ca_location)
         return options
 
+    def faulty_bootstrap_servers(self, listener: str) -> str:
+        """A SASL_SSL listener whose certificate the CA signed but a client refuses:
+        ``EXPIRED`` or ``OTHER_HOST`` (:data:`~txstore.testing.kafka_tls.FAULTY_LISTENERS`)."""
+        if listener not in self.faulty_ports:
+            raise RuntimeError(f"this broker has no {listener} listener: pass scram_users")
+        return f"127.0.0.1:{self.faulty_ports[listener]}"
+
     @property
     def pid(self) -> int | None:
         """The broker's process id (None while it is not running)."""
@@ -202,10 +222,11 @@ class RealKafkaCluster:
         ]
         if self.scram_users:
             found.append(("SASL_SSL", self.secure_port, f"127.0.0.1:{self.secure_port}", "SASL_SSL"))
+        found += [(name, port, f"127.0.0.1:{port}", "SASL_SSL") for name, port in self.faulty_ports.items()]
         return found
 
     def _write_config(self) -> Path:
-        secure = broker_settings(self._keystore) if self._keystore is not None else {}
+        secure = broker_settings(self._keystore, self._faulty_keystores) if self._keystore is not None else {}
         return write_config(
             self.workdir, self.broker_id, self.controller_port, self._listeners(), {**secure, **self._extra}
         )
@@ -220,6 +241,13 @@ class RealKafkaCluster:
                 self.secure_port = free_port()
                 while self.secure_port in (self.port, self.controller_port):
                     self.secure_port = free_port()
+                self.faulty_ports = {}
+                for name in FAULTY_LISTENERS:
+                    taken = {self.port, self.controller_port, self.secure_port, *self.faulty_ports.values()}
+                    port = free_port()
+                    while port in taken:
+                        port = free_port()
+                    self.faulty_ports[name] = port
             config = self._write_config()
             shutil.rmtree(self.workdir / "data", ignore_errors=True)
             self._format(config)
@@ -378,6 +406,7 @@ class RealKafkaCluster:
             str(self.controller_port),
             *(str(p) for p, _ in self.extra_listeners.values()),
             *([str(self.secure_port)] if self.secure_port else []),
+            *(str(p) for p in self.faulty_ports.values()),
         }
 
     def kill(self) -> None:
