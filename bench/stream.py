@@ -16,7 +16,8 @@ Structured Streaming's fixed steps. The paths:
   the clock (as a running job's batch);
 - ``stream-all-columns``: ``readStream.format("txstore")`` -> ``writeStream.format("txstore")``
   with ``Trigger.AvailableNow``, every Kafka-source column built;
-- ``stream-topic-column``: the same with ``.schema("topic string")``;
+- ``stream-topic-column``: the same with ``.schema("topic string, partition int, offset bigint")``
+  (the columns the sink needs to check each row against the micro-batch's plan);
 - ``stream-counted-by-source``: the same with ``.option("txstore.countMessages",
   "true")``: the source's tasks count their messages and hand Spark one row per range
   (:mod:`txstore.spark.stream_source`), a micro-batch's ranges read in one Spark task per core
@@ -172,7 +173,7 @@ class StreamRuns:
             store.create_start_rows(conn, name, starts)
         reader = self.spark.readStream.format("txstore")
         if path == STREAM_TOPIC:
-            reader = reader.schema("topic string")
+            reader = reader.schema("topic string, partition int, offset bigint")
         if path in (STREAM_COUNTED, STREAM_COUNTED_PER_RANGE):
             reader = reader.option("txstore.countMessages", "true")
         if path == STREAM_COUNTED_PER_RANGE:
