@@ -407,3 +407,21 @@ def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_it
     assert f"job '{JOB}' topic '{topic}' partition 0: the topic was deleted and recreated" in line
     assert totals(db, topic, job=JOB) == {topic: 8}
     assert offsets(db, topic, job=JOB) == {0: 8}
+
+
+def test_the_stream_lock_line_tells_a_second_source_in_this_application_from_a_query_elsewhere() -> None:
+    from txstore.spark.stream_source import driver_process, stream_locked_line
+
+    me = f"txstore stream {driver_process()}"
+    here = stream_locked_line("j", (me, "127.0.0.1"), me)
+    assert "\n" not in here
+    assert here.startswith(
+        "job 'j': another readStream.format('txstore') of this job in this Spark application"
+    )
+    assert "a union or join of two sources of the same job in one query" in here
+    elsewhere = stream_locked_line("j", ("txstore stream other-host:42", "10.0.0.7"), me)
+    assert elsewhere == (
+        "job 'j': another streaming query of this job is running (txstore stream other-host:42 from "
+        "10.0.0.7) (it holds the job's stream lock); stop it first, or give this query another txstore.job"
+    )
+    assert "another streaming query of this job is running (it holds" in stream_locked_line("j", None, me)
