@@ -159,7 +159,8 @@ def test_a_row_the_table_refuses_stops_the_query_in_one_line_naming_its_message_
     assert line is not None, str(e.value)
     assert f"stream_orders refused this message's row (column {column}: {reason}: " in line, line
     assert "nothing was committed" in line
-    assert "fix the table or the query, or .option('txstore.onBadMessage', 'skip')" in line, line
+    assert "fix the table or the query, or set .option('txstore.onBadMessage', 'skip')" in line, line
+    assert line.endswith("record them in txn_bad_messages; then restart the query"), line
     assert "Traceback" not in line and "psycopg" not in line
     # Nothing committed: no offset moved, no row merged, nothing recorded.
     assert set(offsets(db, topic, job=JOB).values()) <= {0}

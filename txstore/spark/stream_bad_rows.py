@@ -73,8 +73,8 @@ class StreamBadMessage(BadMessage):
             self,
             f"job {job!r} micro-batch {batch_id} topic {topic!r} partition {partition} offset {offset}: "
             f"{table} refused this message's row ({why}); nothing was committed, and retrying cannot "
-            "help: fix the table or the query, or .option('txstore.onBadMessage', 'skip') to leave such "
-            "messages out and record them in txn_bad_messages",
+            "help: fix the table or the query, or set .option('txstore.onBadMessage', 'skip') to leave "
+            "such messages out and record them in txn_bad_messages; then restart the query",
         )
 
     def __reduce__(self) -> Any:
