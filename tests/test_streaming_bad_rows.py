@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 import txstore
@@ -27,6 +28,9 @@ from tests.conftest import send
 from tests.test_count_topic import log_ends, offsets
 from tests.test_operator_cli import txstore as txstore_cli
 from tests.test_streaming import JOB, QueryFailed, run_available_now
+from txstore.core.ranges import OffsetRange
+from txstore.kafka.bad_messages import BadOffset
+from txstore.spark.stream_bad_rows import RowsByMessage, origins_of
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -131,6 +135,28 @@ def produce(
     kafka: MockKafkaCluster, topic: str, messages: dict[int, list[tuple[bytes | None, bytes]]]
 ) -> None:
     send(kafka.bootstrap_servers, topic, [(p, k, v, None) for p, kvs in messages.items() for k, v in kvs])
+
+
+def test_each_copy_line_keeps_its_message_so_a_piece_of_offsets_selects_exactly_its_rows() -> None:
+    """The rows the search tries for a piece of offsets (RowsByMessage.of) and the rows committed
+    without the bad messages (without): by each row's own message, in the tasks' order."""
+    # Two rows of offset 5 (an explode), partitions interleaved, offsets not in order.
+    rows = [("t", 0, 5), ("t", 1, 2), ("t", 0, 5), ("t", 0, 3), ("t", 1, 9), ("t", 0, 8)]
+    batch = pa.record_batch(
+        [
+            pa.array([r[0] for r in rows]),
+            pa.array([r[1] for r in rows], pa.int32()),
+            pa.array([r[2] for r in rows]),
+        ],
+        names=["topic", "partition", "offset"],
+    )
+    text = b"".join(b"row%d\n" % i for i in range(len(rows)))
+    found = RowsByMessage([((len(rows), text), origins_of(batch))])
+    assert list(found.of(OffsetRange("t", 0, 4, 9))) == [(3, b"row0\nrow2\nrow5\n")]
+    assert list(found.of(OffsetRange("t", 0, 5, 6))) == [(2, b"row0\nrow2\n")]
+    assert list(found.of(OffsetRange("t", 1, 3, 9))) == []
+    bad = [BadOffset("t", 0, 5, "why"), BadOffset("t", 1, 9, "why")]
+    assert list(found.without(bad)) == [(3, b"row1\nrow3\nrow5\n")]
 
 
 @pytest.mark.parametrize("refusal", list(REFUSALS))
