@@ -494,18 +494,18 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
         self.types: dict[str, str] = {}
         if options.table is not None:
             self.types = check_table_query(options, schema, overwrite)
+        elif overwrite:
+            raise ConfigError(
+                f"job {options.job}: writeStream.format('txstore') counts the rows of each micro-batch "
+                "and does not take outputMode('complete') (running totals, counted again every "
+                "micro-batch); write the messages' rows in append mode"
+            )
         elif missing := _unplaceable(schema.names):
             raise ConfigError(
                 f"job {options.job}: writeStream.format('txstore') counts each message of the "
                 "micro-batch once and checks every row against the offsets its source planned: the "
                 f"query's rows have no {', '.join(missing)} column; keep readStream.format('txstore')'s "
                 "topic, partition and offset columns (or, with txstore.countMessages, its rows as they are)"
-            )
-        elif overwrite:
-            raise ConfigError(
-                f"job {options.job}: writeStream.format('txstore') counts the rows of each micro-batch "
-                "and does not take outputMode('complete') (running totals, counted again every "
-                "micro-batch); write the messages' rows in append mode"
             )
         self.counted = options.table is None and COUNTED in schema.names
 
