@@ -56,6 +56,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
 from txstore.core.errors import AlreadyCommitted, ConfigError, ResultsTableInvalid, TxstoreError
@@ -65,6 +66,7 @@ from txstore.core.results import TOPIC_TOTAL
 from txstore.postgres.copy_text import ORDER_BITS, copy_text
 from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.postgres.kept import kept_connection
+from txstore.postgres.reconnect import connect_retrying
 from txstore.postgres.results_check import describe_table, table_problems
 from txstore.postgres.results_merge import copy_and_merge, temp_table_types
 from txstore.postgres.results_table import ResultsTable, parse_results_table
@@ -113,6 +115,14 @@ class SinkOptions:
 
 
 _TABLE_OPTIONS = ("txstore.table", "txstore.key", "txstore.merge")
+
+
+def _reconnect(url: str) -> psycopg.Connection:
+    """A new connection for the sink, before it writes anything: a server restarting (the kept
+    connection's session ended) is waited for, within :mod:`~txstore.postgres.reconnect`'s bounds."""
+    return connect_retrying(
+        url, given_by="writeStream's .option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL)"
+    )
 
 
 def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
@@ -224,7 +234,7 @@ def check_table_query(options: SinkOptions, schema: Any, overwrite: bool) -> dic
         for f in schema.fields
         if f.name in table.columns or f.name not in PROVENANCE
     ]
-    with kept_connection(options.database_url) as conn:
+    with kept_connection(options.database_url, _reconnect) as conn:
         facts = describe_table(conn, table)
         problems = table_problems(table, facts, output, f"role {conn.info.user}", job=job)
         if problems:
@@ -327,7 +337,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             if isinstance(m, TopicCounts):
                 for topic, n in m.counts.items():
                     totals[topic] = totals.get(topic, 0) + n
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             ranges = [r for r in load_plan(conn, job) if r.size > 0]
             deltas = {(t, TOPIC_TOTAL): n for t, n in sorted(totals.items()) if n}
             if not ranges:
@@ -350,7 +360,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             for key, (low, high) in m.seen.items():
                 old = seen.get(key, (low, high))
                 seen[key] = (min(low, old[0]), max(high, old[1]))
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             ranges = [r for r in load_plan(conn, job) if r.size > 0]
             check_rows_in_batch(job, batch_id, ranges, seen)
             if not ranges:
