@@ -73,6 +73,7 @@ from txstore.postgres.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan
+from txstore.spark.stream_advice import restating
 from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
@@ -300,6 +301,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
     """Counts each micro-batch's rows per topic, or merges them into a results table, and commits
     that with the batch's ranges."""
 
+    @restating
     def __init__(self, options: SinkOptions, schema: Any, overwrite: bool = False) -> None:
         # Made in a PySpark planner worker twice a micro-batch (the writer factory, the commit):
         # freezing its heap keeps the daemon's collection after each call off the tasks' cores.
@@ -327,6 +329,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             return _table_rows(self.options.table, iterator)
         return TopicCounts(_count_topics(iterator, self.counted))
 
+    @restating
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if self.options.table is not None:
             self._commit_table([m for m in messages if isinstance(m, TableRows)], batchId)

@@ -72,6 +72,10 @@ A query runs for days, and PostgreSQL restarts and fails over: a planning sessio
 short runs once more on the new session (each is safe to: reads, and idempotent writes), so a
 restart costs a pause, not the query. If another query of the job took the stream lock
 meanwhile, this one stops with :class:`StreamLocked`, before planning anything.
+
+The lines the planning methods and the reading tasks raise come from code shared with the jobs;
+their advice is restated for a streaming query (:mod:`~txstore.spark.stream_advice`: options and
+restarts, not a job's flags).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ from txstore.spark.datasource import (
     partition_ranges,
 )
 from txstore.spark.range_task import task_attempt
+from txstore.spark.stream_advice import restated_rows, restating
 from txstore.spark.stream_options import (
     COUNT_SCHEMA,
     StreamOptions,
@@ -404,6 +409,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 raise
             raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
 
+    @restating
     @_again_on_a_new_session
     def initialOffset(self) -> Offsets:
         offsets = self._initial_offsets()
@@ -430,10 +436,12 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         n = self.options.max_offsets_per_trigger
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
+    @restating
     @_again_on_a_new_session
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {w.key: w.high for w in self._watermarks()}
 
+    @restating
     @_again_on_a_new_session
     def latestOffset(self, start: Mapping[str, Any] | None = None, limit: Any = None) -> Offsets:
         """The next end: Kafka's log ends (capped by the limit), after the planner's checks.
@@ -468,6 +476,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         self._last_end = end
         return offsets_dict(end)
 
+    @restating
     @_again_on_a_new_session
     def partitions(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> Sequence[InputPartition]:
         job = self.options.job
@@ -509,8 +518,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         freeze_once()  # PySpark's collection after each task then skips the imports' objects
         ranges = partition_ranges(partition)
         if self.batch_reader is None:
-            return self._count(ranges)
-        return self._messages(self.batch_reader, ranges)
+            return restated_rows(self._count(ranges))
+        return restated_rows(self._messages(self.batch_reader, ranges))
 
     def _after_first_range(self) -> None:
         if self.options.failpoints:  # tests only
