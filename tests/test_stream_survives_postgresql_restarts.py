@@ -9,6 +9,7 @@ another query of the job took the stream lock meanwhile, the first stops in one 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import txstore
 from tests.conftest import produce
@@ -25,6 +27,8 @@ from tests.test_streaming import JOB, sink, stream
 from txstore.core.errors import DatabaseUnavailable
 from txstore.postgres.migrate import upgrade
 from txstore.postgres.reconnect import RECONNECT_ATTEMPTS, RECONNECT_SECONDS, connect_retrying
+from txstore.postgres.stream_plans import load_plan
+from txstore.spark.stream_source import TxstoreStreamReader, stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -87,6 +91,114 @@ def test_connecting_again_gives_up_within_its_bounds_in_one_line_without_the_pas
         connect_retrying(nowhere, given_by="X", sleep=waits.append, clock=slow_clock)
     assert len(waits) < RECONNECT_ATTEMPTS - 1 and now[0] <= RECONNECT_SECONDS + 40
     assert f"did not answer {len(waits) + 1} connection attempts" in str(e.value)
+
+
+def planner(kafka: MockKafkaCluster, database_url: str, topic: str) -> TxstoreStreamReader:
+    """The stream's planning methods, called as Spark calls them (without Spark)."""
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": topic,
+        "txstore.job": JOB,
+        "txstore.databaseUrl": database_url,
+        "txstore.countMessages": "true",
+    }
+    schema = StructType(
+        [
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("txstore_messages", LongType()),
+        ]
+    )
+    return stream_reader(options, schema)  # COUNT_SCHEMA
+
+
+def end_planning_session(db: psycopg.Connection) -> int:
+    (pid,) = stream_lock_holders(db)
+    db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_until(lambda: not stream_lock_holders(db), 30, "the planning session ended")
+    return pid
+
+
+def test_each_planning_method_survives_its_session_ended_before_it(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """initialOffset, latestOffset, partitions, prepareForTriggerAvailableNow and commit, each
+    called after the planning session was ended: each answers, on a new session that holds the
+    stream lock again."""
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 2})
+    reader = planner(kafka, database_url, topic)
+    try:
+        start = reader.initialOffset()
+        ended = [end_planning_session(db)]
+        assert reader.initialOffset() == start == {topic: {"0": 0, "1": 0}}
+        ended.append(end_planning_session(db))
+        end = reader.latestOffset(start, None)
+        assert end == {topic: {"0": 4, "1": 2}}
+        ended.append(end_planning_session(db))
+        parts = reader.partitions(start, end)
+        assert [(r.partition, r.from_offset, r.until_offset) for p in parts for r in p.ranges] == [
+            (0, 0, 4),
+            (1, 0, 2),
+        ]
+        ended.append(end_planning_session(db))
+        reader.prepareForTriggerAvailableNow()
+        reader.commit(end)
+        assert reader.latestOffset(start, None) == end
+        holders = stream_lock_holders(db)
+        assert len(holders) == 1 and holders[0] not in ended
+    finally:
+        reader.stop()
+    assert not stream_lock_holders(db)
+
+
+def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_a_new_one(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """partitions() waits on the micro-batch plan's row (locked here); its session is ended while
+    it waits: the call is run once more on a new session and stores the plan."""
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3})
+    reader = planner(kafka, database_url, topic)
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        reader.partitions(start, end)  # the plan's row exists
+        produce(kafka.bootstrap_servers, topic, {0: 2})
+        with psycopg.connect(database_url) as blocker:
+            blocker.execute("SELECT 1 FROM txn_stream_plans WHERE job = %s FOR UPDATE", (JOB,))
+            done: list[object] = []
+
+            def plan() -> None:
+                try:  # the same start (nothing was committed), a later end
+                    done.append(reader.partitions(start, {topic: {"0": 5}}))
+                except Exception as e:
+                    done.append(e)
+
+            thread = threading.Thread(target=plan)
+            thread.start()
+            waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            wait_until(
+                lambda: bool(db.execute(waiting).fetchall()), 30, "partitions() waiting on the plan's row"
+            )
+            (pid,) = [p for (p,) in db.execute(waiting).fetchall()]
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(0.5)
+            blocker.rollback()  # the new session's statement then takes the row
+            thread.join(60)
+            assert not thread.is_alive() and done, "partitions() did not return"
+            assert not isinstance(done[0], Exception), done[0]
+        with psycopg.connect(database_url) as conn:
+            assert [(r.from_offset, r.until_offset) for r in load_plan(conn, JOB)] == [(0, 5)]
+        assert stream_lock_holders(db) and pid not in stream_lock_holders(db)
+    finally:
+        reader.stop()
 
 
 def test_ending_the_querys_postgresql_sessions_between_micro_batches_costs_a_pause_not_the_query(
