@@ -83,6 +83,21 @@ def test_aged_out_messages_name_the_reset_and_the_restart_not_fail_on_data_loss(
     no_job_flags(str(stream))
 
 
+def test_messages_gone_while_a_task_read_them_name_the_job_the_reset_and_the_restart() -> None:
+    """A reading task's line (txstore/kafka/reader.py, records deleted after planning) does not
+    name the job: the stream's does, and what to do."""
+    read = DataLoss(
+        "'t' partition 0: offset 3 is no longer in Kafka (range 3 -> 10); messages aged out before "
+        "they were counted (Broker: Offset out of range)"
+    )
+    line = str(for_stream(read, "j"))
+    assert line == (
+        "job 'j' topic 't' partition 0: offset 3 is no longer in Kafka (range 3 -> 10); messages aged "
+        "out before they were counted (Broker: Offset out of range). " + data_loss_advice("j", "t", 0)
+    )
+    no_job_flags(line)
+
+
 def test_a_reset_to_run_is_followed_by_restarting_the_query_with_a_new_checkpoint() -> None:
     beyond = raised(lambda: plan_ranges("j", {("t", 0): 8}, [PartitionWatermarks("t", 0, 0, 2)]))
     gone = raised(lambda: plan_ranges("j", {("t", 0): 8, ("t", 1): 3}, [PartitionWatermarks("t", 0, 0, 9)]))
@@ -175,6 +190,10 @@ def test_every_job_phrase_restated_is_still_the_shared_codes() -> None:
     for phrase, _ in stream_advice._PHRASES:
         assert phrase in flat, phrase
     assert "rerun with --fail-on-data-loss false" in flat
+    assert (
+        "is no longer in Kafka (range {r.from_offset} -> {r.until_offset}); messages aged out before they were counted ("
+        in flat
+    )
     assert restate("no advice here") == "no advice here"
 
 

@@ -7,8 +7,9 @@ again". A streaming query has no flags and is not rerun: :func:`for_stream` rest
 advice as something a streaming user can do (``.option('name', ...)``, restarting the query), and
 keeps the rest of the line (the job, topic, partition and offset) as it is:
 
-- messages aged out before they were counted: :func:`data_loss_advice` (one way today, a reset;
-  a stream option that skips them would add its own);
+- messages aged out before they were counted, found when planning or (gone since) by a reading
+  task: :func:`data_loss_advice` (one way today, a reset; a stream option that skips them would
+  add its own);
 - a ``txstore reset ... --execute`` to run: run it, then restart the query with a new
   ``checkpointLocation``: the old checkpoint starts the next micro-batch where the reset moved
   away from, and the query would stop on it again;
@@ -17,8 +18,9 @@ keeps the rest of the line (the job, topic, partition and offset) as it is:
   ``--table``/``--key``/``--merge``: the options ``subscribe``, ``kafka.bootstrap.servers``,
   ``kafka.X``, ``startingOffsets``, ``txstore.table``/``key``/``merge``.
 
-``tests/test_stream_advice.py`` makes each line from the code that raises it, and checks that
-no flag of a job's is left in what the stream prints.
+``tests/test_stream_advice.py`` makes the lines with the code that raises them where it can,
+checks that each phrase restated here is still the shared code's (a phrase reworded there would
+slip through), and that no flag of a job's is left in what the stream prints.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ _DATA_LOSS = re.compile(
     r"topic (?P<topic>'[^']*'|\"[^\"]*\") partition (?P<partition>\d+): stored offset \d+ is below the "
     r"log-start offset .*? before they were counted\. "
     r"(?P<advice>To skip them and record the loss in txn_lost_ranges, rerun with --fail-on-data-loss false)"
+)
+_READ_LOSS = re.compile(
+    r"^(?P<topic>'[^']*'|\"[^\"]*\") partition (?P<partition>\d+): offset \d+ is no longer in Kafka "
+    r"\(range \d+ -> \d+\); messages aged out before they were counted \(.*\)$"
 )
 _RESET = re.compile(r"txstore reset --job .*?--execute")
 
@@ -101,10 +107,16 @@ _PHRASES: tuple[tuple[str, str], ...] = (
 _TABLE_FLAGS = re.compile(r"(?<![\w-])--(table|key|merge)\b")
 
 
-def restate(text: str) -> str:
-    """One line of the shared code, its advice restated for a streaming query."""
+def restate(text: str, job: str | None = None) -> str:
+    """One line of the shared code, its advice restated for a streaming query (``job``: the
+    query's, for lines of a reading task, which do not name it)."""
     loss = _DATA_LOSS.search(text)
-    if loss is not None:
+    read_loss = _READ_LOSS.match(text) if job is not None else None
+    if read_loss is not None and job is not None:
+        topic = ast.literal_eval(read_loss.group("topic"))
+        advice = data_loss_advice(job, topic, int(read_loss.group("partition")))
+        text = f"job {job!r} topic {text}. {advice}"
+    elif loss is not None:
         topic = ast.literal_eval(loss.group("topic"))
         job_match = re.match(r"job (?P<job>'[^']*'|\"[^\"]*\")", text)
         job = ast.literal_eval(job_match.group("job")) if job_match else "JOB"
@@ -117,11 +129,12 @@ def restate(text: str) -> str:
     return _TABLE_FLAGS.sub(r"txstore.\1", text)
 
 
-def for_stream(error: TxstoreError) -> TxstoreError:
-    """``error`` (same class where it can be) with its advice restated for a streaming query."""
+def for_stream(error: TxstoreError, job: str | None = None) -> TxstoreError:
+    """``error`` (same class where it can be) with its advice restated for a streaming query of
+    ``job``."""
     if isinstance(error, ResultsTableInvalid):
-        return ResultsTableInvalid([restate(p) for p in error.problems])
-    text = restate(str(error))
+        return ResultsTableInvalid([restate(p, job) for p in error.problems])
+    text = restate(str(error), job)
     if text == str(error):
         return error
     new = type(error).__new__(type(error), text)  # not __init__: some take the parts of their line
@@ -134,22 +147,23 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def restating(method: _Method) -> _Method:
-    """A method of the stream's source or sink whose txstore errors are restated for a
-    streaming query (:func:`for_stream`)."""
+    """A method of the stream's source or sink (``self.options.job``) whose txstore errors are
+    restated for a streaming query (:func:`for_stream`)."""
 
     @functools.wraps(method)
-    def restated(*args: Any, **kwargs: Any) -> Any:
+    def restated(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(*args, **kwargs)
+            return method(self, *args, **kwargs)
         except TxstoreError as e:
-            raise for_stream(e) from None
+            options = getattr(self, "options", None)  # a writer's __init__ may raise before it is set
+            raise for_stream(e, getattr(options, "job", None)) from None
 
     return cast(_Method, restated)
 
 
-def restated_rows(rows: Iterator[Any]) -> Iterator[Any]:
+def restated_rows(rows: Iterator[Any], job: str) -> Iterator[Any]:
     """A reading task's rows, a txstore error raised while they are read restated."""
     try:
         yield from rows
     except TxstoreError as e:
-        raise for_stream(e) from None
+        raise for_stream(e, job) from None

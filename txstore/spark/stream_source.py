@@ -518,8 +518,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         freeze_once()  # PySpark's collection after each task then skips the imports' objects
         ranges = partition_ranges(partition)
         if self.batch_reader is None:
-            return restated_rows(self._count(ranges))
-        return restated_rows(self._messages(self.batch_reader, ranges))
+            return restated_rows(self._count(ranges), self.options.job)
+        return restated_rows(self._messages(self.batch_reader, ranges), self.options.job)
 
     def _after_first_range(self) -> None:
         if self.options.failpoints:  # tests only
