@@ -152,7 +152,7 @@ def test_each_planning_method_survives_its_session_ended_before_it(
         assert len(holders) == 1 and holders[0] not in ended
     finally:
         reader.stop()
-    assert not stream_lock_holders(db)
+    wait_until(lambda: not stream_lock_holders(db), 30, "the lock released by stop()")
 
 
 def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_a_new_one(

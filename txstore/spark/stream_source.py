@@ -180,7 +180,7 @@ def _again_on_a_new_session(method: _Method) -> _Method:
         try:
             return method(self, *args, **kwargs)
         except psycopg.Error as e:
-            if not session_lost(self._conn):
+            if not self._session_ended(e):
                 raise
             log.warning(
                 "job %s: %s: the PostgreSQL session ended (%s); planning again on a new connection",
@@ -191,7 +191,7 @@ def _again_on_a_new_session(method: _Method) -> _Method:
         try:
             return method(self, *args, **kwargs)
         except psycopg.Error as e:
-            if not session_lost(self._conn):
+            if not self._session_ended(e):
                 raise
             raise DatabaseUnavailable(
                 f"job {self.options.job!r}: the PostgreSQL session ended twice during one {method.__name__} "
@@ -343,6 +343,14 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             )
         return conn
 
+    def _session_ended(self, error: psycopg.Error) -> bool:
+        """Whether ``error`` came of the planning session's end: the connection is broken, or it
+        dropped while :meth:`_db` connected again (then there is no connection and ``error`` is an
+        OperationalError)."""
+        if self._conn is not None:
+            return session_lost(self._conn)
+        return self._session is not None and isinstance(error, psycopg.OperationalError)
+
     def _take_stream_lock(self, conn: psycopg.Connection, lost: int | None) -> None:
         """Take the job's stream lock (session-level), or raise :class:`StreamLocked`.
 
@@ -365,8 +373,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                     "stream lock); stop it first, or give this query another txstore.job"
                 )
             holders = stream_lock_holders(conn, job)
-            if {pid for pid, _ in holders} == {lost} and time.monotonic() < deadline:
-                time.sleep(1)  # our old session, not yet ended by the server
+            if {pid for pid, _ in holders} <= {lost} and time.monotonic() < deadline:
+                time.sleep(1)  # our old session, not yet ended by the server (or just ended)
                 continue
             named = ", ".join(f"PostgreSQL session {pid} from {client}" for pid, client in holders)
             raise StreamLocked(
@@ -381,6 +389,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
+        self._session = None
         if self._kafka is not None:
             self._kafka.close()
         self._kafka = None
