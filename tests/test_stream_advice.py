@@ -228,7 +228,9 @@ def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that
     for _ in range(2):  # the same checkpoint stops the query again: the new checkpoint is needed
         with pytest.raises(QueryFailed) as e:
             run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
-        line = next(x for x in str(e.value).splitlines() if "is below the log-start offset" in x)
+        line = next(
+            (x for x in str(e.value).splitlines() if "is below the log-start offset" in x), str(e.value)
+        )
         assert expected in line, line
         assert "--fail-on-data-loss" not in str(e.value)
         assert totals(db, topic, job=JOB) == {topic: 3}

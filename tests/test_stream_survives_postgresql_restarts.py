@@ -306,7 +306,10 @@ def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone
         second.processAllAvailable()
         with pytest.raises(Exception) as stopped:  # Spark's StreamingQueryException
             first.awaitTermination(90)
-        line = next(x for x in str(stopped.value).splitlines() if "lost its PostgreSQL session" in x)
+        line = next(
+            (x for x in str(stopped.value).splitlines() if "lost its PostgreSQL session" in x),
+            str(stopped.value),
+        )
         assert (
             f"job '{JOB}': this query lost its PostgreSQL session (pid {planner}) and, connected again, "
             "found another streaming query of this job holding the stream lock (PostgreSQL session "
