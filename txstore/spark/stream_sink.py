@@ -78,6 +78,7 @@ from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE, SKIP
 from txstore.postgres.copy_text import ORDER_BITS, copy_text
 from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.postgres.kept import kept_connection
+from txstore.postgres.reconnect import connect_retrying
 from txstore.postgres.results_check import describe_table, table_problems
 from txstore.postgres.results_merge import copy_and_merge, temp_table_types
 from txstore.postgres.results_table import ResultsTable, parse_results_table
@@ -85,6 +86,7 @@ from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan, load_reads
 from txstore.spark.range_task import task_run
+from txstore.spark.stream_advice import restating
 from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
 from txstore.spark.worker_heap import freeze_once
 
@@ -145,6 +147,14 @@ class SinkOptions:
 
 
 _TABLE_OPTIONS = ("txstore.table", "txstore.key", "txstore.merge")
+
+
+def _reconnect(url: str) -> psycopg.Connection:
+    """A new connection for the sink, before it writes anything: a server restarting (the kept
+    connection's session ended) is waited for, within :mod:`~txstore.postgres.reconnect`'s bounds."""
+    return connect_retrying(
+        url, given_by="writeStream's .option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL)"
+    )
 
 
 def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
@@ -418,7 +428,7 @@ def check_table_query(options: SinkOptions, schema: Any, overwrite: bool) -> dic
         for f in schema.fields
         if f.name in table.columns or f.name not in PROVENANCE
     ]
-    with kept_connection(options.database_url) as conn:
+    with kept_connection(options.database_url, _reconnect) as conn:
         facts = describe_table(conn, table)
         problems = table_problems(table, facts, output, f"role {conn.info.user}", job=job)
         if problems:
@@ -486,6 +496,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
     """Counts each micro-batch's rows per topic, or merges them into a results table, and commits
     that with the batch's ranges."""
 
+    @restating
     def __init__(self, options: SinkOptions, schema: Any, overwrite: bool = False) -> None:
         # Made in a PySpark planner worker twice a micro-batch (the writer factory, the commit):
         # freezing its heap keeps the daemon's collection after each call off the tasks' cores.
@@ -515,6 +526,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             return _table_rows(self.options.table, iterator)
         return _deliver(iterator, self.counted)
 
+    @restating
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if self.options.table is not None:
             self._commit_table([m for m in messages if isinstance(m, TableRows)], batchId)
@@ -542,7 +554,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                 (OffsetRange(t, p, low, high), n) for m in delivered for t, p, low, high, n in m.counted or ()
             ]
         delivery = Delivery(frozenset(m.run for m in delivered), spans, counts)
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             plan = load_plan(conn, job)
             reads = verify_micro_batch(job, batchId, plan, load_reads(conn, job, plan.plan_id), delivery)
             ranges = list(plan.reading)
@@ -568,7 +580,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             for key, (low, high) in m.seen.items():
                 old = seen.get(key, (low, high))
                 seen[key] = (min(low, old[0]), max(high, old[1]))
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             plan = load_plan(conn, job)
             ranges = list(plan.reading)
             check_rows_in_batch(job, batch_id, ranges, seen)
