@@ -26,7 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -103,12 +103,18 @@ def private_postgres() -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(password: str | None = None, max_connections: int = 40) -> Iterator[Server]:
+def throwaway_postgres(
+    password: str | None = None,
+    max_connections: int = 40,
+    restartable: list[Callable[[float], None]] | None = None,
+) -> Iterator[Server]:
     """Start a server in a new temporary directory; yield it; always stop it by pid and delete
     the directory.
 
     With ``password`` None every connection from 127.0.0.1 is trusted (like the usual local
     test server); otherwise the superuser logs in with that password (scram-sha-256).
+    ``restartable``: a list to put the function that restarts the server into (the same data and
+    port; :func:`restartable_postgres`); the process it last started is the one stopped at the end.
     """
     bin_dir = _binaries()
     user = _run_as()
@@ -147,38 +153,81 @@ def throwaway_postgres(password: str | None = None, max_connections: int = 40) -
             timeout=120,
         )
         port = free_port()
-        log = home / "postgres.log"
         settings = {"ssl": "off", "fsync": "off", "max_connections": str(max_connections)}
-        with log.open("wb") as log_file:
-            process = subprocess.Popen(
-                [
-                    str(bin_dir / "postgres"),
-                    *("-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(home)),
-                    *(arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")),
-                ],
-                user=user,
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
         login = url(port, "postgres", password=password or "")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                psycopg.connect(login, connect_timeout=5).close()
-                break
-            except psycopg.OperationalError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"private PostgreSQL did not start:\n{log.read_text()}") from None
-                time.sleep(0.2)
+
+        process = _start(bin_dir, data, home, port, settings, user, env, login)
+
+        def restart(down_seconds: float) -> None:
+            nonlocal process
+            if process is not None:
+                _stop(process)
+            process = None
+            time.sleep(down_seconds)
+            process = _start(bin_dir, data, home, port, settings, user, env, login)
+
+        if restartable is not None:
+            restartable.append(restart)
         yield Server(port, home, process.pid)
     finally:
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)  # fast shutdown
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+        if process is not None:
+            _stop(process)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _start(
+    bin_dir: Path,
+    data: Path,
+    home: Path,
+    port: int,
+    settings: dict[str, str],
+    user: str | None,
+    env: dict[str, str],
+    login: str,
+) -> subprocess.Popen[bytes]:
+    """Start the server on ``data`` and wait (at most 60 s) until it takes logins."""
+    log = home / "postgres.log"
+    with log.open("ab") as log_file:
+        process = subprocess.Popen(
+            [
+                str(bin_dir / "postgres"),
+                *("-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(home)),
+                *(arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")),
+            ],
+            user=user,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            psycopg.connect(login, connect_timeout=5).close()
+            return process
+        except psycopg.OperationalError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                _stop(process)
+                raise RuntimeError(f"private PostgreSQL did not start:\n{log.read_text()}") from None
+            time.sleep(0.2)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server by its process id: a fast shutdown, else SIGKILL after 30 s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)  # fast shutdown
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def restartable_postgres(max_connections: int = 40) -> Iterator[tuple[Server, Callable[[float], None]]]:
+    """A throwaway server (trusting 127.0.0.1) and a function that restarts it: a fast shutdown
+    (every session ends, as in a managed server's restart), ``down_seconds`` with no server, then
+    the same data on the same port. Whichever process runs at the end is stopped by its pid."""
+    restarts: list[Callable[[float], None]] = []
+    with throwaway_postgres(max_connections=max_connections, restartable=restarts) as server:
+        yield server, restarts[0]

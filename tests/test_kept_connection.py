@@ -62,6 +62,28 @@ def test_a_session_the_server_ended_between_calls_is_replaced_before_anything_is
         assert conn.execute("SELECT count(*) FROM written_once").fetchone() == (1,)
 
 
+def test_a_replacement_is_opened_by_the_callers_opener(database_url: str) -> None:
+    """The stream sink passes one that waits for a restarting server
+    (txstore/postgres/reconnect.py): used when nothing is kept, or the kept session ended."""
+    opened: list[str] = []
+
+    def opener(url: str) -> psycopg.Connection:
+        opened.append(url)
+        return connect(url)
+
+    with kept_connection(database_url, opener) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+    with kept_connection(database_url, opener):
+        pass
+    assert opened == [database_url]  # the kept one served the second call
+    with connect(database_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+    with kept_connection(database_url, opener):
+        pass
+    assert opened == [database_url, database_url]
+
+
 def test_what_a_call_leaves_open_is_committed_as_with_connect(database_url: str) -> None:
     with kept_connection(database_url) as conn:
         conn.execute("CREATE TABLE left_open (n int)")

@@ -196,7 +196,9 @@ def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_ex
     topic = new_topic(5)
     checkpoint = tmp_path / "chk"
     options = COUNT if counted else {}
-    rows: Callable[[Any], Any] | None = None if counted else (lambda df: df.select("topic", "partition", "offset"))
+    rows: Callable[[Any], Any] | None = (
+        None if counted else (lambda df: df.select("topic", "partition", "offset"))
+    )
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 14, 2: 5, 3: 16, 4: 7})
     query = run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
     assert totals(db, topic, job=JOB) == {topic: 45}

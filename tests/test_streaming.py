@@ -301,7 +301,9 @@ def test_a_second_query_on_the_same_job_is_refused(
         # Both queries run in this test's Spark application: the line says so, and names both
         # ways that happens (a second query, or two sources of the job in one query).
         line = str(e.value)
-        assert f"job '{JOB}': another readStream.format('txstore') of this job in this Spark application" in line
+        assert (
+            f"job '{JOB}': another readStream.format('txstore') of this job in this Spark application" in line
+        )
         assert "or a second running query of this job; nothing was read" in line
         produce(kafka.bootstrap_servers, topic, {0: 2})
         running.processAllAvailable()

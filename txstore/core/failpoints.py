@@ -21,7 +21,9 @@ check returns at once.
 
 Task names (in the sink): ``before-upsert``, ``between-upsert-and-offsets``,
 ``before-commit``, ``after-commit``; in a task of ``readStream.format("txstore")`` (its
-``txstore.failpoints`` option): ``after-first-range``, once the task has read its first range. Driver names (in the job loop):
+``txstore.failpoints`` option): ``after-first-range``, once the task has read its first range; in
+that source's planner: ``before-stream-relock``, connected again after its PostgreSQL session
+ended, before it takes the job's stream lock again. Driver names (in the job loop):
 ``after-plan`` (between planning a batch and running it) and
 ``between-batches`` (after a batch, before waiting for the next).
 """
@@ -40,7 +42,8 @@ TASK_NAMES = frozenset(
     {"before-upsert", "between-upsert-and-offsets", "before-commit", "after-commit", "after-first-range"}
 )
 DRIVER_NAMES = frozenset({"after-plan", "between-batches"})
-NAMES = TASK_NAMES | DRIVER_NAMES
+STREAM_PLANNER_NAMES = frozenset({"before-stream-relock"})
+NAMES = TASK_NAMES | DRIVER_NAMES | STREAM_PLANNER_NAMES
 EXIT_STATUS = 137
 
 

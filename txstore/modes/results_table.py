@@ -33,7 +33,6 @@ are then copied as fast as Spark hands them over.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -55,8 +54,7 @@ from txstore.postgres.results_check import describe_table, table_problems
 from txstore.postgres.results_merge import (
     Chunk,
     copy_and_merge,
-    copy_to_temp_table,
-    merge_rows,
+    rows_refused,
     temp_table_types,
 )
 from txstore.postgres.results_table import ResultsTable
@@ -199,23 +197,9 @@ class ResultsTableMode:
         """
         conn = self.connection.get()
         produced = copy_chunks(self._frame([piece], {}).select(*self.table.columns), self.table.ordered)
-        merging = False
-        try:
-            with contextlib.closing(produced):
-                first = next(produced, None)
-                if first is not None:
-                    with conn.cursor() as cur:
-                        copy_to_temp_table(cur, self.table, self.types, itertools.chain([first], produced))
-                        merging = True
-                        merge_rows(conn, cur, self.table)
-        except Exception as e:
-            if not is_row_failure(e) or (merging and isinstance(e, psycopg.errors.DataError)):
-                raise
-            return failure_reason(e)
-        finally:
-            if not conn.closed:
-                conn.rollback()
-        return None
+        with contextlib.closing(produced):
+            refused = rows_refused(conn, self.table, self.types, produced, is_row_failure)
+        return None if refused is None else failure_reason(refused)
 
     def _stage(self, bad: BadOffset) -> str:
         """What failed on the message, for its error line: PostgreSQL taking its row, or the query."""

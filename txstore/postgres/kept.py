@@ -13,7 +13,9 @@ Steps of :func:`kept_connection`:
 2. check that it still answers (``SELECT 1``, rolled back): the server may have restarted or
    ended the session since the last call; if it does not, close it;
 3. if none is left, open a new one (:func:`~txstore.postgres.db.connect`: its timeouts, its
-   one-line errors);
+   one-line errors; or the caller's ``opener``, such as the stream sink's
+   :func:`~txstore.postgres.reconnect.connect_retrying`, which waits, within bounds, for a
+   server that is restarting);
 4. hand it to the caller; after a block that returned, commit what it left open (as psycopg's
    ``with connect() as conn`` does) and keep the connection for the next call; after a block
    that raised, close it (its state is not known).
@@ -25,7 +27,7 @@ own proof that it ran once. The check runs before anything is written.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -61,9 +63,12 @@ def _take(url: str) -> psycopg.Connection | None:
 
 
 @contextmanager
-def kept_connection(url: str) -> Iterator[psycopg.Connection]:
-    """A checked connection to ``url``, kept for this process's next call (module docstring)."""
-    conn = _take(url) or connect(url)
+def kept_connection(
+    url: str, opener: Callable[[str], psycopg.Connection] = connect
+) -> Iterator[psycopg.Connection]:
+    """A checked connection to ``url``, kept for this process's next call (module docstring);
+    ``opener`` opens a new one when none is kept or the kept one no longer answers."""
+    conn = _take(url) or opener(url)
     try:
         yield conn
     except BaseException:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -92,6 +92,40 @@ def merge_rows(conn: psycopg.Connection, cur: psycopg.Cursor[Any], table: Result
             cur.execute(merge_statement(table, grouped=False))
     except psycopg.errors.CardinalityViolation:
         cur.execute(merge_statement(table, grouped=True))
+
+
+def rows_refused(
+    conn: psycopg.Connection,
+    table: ResultsTable,
+    types: Mapping[str, str],
+    produced: Iterator[Chunk],
+    row_failure: Callable[[BaseException], bool],
+) -> Exception | None:
+    """Copy ``produced`` to the temporary table and merge it into ``table``, then roll back: the
+    error a row caused (``row_failure``: PostgreSQL refusing a value, a query failing on one), or
+    None if every row went in. Finding bad messages tries their pieces this way
+    (:data:`txstore.spark.bad_rows.Fails`), in the batch job and in the stream sink.
+
+    A data exception from the merge itself (not from copying the rows) is a sum past what the
+    column holds, the stored value's doing as much as any message's: it is raised, not blamed on
+    a message, as is every error ``row_failure`` does not take.
+    """
+    merging = False
+    try:
+        first = next(produced, None)
+        if first is not None:
+            with conn.cursor() as cur:
+                copy_to_temp_table(cur, table, types, itertools.chain([first], produced))
+                merging = True
+                merge_rows(conn, cur, table)
+    except Exception as e:
+        if not row_failure(e) or (merging and isinstance(e, psycopg.errors.DataError)):
+            raise
+        return e
+    finally:
+        if not conn.closed:
+            conn.rollback()
+    return None
 
 
 # Each column as the temporary table declares it: its type and, where it has one, its

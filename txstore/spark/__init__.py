@@ -7,7 +7,7 @@ Arrow batches (:mod:`~txstore.spark.arrow`), the Kafka-source columns
 (:mod:`~txstore.spark.source_columns`), asking Spark about a query without running it
 (:mod:`~txstore.spark.probing`, :mod:`~txstore.spark.used_columns`), counts pushed down to the
 reading tasks (:mod:`~txstore.spark.pushdown`), finding the message a results table refuses
-(:mod:`~txstore.spark.bad_rows`), the ``txstore`` data source for batch and streaming reads
+(:mod:`~txstore.spark.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
 and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.datasource`,
 :mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) shipping txstore to executors
 (:mod:`~txstore.spark.pyfiles`), and a reused Python worker's heap frozen once

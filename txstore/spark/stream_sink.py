@@ -28,7 +28,10 @@ micro-batch:
   and merges them, grouped by key under the rules
   (:func:`~txstore.postgres.results_merge.copy_and_merge`). A row whose message is outside the
   planned ranges (state kept in the checkpoint, re-emitted) stops the query before anything is
-  written (:func:`check_rows_in_batch`). A batch already committed
+  written (:func:`check_rows_in_batch`). Rows PostgreSQL refuses (a NULL key, a value out of
+  range): their message is found and named, nothing committed, or with ``txstore.onBadMessage``
+  ``skip`` left out and recorded in ``txn_bad_messages`` with the offsets
+  (:mod:`~txstore.spark.stream_bad_rows`). A batch already committed
   (:class:`~txstore.core.errors.AlreadyCommitted`, a replay after a crash between PostgreSQL's
   commit and Spark's commit log) is skipped; any other conflict stops the query;
 - ``abort``: nothing to undo, the tasks write nothing.
@@ -56,6 +59,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
 from txstore.core.errors import AlreadyCommitted, ConfigError, ResultsTableInvalid
@@ -70,9 +74,11 @@ from txstore.core.micro_batch import (
 )
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
+from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE, SKIP
 from txstore.postgres.copy_text import ORDER_BITS, copy_text
 from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.postgres.kept import kept_connection
+from txstore.postgres.reconnect import connect_retrying
 from txstore.postgres.results_check import describe_table, table_problems
 from txstore.postgres.results_merge import copy_and_merge, temp_table_types
 from txstore.postgres.results_table import ResultsTable, parse_results_table
@@ -80,6 +86,8 @@ from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan, load_reads
 from txstore.spark.range_task import task_run
+from txstore.spark.stream_advice import restating
+from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
 from txstore.spark.worker_heap import freeze_once
 
 log = logging.getLogger("txstore")
@@ -118,12 +126,14 @@ class TopicCounts(WriterCommitMessage):  # type: ignore[misc]
 
 @dataclass
 class TableRows(WriterCommitMessage):  # type: ignore[misc]
-    """One write task's rows for a results table: COPY text chunks (row count, text), the
-    lowest and highest offset of the messages they came from, per (topic, partition), and the
-    query and micro-batch it ran in."""
+    """One write task's rows for a results table: COPY text chunks (row count, text), and the
+    lowest and highest offset of the messages they came from, per (topic, partition); for
+    each chunk the message of each of its rows, to name one PostgreSQL refuses
+    (:func:`~txstore.spark.stream_bad_rows.origins_of`); and the query and micro-batch it ran in."""
 
     chunks: list[tuple[int, bytes]]
     seen: dict[tuple[str, int], tuple[int, int]]
+    origins: list[bytes] = field(default_factory=list)
     run: Run = (None, None, None)
 
 
@@ -133,19 +143,35 @@ class SinkOptions:
     database_url: str
     failpoints: str = ""  # tests: txstore.core.failpoints, as TXSTORE_FAILPOINTS (txstore.core.failpoints)
     table: ResultsTable | None = None  # txstore.table/key/merge: merge the rows into it; None: count
+    on_bad_message: str = FAIL  # txstore.onBadMessage: a row the table refuses stops the query, or skip
 
 
 _TABLE_OPTIONS = ("txstore.table", "txstore.key", "txstore.merge")
 
 
+def _reconnect(url: str) -> psycopg.Connection:
+    """A new connection for the sink, before it writes anything: a server restarting (the kept
+    connection's session ended) is waited for, within :mod:`~txstore.postgres.reconnect`'s bounds."""
+    return connect_retrying(
+        url, given_by="writeStream's .option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL)"
+    )
+
+
 def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -> SinkOptions:
     given = {str(k).lower(): str(v) for k, v in options.items()}
-    known = {"txstore.job", "txstore.databaseurl", "txstore.failpoints", "checkpointlocation", "path"}
+    known = {
+        "txstore.job",
+        "txstore.databaseurl",
+        "txstore.failpoints",
+        "txstore.onbadmessage",
+        "checkpointlocation",
+        "path",
+    }
     unknown = sorted(set(given) - known - set(_TABLE_OPTIONS))
     if unknown:
         raise ConfigError(
             f"unknown option {unknown[0]!r} for writeStream.format('txstore'); it takes txstore.job, "
-            "txstore.databaseUrl, and txstore.table, txstore.key and txstore.merge"
+            "txstore.databaseUrl, and txstore.table, txstore.key, txstore.merge and txstore.onBadMessage"
         )
     job = given.get("txstore.job", "").strip()
     if not job:
@@ -173,7 +199,18 @@ def parse_sink_options(options: Mapping[str, str], environ: Mapping[str, str]) -
             raise ConfigError(str(e).replace("--", "txstore.", 1)) from None
         if problems := table.problems():
             raise ResultsTableInvalid(problems)
-    return SinkOptions(job, resolve_database_url(url), failpoints, table)
+    on_bad_message = given.get("txstore.onbadmessage", FAIL).strip().lower()
+    if on_bad_message not in ON_BAD_MESSAGE:
+        raise ConfigError(
+            f"option txstore.onBadMessage must be {' or '.join(ON_BAD_MESSAGE)}, got "
+            f"{given['txstore.onbadmessage']!r}"
+        )
+    if on_bad_message == SKIP and table is None:
+        raise ConfigError(
+            f"job {job}: txstore.onBadMessage skip needs txstore.table: it skips the messages whose rows "
+            "a results table refuses, and counting messages refuses none"
+        )
+    return SinkOptions(job, resolve_database_url(url), failpoints, table, on_bad_message)
 
 
 COUNTED = "txstore_messages"
@@ -391,7 +428,7 @@ def check_table_query(options: SinkOptions, schema: Any, overwrite: bool) -> dic
         for f in schema.fields
         if f.name in table.columns or f.name not in PROVENANCE
     ]
-    with kept_connection(options.database_url) as conn:
+    with kept_connection(options.database_url, _reconnect) as conn:
         facts = describe_table(conn, table)
         problems = table_problems(table, facts, output, f"role {conn.info.user}", job=job)
         if problems:
@@ -409,6 +446,7 @@ def _table_rows(table: ResultsTable, iterator: Iterator[Any]) -> TableRows:
     position = (context.partitionId() << ORDER_BITS) if context is not None else 0
     chunks: list[tuple[int, bytes]] = []
     seen: dict[tuple[str, int], tuple[int, int]] = {}
+    origins: list[bytes] = []
     columns = list(table.columns)
     for batch in iterator:
         if batch.num_rows == 0:
@@ -424,8 +462,9 @@ def _table_rows(table: ResultsTable, iterator: Iterator[Any]) -> TableRows:
                 low, high = min(low, seen[key][0]), max(high, seen[key][1])
             seen[key] = (low, high)
         chunks.append((batch.num_rows, copy_text(batch.select(columns), position if table.ordered else None)))
+        origins.append(origins_of(batch))
         position += batch.num_rows
-    return TableRows(chunks, seen, _run())
+    return TableRows(chunks, seen, origins, _run())
 
 
 def check_rows_in_batch(
@@ -457,6 +496,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
     """Counts each micro-batch's rows per topic, or merges them into a results table, and commits
     that with the batch's ranges."""
 
+    @restating
     def __init__(self, options: SinkOptions, schema: Any, overwrite: bool = False) -> None:
         # Made in a PySpark planner worker twice a micro-batch (the writer factory, the commit):
         # freezing its heap keeps the daemon's collection after each call off the tasks' cores.
@@ -486,6 +526,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             return _table_rows(self.options.table, iterator)
         return _deliver(iterator, self.counted)
 
+    @restating
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if self.options.table is not None:
             self._commit_table([m for m in messages if isinstance(m, TableRows)], batchId)
@@ -513,7 +554,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                 (OffsetRange(t, p, low, high), n) for m in delivered for t, p, low, high, n in m.counted or ()
             ]
         delivery = Delivery(frozenset(m.run for m in delivered), spans, counts)
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             plan = load_plan(conn, job)
             reads = verify_micro_batch(job, batchId, plan, load_reads(conn, job, plan.plan_id), delivery)
             ranges = list(plan.reading)
@@ -529,7 +570,9 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
 
     def _commit_table(self, messages: Sequence[TableRows], batch_id: int) -> None:
         """The micro-batch's rows merged into the table and its ranges' offsets moved, in one
-        transaction (:func:`~txstore.postgres.results_merge.copy_and_merge`, as aggregate.py)."""
+        transaction (:func:`~txstore.postgres.results_merge.copy_and_merge`, as aggregate.py).
+        Rows PostgreSQL refuses: their message named, or skipped and recorded
+        (``txstore.onBadMessage``, :mod:`~txstore.spark.stream_bad_rows`)."""
         job, table = self.options.job, self.options.table
         assert table is not None
         seen: dict[tuple[str, int], tuple[int, int]] = {}
@@ -537,7 +580,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             for key, (low, high) in m.seen.items():
                 old = seen.get(key, (low, high))
                 seen[key] = (min(low, old[0]), max(high, old[1]))
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             plan = load_plan(conn, job)
             ranges = list(plan.reading)
             check_rows_in_batch(job, batch_id, ranges, seen)
@@ -547,15 +590,31 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                 return
             stored = stored_offsets(conn, job, ranges)
             conn.rollback()
+            failpoints = FailPoints.parse(self.options.failpoints)
+            last = {key: read.last for key, read in reads.items() if read.last is not None}
             try:
                 if any(stored.get(r.key) != r.from_offset for r in ranges):
                     raise classify_batch_conflict(job, ranges, stored)  # a replay: nothing to copy
                 chunks = (chunk for m in messages for chunk in m.chunks)
-                failpoints = FailPoints.parse(self.options.failpoints)
-                last = {key: read.last for key, read in reads.items() if read.last is not None}
                 copy_and_merge(conn, job, table, self.types, ranges, chunks, failpoints, 0, last=last)
             except AlreadyCommitted:
                 _skipped(job, batch_id, ranges)
+                return
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as refused:
+                failure: Exception = refused  # rolled back: find the message(s) whose rows it refuses
+            else:
+                return
+            rows = RowsByMessage([(c, o) for m in messages for c, o in zip(m.chunks, m.origins, strict=True)])
+            skip = self.options.on_bad_message == SKIP
+            bad = find_refused(conn, job, batch_id, table, self.types, ranges, rows, skip, failure)
+            try:
+                copy_and_merge(
+                    conn, job, table, self.types, ranges, rows.without(bad), failpoints, 0, last=last, bad=bad
+                )
+            except AlreadyCommitted:
+                _skipped(job, batch_id, ranges)
+                return
+            log_skipped(job, batch_id, table, ranges, bad)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: tasks write nothing, the commit is one transaction."""

@@ -65,22 +65,42 @@ The reader's planning connection holds the job's *stream lock* (exclusive,
 for the query's life) and the shared job lock (so ``txstore reset`` refuses
 while it runs): a second streaming query on the same job is refused with
 :class:`StreamLocked`.
+
+A query runs for days, and PostgreSQL restarts and fails over: a planning session that ended
+(the locks go with it) is replaced at the next planning call, connected again within bounds
+(:mod:`~txstore.postgres.reconnect`) and its locks taken again; a planning method the end cut
+short runs once more on the new session (each is safe to: reads, and idempotent writes), so a
+restart costs a pause, not the query. If another query of the job took the stream lock
+meanwhile, this one stops with :class:`StreamLocked`, before planning anything.
+
+The lines the planning methods and the reading tasks raise come from code shared with the jobs;
+their advice is restated for a streaming query (:mod:`~txstore.spark.stream_advice`: options and
+restarts, not a job's flags).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from txstore.core.errors import AlreadyCommitted, ConfigError, TxstoreError, UnknownTopic
+from txstore.core.errors import (
+    AlreadyCommitted,
+    ConfigError,
+    DatabaseUnavailable,
+    TxstoreError,
+    UnknownTopic,
+    first_line,
+)
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import RangeRead, Receipt, StreamPlan
@@ -97,10 +117,11 @@ from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.kafka.client import Watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
-from txstore.postgres.db import connect
+from txstore.postgres.db import FROZEN_PEER_BOUND_SECONDS, connect
 from txstore.postgres.kept import kept_connection
 from txstore.postgres.locks import hold_job_lock
 from txstore.postgres.migrate import check_schema
+from txstore.postgres.reconnect import connect_retrying, session_lost
 from txstore.postgres.sink import TransactionalSink
 from txstore.postgres.stream_plans import (
     CHECKPOINT_LED,
@@ -117,6 +138,7 @@ from txstore.spark.datasource import (
     partition_ranges,
 )
 from txstore.spark.range_task import task_attempt, task_run
+from txstore.spark.stream_advice import restated_rows, restating
 from txstore.spark.stream_options import (
     COUNT_SCHEMA,
     StreamOptions,
@@ -138,6 +160,66 @@ Offsets = dict[str, dict[str, int]]
 """Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
 
 _STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
+GIVEN_BY = ".option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL on the driver)"
+"""Where the stream's database URL comes from, as its connection errors name it."""
+
+# The sessions holding a job's stream lock (advisory locks are per database): pg_locks shows a
+# bigint advisory key as its high and low 32 bits (classid, objid) with objsubid 1.
+_STREAM_HOLDERS = f"""
+WITH k AS (SELECT {_STREAM_KEY} AS key)
+SELECT l.pid, coalesce(host(a.client_addr), 'local')
+FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid), k
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295
+ORDER BY l.pid
+"""
+
+
+def stream_lock_holders(conn: psycopg.Connection, job: str) -> list[tuple[int, str]]:
+    """The backend pids (and client addresses) of the sessions holding ``job``'s stream lock."""
+    rows = conn.execute(_STREAM_HOLDERS, (job,)).fetchall()
+    conn.rollback()
+    return [(int(pid), str(client)) for pid, client in rows]
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _again_on_a_new_session(method: _Method) -> _Method:
+    """A planning method that runs once more, on a new connection, if the planning session ended
+    under it (:meth:`TxstoreStreamReader._db` connects again and re-takes the locks).
+
+    Only for methods safe to run twice: they read, and their only writes are idempotent (the start
+    rows, ``ON CONFLICT DO NOTHING``; the plan, replaced whole). A second end of the session in
+    the same call stops the query in one line.
+    """
+
+    @functools.wraps(method)
+    def planning(self: TxstoreStreamReader, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except psycopg.Error as e:
+            if not self._session_ended(e):
+                raise
+            log.warning(
+                "job %s: %s: the PostgreSQL session ended (%s); planning again on a new connection",
+                self.options.job,
+                method.__name__,
+                first_line(e),
+            )
+        try:
+            return method(self, *args, **kwargs)
+        except psycopg.Error as e:
+            if not self._session_ended(e):
+                raise
+            raise DatabaseUnavailable(
+                f"job {self.options.job!r}: the PostgreSQL session ended twice during one {method.__name__} "
+                f"({first_line(e)}); the query stops, nothing of this micro-batch was written: restart it "
+                "once PostgreSQL is steady"
+            ) from None
+
+    return cast(_Method, planning)
 
 
 class StreamLocked(TxstoreError):
@@ -146,6 +228,12 @@ class StreamLocked(TxstoreError):
 
 class CheckpointMismatch(TxstoreError):
     """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
+
+
+def _reconnect(url: str) -> psycopg.Connection:
+    """A reading task's connection for its receipt: a server restarting is waited for, within
+    :mod:`~txstore.postgres.reconnect`'s bounds."""
+    return connect_retrying(url, given_by=GIVEN_BY)
 
 
 class StreamPartition(RangesPartition):
@@ -290,6 +378,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         else:
             self.batch_reader = TxstoreReader(options.read, schema)
         self._conn: psycopg.Connection | None = None  # opened by the planning methods only
+        self._session: int | None = None  # its backend pid: once set, a new connection is a reconnect
         # The planning methods' Kafka admin client, kept across micro-batches (as a job keeps its).
         self._kafka: Watermarks | None = None
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
@@ -298,26 +387,91 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
     # -- the planning connection and its locks ------------------------------------------------------
 
     def _db(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            url, job = self.options.database_url, self.options.job
-            conn = connect(url)
+        """The planning connection, holding the job's stream lock and its shared job lock.
+
+        The query's first is opened at once (a wrong URL or a server down fails the query's start).
+        A session that ended since (a restart, a failover, ``pg_terminate_backend``) is replaced:
+        connected again within bounds (:func:`~txstore.postgres.reconnect.connect_retrying`), the
+        locks taken again, or the query stops in one line if another query of the job took the
+        stream lock meanwhile.
+        """
+        if self._conn is not None and not session_lost(self._conn):
+            return self._conn
+        url, lost = self.options.database_url, self._session
+        if self._conn is None:
+            conn = connect(url, given_by=GIVEN_BY)
+        else:
+            self._conn.close()
+            self._conn = None
+            log.warning(
+                "job %s: the stream's planning session with PostgreSQL (pid %s) ended (server restarted, "
+                "failed over, or the session was terminated); connecting again",
+                self.options.job,
+                lost,
+            )
+            conn = connect_retrying(url, given_by=GIVEN_BY)
+            if self.options.failpoints:  # tests only
+                FailPoints.parse(self.options.failpoints).hit("before-stream-relock")
+        try:
             check_schema(conn, url)
-            me = f"txstore stream {driver_process()}"
+            self._take_stream_lock(conn, lost)
+            hold_job_lock(conn, self.options.job)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn, self._session = conn, conn.info.backend_pid
+        if lost is not None:
+            log.warning(
+                "job %s: connected to PostgreSQL again; the stream's locks are held again", self.options.job
+            )
+        return conn
+
+    def _session_ended(self, error: psycopg.Error) -> bool:
+        """Whether ``error`` came of the planning session's end: the connection is broken, or it
+        dropped while :meth:`_db` connected again (then there is no connection and ``error`` is an
+        OperationalError)."""
+        if self._conn is not None:
+            return session_lost(self._conn)
+        return self._session is not None and isinstance(error, psycopg.OperationalError)
+
+    def _take_stream_lock(self, conn: psycopg.Connection, lost: int | None) -> None:
+        """Take the job's stream lock (session-level), or raise :class:`StreamLocked`.
+
+        ``lost``: the backend pid of this query's session that ended (None: the query's first). A
+        session whose client lost it can outlive it on the server for a while (a network that
+        stopped answering: up to :data:`~txstore.postgres.db.FROZEN_PEER_BOUND_SECONDS`), still
+        holding the lock; while that old session is the only holder, the lock is tried again
+        within that bound.
+        """
+        job = self.options.job
+        deadline = time.monotonic() + FROZEN_PEER_BOUND_SECONDS
+        me = f"txstore stream {driver_process()}"
+        while True:
             with conn.transaction():
                 conn.execute("SELECT set_config('application_name', %s, false)", (me,))
                 row = conn.execute(f"SELECT pg_try_advisory_lock({_STREAM_KEY})", (job,)).fetchone()
-            if not (row and row[0]):
-                holder = stream_lock_holder(conn, job)
-                conn.close()
-                raise StreamLocked(stream_locked_line(job, holder, me))
-            hold_job_lock(conn, job)
-            self._conn = conn
-        return self._conn
+            if row and row[0]:
+                return
+            if lost is None:
+                raise StreamLocked(stream_locked_line(job, stream_lock_holder(conn, job), me))
+            holders = stream_lock_holders(conn, job)
+            if {pid for pid, _ in holders} <= {lost} and time.monotonic() < deadline:
+                time.sleep(1)  # our old session, not yet ended by the server (or just ended)
+                continue
+            named = ", ".join(f"PostgreSQL session {pid} from {client}" for pid, client in holders)
+            raise StreamLocked(
+                f"job {job!r}: this query lost its PostgreSQL session (pid {lost}) and, connected again, "
+                f"found another streaming query of this job holding the stream lock ({named or 'since gone'}); "
+                "this query stops before planning another micro-batch (what it committed stays, nothing "
+                "is counted twice). Keep the other query, or stop it and restart this one with a new "
+                "checkpointLocation (it then starts at the offsets in txn_offsets)"
+            )
 
     def stop(self) -> None:
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
+        self._session = None
         if self._kafka is not None:
             self._kafka.close()
         self._kafka = None
@@ -325,6 +479,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_conn"] = None  # the planner's alone: a task opens neither
+        state["_session"] = None
         state["_kafka"] = None
         return state
 
@@ -345,6 +500,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 raise
             raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
 
+    @restating
+    @_again_on_a_new_session
     def initialOffset(self) -> Offsets:
         offsets = self._initial_offsets()
         self._last_end = offsets
@@ -370,9 +527,13 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         n = self.options.max_offsets_per_trigger
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
+    @restating
+    @_again_on_a_new_session
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {w.key: w.high for w in self._watermarks()}
 
+    @restating
+    @_again_on_a_new_session
     def latestOffset(self, start: Mapping[str, Any] | None = None, limit: Any = None) -> Offsets:
         """The next end: Kafka's log ends (capped by the limit), after the planner's checks.
 
@@ -406,6 +567,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         self._last_end = end
         return offsets_dict(end)
 
+    @restating
+    @_again_on_a_new_session
     def partitions(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> Sequence[InputPartition]:
         job = self.options.job
         conn = self._db()
@@ -446,6 +609,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         self._last_end = finish
         return [StreamPartition(run, plan_id, i) for i, run in enumerate(tasks)]
 
+    @_again_on_a_new_session
     def commit(self, end: Mapping[str, Any]) -> None:
         """Spark's commit of a micro-batch its sink committed (Spark calls it while it starts the
         next one).
@@ -517,8 +681,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         freeze_once()  # PySpark's collection after each task then skips the imports' objects
         ranges = partition_ranges(partition)
         if self.batch_reader is None:
-            return self._count(partition, ranges)
-        return self._messages(self.batch_reader, partition, ranges)
+            return restated_rows(self._count(partition, ranges), self.options.job)
+        return restated_rows(self._messages(self.batch_reader, partition, ranges), self.options.job)
 
     def _after_first_range(self) -> None:
         if self.options.failpoints:  # tests only
@@ -533,7 +697,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         receipt = Receipt(
             partition.index, run.stage, run.partition, run.query_id, run.batch_id, tuple(reads), run.run_id
         )
-        with kept_connection(self.options.database_url) as conn:
+        with kept_connection(self.options.database_url, _reconnect) as conn:
             record_read(conn, self.options.job, partition.plan_id, receipt)
 
     def _messages(
