@@ -48,7 +48,7 @@ def below_line(topic: str, stored: int, end: int) -> str:
 def recreated_pattern(topic: str) -> str:
     return (
         rf"job '{JOB}' topic '{topic}' partition 0: the topic was deleted and recreated \(stored topic ID "
-        rf"[\w-]+; found topic ID [\w-]+\); nothing was counted. To count the new topic from its start "
+        rf"[^;]+; found topic ID [^)]+\); nothing was counted. To count the new topic from its start "
         rf"as a new generation: {re.escape(RESET.format(topic=topic) + THEN)}"
     )
 
