@@ -169,3 +169,42 @@ def test_a_topic_recreated_under_a_running_query_stops_it_before_the_new_log_is_
     assert re.search(recreated_pattern(topic), str(restarted.value)), str(restarted.value)
     assert snapshot(db) == before
     reset_and_count_the_new_topic(spark, real_kafka, database_url, db, topic, checkpoint, 200, source)
+
+
+def test_a_micro_batch_replayed_by_a_restart_is_checked_against_the_recreated_topic_before_it_is_read(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """A micro-batch planned on the old log, its tasks failed (nothing committed), the topic then
+    recreated and refilled: the restart replays that batch from the checkpoint, straight to
+    ``partitions()`` (no ``latestOffset()`` first). It is checked there, before its tasks read
+    offsets 50 -> 70 of the new log as the old one's."""
+    txstore.register(spark)
+    counted = {"txstore.countMessages": "true"}
+    topic = new_real_topic(1, prefix="sreplay")
+    checkpoint = tmp_path / "chk"
+    produce(real_kafka.bootstrap_servers, topic, {0: 50})
+    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **counted)
+    produce(real_kafka.bootstrap_servers, topic, {0: 20})
+    with pytest.raises(QueryFailed, match="fail point after-first-range"):
+        run_available_now(
+            spark,
+            real_kafka,
+            database_url,
+            topic,
+            checkpoint,
+            **{**counted, "txstore.failpoints": "after-first-range"},
+        )
+    assert totals(db, topic, job=JOB) == {topic: 50}
+    before = snapshot(db)
+
+    real_kafka.recreate_topic(topic, 1)
+    produce(real_kafka.bootstrap_servers, topic, {0: 100})
+    with pytest.raises(QueryFailed) as e:
+        run_available_now(spark, real_kafka, database_url, topic, checkpoint, **counted)
+    assert re.search(recreated_pattern(topic), str(e.value)), str(e.value)
+    assert snapshot(db) == before
