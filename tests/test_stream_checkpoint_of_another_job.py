@@ -22,7 +22,7 @@ from tests.conftest import produce
 from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_streaming import QueryFailed, sink, stream
-from txstore.spark.stream_source import ForeignCheckpoint, check_checkpoint_starts
+from txstore.spark.stream_source import ForeignCheckpoint, check_checkpoint_starts, stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -84,6 +84,71 @@ def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
         "job 'j': the checkpoint names topic 'other', which this query does not read (it reads 't')"
     ), line
     assert "new checkpointLocation" in line
+
+
+def reader_options(kafka: AnyKafka, url: str, topic: str, job: str, **more: str) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": topic,
+        "txstore.job": job,
+        "txstore.databaseUrl": url,
+        "txstore.countMessages": "true",
+        **more,
+    }
+
+
+def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_and_another_start_is_not(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """The source's planning as Spark calls it, without Spark. startingOffsets latest: the start
+    is the log end when the query takes its initial offset, stored then (as count_topic stores
+    its start); the first micro-batch, planned after more messages came, starts there and is the
+    job's. A start that is not where a job would start is refused before its rows are made."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("txstore_messages", LongType()),
+        ]
+    )
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 2})
+    reader = stream_reader(reader_options(kafka, database_url, topic, A, startingOffsets="latest"), schema)
+    try:
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 5, "1": 2}}
+        assert rows(db, A) == [(topic, 0, 5, 0), (topic, 1, 2, 0)]
+        produce(kafka.bootstrap_servers, topic, {0: 3})
+        end = reader.latestOffset(start, None)
+        assert end == {topic: {"0": 8, "1": 2}}
+        ranges = [
+            (r.partition, r.from_offset, r.until_offset)
+            for p in reader.partitions(start, end)
+            for r in p.ranges
+        ]
+        assert ranges == [(0, 5, 8)]
+    finally:
+        reader.stop()
+
+    other = stream_reader(reader_options(kafka, database_url, topic, B, startingOffsets="latest"), schema)
+    try:
+        with pytest.raises(
+            ForeignCheckpoint,
+            match=r"partition 0: the checkpoint starts this micro-batch at offset 5, .* would start it at offset 8 \(latest \(startingOffsets\)\)",
+        ):
+            other.partitions(start, end)
+        with pytest.raises(
+            ForeignCheckpoint, match="partition 0: the checkpoint starts this micro-batch at offset 5"
+        ):
+            other.latestOffset(start, None)
+    finally:
+        other.stop()
+    assert rows(db, B) == []
 
 
 # -- real queries --------------------------------------------------------------------------------
