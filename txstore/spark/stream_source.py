@@ -382,6 +382,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         """Where the job starts each partition Kafka reports that it has no row for: its
         ``startingOffsets`` in a topic it never started, the log's earliest offset in one it did."""
         new = [w for w in watermarks if w.key not in stored]
+        if not new:  # every micro-batch: no new partition, nothing to decide (nor to check)
+            return []
         started = {t for t, _ in stored}
         return resolve_starting_offsets(self.options.read.starting, new, [w.key for w in watermarks], started)
 
