@@ -31,20 +31,28 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
 ``txn_offsets``). Steps:
 
 - ``initialOffset()`` (a query without checkpoint): the job's offsets in
-  ``txn_offsets``; partitions without a row start per ``startingOffsets``;
+  ``txn_offsets``; partitions without a row start per ``startingOffsets``, their rows
+  stored then (as the batch planner stores its starts), with Kafka's topic IDs;
 - ``latestOffset(start, limit)``: Kafka's log ends, capped by Spark's
   admission control (``ReadMaxRows`` from ``maxOffsetsPerTrigger``,
   :func:`~txstore.core.ranges.limit_ranges`) or, on PySpark 4.0/4.1 where
   ``latestOffset()`` gets neither start nor limit, by the option itself.
-  Offsets Kafka no longer has, or never had, stop the query with the same
-  lines as ``count_topic`` (:func:`~txstore.core.ranges.plan_ranges`). A partition
-  the start does not name (a new one) enters at earliest, with an empty range
-  first, so every range of a batch starts at an offset of its start;
+  Offsets Kafka no longer has, or never had, and a topic ID other than the stored one (a
+  recreated topic) stop the query with the same lines as ``count_topic``
+  (:func:`~txstore.core.ranges.plan_ranges`), adding the new checkpointLocation the reset
+  needs. A partition the start does not name (a new one) enters where the job starts it
+  (earliest in a topic it reads; its row stored then), with an empty range first, so every
+  range of a batch starts at an offset of its start. A start the checkpoint gives a
+  partition without a row must be where the job would start it
+  (:func:`check_checkpoint_starts`: offsets name no job, so another job's checkpoint would
+  be trusted otherwise);
 - ``partitions(start, end)``: one range per partition with messages, ``[start, end)``, with
   the generation and the last counted message to verify from ``txn_offsets``. The start is
   compared with ``txn_offsets`` first: equal, or the whole batch already committed (a
   replay after a crash), or the query stops with :class:`CheckpointMismatch`
-  before anything is read. The planned ranges are stored in
+  before anything is read (a partition without a row: :func:`check_checkpoint_starts`);
+  then the log with Kafka's (topic IDs, log ends), as the micro-batch may be a replay
+  planned before a restart. The planned ranges are stored in
   ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
   where the sink finds them. They become Spark's input partitions
   (:class:`~txstore.spark.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
@@ -97,6 +105,8 @@ from txstore.core.errors import (
     AlreadyCommitted,
     ConfigError,
     DatabaseUnavailable,
+    OffsetOutOfLog,
+    TopicRecreated,
     TxstoreError,
     UnknownTopic,
     first_line,
@@ -106,6 +116,7 @@ from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import RangeRead, Receipt, StreamPlan
 from txstore.core.ranges import (
     OffsetRange,
+    PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
     group_ranges,
@@ -116,6 +127,7 @@ from txstore.core.ranges import (
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.kafka.client import Watermarks
 from txstore.kafka.reader import RangeReader
+from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.postgres.db import FROZEN_PEER_BOUND_SECONDS, connect
 from txstore.postgres.kept import kept_connection
@@ -158,6 +170,9 @@ except ImportError:  # older: Spark reads everything available in one batch inst
 
 Offsets = dict[str, dict[str, int]]
 """Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
+
+_State = tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]
+"""The job's rows: offsets and what is kept beside them (:func:`~txstore.postgres.store.committed_state`)."""
 
 _STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
 GIVEN_BY = ".option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL on the driver)"
@@ -244,6 +259,11 @@ class StreamPartition(RangesPartition):
         super().__init__(ranges)
         self.plan_id = plan_id
         self.index = index
+
+
+class ForeignCheckpoint(CheckpointMismatch):
+    """The checkpoint is not this job's: it starts a partition the job has no row for elsewhere
+    than the job would start it, or names a topic the query does not read."""
 
 
 def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[list[OffsetRange]]:
@@ -361,6 +381,68 @@ def stream_locked_line(job: str, holder: tuple[str, str] | None, me: str) -> str
     )
 
 
+def check_checkpoint_starts(
+    job: str,
+    topics: Sequence[str],
+    start: Mapping[TopicPartition, int],
+    stored: Mapping[TopicPartition, int],
+    would: Mapping[TopicPartition, tuple[int, str]],
+) -> None:
+    """Raise :class:`ForeignCheckpoint` unless the checkpoint's ``start`` could be this job's.
+
+    The offsets name no job or query, so another's (copied, or its directory given) would be
+    taken as this job's: every topic it names must be one the query reads, and every partition
+    the job has no row for in ``stored`` must start where the job would start it (``would``:
+    offset and why, per partition Kafka reports; its ``startingOffsets`` for a topic the job
+    never started, the log's earliest offset for a partition that enters later). Partitions
+    with a row are :func:`check_alignment`'s.
+    """
+    for topic in sorted({t for t, _ in start} - set(topics)):
+        raise ForeignCheckpoint(
+            f"job {job!r}: the checkpoint names topic {topic!r}, which this query does not read "
+            f"(it reads {', '.join(repr(t) for t in topics)}): the checkpoint is another query's; "
+            "nothing was read. Restart the query with a new checkpointLocation: it then starts at the "
+            "job's offsets in txn_offsets (startingOffsets where it has none)"
+        )
+    for key, offset in sorted(start.items()):
+        if key in stored:
+            continue
+        expected = would.get(key)
+        if expected is not None and expected[0] == offset:
+            continue
+        where = (
+            "Kafka reports no such partition"
+            if expected is None
+            else f"would start it at offset {expected[0]} ({expected[1]})"
+        )
+        raise ForeignCheckpoint(
+            f"job {job!r} topic {key[0]!r} partition {key[1]}: the checkpoint starts this micro-batch at "
+            f"offset {offset}, but the job has no offset stored for this partition and {where}: the "
+            "checkpoint is not this job's (another job's or query's, copied or pointed at); nothing was "
+            "read. Restart the query with a new checkpointLocation: it then starts where the job would"
+        )
+
+
+def start_reason(decision: StartDecision) -> str:
+    """Why a partition starts where it does, in the stream's option names."""
+    return decision.reason.replace("--starting-offsets", "startingOffsets")
+
+
+def would_start(decisions: Sequence[StartDecision]) -> dict[TopicPartition, tuple[int, str]]:
+    """:func:`check_checkpoint_starts`'s ``would``: offset and why, per partition."""
+    return {(d.topic, d.partition): (d.offset, start_reason(d)) for d in decisions}
+
+
+RESTART_AFTER_RESET = ", then restart the query with a new checkpointLocation"
+"""What a stream adds to the planner's lines that end in a ``txstore reset`` command: the reset
+moves ``txn_offsets``, and the checkpoint would start at the old offsets (refused)."""
+
+
+def for_a_stream(error: OffsetOutOfLog | TopicRecreated) -> TxstoreError:
+    """The planner's line for a log that is not the one the job read, with the stream's next step."""
+    return type(error)(f"{error}{RESTART_AFTER_RESET}")
+
+
 class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
     """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
 
@@ -381,6 +463,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         self._session: int | None = None  # its backend pid: once set, a new connection is a reconnect
         # The planning methods' Kafka admin client, kept across micro-batches (as a job keeps its).
         self._kafka: Watermarks | None = None
+        self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
 
@@ -475,12 +558,16 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if self._kafka is not None:
             self._kafka.close()
         self._kafka = None
+        if self._ids is not None:
+            self._ids.close()
+        self._ids = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_conn"] = None  # the planner's alone: a task opens neither
         state["_session"] = None
         state["_kafka"] = None
+        state["_ids"] = None
         return state
 
     # -- offsets -----------------------------------------------------------------------------------
@@ -500,6 +587,48 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 raise
             raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
 
+    def _topic_ids(
+        self, conn: psycopg.Connection, history: Mapping[TopicPartition, PartitionHistory]
+    ) -> dict[str, str]:
+        """Kafka's topic IDs where it reports them, through one client for the query's life (a broker
+        without them is asked once: :class:`~txstore.kafka.topic_ids.TopicIds`), stored in the job's
+        rows that have none yet (``history``), so a later recreation is seen (as ``count_topic``)."""
+        if self._ids is None:
+            self._ids = TopicIds()
+        ids = self._ids(self.options.read.kafka_conf, self.options.read.topics)
+        unknown = {
+            t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in history.items())
+        }
+        if unknown:
+            store.record_topic_ids(conn, self.options.job, unknown)
+        return ids
+
+    def _start_decisions(
+        self, stored: Mapping[TopicPartition, int], watermarks: Sequence[PartitionWatermarks]
+    ) -> list[StartDecision]:
+        """Where the job starts each partition Kafka reports that it has no row for: its
+        ``startingOffsets`` in a topic it never started, the log's earliest offset in one it did."""
+        new = [w for w in watermarks if w.key not in stored]
+        if not new:  # every micro-batch: no new partition, nothing to decide (nor to check)
+            return []
+        started = {t for t, _ in stored}
+        return resolve_starting_offsets(self.options.read.starting, new, [w.key for w in watermarks], started)
+
+    def _start_rows(
+        self, conn: psycopg.Connection, decisions: Sequence[StartDecision], state: _State
+    ) -> _State:
+        """Store the decisions as the job's rows when they are taken (as the batch planner does, so
+        a checkpoint's start is always compared with a row); the job's rows, read again if any were
+        to be created (a row another instance created first wins), else ``state``."""
+        if not decisions:
+            return state
+        job = self.options.job
+        created = store.create_start_rows(conn, job, decisions)
+        for d in decisions:
+            if (d.topic, d.partition) in created:
+                log.info("job %s: %s/%d starts at %s", job, d.topic, d.partition, start_reason(d))
+        return store.committed_state(conn, job, self.options.read.topics)
+
     @restating
     @_again_on_a_new_session
     def initialOffset(self) -> Offsets:
@@ -509,17 +638,11 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def _initial_offsets(self) -> dict[TopicPartition, int]:
         conn = self._db()
-        topics = self.options.read.topics
-        committed = store.committed_offsets(conn, self.options.job, topics)
+        state = store.committed_state(conn, self.options.job, self.options.read.topics)
         watermarks = self._watermarks()
-        new = [w for w in watermarks if w.key not in committed]
-        started = {t for t, _ in committed}
-        decisions = resolve_starting_offsets(
-            self.options.read.starting, new, [w.key for w in watermarks], started
-        )
-        offsets = dict(committed)
-        offsets.update({(d.topic, d.partition): d.offset for d in decisions})
-        return offsets
+        committed, history = self._start_rows(conn, self._start_decisions(state[0], watermarks), state)
+        self._topic_ids(conn, history)
+        return committed
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # PySpark 4.2+
@@ -550,17 +673,28 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             # first): the query's first start is then the initial offset.
             begin = self._last_end if self._last_end is not None else self._initial_offsets()
             max_offsets = self.options.max_offsets_per_trigger
-        watermarks = self._watermarks()
+        now = self._watermarks()
+        stored, history = store.committed_state(conn, job, self.options.read.topics)
+        decisions = self._start_decisions(stored, now)
+        check_checkpoint_starts(job, self.options.read.topics, begin, stored, would_start(decisions))
+        # A partition the start does not name enters where the job starts it, its row stored now.
+        stored, history = self._start_rows(
+            conn, [d for d in decisions if (d.topic, d.partition) not in begin], (stored, history)
+        )
+        watermarks = now
         if self._target is not None:
             watermarks = [replace(w, high=min(w.high, self._target.get(w.key, w.low))) for w in watermarks]
-        stored = store.committed_offsets(conn, job, self.options.read.topics)
         committed = dict(begin)
         entering = {}
         for w in watermarks:
             if w.key not in committed:
                 entering[w.key] = stored.get(w.key, w.low)
         committed.update(entering)
-        ranges = plan_ranges(job, committed, watermarks)  # aged out, out of log, gone: one line
+        topic_ids = self._topic_ids(conn, history)
+        try:  # aged out, out of log, gone, another topic ID: one line
+            ranges = plan_ranges(job, committed, watermarks, history, topic_ids)
+        except (OffsetOutOfLog, TopicRecreated) as e:
+            raise for_a_stream(e) from None
         ranges = [r for r in ranges if r.key not in entering]
         end = dict(committed)
         end.update({r.key: r.until_offset for r in limit_ranges(ranges, max_offsets)})
@@ -575,16 +709,19 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         begin, finish = offsets_map(start), offsets_map(end)
         planned = batch_ranges(begin, finish)
         topics = self.options.read.topics
-        # Partitions the job has no row for start where this checkpoint starts them.
         committed, history = store.committed_state(conn, job, topics)
-        missing = [r for r in planned if r.key not in committed]
+        now = self._watermarks()
+        # A partition the job has no row for starts here only where the job would start it (a
+        # checkpoint names no job: another's would be trusted); its row is stored then.
+        decisions = self._start_decisions(committed, now)
+        check_checkpoint_starts(
+            job, topics, {r.key: r.from_offset for r in planned}, committed, would_start(decisions)
+        )
+        missing = {r.key for r in planned if r.key not in committed}
         if missing:
-            store.create_start_rows(
-                conn,
-                job,
-                [StartDecision(r.topic, r.partition, r.from_offset, "the stream's start") for r in missing],
+            committed, history = self._start_rows(
+                conn, [d for d in decisions if (d.topic, d.partition) in missing], (committed, history)
             )
-            committed, history = store.committed_state(conn, job, topics)
         try:
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
         except CheckpointMismatch:
@@ -592,7 +729,19 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 raise
             committed, history = store.committed_state(conn, job, topics)
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
-        watermarks = {w.key: w for w in self._watermarks()}
+        # The log is still the one the batch was planned on (a restart replays a batch planned before).
+        topic_ids = self._topic_ids(conn, history)
+        try:
+            plan_ranges(
+                job,
+                {r.key: r.from_offset for r in planned},
+                [w for w in now if w.key in finish],
+                history,
+                topic_ids,
+            )
+        except (OffsetOutOfLog, TopicRecreated) as e:
+            raise for_a_stream(e) from None
+        watermarks = {w.key: w for w in now}
         ranges = []
         for r in planned:
             past = history.get(r.key)
