@@ -26,14 +26,16 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.job_processes import count_topic_args, job_env
-from tests.test_cluster import Standalone, standalone  # noqa: F401  (the fixture)
+from tests.job_processes import count_topic_args, job_env, kill_group, python_without_txstore
+from tests.test_cluster import SPARK_HOME, Standalone, standalone  # noqa: F401  (the fixture)
 from tests.test_count_topic import log_ends, offsets, totals
 from txstore import __version__
 from txstore.postgres.migrate import SCHEMA_REVISION
 from txstore.testing.mock_kafka import MockKafkaCluster
 
-pytestmark = [pytest.mark.wheel]
+# The first test of a session also builds the wheel and installs it (minutes on a loaded machine),
+# and pytest-timeout counts a test's fixtures in its time.
+pytestmark = [pytest.mark.wheel, pytest.mark.timeout(1800)]
 
 BUILD_TIMEOUT = 600.0
 INSTALL_TIMEOUT = 900.0
@@ -220,3 +222,134 @@ def test_spark_submit_runs_the_job_file_the_installed_package_names(
     )
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert "invalid choice: 'nope' (choose from" in unknown.stderr.splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shipping to a cluster: executors whose Python has nothing of txstore but what the job ships
+
+
+@pytest.fixture(scope="session")
+def packed(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv-pack archive of a venv with the wheel and its dependencies but pyspark, which the
+    cluster's Spark gives every Python worker (Spark's own venv-pack recipe)."""
+    import venv_pack  # type: ignore[import-untyped]
+
+    work = tmp_path_factory.mktemp("packed")
+    prefix = work / "venv"
+    venv.EnvBuilder(with_pip=True).create(prefix)
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = [
+            line.split(":", 1)[1].strip()
+            for line in wheel.read(metadata).decode().splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line
+        ]
+    requires = [r for r in requires if not r.startswith("pyspark")]
+    pip = [str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    run([*pip, "--no-deps", str(installed.wheel)], INSTALL_TIMEOUT, cwd=work, env=fresh_env())
+    run([*pip, *requires], INSTALL_TIMEOUT, cwd=work, env=fresh_env())
+    output = work / "environment.tar.gz"
+    venv_pack.pack(prefix=str(prefix), output=str(output), compress_level=1)
+    return output
+
+
+def submit_to(cluster: Standalone, *args: str, env: dict[str, str], cwd: Path) -> str:
+    """spark-submit to the standalone master (client mode); the run's output, after it exited 0."""
+    out = cwd / "submit.log"
+    with out.open("w") as log:
+        job = subprocess.Popen(
+            [
+                str(SPARK_HOME / "bin" / "spark-submit"),
+                "--master",
+                cluster.master_url,
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                "spark.driver.host=127.0.0.1",
+                "--conf",
+                "spark.driver.bindAddress=127.0.0.1",
+                "--conf",
+                "spark.executor.memory=512m",
+                *args,
+            ],
+            env={**cluster.env, **env},
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        code = job.wait(timeout=JOB_TIMEOUT)
+    finally:
+        kill_group(job)
+    text = out.read_text()
+    assert code == 0, text[-5000:]
+    return text
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_the_wheel_itself_on_py_files_ships_txstore_to_a_cluster_whose_python_lacks_it(
+    installed: Installed,
+    standalone: Standalone,  # noqa: F811
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    python = python_without_txstore(tmp_path)  # the driver's and the executors': no txstore
+    job = tmp_path / "count_topic.py"
+    shutil.copyfile(
+        run(
+            [installed.bin("txstore"), "job-file", "count_topic"], 60, cwd=tmp_path, env=in_venv(installed)
+        ).stdout.strip(),
+        job,
+    )
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 700, 1: 500, 2: 300})
+    log = submit_to(
+        standalone,
+        "--py-files",
+        str(installed.wheel),
+        str(job),
+        *count_topic_args(kafka, database_url, topic, "--once"),
+        env={"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
+        cwd=tmp_path,
+    )
+    assert "batch 1: 3 ranges, 1500 messages" in log, log[-5000:]
+    assert totals(db, topic) == {topic: 1500}
+    assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_a_packed_environment_on_archives_is_the_python_of_the_executors(
+    installed: Installed,
+    packed: Path,
+    standalone: Standalone,  # noqa: F811
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    env = in_venv(installed, PYSPARK_PYTHON="./environment/bin/python")
+    job = run([installed.bin("txstore"), "job-file", "count_topic"], 60, cwd=tmp_path, env=env).stdout.strip()
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 600, 1: 400, 2: 200})
+    log = submit_to(
+        standalone,
+        "--archives",
+        f"{packed}#environment",
+        job,
+        *count_topic_args(kafka, database_url, topic, "--once"),
+        env={k: env[k] for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")},
+        cwd=tmp_path,
+    )
+    assert "batch 1: 3 ranges, 1200 messages" in log, log[-5000:]
+    assert totals(db, topic) == {topic: 1200}
+    # The executor ran in its application folder, where the archive was unpacked as ./environment.
+    unpacked = list(Path(standalone.env["SPARK_WORKER_DIR"]).glob("app-*/*/environment/bin/python"))
+    assert unpacked, "no executor unpacked the archive"
