@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+import psycopg
+
+from tests.conftest import REPO, pg_url
 from tests.private_postgres import free_port
 from txstore import __version__
 from txstore.postgres.db import connect, redact
@@ -147,3 +149,27 @@ def test_version_is_written_once_and_txstore_version_prints_it(tmp_path: Path) -
     project = pyproject.split("[project]\n", 1)[1].split("\n[", 1)[0]
     assert not re.search(r"^version\s*=", project, re.M), "the version is written in txstore/__init__.py only"
     assert 'version = { attr = "txstore.__version__" }' in pyproject
+
+
+def test_db_upgrade_as_a_role_that_may_not_create_tables_is_one_line_and_changes_nothing(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL 15+ gives PUBLIC no CREATE on schema public: the migration's own reason, in
+    one line naming the database, with no password (was: Alembic's traceback from ``alembic``)."""
+    role, password = f"db_reader_{os.getpid()}", f"pw-{os.getpid()}"
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        try:
+            admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            url = pg_url(admin.info.dbname, role, password)
+            result = txstore("db", "upgrade", "--database-url", url, cwd=tmp_path)
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+    line = one_error_line(result)
+    assert line == (
+        f"txstore: error: upgrading {redact(url)} failed: permission denied for schema public; "
+        "nothing was changed (the revisions run in one transaction): fix the cause and run it again"
+    )
+    assert password not in result.stderr + result.stdout
+    assert revision(empty_database_url) is None

@@ -188,7 +188,8 @@ def _db(args: argparse.Namespace) -> int:
     from txstore.postgres.db import connect, redact, resolve_database_url
 
     if args.db_command == "upgrade" and args.sql:
-        migrate.offline_sql(args.revision, sys.stdout)
+        with migrate.one_line_errors(f"rendering the SQL up to {args.revision}"):
+            migrate.offline_sql(args.revision, sys.stdout)
         return 0
     url = resolve_database_url(args.database_url)
     with connect(url) as conn:
@@ -206,9 +207,11 @@ def _db(args: argparse.Namespace) -> int:
             print(f"run `{migrate.UPGRADE_COMMAND}` to bring it there")
         return 0
     if args.db_command == "upgrade":
-        migrate.upgrade(url, args.revision)
+        with migrate.one_line_errors(f"upgrading {redact(url)}"):
+            migrate.upgrade(url, args.revision)
     else:
-        migrate.downgrade(url, args.revision)
+        with migrate.one_line_errors(f"downgrading {redact(url)}"):
+            migrate.downgrade(url, args.revision)
     with connect(url) as conn:
         after = migrate.current_revision(conn)
     if after == before:

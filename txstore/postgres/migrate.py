@@ -50,8 +50,9 @@ def alembic_config(database_url: str | None = None, stdout: TextIO | None = None
 
 
 @contextmanager
-def _one_line_errors(doing: str) -> Iterator[None]:
-    """Alembic's and the database's failures as one line saying what was being done, no traceback."""
+def one_line_errors(doing: str) -> Iterator[None]:
+    """Alembic's and the database's failures inside, as one line saying what was being done
+    (``txstore db``): a :class:`~txstore.core.errors.TxstoreError`, not a traceback."""
     import sqlalchemy.exc
     from alembic.util import CommandError
 
@@ -73,16 +74,14 @@ def upgrade(database_url: str, revision: str = "head") -> None:
     """Apply the Alembic revisions up to ``revision``."""
     from alembic import command
 
-    with _one_line_errors(f"upgrading {redact(database_url)}"):
-        command.upgrade(alembic_config(database_url), revision)
+    command.upgrade(alembic_config(database_url), revision)
 
 
 def downgrade(database_url: str, revision: str) -> None:
     """Undo the Alembic revisions down to ``revision`` (``base``: drop every txstore table)."""
     from alembic import command
 
-    with _one_line_errors(f"downgrading {redact(database_url)}"):
-        command.downgrade(alembic_config(database_url), revision)
+    command.downgrade(alembic_config(database_url), revision)
 
 
 def offline_sql(revision: str, out: TextIO, database_url: str | None = None) -> None:
@@ -90,8 +89,7 @@ def offline_sql(revision: str, out: TextIO, database_url: str | None = None) -> 
     connecting: for a DBA to review and apply."""
     from alembic import command
 
-    with _one_line_errors(f"rendering the SQL up to {revision}"):
-        command.upgrade(alembic_config(database_url, stdout=out), revision, sql=True)
+    command.upgrade(alembic_config(database_url, stdout=out), revision, sql=True)
 
 
 def head_revision() -> str:
