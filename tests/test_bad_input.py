@@ -81,7 +81,7 @@ def test_a_missing_schema_names_the_command_to_run_and_creates_nothing(
     result = run_job(*count_topic_args(kafka, empty_database_url, topic, "--once"), timeout=180)
     assert error_line(result) == (
         f"count_topic: error: the txstore tables are missing in {empty_database_url}; "
-        "run `alembic upgrade head` with TXSTORE_DATABASE_URL set to that database"
+        "run `txstore db upgrade` with TXSTORE_DATABASE_URL set to that database"
     )
     assert tables(empty_database_url) == set()
 
@@ -95,7 +95,7 @@ def test_an_older_schema_names_both_revisions_and_the_upgrade_and_writes_nothing
     result = run_job(*count_topic_args(kafka, empty_database_url, topic, "--once"), timeout=180)
     assert error_line(result) == (
         f"count_topic: error: the database schema is at revision 0001 but this txstore needs {SCHEMA_REVISION}; "
-        "run `alembic upgrade head` (or upgrade txstore if the database is newer)"
+        "run `txstore db upgrade` (or upgrade txstore if the database is newer)"
     )
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)

@@ -182,3 +182,20 @@ def test_the_readme_and_the_roles_page_give_the_same_job_role_sql() -> None:
     page = re.findall(pattern, (ROOT / "docs" / "how-to" / "tls-and-roles.md").read_text(), re.S)
     assert len(readme) == 1 and len(page) == 1
     assert readme == page
+
+
+def test_docker_compose_runs_the_kafka_and_postgresql_versions_the_tests_use() -> None:
+    """docker-compose.yml is what a newcomer starts: the broker the tests and the benchmark run
+    (Apache Kafka, txstore/testing/kafka_jars.py) and the PostgreSQL CI tests, as the supported
+    versions page states them."""
+    from txstore.testing.kafka_jars import KAFKA_VERSION
+
+    images = dict(
+        re.findall(r"^  ([a-z]+):\n    image: (\S+)$", (ROOT / "docker-compose.yml").read_text(), re.M)
+    )
+    assert images["kafka"] == f"apache/kafka:{KAFKA_VERSION}"
+    page = (ROOT / "docs" / "reference" / "supported-versions.md").read_text()
+    [kafka_row] = re.findall(r"^\| Apache Kafka \|.*$", page, re.M)
+    assert f"| {KAFKA_VERSION} " in kafka_row
+    [postgres_tested] = re.findall(r"^\| PostgreSQL \| 15\+ \| (\d+) ", page, re.M)
+    assert images["postgres"] == f"postgres:{postgres_tested}"

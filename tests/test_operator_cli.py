@@ -327,14 +327,14 @@ def test_status_and_its_check_with_kafka_down_print_their_one_line_and_no_client
     assert check.stdout.splitlines()[0] == "UNKNOWN: job 'counter': 2 UNKNOWN"
 
 
-def test_a_database_without_the_schema_is_one_line_telling_to_run_alembic_and_check_is_unknown(
+def test_a_database_without_the_schema_is_one_line_telling_to_run_txstore_db_upgrade_and_check_is_unknown(
     empty_database_url: str,
 ) -> None:
     from txstore.postgres.db import redact
 
     missing = (
         f"the txstore tables are missing in {redact(empty_database_url)}; "
-        "run `alembic upgrade head` with TXSTORE_DATABASE_URL set to that database"
+        "run `txstore db upgrade` with TXSTORE_DATABASE_URL set to that database"
     )
     for command in (
         ("status",),

@@ -99,7 +99,7 @@ def test_the_code_expects_the_current_alembic_head() -> None:
 def test_a_missing_schema_is_refused_with_the_command_to_run(empty_database_url: str) -> None:
     with (
         connect(empty_database_url) as conn,
-        pytest.raises(SchemaMissing, match="run `alembic upgrade head`"),
+        pytest.raises(SchemaMissing, match="run `txstore db upgrade`"),
     ):
         check_schema(conn, empty_database_url)
 

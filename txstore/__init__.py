@@ -48,6 +48,10 @@ from txstore.runner import run_job_main
 from txstore.spark.range_task import Aggregate, RangeReport
 from txstore.spark.tasks import read_ranges
 
+__version__ = "0.1.0"
+"""The one place the version is written: the wheel's metadata (pyproject.toml reads it) and
+``txstore --version``."""
+
 
 def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in ``spark`` (classic or Spark Connect).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -135,7 +136,39 @@ def spark_session(app_name: str, remote: str | None = None, ship_txstore: bool =
     # Classic only: the log level is the driver JVM's; a Connect client has no sparkContext,
     # and the server's log level is the server's to set (its log4j2 configuration).
     session.sparkContext.setLogLevel("WARN")
+    add_wheels_for_executors(session)
     return session
+
+
+def add_wheels_for_executors(spark: Any) -> list[str]:
+    """Put each wheel given to ``spark-submit --py-files`` on the executors' path too; the names
+    of the ``.zip`` copies added.
+
+    Spark puts every ``--py-files`` file on the driver's ``PYTHONPATH`` but adds to the
+    executors' ``sys.path`` only ``.zip``, ``.egg`` and ``.jar`` files, so a
+    ``txstore-*.whl`` there leaves executors without txstore (``No module named 'txstore'``).
+    A wheel of pure Python is a zip: its copy named ``.zip`` is added with ``addPyFile``.
+    """
+    from pyspark import SparkFiles
+
+    context = spark.sparkContext
+    given = context.getConf().get("spark.submit.pyFiles", "") or ""
+    added = []
+    for entry in filter(None, given.split(",")):
+        name = entry.rsplit("/", 1)[-1]
+        if not name.lower().endswith(".whl"):
+            continue
+        fetched = Path(SparkFiles.getRootDirectory()) / name  # where SparkContext copied it
+        source = fetched if fetched.is_file() else Path(entry.removeprefix("file:"))
+        if not source.is_file():
+            continue
+        copy = (
+            Path(tempfile.mkdtemp(prefix="txstore-wheel-", dir=SparkFiles.getRootDirectory())) / f"{name}.zip"
+        )
+        shutil.copyfile(source, copy)
+        context.addPyFile(str(copy))
+        added.append(copy.name)
+    return added
 
 
 def _connect_session(app_name: str, remote: str, ship_txstore: bool) -> object:

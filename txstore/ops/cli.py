@@ -29,10 +29,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    from txstore import __version__
     from txstore.options import add_check_options, add_connection_options
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
+    parser.add_argument("--version", action="version", version=f"txstore {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser(
         "count-topic", help="run the count_topic job (same flags as jobs/count_topic.py)", add_help=False
@@ -49,6 +51,11 @@ def _main(argv: list[str] | None = None) -> int:
     )
     pyfiles = commands.add_parser("py-files", help="build the zip for spark-submit --py-files")
     pyfiles.add_argument("--output", type=Path, default=Path("txstore-pyfiles.zip"))
+    job_file_command = commands.add_parser(
+        "job-file", help="print the path of a job's file in the installed package, for spark-submit"
+    )
+    job_file_command.add_argument("job", choices=JOB_NAMES, help="the job")
+    _add_db_commands(commands)
     commands.add_parser("mock-kafka", help="serve a Kafka-protocol mock broker until stopped", add_help=False)
 
     status = commands.add_parser(
@@ -125,18 +132,100 @@ def _main(argv: list[str] | None = None) -> int:
 
         print(build_py_files(args.output))
         return 0
+    if args.command == "job-file":
+        from txstore.jobs import job_file
+
+        print(job_file(args.job))
+        return 0
     from txstore.core.errors import TxstoreError
 
     # One handler for every command that can stop on a named error: one line, exit 1, no traceback.
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "db":
+            return _db(args)
         return _operate(args)
     except TxstoreError as e:
         if args.command == "status" and args.check:
             return _cannot_check(str(e), args.json)
         print(f"txstore: error: {e}", file=sys.stderr)
         return 1
+
+
+JOB_NAMES = ("count_topic", "aggregate")
+"""The jobs the package ships as files (:mod:`txstore.jobs`)."""
+
+
+def _add_db_commands(commands: Any) -> None:
+    """``txstore db upgrade|downgrade|current``: the revisions this txstore ships, as Alembic runs them."""
+    db = commands.add_parser(
+        "db", help="create, upgrade or downgrade the txstore tables (the Alembic revisions in the package)"
+    )
+    actions = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    up = actions.add_parser("upgrade", help="create the txstore tables or upgrade them to REVISION")
+    up.add_argument("revision", nargs="?", default="head", metavar="REVISION", help="default: head")
+    up.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the SQL instead of running it, for a DBA; needs no database (REVISION may be FROM:TO)",
+    )
+    down = actions.add_parser(
+        "downgrade", help="undo the revisions after REVISION (base: drop every txstore table)"
+    )
+    down.add_argument("revision", metavar="REVISION")
+    current = actions.add_parser("current", help="the database's revision and the one this txstore needs")
+    for action in (up, down, current):
+        action.add_argument(
+            "--database-url",
+            help="PostgreSQL URL, postgresql://user:password@host:5432/db (env TXSTORE_DATABASE_URL)",
+        )
+
+
+def _db(args: argparse.Namespace) -> int:
+    """``txstore db ...``: one line of outcome, or one line of error (raised as a TxstoreError)."""
+    from txstore.postgres import migrate
+    from txstore.postgres.db import connect, redact, resolve_database_url
+
+    if args.db_command == "upgrade" and args.sql:
+        with migrate.one_line_errors(f"rendering the SQL up to {args.revision}"):
+            migrate.offline_sql(args.revision, sys.stdout)
+        return 0
+    url = resolve_database_url(args.database_url)
+    with connect(url) as conn:
+        before = migrate.current_revision(conn)
+    head, needed = migrate.head_revision(), migrate.SCHEMA_REVISION
+
+    def named(revision: str | None) -> str:
+        if revision is None:
+            return "none (no txstore tables)"
+        return f"{revision} (head)" if revision == head else revision
+
+    if args.db_command == "current":
+        print(f"{redact(url)}: revision {named(before)}; this txstore needs {needed}")
+        if before != needed:
+            print(f"run `{migrate.UPGRADE_COMMAND}` to bring it there")
+        return 0
+    if args.db_command == "upgrade":
+        with migrate.one_line_errors(f"upgrading {redact(url)}"):
+            migrate.upgrade(url, args.revision)
+    else:
+        with migrate.one_line_errors(f"downgrading {redact(url)}"):
+            migrate.downgrade(url, args.revision)
+    with connect(url) as conn:
+        after = migrate.current_revision(conn)
+    if after == before:
+        print(f"{redact(url)}: already at revision {named(after)}; nothing to do")
+    else:
+        verb = "upgraded" if args.db_command == "upgrade" else "downgraded"
+        print(f"{verb} {redact(url)} from revision {named(before)} to {named(after)}")
+    if after != needed:
+        print(
+            f"txstore: warning: this txstore needs revision {needed}; its jobs refuse to run until "
+            f"`{migrate.UPGRADE_COMMAND}`",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
