@@ -85,7 +85,8 @@ QUERY_FAILING_KINDS = {
 # Seconds after the faults heal in which a query failure is still the faults' (a connection the
 # query kept, dropped during the window, fails its next use).
 HEAL_GRACE = 20.0
-CATCH_UP_SECONDS = 240.0
+CATCH_UP_SECONDS = 300.0  # from the catching-up instance's start (a start took 65-180 s at load 15-20)
+FIRST_BATCH_SECONDS = 420.0  # likewise, to the first micro-batch
 CATCH_UP_RESTARTS = 3  # query failures tolerated during the catch-up (the faults' aftermath)
 MISMATCH_LINE = "txn_offsets stores offset"
 LOCKED_LINE = "another streaming query of this job is running"
@@ -255,7 +256,7 @@ class StreamTrial(Trial):
         )
         return inst
 
-    def _await_first_batch(self, timeout: float = 180.0) -> None:
+    def _await_first_batch(self, timeout: float = FIRST_BATCH_SECONDS) -> None:
         super()._await_first_batch(timeout)
         if "checkpoint-restored" in self.plan.faults:  # the older copy, taken early
             self._snapshot()
@@ -460,6 +461,7 @@ class StreamTrial(Trial):
                             f"healed: {keep.last_lines()}"
                         )
                     keep = self.start_instance("|", primary=True)
+                    deadline = time.monotonic() + CATCH_UP_SECONDS
                     continue
                 raise RuntimeError(f"the catching-up instance {keep.number} exited: {keep.last_lines()}")
             if time.monotonic() > deadline:
