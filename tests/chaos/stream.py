@@ -171,7 +171,8 @@ class StreamTrial(Trial):
         self.restored = False  # the older copy is in place: a CheckpointMismatch stop is expected
         self.healed_at: float | None = None
         self.catch_up_failures = 0
-        self.failure_lines: collections.Counter[str] = collections.Counter()
+        self.failure_lines: collections.Counter[str] = collections.Counter()  # query failures' causes
+        self.failures_seen: set[int] = set()  # the instances whose failure is counted there
 
     def _new_checkpoint(self) -> Path:
         self.checkpoints += 1
@@ -427,7 +428,9 @@ class StreamTrial(Trial):
             )
             return "checkpoint-mismatch"
         if failure:
-            self.failure_lines[_shape(failure)] += 1
+            if inst.number not in self.failures_seen:
+                self.failures_seen.add(inst.number)
+                self.failure_lines[_shape(failure)] += 1
             if QUERY_FAILING_KINDS & set(self.plan.faults) or self._recent_kill():
                 return "query-failed"
         return None

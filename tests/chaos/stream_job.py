@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import time
@@ -29,6 +30,9 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
     import txstore
 
+ERROR_LINE = re.compile(
+    r"^[A-Za-z_][\w.]*(Error|Exception|Mismatch|Locked|Conflict|Failure|Failed|Loss)\b[^ ]*: "
+)
 FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -146,14 +150,12 @@ def watch(query: Any, stopping: Any) -> int:
 
 
 def failure_line(e: BaseException) -> str:
-    """The txstore line in a query's failure (a Python error inside Spark's trace), else its first line."""
-    text = str(e)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for marker in ("txstore.", "Txstore", "CheckpointMismatch", "StreamLocked"):
-        for line in lines:
-            if marker in line and ("Error" in line or "Mismatch" in line or "Locked" in line):
-                return line[:2000]
-    return (lines[0] if lines else repr(e))[:2000]
+    """The cause of a query's failure in one line: the last ``Name: message`` line of the Python
+    traceback inside Spark's message (a txstore error, psycopg's, ...), else the first line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    causes = [line for line in lines if ERROR_LINE.match(line)]
+    line = causes[-1] if causes else (lines[0] if lines else repr(e))
+    return line[:2000]
 
 
 if __name__ == "__main__":
