@@ -90,6 +90,10 @@ FIRST_BATCH_SECONDS = 420.0  # likewise, to the first micro-batch
 CATCH_UP_RESTARTS = 3  # query failures tolerated during the catch-up (the faults' aftermath)
 MISMATCH_LINE = "txn_offsets stores offset"
 LOCKED_LINE = "another streaming query of this job is running"
+_BATCH = re.compile(r"^stream_job: batch \d+: ", re.M)
+# How long a stream fault waits for its moment (a running primary, a commit to stall in): the
+# window is seconds, a restart by an earlier fault takes minutes on the loaded machine.
+FAULT_WAIT_SECONDS = 240.0
 _ALREADY = re.compile(r"already committed; skipped")
 
 
@@ -315,7 +319,7 @@ class StreamTrial(Trial):
         its commit log) and kill the driver in it."""
         line = "txstore fail point after-commit: sleep"
         seen = {i.number: i.log().count(line) for i in self.instances}
-        deadline = time.monotonic() + 60  # an instance restarted by another fault starts slowly
+        deadline = time.monotonic() + FAULT_WAIT_SECONDS  # a restarted instance starts slowly
         while time.monotonic() < deadline:
             for inst in self._alive():
                 if inst.log().count(line) > seen.get(inst.number, 0):
@@ -323,8 +327,19 @@ class StreamTrial(Trial):
             time.sleep(0.02)
         return False
 
+    def _running_primary(self) -> Instance | None:
+        """The primary instance once it runs micro-batches (a restart by another fault takes
+        minutes on a loaded machine), within :data:`FAULT_WAIT_SECONDS`."""
+        deadline = time.monotonic() + FAULT_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            inst = next((i for i in self._alive() if i.primary), None)
+            if inst is not None and _BATCH.search(inst.log()):
+                return inst
+            time.sleep(0.3)
+        return None
+
     def _fault_checkpoint_deleted(self) -> bool:
-        inst = next((i for i in self._alive() if i.primary), None)
+        inst = self._running_primary()
         if inst is None:
             return False
         self._stop_between_runs(inst)
@@ -337,10 +352,10 @@ class StreamTrial(Trial):
         if self.snapshot is None:
             return False
         # Older: the query has committed since the copy (else the copy is the checkpoint as it is).
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + FAULT_WAIT_SECONDS
         while self._offsets() == self.snapshot_offsets and time.monotonic() < deadline:
             time.sleep(0.2)
-        inst = next((i for i in self._alive() if i.primary), None)
+        inst = self._running_primary()
         if inst is None:
             return False
         self._stop_between_runs(inst)
