@@ -92,3 +92,22 @@ def test_a_streaming_query_on_real_kafka_killed_under_aborted_transactions_and_a
     summary = _run(tmp_path, QUICK_STREAM_REAL, "real")
     events = sum((r.events for r in summary.results), collections.Counter())
     assert events["transactions-aborted"] > 0 and events["aborted-messages"] > 0
+
+
+def test_a_stream_runs_trial_lines_summarize_to_the_stream_summary(tmp_path: Path) -> None:
+    from tests.chaos.__main__ import main
+    from tests.chaos.runner import TrialResult
+
+    result = TrialResult(StreamPlan.generate_stream(7), produced=10, counted=10)
+    result.injected.update({"checkpoint-restored": 1, "kill-driver-after-commit": 2})
+    failed = TrialResult(StreamPlan.generate_stream(8), produced=5, counted=5)
+    failed.failures.append("TimeoutError: wedged: offsets {0: 1} did not reach the log ends {0: 2}")
+    log = tmp_path / "run.log"
+    log.write_text(f"  {result.line()}\n  {failed.line()}\n")
+    summary = StreamSummary(kafka="mock")
+    for r in (result, failed):
+        summary.add(r)
+    summary.seed = 7
+    assert "checkpoint-restored=1 second-instance=0" in summary.line()
+    assert summary.line().endswith("duplicated 0, wedged 1; failed trials: 8")
+    assert main(["--stream", "--summarize", str(log)]) == 1
