@@ -93,7 +93,7 @@ LOCKED_LINE = "another streaming query of this job is running"
 _BATCH = re.compile(r"^stream_job: batch \d+: ", re.M)
 # How long a stream fault waits for its moment (a running primary, a commit to stall in): the
 # window is seconds, a restart by an earlier fault takes minutes on the loaded machine.
-FAULT_WAIT_SECONDS = 240.0
+FAULT_WAIT_SECONDS = 150.0  # within the runner's 180 s join of the fault threads
 _ALREADY = re.compile(r"already committed; skipped")
 
 
@@ -327,10 +327,10 @@ class StreamTrial(Trial):
             time.sleep(0.02)
         return False
 
-    def _running_primary(self) -> Instance | None:
+    def _running_primary(self, deadline: float | None = None) -> Instance | None:
         """The primary instance once it runs micro-batches (a restart by another fault takes
         minutes on a loaded machine), within :data:`FAULT_WAIT_SECONDS`."""
-        deadline = time.monotonic() + FAULT_WAIT_SECONDS
+        deadline = deadline or time.monotonic() + FAULT_WAIT_SECONDS
         while time.monotonic() < deadline:
             inst = next((i for i in self._alive() if i.primary), None)
             if inst is not None and _BATCH.search(inst.log()):
@@ -355,7 +355,7 @@ class StreamTrial(Trial):
         deadline = time.monotonic() + FAULT_WAIT_SECONDS
         while self._offsets() == self.snapshot_offsets and time.monotonic() < deadline:
             time.sleep(0.2)
-        inst = self._running_primary()
+        inst = self._running_primary(deadline)
         if inst is None:
             return False
         self._stop_between_runs(inst)
@@ -473,6 +473,13 @@ class StreamTrial(Trial):
         while self._offsets() != ends:
             if not keep.alive():
                 self._supervise()
+                if keep.stopping or keep.killed:  # a fault still running stopped it (and starts another)
+                    time.sleep(1.0)
+                    keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
+                        "|", primary=True
+                    )
+                    deadline = time.monotonic() + CATCH_UP_SECONDS
+                    continue
                 reason = self._exit_reason(keep)
                 if reason in ("query-failed", "stream-locked", "checkpoint-mismatch"):
                     self.catch_up_failures += 1
