@@ -30,7 +30,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir))
     import txstore
 
-ERROR_LINE = re.compile(
+ERROR_LINE = re.compile(r"^((?:[a-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception)): ")  # pkg.mod.Class: ...
     r"^[A-Za-z_][\w.]*(Error|Exception|Mismatch|Locked|Conflict|Failure|Failed|Loss)\b[^ ]*: "
 )
 FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
