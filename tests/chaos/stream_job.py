@@ -31,8 +31,6 @@ except ImportError:  # run from a checkout without installing
     import txstore
 
 ERROR_LINE = re.compile(r"^((?:[a-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception)): ")  # pkg.mod.Class: ...
-    r"^[A-Za-z_][\w.]*(Error|Exception|Mismatch|Locked|Conflict|Failure|Failed|Loss)\b[^ ]*: "
-)
 FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
