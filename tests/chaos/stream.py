@@ -396,6 +396,22 @@ class StreamTrial(Trial):
         self.say(f"  {added} partitions added ({self.partitions} now)")
         return True
 
+    def _fault_pg_terminate(self) -> bool:
+        """As the runner's, but waiting up to :data:`FAULT_WAIT_SECONDS` (past the window) for a
+        session inside its transaction: a query restarted by another fault takes minutes here."""
+        deadline = time.monotonic() + FAULT_WAIT_SECONDS
+        with self.env.connect() as conn:
+            while time.monotonic() < deadline:
+                rows = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                    "AND application_name = 'txstore' AND xact_start IS NOT NULL AND state <> 'idle'",
+                    (self.env.database,),
+                ).fetchall()
+                if any(ok for (ok,) in rows):
+                    return True
+                time.sleep(0.02)
+        return False
+
     def _fault_kafka_killed_mid_read(self) -> bool:
         def reading() -> bool:
             busy_workers = sum(1 for inst in self._alive() for w in python_workers(inst.tag) if busy(w.pid))
