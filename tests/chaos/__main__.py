@@ -1,4 +1,4 @@
-"""python -m tests.chaos --trials N [--seed S] [--connect] [--kafka real] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
+"""python -m tests.chaos --trials N [--seed S] [--connect] [--kafka real] [--stream [--mode M]] | --replay SEED [--faults kind,kind] | --summarize LOG..."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from tests.chaos.runner import (
     environment,
     run_trials,
 )
+from tests.chaos.stream import StreamPlan, StreamSummary, run_stream_trials
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         "broker's fault kinds the summary lists",
     )
     parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="trials of a Structured Streaming query (tests/chaos/stream_job.py, readStream -> "
+        "writeStream.format('txstore')) with the stream's fault kinds (tests/chaos/stream.py); "
+        "with --summarize: the stream summary",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("counts", "counted", "table"),
+        help="with --stream: every trial in this mode (default: rotating with the seed)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         metavar="DIR",
@@ -84,16 +97,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         summary = summarize(line for log in args.summarize for line in log.read_text().splitlines())
         summary.kafka = args.kafka
+        if args.stream:
+            summary = StreamSummary(summary.seed, summary.results, args.kafka)
         print(summary.line())
         return 0 if summary.results and not summary.failed else 1
     if args.connect and args.kafka == "real":
         parser.error("--connect runs on the mock broker only (not yet with --kafka real)")
+    if args.connect and args.stream:
+        parser.error("--stream runs classic Spark queries (not yet --connect)")
     faults = tuple(args.faults.split(",")) if args.faults else None
     if args.replay is not None:
         seeds = [args.replay]
     else:
         first = args.seed if args.seed is not None else random.randrange(1_000_000)
         seeds = [first + i for i in range(args.trials)]
+    if args.stream:
+        return _main_stream(args, seeds, faults)
     plans = [
         TrialPlan.generate(
             s, faults, job_args=shlex.split(args.job_args), connect=args.connect, kafka=args.kafka
@@ -113,6 +132,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with environment(args.database_url, directory, kafka=args.kafka) as env:
             run_trials(env, plans, log, summary)
+    except KeyboardInterrupt:
+        log("interrupted; summary of the trials that finished:")
+    log(f"{summary.line()}; {time.monotonic() - started:.0f}s")
+    passed = not summary.failed and len(summary.results) == len(plans)
+    if passed and args.keep is None:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0 if passed else 1
+
+
+def _main_stream(args: argparse.Namespace, seeds: list[int], faults: tuple[str, ...] | None) -> int:
+    plans = [StreamPlan.generate_stream(s, faults, kafka=args.kafka, mode=args.mode) for s in seeds]
+    summary = StreamSummary(seed=seeds[0], kafka=args.kafka)
+    started = time.monotonic()
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    directory = args.keep or Path(tempfile.mkdtemp(prefix="txstore-chaos-stream-"))
+    try:
+        with environment(args.database_url, directory, kafka=args.kafka) as env:
+            run_stream_trials(env, plans, log, summary)
     except KeyboardInterrupt:
         log("interrupted; summary of the trials that finished:")
     log(f"{summary.line()}; {time.monotonic() - started:.0f}s")

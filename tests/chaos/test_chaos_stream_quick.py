@@ -1,0 +1,113 @@
+"""The CI subset of the streaming chaos trials (``python -m tests.chaos --stream``): two on the
+test broker, one on real Apache Kafka, each mode once.
+
+A trial is a ``readStream.format("txstore")`` -> ``writeStream.format("txstore")`` query in its own
+process (tests/chaos/stream_job.py) under faults; it passes when everything Kafka holds (committed
+messages only) is counted once, in ``txn_data`` or the results table, the stored offsets are the
+log ends, and a clean instance got there within the bound (nothing wedged).
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.runner import environment
+from tests.chaos.stream import (
+    STREAM_FAULT_KINDS,
+    STREAM_REAL_KAFKA_KINDS,
+    StreamPlan,
+    StreamSummary,
+    run_stream_trials,
+)
+from tests.conftest import pg_url
+from tests.real_kafka_fixture import _in_ci
+from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
+
+pytestmark = [pytest.mark.spark, pytest.mark.chaos]
+
+# seed, faults, mode. The driver killed between the sink's PostgreSQL commit and Spark's commit
+# log, then an older copy of the checkpoint restored (the query must stop on the mismatch, or
+# find the copy one batch back and replay it as already committed); the driver killed while a
+# task reads, and the sink's session terminated inside its transaction, into a results table.
+QUICK_STREAM: tuple[tuple[int, tuple[str, ...], str], ...] = (
+    (201, ("kill-driver-after-commit", "checkpoint-restored"), "counts"),
+    (202, ("kill-driver", "pg-terminate"), "table"),
+)
+# On real Kafka: the broker SIGKILLed inside the sink's commit, aborted transactions and
+# partitions added to the live topic, counted with txstore.countMessages.
+QUICK_STREAM_REAL: tuple[tuple[int, tuple[str, ...], str], ...] = (
+    (203, ("kafka-killed-mid-commit", "aborted-transactions", "partitions-added"), "counted"),
+)
+
+
+def test_stream_plans_rotate_modes_and_never_draw_a_real_brokers_kind_on_the_mock() -> None:
+    mock = [StreamPlan.generate_stream(seed) for seed in range(3 * len(STREAM_FAULT_KINDS))]
+    assert {p.mode for p in mock} == {"counts", "counted", "table"}
+    assert {p.faults[0] for p in mock} == set(STREAM_FAULT_KINDS)
+    assert [p.seed for p in mock if set(p.faults) & set(STREAM_REAL_KAFKA_KINDS)] == []
+    real = [StreamPlan.generate_stream(seed, kafka="real") for seed in range(60)]
+    assert set(STREAM_REAL_KAFKA_KINDS) <= {p.faults[0] for p in real}
+    with pytest.raises(ValueError, match="unknown stream fault kinds"):
+        StreamPlan.generate_stream(1, ("partitions-added",))
+
+
+def _run(tmp_path: Path, quick: tuple[tuple[int, tuple[str, ...], str], ...], kafka: str) -> StreamSummary:
+    plans = [StreamPlan.generate_stream(seed, faults, kafka=kafka, mode=mode) for seed, faults, mode in quick]
+    lines: list[str] = []
+    with environment(pg_url("postgres"), tmp_path, kafka=kafka) as env:
+        summary = run_stream_trials(
+            env, plans, log=lines.append, summary=StreamSummary(quick[0][0], kafka=kafka)
+        )
+    report = "\n".join([*lines, summary.line()])
+    print(report)
+    assert [r.plan.seed for r in summary.failed] == [], report
+    assert sum(r.lost for r in summary.results) == 0, report
+    assert sum(r.duplicated for r in summary.results) == 0, report
+    assert all(r.counted > 0 for r in summary.results), report
+    planned = {kind for _, faults, _ in quick for kind in faults}
+    assert sorted(k for k in planned if summary.injected[k] == 0) == [], report
+    return summary
+
+
+@pytest.mark.timeout(900)
+def test_a_streaming_query_killed_around_its_commit_and_given_an_older_checkpoint_counts_every_message_once(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path, QUICK_STREAM, "mock")
+
+
+@pytest.mark.timeout(900)
+def test_a_streaming_query_on_real_kafka_killed_under_aborted_transactions_and_added_partitions_counts_every_message_once(
+    tmp_path: Path,
+) -> None:
+    try:
+        kafka_jars()
+    except KafkaJarsUnavailable as e:
+        if _in_ci():
+            pytest.fail(f"real Kafka (CI must run it): {e}", pytrace=False)
+        pytest.skip(f"real Kafka not available: {e}")
+    summary = _run(tmp_path, QUICK_STREAM_REAL, "real")
+    events = sum((r.events for r in summary.results), collections.Counter())
+    assert events["transactions-aborted"] > 0 and events["aborted-messages"] > 0
+
+
+def test_a_stream_runs_trial_lines_summarize_to_the_stream_summary(tmp_path: Path) -> None:
+    from tests.chaos.__main__ import main
+    from tests.chaos.runner import TrialResult
+
+    result = TrialResult(StreamPlan.generate_stream(7), produced=10, counted=10)
+    result.injected.update({"checkpoint-restored": 1, "kill-driver-after-commit": 2})
+    failed = TrialResult(StreamPlan.generate_stream(8), produced=5, counted=5)
+    failed.failures.append("TimeoutError: wedged: offsets {0: 1} did not reach the log ends {0: 2}")
+    log = tmp_path / "run.log"
+    log.write_text(f"  {result.line()}\n  {failed.line()}\n")
+    summary = StreamSummary(kafka="mock")
+    for r in (result, failed):
+        summary.add(r)
+    summary.seed = 7
+    assert "checkpoint-restored=1 second-instance=0" in summary.line()
+    assert summary.line().endswith("duplicated 0, wedged 1; failed trials: 8")
+    assert main(["--stream", "--summarize", str(log)]) == 1

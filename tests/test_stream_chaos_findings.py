@@ -1,0 +1,70 @@
+"""What the streaming chaos trials (``python -m tests.chaos --stream``) found, each as a plain test.
+
+A running query's PostgreSQL sessions end under it when the server restarts or an administrator
+terminates them (the trials' ``pg-terminate`` and ``pg-unreachable``). The stored counts stayed
+exact in every trial; what fails is the *query*: it stops with ``psycopg.OperationalError`` and
+must be started again (the trials restart it as a supervisor would, ``query-failed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from tests.conftest import produce
+from txstore.spark.stream_source import stream_reader
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+
+def _terminate(db: psycopg.Connection, application_name: str) -> int:
+    """pg_terminate_backend of the database's sessions whose application_name is LIKE the pattern."""
+    rows = db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND application_name LIKE %s",
+        (application_name,),
+    ).fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the source's planning session is used as it is once opened (TxstoreStreamReader._db "
+    "reopens only a connection psycopg already knows is closed): terminated by the server, the "
+    "next latestOffset fails with psycopg.OperationalError, and Spark stops the query (chaos "
+    "--stream pg-terminate / pg-unreachable; the reconnect is being done in another branch)",
+)
+def test_the_sources_planning_goes_on_after_its_session_is_terminated(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> None:
+    """The source as Spark calls it, without Spark: plan, terminate its session, plan again."""
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": topic,
+        "txstore.job": "planning_terminated",
+        "txstore.databaseUrl": database_url,
+        "txstore.countMessages": "true",
+    }
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("txstore_from", LongType()),
+            StructField("txstore_until", LongType()),
+            StructField("txstore_messages", LongType()),
+        ]
+    )
+    reader = stream_reader(options, schema)
+    try:
+        start = reader.initialOffset()
+        assert reader.latestOffset(start, None) == {topic: {"0": 3, "1": 4}}
+        assert _terminate(db, "txstore stream %") == 1
+        produce(kafka.bootstrap_servers, topic, {0: 2})
+        assert reader.latestOffset(start, None) == {topic: {"0": 5, "1": 4}}
+    finally:
+        reader.stop()
