@@ -113,6 +113,8 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
         [
             StructField("topic", StringType()),
             StructField("partition", IntegerType()),
+            StructField("txstore_from", LongType()),
+            StructField("txstore_until", LongType()),
             StructField("txstore_messages", LongType()),
         ]
     )

@@ -106,6 +106,8 @@ def planner(kafka: MockKafkaCluster, database_url: str, topic: str) -> TxstoreSt
         [
             StructField("topic", StringType()),
             StructField("partition", IntegerType()),
+            StructField("txstore_from", LongType()),
+            StructField("txstore_until", LongType()),
             StructField("txstore_messages", LongType()),
         ]
     )
@@ -195,7 +197,7 @@ def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_
             assert not thread.is_alive() and done, "partitions() did not return"
             assert not isinstance(done[0], Exception), done[0]
         with psycopg.connect(database_url) as conn:
-            assert [(r.from_offset, r.until_offset) for r in load_plan(conn, JOB)] == [(0, 5)]
+            assert [(r.from_offset, r.until_offset) for r in load_plan(conn, JOB).ranges] == [(0, 5)]
         assert stream_lock_holders(db) and pid not in stream_lock_holders(db)
     finally:
         reader.stop()

@@ -9,7 +9,6 @@ log ends, and a clean instance got there within the bound (nothing wedged).
 
 from __future__ import annotations
 
-import collections
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,6 @@ from tests.chaos.stream import (
     run_stream_trials,
 )
 from tests.conftest import pg_url
-from tests.real_kafka_fixture import _in_ci
-from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
@@ -77,21 +74,6 @@ def test_a_streaming_query_killed_around_its_commit_and_given_an_older_checkpoin
     tmp_path: Path,
 ) -> None:
     _run(tmp_path, QUICK_STREAM, "mock")
-
-
-@pytest.mark.timeout(900)
-def test_a_streaming_query_on_real_kafka_killed_under_aborted_transactions_and_added_partitions_counts_every_message_once(
-    tmp_path: Path,
-) -> None:
-    try:
-        kafka_jars()
-    except KafkaJarsUnavailable as e:
-        if _in_ci():
-            pytest.fail(f"real Kafka (CI must run it): {e}", pytrace=False)
-        pytest.skip(f"real Kafka not available: {e}")
-    summary = _run(tmp_path, QUICK_STREAM_REAL, "real")
-    events = sum((r.events for r in summary.results), collections.Counter())
-    assert events["transactions-aborted"] > 0 and events["aborted-messages"] > 0
 
 
 def test_a_stream_runs_trial_lines_summarize_to_the_stream_summary(tmp_path: Path) -> None:
