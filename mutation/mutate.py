@@ -53,6 +53,7 @@ GUARDS = "tests/test_guarantee_guards.py"
 SPLIT = "tests/test_split_uneven.py"
 READER = "tests/test_reader_bounds.py"
 DB = "tests/test_guarantee_db.py"
+STREAM = "tests/test_stream_guards.py"
 # Tests named by what they exercise, for pytest -k.
 PLANNER = (
     "first_plan or plan_is_capped or plan_carries or stop_the_plan or changed_one_stops or starting_timestamp "
@@ -215,6 +216,93 @@ MODULES = (
         "txstore/spark/bad_rows.py",
         ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),
         ("tests/test_bad_rows.py",),
+    ),
+    Module(
+        "micro_batch",
+        "txstore/core/micro_batch.py",
+        (
+            "StreamPlan",
+            "spans_array",
+            "spans_from_array",
+            "merge_spans",
+            "verify_micro_batch",
+            "_check_spans",
+            "_check_counts",
+        ),
+        (STREAM,),
+        "micro_batch or spans",
+    ),
+    Module(
+        "stream_plans",
+        "txstore/postgres/stream_plans.py",
+        (
+            "_SAVE_PLAN",
+            "_RECORD_READ",
+            "plan_identity",
+            "ranges_json",
+            "ranges_from_json",
+            "save_plan",
+            "load_plan",
+            "mark_committed",
+            "_read_json",
+            "record_read",
+            "load_reads",
+        ),
+        (STREAM,),
+    ),
+    Module(
+        "stream_options",
+        "txstore/spark/stream_options.py",
+        ("parse_stream_options", "parse_count_messages", "parse_tasks"),
+        (STREAM,),
+        "option",
+    ),
+    Module(
+        "stream_source",
+        "txstore/spark/stream_source.py",
+        (
+            "micro_batch_tasks",
+            "offsets_dict",
+            "offsets_map",
+            "batch_ranges",
+            "check_alignment",
+            "TxstoreStreamReader.__init__",
+            "TxstoreStreamReader._db",
+            "TxstoreStreamReader._watermarks",
+            "TxstoreStreamReader.initialOffset",
+            "TxstoreStreamReader._initial_offsets",
+            "TxstoreStreamReader.latestOffset",
+            "TxstoreStreamReader.partitions",
+            "TxstoreStreamReader.commit",
+            "TxstoreStreamReader._follow_checkpoint",
+            "TxstoreStreamReader._caught_up",
+            "TxstoreStreamReader.read",
+            "TxstoreStreamReader._record",
+            "TxstoreStreamReader._messages",
+            "TxstoreStreamReader._count",
+        ),
+        (STREAM,),
+    ),
+    Module(
+        "stream_sink",
+        "txstore/spark/stream_sink.py",
+        (
+            "parse_sink_options",
+            "_batch_spans",
+            "_row_spans",
+            "_task_spans",
+            "_deliver",
+            "_count_topics",
+            "_unplaceable",
+            "check_table_query",
+            "_table_rows",
+            "check_rows_in_batch",
+            "TxstoreStreamWriter.__init__",
+            "TxstoreStreamWriter.write",
+            "TxstoreStreamWriter.commit",
+            "TxstoreStreamWriter._commit_table",
+        ),
+        (STREAM,),
     ),
 )
 
