@@ -221,7 +221,7 @@ MODULES = (
         "micro_batch",
         "txstore/core/micro_batch.py",
         (
-            "StreamPlan",
+            "StreamPlan.reading",
             "spans_array",
             "spans_from_array",
             "merge_spans",
@@ -230,7 +230,7 @@ MODULES = (
             "_check_counts",
         ),
         (STREAM,),
-        "micro_batch or spans",
+        "test_micro_batch or spans_merge or become_spans",
     ),
     Module(
         "stream_plans",
@@ -249,6 +249,7 @@ MODULES = (
             "load_reads",
         ),
         (STREAM,),
+        "plan or receipt",
     ),
     Module(
         "stream_options",
@@ -282,17 +283,16 @@ MODULES = (
             "TxstoreStreamReader._count",
         ),
         (STREAM,),
+        "not (test_micro_batch or option or spans_merge or table or saved_plan or receipt or identity)",
     ),
     Module(
         "stream_sink",
         "txstore/spark/stream_sink.py",
         (
-            "parse_sink_options",
             "_batch_spans",
             "_row_spans",
             "_task_spans",
             "_deliver",
-            "_count_topics",
             "_unplaceable",
             "check_table_query",
             "_table_rows",
@@ -303,6 +303,8 @@ MODULES = (
             "TxstoreStreamWriter._commit_table",
         ),
         (STREAM,),
+        "not (test_micro_batch or option or spans_merge or saved_plan or receipt or identity or alignment "
+        "or tasks_option or starts_at or capped or available_now or second_query or gone or only_catches)",
     ),
 )
 

@@ -261,7 +261,7 @@ def test_a_plan_read_by_no_task_of_this_run_is_not_committed(
 ) -> None:
     log(fake_kafka, 0, range(4))
     reader = source(readers, database_url)
-    _, _, parts = plan(reader)
+    plan(reader)
     sink = writer(database_url)
     with pytest.raises(MicroBatchNotRead) as e:
         sink.commit([sink.write(iter([of(0, 0, 1)]))], 0)  # rows handed to the sink, never read
@@ -397,16 +397,16 @@ def test_a_partition_added_between_micro_batches_enters_with_an_empty_range_at_i
 ) -> None:
     log(fake_kafka, 0, range(3))
     reader = source(readers, database_url)
-    start, end, parts = plan(reader)
+    _, end, parts = plan(reader)
     sink = writer(database_url)
     sink.commit([sink.write(iter(t)) for t in read(reader, parts)], 0)
     log(fake_kafka, 1, range(4, 8), low=4)
-    start, end, parts = plan(reader, end)
+    _, end, parts = plan(reader, end)
     assert end == {"t": {"0": 3, "1": 4}} and parts == []
     stored = load_plan(db, JOB)
     assert stored.ranges == (OffsetRange("t", 0, 3, 3), OffsetRange("t", 1, 4, 4)) and not stored.reading
     assert offsets(db) == {0: 3, 1: 4}  # its row starts where this checkpoint starts it
-    start, end, parts = plan(reader, end)
+    _, end, parts = plan(reader, end)
     assert end == {"t": {"0": 3, "1": 8}}
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 1, 4, 8)]
     (r,) = parts[0].ranges
@@ -738,10 +738,10 @@ def test_a_table_sink_merges_a_micro_batch_s_rows_once_with_its_offsets(
         RowsOutsideBatch, match=r"partition 0 offsets 0..5, outside this micro-batch's range \[0, 5\)"
     ):
         sink.commit([*messages, outside], 0)
-    with pytest.raises(RowsOutsideBatch, match="partition 0 offsets 0..5"):
+    with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.5"):
         sink.commit([sink.write(iter([sale_batch(of(0, 0, 1)), sale_batch(of(0, 5))]))], 0)
     unplaced = sink.write(iter([sale_batch(rows(("t", 0, None)))]))
-    with pytest.raises(RowsOutsideBatch, match="offsets -1..-1"):
+    with pytest.raises(RowsOutsideBatch, match=r"offsets -1\.\.-1"):
         sink.commit([unplaced], 0)
     with pytest.raises(MicroBatchNotRead):
         sink.commit([], 0)
@@ -780,7 +780,7 @@ def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
     with pytest.raises(ResultsTableInvalid):
         writer(database_url, rounding, **SALES)
     assert writer(database_url, SALE_ROWS, **SALES).types
-    with pytest.raises(ConfigError, match="txstore.onBadMessage skip needs txstore.table"):
+    with pytest.raises(ConfigError, match=r"txstore\.onBadMessage skip needs txstore\.table"):
         parse_sink_options(
             {"txstore.job": JOB, "txstore.databaseUrl": database_url, "txstore.onBadMessage": "skip"}, {}
         )
@@ -893,6 +893,12 @@ def test_micro_batch_verified_returns_each_planned_range_s_read() -> None:
     # no task of the query ran at all (no Spark: query, batch and run None): a nameless run is ours
     nameless = [receipt(0, query=None, batch=None, run=None), receipt(1, query=None, batch=None, run=None)]
     assert verify_micro_batch("j", 7, PLAN, nameless, Delivery(frozenset({(None, None, None)}))) == reads
+    # a range of one message is read like any other
+    one = OffsetRange("t", 4, 3, 4)
+    single = StreamPlan("s", (one,), 1, {("t", 4): 0})
+    assert single.reading == (one,)
+    with pytest.raises(MicroBatchNotRead, match="no task of this query read it"):
+        verify_micro_batch("j", 3, single, [], spans(p4=[(3, 4)]))
     # a plan with nothing to read and no rows: nothing to verify
     assert verify_micro_batch("j", 3, StreamPlan("e", (EMPTY,), 0), [], Delivery(frozenset())) == {}
 
@@ -911,7 +917,7 @@ def test_micro_batch_rows_of_an_empty_plan_or_a_second_run_are_not_this_query_s(
     ):
         verify_micro_batch("j", 3, PLAN, [receipt(0), receipt(1)], two)
     with pytest.raises(
-        MicroBatchNotRead, match="the sink's tasks ran in .*query unknown micro-batch unknown"
+        MicroBatchNotRead, match=r"the sink's tasks ran in .*query unknown micro-batch unknown"
     ):
         verify_micro_batch("j", 3, PLAN, [], Delivery(frozenset({RUN, (None, None, None)})))
     with pytest.raises(MicroBatchNotRead, match="tasks ran in query q micro-batch 4"):
@@ -1073,11 +1079,9 @@ def test_stream_options_are_the_batch_options_plus_the_stream_s_own() -> None:
         parsed.tasks,
         parsed.failpoints,
     ) == ("j", 7, True, 3, "before-commit")
-    assert (
-        (parsed.database_url == "postgresql://u@127.0.0.1/db"
-        and parsed.read.topics == ("t",))
-        or list(parsed.read.topics) == ["t"]
-    )
+    assert (parsed.database_url == "postgresql://u@127.0.0.1/db" and parsed.read.topics == ("t",)) or list(
+        parsed.read.topics
+    ) == ["t"]
     plain = parse_stream_options(BASE, {}, default_tasks=4)
     assert (plain.max_offsets_per_trigger, plain.count_messages, plain.tasks, plain.failpoints) == (
         None,
