@@ -631,6 +631,11 @@ def test_a_task_s_rows_become_spans_of_offsets_per_partition_whatever_their_orde
     big = rows(("a", 2**31 - 1, 2**40), ("a", 2**31 - 1, 2**40 + 1), ("a", 0, 0))
     assert _batch_spans(big) == ({("a", 0): [(0, 1)], ("a", 2**31 - 1): [(2**40, 2**40 + 2)]}, 0)
     assert _batch_spans(rows((None, 0, 1))) == ({}, 1)
+    # a partition no Kafka log has (a query's own column) is still named as it is, to be refused
+    assert _batch_spans(rows(("a", -1, 4), ("a", -(2**31), 0))) == (
+        {("a", -(2**31)): [(0, 1)], ("a", -1): [(4, 5)]},
+        0,
+    )
     descending = rows(("a", 1, 0), ("a", 0, 1))
     assert _batch_spans(descending) == ({("a", 0): [(1, 2)], ("a", 1): [(0, 1)]}, 0)
     chunked = pa.Table.from_batches([of(0, 1, 2), of(0, 3)]).combine_chunks().to_batches()[0]
