@@ -13,6 +13,8 @@ second: ``./dev mutate`` runs them for the stream modules (mutation/mutate.py).
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -245,15 +247,18 @@ def test_a_micro_batch_read_and_written_commits_its_planned_ranges_and_counts_ea
 
     # The next micro-batch starts where the last ended, checked against txn_offsets.
     grow(fake_kafka.logs[("t", 0)], 13)
+    grow(fake_kafka.logs[("t", 1)], 6)  # one message
     start, end, parts = plan(reader, end)
-    assert end == {"t": {"0": 13, "1": 5}}
+    assert end == {"t": {"0": 13, "1": 6}}
     assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [
-        [(0, 10, 13)]
+        [(0, 10, 13)],
+        [(1, 5, 6)],
     ]
-    (verified,) = parts[0].ranges
+    verified, after_marker = parts[0].ranges[0], parts[1].ranges[0]
     assert verified.verify == fingerprint(fake_kafka.logs[("t", 0)].messages[9])  # the last counted
+    assert after_marker.verify == fingerprint(fake_kafka.logs[("t", 1)].messages[4])
     sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 1)
-    assert offsets(db) == {0: 13, 1: 5} and total(db) == 17
+    assert offsets(db) == {0: 13, 1: 6} and total(db) == 18
 
 
 def test_a_plan_read_by_no_task_of_this_run_is_not_committed(
@@ -467,6 +472,8 @@ def test_alignment_is_commit_replay_or_a_mismatch_naming_the_first_partition_off
 
 
 def test_a_micro_batch_s_ranges_are_a_task_each_up_to_the_tasks_option_then_runs_of_neighbours() -> None:
+    uneven = [OffsetRange("t", p, 0, size) for p, size in enumerate((10, 10, 400_000, 10))]
+    assert micro_batch_tasks(uneven, 4) == [[r] for r in uneven]
     planned = [OffsetRange("t", p, 0, 1_000) for p in range(4)]
     assert micro_batch_tasks(planned, 4) == [[r] for r in planned]
     assert micro_batch_tasks(planned, None) == [[r] for r in planned]
@@ -484,6 +491,17 @@ def test_a_second_query_of_the_job_is_refused_while_the_first_plans(
     with pytest.raises(StreamLocked) as e:
         second.initialOffset()
     assert "another readStream.format('txstore') of this job in this Spark application" in one_line(e)
+    with connect(database_url, autocommit=True) as conn:  # the refused session is closed; the first's stays
+        deadline = time.monotonic() + 10
+        while True:
+            (sessions,) = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE 'txstore stream %%'"
+            ).fetchone() or (None,)
+            if sessions == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert sessions == 1
     first.stop()
     assert second.initialOffset() == {"t": {"0": 0}}
     with connect(database_url) as conn:  # the planner holds the shared job lock too
@@ -521,11 +539,92 @@ def test_the_counting_source_takes_only_its_own_columns(database_url: str) -> No
         )
 
 
+def test_a_task_that_fails_after_its_first_range_leaves_no_receipt_and_its_plan_is_not_committed(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    """The ``after-first-range`` fail point (a task dying mid-read): the task yielded its first
+    range's rows only, recorded nothing, and the sink refuses the plan."""
+    from txstore.core.failpoints import InjectedFailure
+
+    log(fake_kafka, 0, range(3))
+    log(fake_kafka, 1, range(4))
+    failing = {"txstore.tasks": "1", "txstore.failpoints": "after-first-range"}
+    reader = source(readers, database_url, **failing)
+    _, _, parts = plan(reader)
+    (task,) = parts
+    got: list[int] = []
+    with pytest.raises(InjectedFailure):
+        for batch in reader.read(task):
+            got += batch.column("offset").to_pylist()
+    assert got == [0, 1, 2]  # the first range's messages, none of the second's
+    assert load_reads(db, JOB, task.plan_id) == []
+    sink = writer(database_url)
+    with pytest.raises(MicroBatchNotRead):
+        sink.commit([sink.write(iter([of(0, 0, 1, 2)]))], 0)
+    assert offsets(db) == {0: 0, 1: 0}
+    reader.stop()
+    readers.clear()
+    counting = source(readers, database_url, COUNTS, **{"txstore.countMessages": "true", **failing})
+    (single,) = counting.partitions({"t": {"0": 0}}, {"t": {"0": 3}})
+    with pytest.raises(InjectedFailure):
+        list(counting.read(single))  # a task of one range: it fails once that range is read
+    assert load_reads(db, JOB, single.plan_id) == []
+
+
+def test_a_source_refuses_a_database_without_txstore_s_tables(
+    empty_database_url: str, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    from txstore.core.errors import SchemaMissing
+
+    log(fake_kafka, 0, range(3))
+    with pytest.raises(SchemaMissing, match="the txstore tables are missing"):
+        source(readers, empty_database_url).initialOffset()
+
+
+def test_a_range_carries_its_partition_s_generation_and_verifies_the_last_message_only_while_kafka_has_it(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    first = log(fake_kafka, 0, range(1))
+    second = log(fake_kafka, 1, range(3))
+    reader = source(readers, database_url)
+    _, end, parts = plan(reader)
+    sink = writer(database_url)
+    sink.commit([sink.write(iter(t)) for t in read(reader, parts)], 0)
+    db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = %s AND part = 1", (JOB,))
+    grow(first, 4)  # the last message counted, offset 0, is the log's first: verified
+    grow(second, 6)
+    second.low = 3  # the last counted, offset 2, aged out: nothing to verify
+    _, end, parts = plan(reader, end)
+    ranges = {r.partition: r for p in parts for r in p.ranges}
+    assert ranges[0].verify == fingerprint(first.messages[0]) and ranges[0].generation == 0
+    assert ranges[1].verify is None and ranges[1].generation == 3
+
+
+def test_a_micro_batch_whose_offsets_moved_in_part_is_left_alone_by_the_source_s_commit(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(4))
+    log(fake_kafka, 1, range(4))
+    reader = source(readers, database_url)
+    _, end, parts = plan(reader)
+    read(reader, parts)
+    db.execute("UPDATE txn_offsets SET off = 4 WHERE job = %s AND part = 1", (JOB,))
+    reader.commit(end)
+    assert offsets(db) == {0: 0, 1: 4} and committed_by(db) is None
+    db.execute("UPDATE txn_offsets SET off = 2 WHERE job = %s AND part = 0", (JOB,))
+    reader.commit(end)
+    assert offsets(db) == {0: 2, 1: 4} and committed_by(db) is None
+
+
 # -- the source's commit when the sink is not txstore's -----------------------------------------------
 
 
 def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    database_url: str,
+    db: psycopg.Connection,
+    fake_kafka: FakeKafka,
+    readers: list[TxstoreStreamReader],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Spark's file sink or foreachBatch wrote the micro-batch: the source's commit moves the
     offsets from the planned starts to the planned ends, with the last messages read."""
@@ -536,9 +635,11 @@ def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
     read(reader, parts)
     reader.commit({"t": {"0": 5, "1": 2}})  # another micro-batch's end: nothing
     assert offsets(db) == {0: 0, 1: 0}
-    reader.commit(end)
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        reader.commit(end)
     assert offsets(db) == {0: 6, 1: 2} and last_counted(db) == {0: 5, 1: 1}
     assert committed_by(db) == CHECKPOINT_LED
+    assert caplog.text.count("txn_offsets now follows Spark's checkpoint") == 1
     assert total(db) == 0
 
     # Spark committed the next micro-batch but stopped before the source's commit: the next
@@ -549,7 +650,10 @@ def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
     grow(fake_kafka.logs[("t", 0)], 11)
     again = source(readers, database_url)
     reader.stop()
-    _, end3, parts = plan(again, end2)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        _, end3, parts = plan(again, end2)
+    assert "now follows" not in caplog.text  # said once, when the job became checkpoint-led
     assert offsets(db) == {0: 9, 1: 2} and last_counted(db)[0] == 8
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 0, 9, 11)]
     assert end3 == {"t": {"0": 11, "1": 2}}
@@ -578,25 +682,50 @@ def test_a_checkpoint_led_job_only_catches_up_from_the_batch_spark_committed(
     database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
 ) -> None:
     log(fake_kafka, 0, range(6))
+    log(fake_kafka, 1, range(6))
     reader = source(readers, database_url)
     _, end, parts = plan(reader)
     read(reader, parts)
     # Not checkpoint-led (no commit noted): a start past txn_offsets is a mismatch.
     with pytest.raises(CheckpointMismatch):
-        reader.partitions(end, {"t": {"0": 6}})
-    reader.partitions({"t": {"0": 0}}, end)
+        reader.partitions(end, {"t": {"0": 6, "1": 6}})
+    assert offsets(db) == {0: 0, 1: 0}
+    reader.partitions({"t": {"0": 0, "1": 0}}, end)
     reader.commit(end)
     assert committed_by(db) == CHECKPOINT_LED
     grow(fake_kafka.logs[("t", 0)], 10)
+    grow(fake_kafka.logs[("t", 1)], 10)
     _, end2, parts = plan(reader, end)
     read(reader, parts)
-    with pytest.raises(CheckpointMismatch):  # starts past the planned batch's end
-        reader.partitions({"t": {"0": 8}}, {"t": {"0": 10}})
-    assert offsets(db) == {0: 6}
-    db.execute("UPDATE txn_offsets SET off = 7 WHERE job = %s", (JOB,))
+    with pytest.raises(CheckpointMismatch):  # one partition starts past the planned batch's end
+        reader.partitions({"t": {"0": 10, "1": 8}}, {"t": {"0": 10, "1": 10}})
+    assert offsets(db) == {0: 6, 1: 6}
+    db.execute("UPDATE txn_offsets SET off = 7 WHERE job = %s AND part = 1", (JOB,))
     with pytest.raises(CheckpointMismatch):  # txn_offsets is not at the planned batch's start
-        reader.partitions(end2, {"t": {"0": 10}})
-    assert offsets(db) == {0: 7}
+        reader.partitions(end2, {"t": {"0": 10, "1": 10}})
+    assert offsets(db) == {0: 6, 1: 7}
+
+
+def test_catching_up_with_spark_still_checks_the_partitions_the_last_plan_did_not_read(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(6))
+    log(fake_kafka, 1, range(4))
+    seed(db, JOB, "t", {0: 0, 1: 4})
+    reader = source(readers, database_url)
+    _, end, parts = plan(reader)
+    read(reader, parts)
+    reader.commit(end)
+    grow(fake_kafka.logs[("t", 0)], 8)
+    _, end, parts = plan(reader, end)
+    assert end == {"t": {"0": 8, "1": 4}}
+    read(reader, parts)  # Spark committed it; the source's commit never came
+    db.execute("UPDATE txn_offsets SET off = 2 WHERE job = %s AND part = 1", (JOB,))
+    with pytest.raises(
+        CheckpointMismatch, match="partition 1: txn_offsets stores offset 2 but the checkpoint"
+    ):
+        reader.partitions(end, end)
+    assert offsets(db) == {0: 8, 1: 2}  # caught up with the batch Spark committed; partition 1 is off
 
 
 def test_a_batch_the_txstore_sink_committed_is_noted_so_and_never_moved_again(
@@ -1047,6 +1176,10 @@ def test_spans_merge_into_sorted_disjoint_spans_naming_the_first_offset_two_shar
     assert merge_spans([[(0, 6)], [(2, 3)], [(3, 4)]]) == ([(0, 6)], 2)
     assert merge_spans([[(0, 2)], [(1, 2)], [(5, 6), (5, 7)]]) == ([(0, 2), (5, 7)], 1)
     assert merge_spans([[(0, 3), (3, 4)], [(4, 6), (5, 6)]]) == ([(0, 6)], 5)
+    # the last span merged is the one a next span joins or overlaps, not the first
+    assert merge_spans([[(0, 1), (5, 8)], [(6, 9), (9, 10)]]) == ([(0, 1), (5, 10)], 6)
+    assert merge_spans([[(0, 1), (5, 8), (8, 9)]]) == ([(0, 1), (5, 9)], None)
+    assert merge_spans([[(0, 1), (5, 8), (6, 7)]]) == ([(0, 1), (5, 8)], 6)
     assert spans_from_array(spans_array([])) == []
     assert spans_from_array(spans_array([(0, 1), (7, 9), (2**40, 2**40 + 3)])) == [
         (0, 1),
