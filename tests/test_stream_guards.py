@@ -961,6 +961,10 @@ def test_a_saved_plan_loads_back_with_its_ranges_tasks_and_who_committed_it(
 def test_a_plan_s_identity_is_its_job_start_and_end() -> None:
     same = plan_identity("j", {"t": {"0": 1}}, {"t": {"0": 2}})
     assert same == plan_identity("j", {"t": {"0": 1}}, {"t": {"0": 2}})
+    # Spark's offsets, whatever the order of their keys
+    assert plan_identity("j", {"u": {"1": 5, "0": 1}, "t": {}}, {}) == plan_identity(
+        "j", {"t": {}, "u": {"0": 1, "1": 5}}, {}
+    )
     assert (
         len(
             {
@@ -971,6 +975,30 @@ def test_a_plan_s_identity_is_its_job_start_and_end() -> None:
         )
         == 3
     )
+
+
+def test_a_plan_s_row_and_receipts_are_its_job_s_and_its_own_only(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    with connect(database_url) as conn:
+        plan_id = save_plan(conn, JOB, {"s": 3}, {"e": 3}, [A0, A1], [[A0], [A1]])
+        for job in ("a_job", "z_job"):  # jobs named before and after this one
+            save_plan(conn, job, {"s": 3}, {"e": 3}, [A1], [[A1]])
+            record_read(conn, job, plan_id, receipt(1))  # the same plan id, another job
+            mark_committed(conn, job, plan_id, SINK_COMMITTED)
+        for late in ("", "~"):  # a late task's receipt of an older or a newer plan
+            record_read(conn, JOB, late, receipt(0, stage=9))
+            mark_committed(conn, JOB, late, SINK_COMMITTED)
+        record_read(conn, JOB, plan_id, receipt(0))
+        assert load_reads(conn, JOB, plan_id) == [receipt(0)]
+        assert load_plan(conn, JOB).committed_by is None and load_plan(conn, JOB).ranges == (A0, A1)
+        assert load_plan(conn, "a_job").ranges == (A1,) and load_plan(conn, "z_job").ranges == (A1,)
+        for nobody in ("0_job", "m_job", "zz_job"):
+            with pytest.raises(TxstoreError, match=f"job {nobody!r}: no planned micro-batch"):
+                load_plan(conn, nobody)
+        save_plan(conn, JOB, {"s": 4}, {"e": 4}, [A0], [[A0]])
+        assert load_reads(conn, JOB, "") == [] and load_reads(conn, JOB, "~") == []
+        assert load_reads(conn, "a_job", plan_id) == [receipt(1)] == load_reads(conn, "z_job", plan_id)
 
 
 def test_receipts_of_an_older_plan_are_deleted_when_the_next_plan_is_saved(
