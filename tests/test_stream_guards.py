@@ -920,6 +920,92 @@ def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
         )
 
 
+def test_a_table_sink_takes_the_lowest_and_highest_offset_of_a_task_s_batches(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    sales_table(db)
+    log(fake_kafka, 0, range(5))
+    reader = source(readers, database_url)
+    _, _, parts = plan(reader)
+    read(reader, parts)
+    sink = writer(database_url, SALE_ROWS, **SALES)
+    task = sink.write(iter([sale_batch(of(0, 2, 6)), sale_batch(of(0, 0, 1))]))
+    assert task.seen == {("t", 0): (0, 6)}
+    with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.6, outside"):
+        sink.commit([task], 0)
+    later = sink.write(iter([sale_batch(of(0, 3)), sale_batch(of(0, 1, 2))]))
+    with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.6, outside"):
+        sink.commit([sink.write(iter([sale_batch(of(0, 0))])), later, task], 0)
+    assert sales(db) == {} and offsets(db) == {0: 0}
+
+
+def test_a_table_sink_s_replace_rule_keeps_the_last_row_spark_wrote(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    db.execute("CREATE TABLE IF NOT EXISTS stream_guard_last (country text PRIMARY KEY, items bigint)")
+    log(fake_kafka, 0, range(6))
+    reader = source(readers, database_url)
+    _, _, parts = plan(reader)
+    (task,) = read(reader, parts)
+    (batch,) = task
+    last = {"txstore.table": "stream_guard_last", "txstore.key": "country", "txstore.merge": "items=replace"}
+    sink = writer(database_url, SALE_ROWS, **last)
+    pieces = [sale_batch(batch.slice(0, 3), "fr", 1), sale_batch(batch.slice(3, 1), "fr", 2)]
+    pieces.append(sale_batch(batch.slice(4), "fr", 3))
+    sink.commit([sink.write(iter(pieces))], 0)
+    assert dict(db.execute("SELECT country, items FROM stream_guard_last").fetchall()) == {"fr": 3}
+
+
+def test_a_sink_s_replayed_or_skipped_micro_batch_says_so_and_a_fail_point_before_its_commit_writes_nothing(
+    database_url: str,
+    db: psycopg.Connection,
+    fake_kafka: FakeKafka,
+    readers: list[TxstoreStreamReader],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from txstore.core.failpoints import InjectedFailure
+
+    sales_table(db)
+    log(fake_kafka, 0, range(3))
+    reader = source(readers, database_url)
+    _, end, parts = plan(reader)
+    (task,) = read(reader, parts)
+    for options, batches in (({}, task), (SALES, [sale_batch(b) for b in task])):
+        schema = SALE_ROWS if options else ROWS
+        failing = writer(database_url, schema, **options, **{"txstore.failpoints": "before-commit@first"})
+        with pytest.raises(InjectedFailure):
+            failing.commit([failing.write(iter(batches))], 0)
+        assert offsets(db) == {0: 0} and total(db) == 0 and sales(db) == {}
+    counts = writer(database_url)
+    counts.commit([counts.write(iter(task))], 0)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        counts.commit([counts.write(iter(task))], 0)
+    assert "micro-batch 0 (t/0 0 -> 3) already committed; skipped" in caplog.text
+    table = writer(database_url, SALE_ROWS, **SALES)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        table.commit([table.write(iter([sale_batch(b) for b in task]))], 0)
+    assert "micro-batch 0 (t/0 0 -> 3) already committed; skipped" in caplog.text
+    assert sales(db) == {} and total(db) == 3
+    # a micro-batch with a refused row, skipped: said once per range
+    grow(fake_kafka.logs[("t", 0)], 5)
+    _, end, parts = plan(reader, end)
+    (task,) = read(reader, parts)
+    skipping = writer(database_url, SALE_ROWS, **SALES, **{"txstore.onBadMessage": "skip"})
+    refused = [sale_batch(task[0].slice(0, 1), None, 1), sale_batch(task[0].slice(1), "fr", 4)]  # type: ignore[arg-type]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        skipping.commit([skipping.write(iter(refused))], 1)
+    assert "micro-batch 1: range t/0 3 -> 5: skipped 1 message" in caplog.text
+    assert sales(db) == {"fr": 4} and offsets(db) == {0: 5}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        skipping.commit([skipping.write(iter(refused))], 1)  # replayed after its commit
+    assert "micro-batch 1 (t/0 3 -> 5) already committed; skipped" in caplog.text
+    assert sales(db) == {"fr": 4}
+
+
 # -- txn_stream_plans and txn_stream_reads ------------------------------------------------------------
 
 A0 = OffsetRange("t", 0, 10, 20, generation=2, log_end=30)
