@@ -325,6 +325,8 @@ def test_the_counting_source_s_row_carries_its_range_and_the_sink_adds_what_its_
             [{**batch.to_pylist()[0], "txstore_from": None}, batch.to_pylist()[1]], schema=batch.schema
         )
         sink.commit([sink.write(iter([missing]))], 0)
+    without = sink.write(iter([missing]))  # the row that names no range is left out, the next kept
+    assert (without.counts, without.unplaced, without.counted) == ({"t": 3}, 1, [("t", 1, 0, 4, 3)])
     assert total(db) == 0
     sink.commit([message], 0)
     assert offsets(db) == {0: 7, 1: 4, 2: 0} and total(db) == 10
@@ -801,6 +803,10 @@ def test_a_write_task_hands_the_commit_its_counts_spans_and_a_message_two_rows_s
     assert spans_from_array(row_message.spans[("t", 0)]) == [(1, 5), (3, 4)]
     mixed = sink.write(iter([of(0, 1), Row(topic="t", partition=0, offset=2)]))
     assert mixed.counts == {"t": 2} and spans_from_array(mixed.spans[("t", 0)]) == [(1, 3)]
+    rows_first = sink.write(iter([Row(topic="t", partition=0, offset=2), of(0, 3), of(1, 0)]))
+    assert rows_first.counts == {"t": 3} and spans_from_array(rows_first.spans[("t", 0)]) == [(2, 4)]
+    nameless = sink.write(iter([rows(("t", 0, 1), (None, 0, 2), (None, 0, 3))]))
+    assert (nameless.counts, nameless.unplaced) == ({"t": 1}, 2)
 
 
 def test_the_counting_sink_needs_the_columns_that_name_each_row_s_message(database_url: str) -> None:
@@ -1231,6 +1237,7 @@ def test_micro_batch_row_spans_must_lie_in_their_range_once_and_no_more_than_wer
         (spans(p0=[(9, 11)]), r"offsets 9..10, outside this micro-batch's range \[10, 20\)"),
         (spans(p0=[(12, 13), (19, 21)]), r"offsets 12..20, outside"),
         (spans(p3=[(0, 1)]), "partition 3 offsets 0..0, outside this micro-batch's range none"),
+        (spans(p2=[], p3=[(0, 1)]), "partition 3 offsets 0..0, outside"),  # a partition without rows first
         (spans(p2=[(7, 8)]), r"partition 2 offsets 7..7, outside this micro-batch's range none"),
     ):
         with pytest.raises(RowsOutsideBatch, match=text):
