@@ -1242,6 +1242,18 @@ def test_micro_batch_row_spans_must_lie_in_their_range_once_and_no_more_than_wer
         verify_micro_batch("j", 3, PLAN, ok, spans(p3=[(1, 2), (1, 2)]))
 
 
+def test_micro_batch_of_several_bad_partitions_names_the_first_by_topic_and_partition() -> None:
+    ok = [receipt(0), receipt(1)]
+    twice = Delivery(frozenset({RUN}), {("t", 5): [(0, 1)], ("t", 3): [(0, 1)]})
+    with pytest.raises(RowsOutsideBatch, match="topic 't' partition 3 offsets"):
+        verify_micro_batch("j", 3, PLAN, ok, twice)
+    topics = Delivery(frozenset({RUN}), {("u", 0): [(0, 1)], ("s", 1): [(0, 1)]})
+    with pytest.raises(RowsOutsideBatch, match="topic 's' partition 1 offsets"):
+        verify_micro_batch("j", 3, PLAN, ok, topics)
+    with pytest.raises(RowsOutsideBatch, match="range t/0 10 -> 20's count row says 8"):
+        verify_micro_batch("j", 3, PLAN, ok, counts((A1, 4), (A0, 8)))
+
+
 def test_micro_batch_count_rows_are_each_planned_range_once_with_its_task_s_count() -> None:
     ok = [receipt(0), receipt(1)]
     assert verify_micro_batch("j", 3, PLAN, ok, counts((A1, 5), (A0, 9)))
