@@ -743,6 +743,7 @@ def test_a_task_s_rows_become_spans_of_offsets_per_partition_whatever_their_orde
     big = rows(("a", 2**31 - 1, 2**40), ("a", 2**31 - 1, 2**40 + 1), ("a", 0, 0))
     assert _batch_spans(big) == ({("a", 0): [(0, 1)], ("a", 2**31 - 1): [(2**40, 2**40 + 2)]}, 0)
     assert _batch_spans(rows((None, 0, 1))) == ({}, 1)
+    assert _batch_spans(rows(("a", 0, None), ("a", 0, 4))) == ({("a", 0): [(4, 5)]}, 1)
     # a partition no Kafka log has (a query's own column) is still named as it is, to be refused
     assert _batch_spans(rows(("a", -1, 4), ("a", -(2**31), 0))) == (
         {("a", -(2**31)): [(0, 1)], ("a", -1): [(4, 5)]},
