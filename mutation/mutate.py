@@ -304,7 +304,9 @@ MODULES = (
         ),
         (STREAM,),
         "not (test_micro_batch or option or spans_merge or saved_plan or receipt or identity or alignment "
-        "or tasks_option or starts_at or capped or available_now or second_query or gone or only_catches)",
+        "or tasks_option or starts_at or capped or available_now or second_query or gone or only_catches "
+        "or catching_up or another_sinks or moved_in_part or refuses_a_database or generation "
+        "or counting_source_takes)",
     ),
 )
 

@@ -211,6 +211,97 @@ def one_line(e: pytest.ExceptionInfo[BaseException]) -> str:
     return line
 
 
+# -- the sink's rows (first: ./dev mutate stops a selection at its first failure) --------------------------
+
+
+def test_a_task_s_rows_become_spans_of_offsets_per_partition_whatever_their_order() -> None:
+    batch = rows(
+        ("a", 0, 5), ("a", 0, 6), ("a", 0, 8), ("b", 1, 3), ("a", 1, 0), (None, 0, 9), ("a", None, 1)
+    )
+    assert _batch_spans(batch) == ({("a", 0): [(5, 7), (8, 9)], ("b", 1): [(3, 4)], ("a", 1): [(0, 1)]}, 2)
+    shuffled = rows(("b", 2, 4), ("a", 0, 7), ("b", 2, 3), ("a", 0, 6), ("a", 0, 6), ("a", 0, 9))
+    assert _batch_spans(shuffled) == ({("a", 0): [(6, 7), (6, 8), (9, 10)], ("b", 2): [(3, 5)]}, 0)
+    big = rows(("a", 2**31 - 1, 2**40), ("a", 2**31 - 1, 2**40 + 1), ("a", 0, 0))
+    assert _batch_spans(big) == ({("a", 0): [(0, 1)], ("a", 2**31 - 1): [(2**40, 2**40 + 2)]}, 0)
+    assert _batch_spans(rows((None, 0, 1))) == ({}, 1)
+    assert _batch_spans(rows(("a", 0, None), ("a", 0, 4))) == ({("a", 0): [(4, 5)]}, 1)
+    # a partition no Kafka log has (a query's own column) is still named as it is, to be refused
+    assert _batch_spans(rows(("a", -1, 4), ("a", -(2**31), 0))) == (
+        {("a", -(2**31)): [(0, 1)], ("a", -1): [(4, 5)]},
+        0,
+    )
+    descending = rows(("a", 1, 0), ("a", 0, 1))
+    assert _batch_spans(descending) == ({("a", 0): [(1, 2)], ("a", 1): [(0, 1)]}, 0)
+    chunked = pa.Table.from_batches([of(0, 1, 2), of(0, 3)]).combine_chunks().to_batches()[0]
+    assert _batch_spans(chunked) == ({("t", 0): [(1, 4)]}, 0)
+    as_rows = [
+        Row(topic=t, partition=p, offset=o) for t, p, o in zip(*shuffled.to_pydict().values(), strict=True)
+    ]
+    assert _row_spans(as_rows) == ({("a", 0): [(6, 7), (6, 8), (9, 10)], ("b", 2): [(3, 5)]}, 0)
+    assert _row_spans([Row(topic="a", partition=None, offset=1), Row(topic=None, partition=0, offset=1)]) == (
+        {},
+        2,
+    )
+    assert _row_spans([Row(topic="a", partition=0, offset=None)]) == ({}, 1)
+
+
+def test_a_write_task_hands_the_commit_its_counts_spans_and_a_message_two_rows_share(
+    database_url: str,
+) -> None:
+    sink = writer(database_url)
+    message = sink.write(
+        iter([of(0, 1, 2, 3), pa.RecordBatch.from_pylist([], schema=of(0).schema), of(0, 3, 4), of(1, 7)])
+    )
+    assert isinstance(message, TopicCounts)
+    assert message.counts == {"t": 6} and message.unplaced == 0 and message.run == (None, None, None)
+    assert spans_from_array(message.spans[("t", 0)]) == [(1, 5), (3, 4)]
+    assert spans_from_array(message.spans[("t", 1)]) == [(7, 8)]
+    row_message = sink.write(
+        iter(
+            [Row(topic="t", partition=0, offset=o) for o in (3, 1, 2, 3, 4)]
+            + [Row(topic=None, partition=1, offset=2)]
+        )
+    )
+    assert row_message.counts == {"t": 5} and row_message.unplaced == 1
+    assert spans_from_array(row_message.spans[("t", 0)]) == [(1, 5), (3, 4)]
+    mixed = sink.write(iter([of(0, 1), Row(topic="t", partition=0, offset=2)]))
+    assert mixed.counts == {"t": 2} and spans_from_array(mixed.spans[("t", 0)]) == [(1, 3)]
+    rows_first = sink.write(iter([Row(topic="t", partition=0, offset=2), of(0, 3), of(1, 0)]))
+    assert rows_first.counts == {"t": 3} and spans_from_array(rows_first.spans[("t", 0)]) == [(2, 4)]
+    nameless = sink.write(iter([rows(("t", 0, 1), (None, 0, 2), (None, 0, 3))]))
+    assert (nameless.counts, nameless.unplaced) == ({"t": 1}, 2)
+
+
+def test_the_counting_sink_needs_the_columns_that_name_each_row_s_message(database_url: str) -> None:
+    topic_only = StructType([StructField("topic", StringType())])
+    with pytest.raises(ConfigError, match="the query's rows have no partition, offset column"):
+        writer(database_url, topic_only)
+    no_until = StructType([f for f in COUNTS.fields if f.name != "txstore_until"])
+    with pytest.raises(ConfigError, match="the query's rows have no txstore_until column"):
+        writer(database_url, no_until)
+    with pytest.raises(ConfigError, match="does not take outputMode\\('complete'\\)"):
+        writer(database_url, ROWS, overwrite=True)
+    assert writer(database_url, COUNTS).counted is True
+    assert writer(database_url, ROWS).counted is False
+
+
+def test_rows_outside_the_micro_batch_are_refused_by_the_table_sink_in_one_line() -> None:
+    ranges = [OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 7, 8)]
+    check_rows_in_batch("j", 3, ranges, {("t", 0): (5, 8), ("t", 1): (7, 7)})
+    for seen, text in (
+        ({("t", 0): (4, 8)}, "partition 0 offsets 4..8, outside this micro-batch's range [5, 9)"),
+        ({("t", 0): (5, 9)}, "partition 0 offsets 5..9"),
+        ({("t", 2): (0, 0)}, "partition 2 offsets 0..0, outside this micro-batch's range none"),
+        ({("t", 1): (-1, -1)}, "partition 1 offsets -1..-1"),
+        ({("t", 0): (5, 8), ("t", None): (1, 1)}, "partition None offsets 1..1"),  # type: ignore[dict-item]
+    ):
+        with pytest.raises(RowsOutsideBatch) as e:
+            check_rows_in_batch("j", 3, ranges, seen)
+        assert one_line(e).startswith(
+            "job 'j' micro-batch 3: the sink received rows of topic 't' "
+        ) and text in str(e.value)
+
+
 # -- the source and the sink together --------------------------------------------------------------
 
 
@@ -728,97 +819,6 @@ def test_a_batch_the_txstore_sink_committed_is_noted_so_and_never_moved_again(
     reader.commit(end)
     assert committed_by(db) == SINK_COMMITTED and offsets(db) == {0: 6} and total(db) == 2
     assert batches
-
-
-# -- the sink's rows --------------------------------------------------------------------------------
-
-
-def test_a_task_s_rows_become_spans_of_offsets_per_partition_whatever_their_order() -> None:
-    batch = rows(
-        ("a", 0, 5), ("a", 0, 6), ("a", 0, 8), ("b", 1, 3), ("a", 1, 0), (None, 0, 9), ("a", None, 1)
-    )
-    assert _batch_spans(batch) == ({("a", 0): [(5, 7), (8, 9)], ("b", 1): [(3, 4)], ("a", 1): [(0, 1)]}, 2)
-    shuffled = rows(("b", 2, 4), ("a", 0, 7), ("b", 2, 3), ("a", 0, 6), ("a", 0, 6), ("a", 0, 9))
-    assert _batch_spans(shuffled) == ({("a", 0): [(6, 7), (6, 8), (9, 10)], ("b", 2): [(3, 5)]}, 0)
-    big = rows(("a", 2**31 - 1, 2**40), ("a", 2**31 - 1, 2**40 + 1), ("a", 0, 0))
-    assert _batch_spans(big) == ({("a", 0): [(0, 1)], ("a", 2**31 - 1): [(2**40, 2**40 + 2)]}, 0)
-    assert _batch_spans(rows((None, 0, 1))) == ({}, 1)
-    assert _batch_spans(rows(("a", 0, None), ("a", 0, 4))) == ({("a", 0): [(4, 5)]}, 1)
-    # a partition no Kafka log has (a query's own column) is still named as it is, to be refused
-    assert _batch_spans(rows(("a", -1, 4), ("a", -(2**31), 0))) == (
-        {("a", -(2**31)): [(0, 1)], ("a", -1): [(4, 5)]},
-        0,
-    )
-    descending = rows(("a", 1, 0), ("a", 0, 1))
-    assert _batch_spans(descending) == ({("a", 0): [(1, 2)], ("a", 1): [(0, 1)]}, 0)
-    chunked = pa.Table.from_batches([of(0, 1, 2), of(0, 3)]).combine_chunks().to_batches()[0]
-    assert _batch_spans(chunked) == ({("t", 0): [(1, 4)]}, 0)
-    as_rows = [
-        Row(topic=t, partition=p, offset=o) for t, p, o in zip(*shuffled.to_pydict().values(), strict=True)
-    ]
-    assert _row_spans(as_rows) == ({("a", 0): [(6, 7), (6, 8), (9, 10)], ("b", 2): [(3, 5)]}, 0)
-    assert _row_spans([Row(topic="a", partition=None, offset=1), Row(topic=None, partition=0, offset=1)]) == (
-        {},
-        2,
-    )
-    assert _row_spans([Row(topic="a", partition=0, offset=None)]) == ({}, 1)
-
-
-def test_a_write_task_hands_the_commit_its_counts_spans_and_a_message_two_rows_share(
-    database_url: str,
-) -> None:
-    sink = writer(database_url)
-    message = sink.write(
-        iter([of(0, 1, 2, 3), pa.RecordBatch.from_pylist([], schema=of(0).schema), of(0, 3, 4), of(1, 7)])
-    )
-    assert isinstance(message, TopicCounts)
-    assert message.counts == {"t": 6} and message.unplaced == 0 and message.run == (None, None, None)
-    assert spans_from_array(message.spans[("t", 0)]) == [(1, 5), (3, 4)]
-    assert spans_from_array(message.spans[("t", 1)]) == [(7, 8)]
-    row_message = sink.write(
-        iter(
-            [Row(topic="t", partition=0, offset=o) for o in (3, 1, 2, 3, 4)]
-            + [Row(topic=None, partition=1, offset=2)]
-        )
-    )
-    assert row_message.counts == {"t": 5} and row_message.unplaced == 1
-    assert spans_from_array(row_message.spans[("t", 0)]) == [(1, 5), (3, 4)]
-    mixed = sink.write(iter([of(0, 1), Row(topic="t", partition=0, offset=2)]))
-    assert mixed.counts == {"t": 2} and spans_from_array(mixed.spans[("t", 0)]) == [(1, 3)]
-    rows_first = sink.write(iter([Row(topic="t", partition=0, offset=2), of(0, 3), of(1, 0)]))
-    assert rows_first.counts == {"t": 3} and spans_from_array(rows_first.spans[("t", 0)]) == [(2, 4)]
-    nameless = sink.write(iter([rows(("t", 0, 1), (None, 0, 2), (None, 0, 3))]))
-    assert (nameless.counts, nameless.unplaced) == ({"t": 1}, 2)
-
-
-def test_the_counting_sink_needs_the_columns_that_name_each_row_s_message(database_url: str) -> None:
-    topic_only = StructType([StructField("topic", StringType())])
-    with pytest.raises(ConfigError, match="the query's rows have no partition, offset column"):
-        writer(database_url, topic_only)
-    no_until = StructType([f for f in COUNTS.fields if f.name != "txstore_until"])
-    with pytest.raises(ConfigError, match="the query's rows have no txstore_until column"):
-        writer(database_url, no_until)
-    with pytest.raises(ConfigError, match="does not take outputMode\\('complete'\\)"):
-        writer(database_url, ROWS, overwrite=True)
-    assert writer(database_url, COUNTS).counted is True
-    assert writer(database_url, ROWS).counted is False
-
-
-def test_rows_outside_the_micro_batch_are_refused_by_the_table_sink_in_one_line() -> None:
-    ranges = [OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 7, 8)]
-    check_rows_in_batch("j", 3, ranges, {("t", 0): (5, 8), ("t", 1): (7, 7)})
-    for seen, text in (
-        ({("t", 0): (4, 8)}, "partition 0 offsets 4..8, outside this micro-batch's range [5, 9)"),
-        ({("t", 0): (5, 9)}, "partition 0 offsets 5..9"),
-        ({("t", 2): (0, 0)}, "partition 2 offsets 0..0, outside this micro-batch's range none"),
-        ({("t", 1): (-1, -1)}, "partition 1 offsets -1..-1"),
-        ({("t", 0): (5, 8), ("t", None): (1, 1)}, "partition None offsets 1..1"),  # type: ignore[dict-item]
-    ):
-        with pytest.raises(RowsOutsideBatch) as e:
-            check_rows_in_batch("j", 3, ranges, seen)
-        assert one_line(e).startswith(
-            "job 'j' micro-batch 3: the sink received rows of topic 't' "
-        ) and text in str(e.value)
 
 
 # -- the results-table sink ---------------------------------------------------------------------------
