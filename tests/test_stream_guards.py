@@ -1181,6 +1181,8 @@ def test_micro_batch_receipts_of_another_batch_or_run_do_not_stand_for_this_one(
     assert verify_micro_batch("j", 3, untasked, [both], spans()) == verify_micro_batch(
         "j", 3, PLAN, ours, spans()
     )
+    with pytest.raises(MicroBatchNotRead, match=r"planned micro-batch \(t/0 10 -> 20, \.\.\.\) was not read"):
+        verify_micro_batch("j", 3, untasked, [], spans())
     # a receipt that names another range than planned (an older plan of the same shape)
     stale = Receipt(1, 1, 1, "q", 3, (RangeRead(OffsetRange("t", 1, 0, 4), 4, None),), "r")
     with pytest.raises(MicroBatchNotRead, match="no task of this query read range t/1 0 -> 5"):
