@@ -597,11 +597,13 @@ def test_a_second_query_of_the_job_is_refused_while_the_first_plans(
     assert sessions == 1
     first.stop()
     assert second.initialOffset() == {"t": {"0": 0}}
-    with connect(database_url) as conn:  # the planner holds the shared job lock too
+    with connect(database_url) as conn:  # the planner holds the job's stream lock and its shared job lock
         held = conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
-        ).fetchone()
-    assert held is not None and held[0] >= 2
+            "SELECT l.mode FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database() "
+            "AND a.application_name LIKE 'txstore stream %%' ORDER BY 1"
+        ).fetchall()
+    assert held == [("ExclusiveLock",), ("ShareLock",)]
 
 
 def test_a_topic_gone_from_kafka_that_the_job_counted_is_no_typo(
