@@ -2,9 +2,11 @@
 
 For each guarantee module (:data:`MODULES`: the sink and conflict classification, planning
 and range splitting, the reader's range bounds, fingerprints and topic IDs, exact
-arithmetic, the idempotent sink, the outbox, the offset store, bad messages), every mutant
-of its curated scope (:mod:`mutation.operators`) is run against the module's fast test
-selection: no Spark, no broker process; PostgreSQL where the guard is SQL. A mutant is
+arithmetic, the idempotent sink, the outbox, the offset store, bad messages, and the stream's
+verification, plans, options, source and sink), every mutant of its curated scope
+(:mod:`mutation.operators`) is run against the module's fast test selection: no Spark, no
+broker process; PostgreSQL where the guard is SQL (the stream's source and sink are called as
+Spark calls them, tests/test_stream_guards.py). A mutant is
 *killed* when a test fails (or the run times out), and *survives* when every test passes.
 
 It runs in private copies of the repository (one per worker, under a temporary directory),
