@@ -302,6 +302,49 @@ def test_rows_outside_the_micro_batch_are_refused_by_the_table_sink_in_one_line(
         ) and text in str(e.value)
 
 
+def test_a_task_s_spans_are_exact_whatever_the_order_of_partitions_offsets_and_missing_rows(
+    database_url: str,
+) -> None:
+    assert _batch_spans(rows(("t", 0, 1), ("t", 1, 5), ("t", 1, 6))) == (
+        {("t", 0): [(1, 2)], ("t", 1): [(5, 7)]},
+        0,
+    )
+    assert _batch_spans(rows(("t", 0, 5), ("t", 0, 4))) == ({("t", 0): [(4, 6)]}, 0)
+    assert _batch_spans(rows(("a", 0, 1), ("a", 2, 1), ("a", 1, 1), ("a", 2, 2)))[0][("a", 2)] == [(1, 3)]
+    assert _batch_spans(rows(("t", 0, 5), ("t", 0, 7), ("t", 0, 6))) == ({("t", 0): [(5, 8)]}, 0)
+    assert _row_spans([Row(topic="t", partition=0, offset=o) for o in (1, 2, 4, 5)]) == (
+        {("t", 0): [(1, 3), (4, 6)]},
+        0,
+    )
+    sink = writer(database_url)
+    two = sink.write(iter([rows(("t", 0, None), ("t", 0, 1)), rows((None, 0, 2))]))
+    assert two.unplaced == 2
+    mixed = sink.write(iter([rows((None, 0, 2)), Row(topic="t", partition=None, offset=3)]))
+    assert mixed.unplaced == 2
+    counting = writer(database_url, COUNTS)
+    counted = counting.write(
+        iter([Row(topic=None, partition=0, txstore_from=0, txstore_until=1, txstore_messages=1)] * 2)
+    )
+    assert counted.unplaced == 2
+
+
+def test_the_table_sink_names_the_first_partition_outside_by_topic_and_partition(
+    database_url: str, db: psycopg.Connection
+) -> None:
+    ranges = [OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 0, 5)]
+    for seen, text in (
+        ({("u", 0): (0, 0), ("s", 1): (5, 5)}, "topic 's' partition 1"),
+        ({("t", 5): (9, 9), ("t", 3): (20, 20)}, "topic 't' partition 3"),
+        ({("t", 1): (7, 7), ("t", 0): (8, 8)}, "topic 't' partition 0"),
+    ):
+        with pytest.raises(RowsOutsideBatch, match=text):
+            check_rows_in_batch("j", 3, ranges, seen)
+    sales_table(db)
+    sink = writer(database_url, SALE_ROWS, **SALES)
+    empty_first = sink.write(iter([sale_batch(of(0, 0)).slice(0, 0), sale_batch(of(0, 1))]))
+    assert empty_first.seen == {("t", 0): (1, 1)}
+
+
 # -- the source and the sink together --------------------------------------------------------------
 
 
@@ -926,6 +969,8 @@ def test_a_table_sink_takes_the_lowest_and_highest_offset_of_a_task_s_batches(
     later = sink.write(iter([sale_batch(of(0, 3)), sale_batch(of(0, 1, 2))]))
     with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.6, outside"):
         sink.commit([sink.write(iter([sale_batch(of(0, 0))])), later, task], 0)
+    with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.6, outside"):
+        sink.commit([task, later], 0)
     assert sales(db) == {} and offsets(db) == {0: 0}
 
 
