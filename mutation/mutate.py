@@ -2,9 +2,11 @@
 
 For each guarantee module (:data:`MODULES`: the sink and conflict classification, planning
 and range splitting, the reader's range bounds, fingerprints and topic IDs, exact
-arithmetic, the idempotent sink, the outbox, the offset store, bad messages), every mutant
-of its curated scope (:mod:`mutation.operators`) is run against the module's fast test
-selection: no Spark, no broker process; PostgreSQL where the guard is SQL. A mutant is
+arithmetic, the idempotent sink, the outbox, the offset store, bad messages, and the stream's
+verification, plans, options, source and sink), every mutant of its curated scope
+(:mod:`mutation.operators`) is run against the module's fast test selection: no Spark, no
+broker process; PostgreSQL where the guard is SQL (the stream's source and sink are called as
+Spark calls them, tests/test_stream_guards.py). A mutant is
 *killed* when a test fails (or the run times out), and *survives* when every test passes.
 
 It runs in private copies of the repository (one per worker, under a temporary directory),
@@ -53,6 +55,7 @@ GUARDS = "tests/test_guarantee_guards.py"
 SPLIT = "tests/test_split_uneven.py"
 READER = "tests/test_reader_bounds.py"
 DB = "tests/test_guarantee_db.py"
+STREAM = "tests/test_stream_guards.py"
 # Tests named by what they exercise, for pytest -k.
 PLANNER = (
     "first_plan or plan_is_capped or plan_carries or stop_the_plan or changed_one_stops or starting_timestamp "
@@ -215,6 +218,98 @@ MODULES = (
         "txstore/spark/bad_rows.py",
         ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),
         ("tests/test_bad_rows.py",),
+    ),
+    Module(
+        "micro_batch",
+        "txstore/core/micro_batch.py",
+        (
+            "StreamPlan.reading",
+            "spans_array",
+            "spans_from_array",
+            "merge_spans",
+            "verify_micro_batch",
+            "_check_spans",
+            "_check_counts",
+        ),
+        (STREAM,),
+        "test_micro_batch or spans_merge or become_spans",
+    ),
+    Module(
+        "stream_plans",
+        "txstore/postgres/stream_plans.py",
+        (
+            "_SAVE_PLAN",
+            "_RECORD_READ",
+            "plan_identity",
+            "ranges_json",
+            "ranges_from_json",
+            "save_plan",
+            "load_plan",
+            "mark_committed",
+            "_read_json",
+            "record_read",
+            "load_reads",
+        ),
+        (STREAM,),
+        "plan or receipt",
+    ),
+    Module(
+        "stream_options",
+        "txstore/spark/stream_options.py",
+        ("parse_stream_options", "parse_count_messages", "parse_tasks"),
+        (STREAM,),
+        "option",
+    ),
+    Module(
+        "stream_source",
+        "txstore/spark/stream_source.py",
+        (
+            "micro_batch_tasks",
+            "offsets_dict",
+            "offsets_map",
+            "batch_ranges",
+            "check_alignment",
+            "TxstoreStreamReader.__init__",
+            "TxstoreStreamReader._db",
+            "TxstoreStreamReader._watermarks",
+            "TxstoreStreamReader.initialOffset",
+            "TxstoreStreamReader._initial_offsets",
+            "TxstoreStreamReader.latestOffset",
+            "TxstoreStreamReader.partitions",
+            "TxstoreStreamReader.commit",
+            "TxstoreStreamReader._follow_checkpoint",
+            "TxstoreStreamReader._caught_up",
+            "TxstoreStreamReader.read",
+            "TxstoreStreamReader._record",
+            "TxstoreStreamReader._messages",
+            "TxstoreStreamReader._count",
+        ),
+        (STREAM,),
+        "not (test_micro_batch_ or stream_option or count_messages_option or spans_merge or test_a_table_sink "
+        "or saved_plan or plan_s_ or receipts_of or retried_task_s_receipt)",
+    ),
+    Module(
+        "stream_sink",
+        "txstore/spark/stream_sink.py",
+        (
+            "_batch_spans",
+            "_row_spans",
+            "_task_spans",
+            "_deliver",
+            "_unplaceable",
+            "check_table_query",
+            "_table_rows",
+            "check_rows_in_batch",
+            "TxstoreStreamWriter.__init__",
+            "TxstoreStreamWriter.write",
+            "TxstoreStreamWriter.commit",
+            "TxstoreStreamWriter._commit_table",
+        ),
+        (STREAM,),
+        "not (test_micro_batch or option or spans_merge or saved_plan or receipt or identity or alignment "
+        "or tasks_option or starts_at or capped or available_now or second_query or gone or only_catches "
+        "or catching_up or another_sinks or moved_in_part or refuses_a_database or generation "
+        "or counting_source_takes)",
     ),
 )
 

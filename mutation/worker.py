@@ -2,7 +2,7 @@
 
 Started by :mod:`mutation.mutate` as ``python -m mutation.worker`` with the copy as its
 working directory and ``PYTHONPATH``. It imports the heavy third-party libraries once
-(pytest, psycopg, confluent-kafka, alembic, pyarrow, ...) but never txstore or the tests,
+(pytest, psycopg, confluent-kafka, alembic, pyarrow, pyspark, ...) but never txstore or the tests,
 then for each job read from stdin (one JSON line: the module's path, its mutated source or
 null for the original, pytest's arguments, a timeout):
 
@@ -47,8 +47,16 @@ HEAVY = [
     "alembic.runtime.environment",
     "numpy",
     "pyarrow",
+    "pyarrow.compute",
     "pandas",
     "prometheus_client",
+    # The stream modules' tests import PySpark's data source API (no JVM is started): about a
+    # second a run on a busy machine.
+    "pyspark",
+    "pyspark.sql",
+    "pyspark.sql.types",
+    "pyspark.sql.datasource",
+    "pyspark.sql.pandas.types",
 ]
 
 

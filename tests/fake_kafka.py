@@ -13,13 +13,16 @@ not caught up yet), so that an end-of-partition event below the range's end can 
 :class:`FakeConsumer` behaves like an assigned librdkafka consumer with
 ``enable.partition.eof`` on and ``auto.offset.reset=error``: ``consume(n)`` returns up to
 ``n`` messages and events from its position, an EOF event once it reaches the visible end,
-and an ``_AUTO_OFFSET_RESET`` error for a position outside the log.
+and an ``_AUTO_OFFSET_RESET`` error for a position outside the log. :class:`FakeAdminClient`
+answers the planner's metadata and ListOffsets requests (the stream source's watermarks) from
+the same logs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,6 +254,43 @@ class FakeProducer:
 
     def close(self) -> None:
         pass
+
+
+class FakeAdminClient:
+    """confluent-kafka's AdminClient over :class:`FakeLog` partitions: a topic's metadata (an
+    unknown topic as the broker reports it) and each partition's log start or end."""
+
+    def __init__(self, logs: Mapping[tuple[str, int], FakeLog], conf: Mapping[str, Any]) -> None:
+        self.logs = logs
+        self.conf = dict(conf)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        parts = {p: object() for (t, p) in self.logs if t == topic}
+        error = None if parts else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+        found = type("TopicMetadata", (), {"error": error, "partitions": parts})()
+        return type("ClusterMetadata", (), {"topics": {topic: found}})()
+
+    def list_offsets(
+        self, requests: Mapping[TopicPartition, Any], isolation_level: Any = None, request_timeout: float = -1
+    ) -> dict[TopicPartition, Future[Any]]:
+        out: dict[TopicPartition, Future[Any]] = {}
+        for tp, spec in requests.items():
+            log = self.logs[(tp.topic, tp.partition)]
+            answer: Future[Any] = Future()
+            offset = log.low if type(spec).__name__ == "EarliestSpec" else log.high
+            answer.set_result(type("ListOffsetsResultInfo", (), {"offset": offset})())
+            out[tp] = answer
+        return out
+
+
+def install_admin(monkeypatch: pytest.MonkeyPatch, fake: FakeKafka) -> None:
+    """The planner's admin clients (``txstore.kafka.client``) answer from ``fake``'s logs."""
+    from txstore.kafka import client
+
+    monkeypatch.setattr(client, "AdminClient", lambda conf: FakeAdminClient(fake.logs, conf))
 
 
 def install(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
