@@ -271,7 +271,8 @@ class FakeAdminClient:
         parts = {p: object() for (t, p) in self.logs if t == topic}
         error = None if parts else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
         found = type("TopicMetadata", (), {"error": error, "partitions": parts})()
-        return type("ClusterMetadata", (), {"topics": {topic: found}})()
+        # No controller among its brokers: a broker that cannot answer DescribeTopics (no topic IDs).
+        return type("ClusterMetadata", (), {"topics": {topic: found}, "controller_id": -1, "brokers": {}})()
 
     def list_offsets(
         self, requests: Mapping[TopicPartition, Any], isolation_level: Any = None, request_timeout: float = -1
