@@ -69,13 +69,6 @@ def _run(tmp_path: Path, quick: tuple[tuple[int, tuple[str, ...], str], ...], ka
     return summary
 
 
-@pytest.mark.timeout(900)
-def test_a_streaming_query_killed_around_its_commit_and_given_an_older_checkpoint_counts_every_message_once(
-    tmp_path: Path,
-) -> None:
-    _run(tmp_path, QUICK_STREAM, "mock")
-
-
 def test_a_stream_runs_trial_lines_summarize_to_the_stream_summary(tmp_path: Path) -> None:
     from tests.chaos.__main__ import main
     from tests.chaos.runner import TrialResult
