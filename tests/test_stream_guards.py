@@ -953,6 +953,11 @@ def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
     with pytest.raises(ResultsTableInvalid):
         writer(database_url, rounding, **SALES)
     assert writer(database_url, SALE_ROWS, **SALES).types
+    extra = StructType([*SALE_ROWS.fields, StructField("note", StringType())])
+    with pytest.raises(
+        ResultsTableInvalid, match="query column note: neither a txstore.key nor in txstore.merge"
+    ):
+        writer(database_url, extra, **SALES)
     with pytest.raises(ConfigError, match=r"txstore\.onBadMessage skip needs txstore\.table"):
         parse_sink_options(
             {"txstore.job": JOB, "txstore.databaseUrl": database_url, "txstore.onBadMessage": "skip"}, {}
@@ -1029,22 +1034,31 @@ def test_a_sink_s_replayed_or_skipped_micro_batch_says_so_and_a_fail_point_befor
         table.commit([table.write(iter([sale_batch(b) for b in task]))], 0)
     assert "micro-batch 0 (t/0 0 -> 3) already committed; skipped" in caplog.text
     assert sales(db) == {} and total(db) == 3
+    # a sink that fails right after its COMMIT returned has committed: the merge and the offsets
+    # are in PostgreSQL (its own transaction, not a savepoint of the reads before it)
+    grow(fake_kafka.logs[("t", 0)], 4)
+    _, end, parts = plan(reader, end)
+    (task,) = read(reader, parts)
+    after = writer(database_url, SALE_ROWS, **SALES, **{"txstore.failpoints": "after-commit@first"})
+    with pytest.raises(InjectedFailure):
+        after.commit([after.write(iter([sale_batch(b) for b in task]))], 1)
+    assert sales(db) == {"fr": 2} and offsets(db) == {0: 4}
     # a micro-batch with a refused row, skipped: said once per range
-    grow(fake_kafka.logs[("t", 0)], 5)
+    grow(fake_kafka.logs[("t", 0)], 6)
     _, end, parts = plan(reader, end)
     (task,) = read(reader, parts)
     skipping = writer(database_url, SALE_ROWS, **SALES, **{"txstore.onBadMessage": "skip"})
     refused = [sale_batch(task[0].slice(0, 1), None, 1), sale_batch(task[0].slice(1), "fr", 4)]  # type: ignore[arg-type]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
-        skipping.commit([skipping.write(iter(refused))], 1)
-    assert "micro-batch 1: range t/0 3 -> 5: skipped 1 message" in caplog.text
-    assert sales(db) == {"fr": 4} and offsets(db) == {0: 5}
+        skipping.commit([skipping.write(iter(refused))], 2)
+    assert "micro-batch 2: range t/0 4 -> 6: skipped 1 message" in caplog.text
+    assert sales(db) == {"fr": 6} and offsets(db) == {0: 6}
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
-        skipping.commit([skipping.write(iter(refused))], 1)  # replayed after its commit
-    assert "micro-batch 1 (t/0 3 -> 5) already committed; skipped" in caplog.text
-    assert sales(db) == {"fr": 4}
+        skipping.commit([skipping.write(iter(refused))], 2)  # replayed after its commit
+    assert "micro-batch 2 (t/0 4 -> 6) already committed; skipped" in caplog.text
+    assert sales(db) == {"fr": 6}
 
 
 # -- txn_stream_plans and txn_stream_reads ------------------------------------------------------------
