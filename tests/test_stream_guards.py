@@ -955,7 +955,7 @@ def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
     assert writer(database_url, SALE_ROWS, **SALES).types
     extra = StructType([*SALE_ROWS.fields, StructField("note", StringType())])
     with pytest.raises(
-        ResultsTableInvalid, match="query column note: neither a txstore.key nor in txstore.merge"
+        ResultsTableInvalid, match=r"query column note: neither a txstore\.key nor in txstore\.merge"
     ):
         writer(database_url, extra, **SALES)
     with pytest.raises(ConfigError, match=r"txstore\.onBadMessage skip needs txstore\.table"):
