@@ -89,6 +89,7 @@ from txstore.spark.range_task import task_run
 from txstore.spark.stream_advice import restating
 from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
 from txstore.spark.worker_heap import freeze_once
+from txstore.spark.worker_log import worker_info_to_stderr
 
 log = logging.getLogger("txstore")
 
@@ -621,6 +622,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
 
 
 def _skipped(job: str, batch_id: int, ranges: Sequence[OffsetRange]) -> None:
+    worker_info_to_stderr()
     log.info(
         "job %s: micro-batch %d (%s) already committed; skipped", job, batch_id, ", ".join(map(str, ranges))
     )

@@ -157,6 +157,7 @@ from txstore.spark.stream_options import (
     parse_stream_options,
 )
 from txstore.spark.worker_heap import freeze_once
+from txstore.spark.worker_log import worker_info_to_stderr
 
 log = logging.getLogger("txstore")
 
@@ -624,6 +625,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             return state
         job = self.options.job
         created = store.create_start_rows(conn, job, decisions)
+        worker_info_to_stderr()
         for d in decisions:
             if (d.topic, d.partition) in created:
                 log.info("job %s: %s/%d starts at %s", job, d.topic, d.partition, start_reason(d))
@@ -801,6 +803,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             return
         mark_committed(conn, job, plan.plan_id, CHECKPOINT_LED)
         if plan.committed_by != CHECKPOINT_LED:
+            worker_info_to_stderr()
             log.info(
                 "job %s: the query's sink is not txstore's: txn_offsets now follows Spark's checkpoint "
                 "(each micro-batch's offsets move when Spark commits it; the sink's own guarantee holds)",
