@@ -66,7 +66,17 @@ def _run(tmp_path: Path, quick: tuple[tuple[int, tuple[str, ...], str], ...], ka
     assert all(r.counted > 0 for r in summary.results), report
     planned = {kind for _, faults, _ in quick for kind in faults}
     assert sorted(k for k in planned if summary.injected[k] == 0) == [], report
+    # each kill between the sink's COMMIT and Spark's commit log is a replay the sink recognises
+    replays = sum(r.events["already-committed"] for r in summary.results)
+    assert replays >= summary.injected["kill-driver-after-commit"], report
     return summary
+
+
+@pytest.mark.timeout(1500)
+def test_a_streaming_query_killed_around_its_commit_and_given_an_older_checkpoint_counts_every_message_once(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path, QUICK_STREAM, "mock")
 
 
 def test_a_stream_runs_trial_lines_summarize_to_the_stream_summary(tmp_path: Path) -> None:
