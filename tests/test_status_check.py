@@ -196,11 +196,13 @@ def test_without_an_answer_from_kafka_the_status_is_unknown_and_the_exit_3() -> 
     assert health.summary([], "j") == "UNKNOWN: no stored offsets for job 'j'"
 
 
-def test_check_without_kafka_or_without_offsets_is_unknown_exit_3(database_url: str) -> None:
+def test_check_without_kafka_is_unknown_exit_3_and_of_a_job_never_seen_no_such_job_exit_4(
+    database_url: str,
+) -> None:
     result = txstore("status", "--job", "j", "--check", url=database_url)
     assert (result.returncode, result.stdout) == (
-        3,
-        "UNKNOWN: no stored offsets for job 'j': no job 'j' in the database (no jobs yet); check --job\n",
+        4,
+        "NO-SUCH-JOB: no job 'j' in the database (no jobs yet); check --job\n",
     )
     with connect(database_url) as conn:
         store.create_start_rows(conn, "j", [StartDecision("t", 0, 0, "test")])

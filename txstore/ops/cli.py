@@ -367,7 +367,7 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
         )
     else:
         print(health.format_check(results, args.job, unknown))
-    return health.exit_code(results)
+    return health.exit_code(results, unknown)
 
 
 if __name__ == "__main__":
