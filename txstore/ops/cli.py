@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_BROKEN_PIPE = 141
 """Exit status when whoever reads the output stopped reading (``txstore status | head``): a
@@ -28,12 +28,51 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (no usage above it), with the closest
+    command or option when the word given is a near miss, and where to look next."""
+
+    def error(self, message: str) -> NoReturn:
+        near = _near_miss(self, message)
+        hint = f"; did you mean {near!r}?" if near else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see `{self.prog} --help`)\n")
+
+
+def _near_miss(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """The command, choice or option closest to the one ``message`` refuses, if any is close."""
+    import difflib
+    import re
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+        given, candidates = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+    else:
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if not unknown:
+            return None
+        given, candidates = unknown.group(1).split("=")[0], sorted(_option_strings(parser))
+    close = difflib.get_close_matches(given, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option of ``parser`` and its subcommands (argparse reports a subcommand's unknown
+    option from the top parser)."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
 def _main(argv: list[str] | None = None) -> int:
     from txstore import __version__
     from txstore.options import add_check_options, add_connection_options
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
+    parser = _Parser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
     parser.add_argument("--version", action="version", version=f"txstore {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser(
@@ -357,7 +396,7 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
     from txstore.core import health
     from txstore.ops import status as ops
 
-    stall_after = timedelta(seconds=args.stall_after)
+    stall_after = health.STALL_AFTER if args.stall_after is None else timedelta(seconds=args.stall_after)
     facts, now = ops.health_facts(conn, kafka_conf, args.job, stall_after)
     results = [health.evaluate(f, now, stall_after) for f in facts]
     unknown = ops.unknown_job_problem(conn, args.job) if args.job is not None and not facts else None
