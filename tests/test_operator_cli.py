@@ -206,7 +206,7 @@ def test_reset_without_execute_prints_the_plan_and_changes_nothing(
         (["--to-offset", "7", "--partition", "0"], {0: 7, 1: 20, 2: 0}),
         (["--shift-by", "-5"], {0: 0, 1: 15, 2: 0}),
         (["--shift-by", "25"], {0: 10, 1: 20, 2: 25}),
-        (["--forget", "--partition", "2"], {0: 4, 1: 20}),
+        (["--forget", "--partition", "2", "--force"], {0: 4, 1: 20}),  # Kafka still has it: --force
         (
             ["--to-datetime", "2026-01-01T00:00:00Z", "--force"],
             {0: 10, 1: 20, 2: 30},

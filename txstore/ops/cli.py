@@ -126,7 +126,9 @@ def _main(argv: list[str] | None = None) -> int:
         "--shift-by", type=int, metavar="N", help="move by N (negative: back), clamped to the log"
     )
     target.add_argument(
-        "--forget", action="store_true", help="delete the rows (for partitions Kafka no longer has)"
+        "--forget",
+        action="store_true",
+        help="delete the rows of partitions Kafka no longer has (those it still has need --force)",
     )
     reset.add_argument(
         "--new-generation",
@@ -143,7 +145,9 @@ def _main(argv: list[str] | None = None) -> int:
     reset.add_argument(
         "--force",
         action="store_true",
-        help="apply a --to-datetime plan that skips messages where Kafka cannot answer time lookups",
+        help="apply a plan the dry run warns about: --forget of partitions Kafka still has (or without "
+        "Kafka to ask; the job reads them again), or --to-datetime skipping messages where Kafka cannot "
+        "answer time lookups",
     )
     publish = commands.add_parser(
         "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
@@ -298,7 +302,7 @@ def _operate(args: argparse.Namespace) -> int:
     from txstore.kafka.client import BOOTSTRAP_ENV, client_config, topic_name_problem
     from txstore.ops import reset
     from txstore.ops import status as ops
-    from txstore.ops.reset_plan import ResetTarget, blind_skip_problem
+    from txstore.ops.reset_plan import ResetTarget, blind_skip_problem, live_forget_problem
     from txstore.postgres.db import connect, resolve_database_url
     from txstore.postgres.migrate import check_schema
 
@@ -375,11 +379,18 @@ def _operate(args: argparse.Namespace) -> int:
         blind = None if kafka_conf is None else blind_skip_problem(kafka_conf["bootstrap.servers"], moves)
         if blind and args.execute and not args.force:
             raise ConfigError(f"{blind}; nothing was changed: use --to-offset, or add --force to skip them")
+        live = live_forget_problem(args.topic, moves)
+        if live and args.execute and not args.force:
+            raise ConfigError(
+                f"{live}; nothing was changed: --forget is for partitions Kafka no longer has; "
+                "add --force to forget these anyway"
+            )
         print(f"reset of job {args.job!r}, topic {args.topic!r}:")
         for move in moves:
             print(f"  {move.describe()}")
-        if blind and not args.force:
-            print(f"txstore: warning: {blind}; --execute needs --force", file=sys.stderr)
+        for problem in (blind, live):
+            if problem and not args.force:
+                print(f"txstore: warning: {problem}; --execute needs --force", file=sys.stderr)
         if not args.execute:
             print("dry run: nothing was changed; add --execute to apply this plan")
             return 0
