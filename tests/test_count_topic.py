@@ -156,8 +156,8 @@ def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_
     assert totals(db, topic) == {topic: 6 + 0 + 10}
     logged = caplog.text
     assert f"{topic}/0 starts at offset 4 (--starting-offsets JSON)" in logged
-    assert f"{topic}/1 starts at latest (--starting-offsets JSON)" in logged
-    assert f"{topic}/2 starts at earliest (not named in --starting-offsets JSON)" in logged
+    assert f"{topic}/1 starts at latest offset 10 (--starting-offsets JSON)" in logged
+    assert f"{topic}/2 starts at earliest offset 0 (not named in --starting-offsets JSON)" in logged
 
 
 def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_succeeds(

@@ -139,7 +139,9 @@ def test_db_errors_are_one_line_saying_what_to_do_without_a_password(
     assert "`txstore db current`" in unknown
     usage = txstore("db", cwd=tmp_path)
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
-    assert usage.stderr.splitlines()[-1].endswith("the following arguments are required: ACTION")
+    assert usage.stderr == (
+        "txstore db: error: the following arguments are required: ACTION (see `txstore db --help`)\n"
+    )
 
 
 def test_version_is_written_once_and_txstore_version_prints_it(tmp_path: Path) -> None:

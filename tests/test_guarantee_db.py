@@ -257,7 +257,7 @@ def test_a_partition_another_instance_started_first_keeps_its_start_and_says_so(
     with caplog.at_level(logging.INFO, logger="txstore"):
         assert p._start_new_partitions(conn, {}, marks) is True
     assert offsets(db) == {("t", 0): 9, ("t", 1): 4}
-    assert "job j: t/0 starts at latest (--starting-offsets)" in caplog.text
+    assert "job j: t/0 starts at latest offset 9 (--starting-offsets)" in caplog.text
     assert "job j: t/1 was started by another instance" in caplog.text
     assert p._start_new_partitions(conn, offsets(db), marks) is False
 

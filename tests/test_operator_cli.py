@@ -52,8 +52,9 @@ def count_some(database_url: str, kafka: AnyKafka, topic: str) -> str:
     with connect(database_url) as conn:
         store.create_start_rows(conn, "counter", [StartDecision(topic, p, 0, "test") for p in range(3)])
         sink = TransactionalSink(conn, "counter")
-        sink.commit(OffsetRange(topic, 0, 0, 4), {TOPIC_TOTAL: 4})
-        sink.commit(OffsetRange(topic, 1, 0, 20), {TOPIC_TOTAL: 20})
+        # with the log end, as a job's planned ranges have it (each commit records its backlog)
+        sink.commit(OffsetRange(topic, 0, 0, 4, log_end=10), {TOPIC_TOTAL: 4})
+        sink.commit(OffsetRange(topic, 1, 0, 20, log_end=20), {TOPIC_TOTAL: 20})
     return topic
 
 
@@ -91,7 +92,35 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
         (1, 20, 0, 0, False),
         (2, 0, 0, 30, False),
     ]
-    assert all(r["last_commit"] for r in as_json)
+    assert [r["last_commit"] is not None for r in as_json] == [True, True, False]
+
+
+def test_status_and_jobs_say_never_for_partitions_that_never_committed(
+    database_url: str, kafka: MockKafkaCluster, counted: str
+) -> None:
+    """Partition 2 of 'counter' has only the row its job's start created; 'fresh' has start rows for
+    partitions 0 and 1, and no row for 2: none shows a time as its last commit."""
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "fresh", [StartDecision(counted, p, 0, "test") for p in range(2)])
+    result = txstore("status", url=database_url, kafka=kafka)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    last_commit = {(r[0], int(r[2])): r[8] for r in rows}
+    assert {k: v for k, v in last_commit.items() if v == "never"} == {
+        ("counter", 2): "never",
+        ("fresh", 0): "never",
+        ("fresh", 1): "never",
+        ("fresh", 2): "never",
+    }
+    assert last_commit[("counter", 0)].startswith("20")  # an ISO time
+    as_json = json.loads(txstore("status", "--json", url=database_url, kafka=kafka).stdout)
+    assert {(r["job"], r["partition"]) for r in as_json if r["last_commit"] is None} == set(
+        k for k, v in last_commit.items() if v == "never"
+    )
+    jobs = [line.split() for line in txstore("jobs", url=database_url).stdout.splitlines()[1:]]
+    assert [(j[0], j[4] == "never") for j in jobs] == [("counter", False), ("fresh", True)]
+    jobs_json = json.loads(txstore("jobs", "--json", url=database_url).stdout)
+    assert [(j["job"], j["last_commit"] is None) for j in jobs_json] == [("counter", False), ("fresh", True)]
 
 
 def test_status_without_kafka_still_shows_what_the_database_knows(database_url: str, counted: str) -> None:
@@ -177,7 +206,7 @@ def test_reset_without_execute_prints_the_plan_and_changes_nothing(
         (["--to-offset", "7", "--partition", "0"], {0: 7, 1: 20, 2: 0}),
         (["--shift-by", "-5"], {0: 0, 1: 15, 2: 0}),
         (["--shift-by", "25"], {0: 10, 1: 20, 2: 25}),
-        (["--forget", "--partition", "2"], {0: 4, 1: 20}),
+        (["--forget", "--partition", "2", "--force"], {0: 4, 1: 20}),  # Kafka still has it: --force
         (
             ["--to-datetime", "2026-01-01T00:00:00Z", "--force"],
             {0: 10, 1: 20, 2: 30},

@@ -127,7 +127,8 @@ def test_partial_json_starts_unnamed_partitions_at_earliest_and_says_why() -> No
     new = [marks("t", 0, 0, 50), marks("t", 1, 5, 50), marks("t", 2, 7, 50)]
     decisions = resolve_starting_offsets(starting, new, [m.key for m in new])
     assert [(d.partition, d.offset) for d in decisions] == [(0, 23), (1, 50), (2, 7)]
-    assert decisions[2].reason == "earliest (not named in --starting-offsets JSON)"
+    assert decisions[1].reason == "latest offset 50 (--starting-offsets JSON)"
+    assert decisions[2].reason == "earliest offset 7 (not named in --starting-offsets JSON)"
 
 
 def test_json_naming_unknown_partitions_or_offsets_outside_the_log_is_refused() -> None:
@@ -162,8 +163,8 @@ def test_a_partition_new_to_a_started_topic_starts_at_earliest_whatever_the_star
     new = [marks("t", 4, 2, 30), marks("u", 0, 3, 9)]
     decisions = resolve_starting_offsets(parse_starting_offsets("latest"), new, [m.key for m in new], {"t"})
     assert [(d.topic, d.partition, d.offset) for d in decisions] == [("t", 4, 2), ("u", 0, 9)]
-    assert decisions[0].reason == "earliest (new partition of a started topic)"
-    assert decisions[1].reason == "latest (--starting-offsets)"
+    assert decisions[0].reason == "earliest offset 2 (new partition of a started topic)"
+    assert decisions[1].reason == "latest offset 9 (--starting-offsets)"
 
 
 def test_the_rate_limit_splits_a_batch_by_backlog_and_keeps_ranges_contiguous() -> None:

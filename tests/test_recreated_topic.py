@@ -422,7 +422,9 @@ def test_a_forgotten_partition_that_returns_starts_a_new_generation_and_collides
     fill(kafka, topic, 5, 1, b"old", OLD_TS)
     idempotent_job(spark, kafka, database_url, topic).run()
     kafka.delete_topic(topic)
-    forgot = txstore("reset", "--job", "store", "--topic", topic, "--forget", "--execute", url=database_url)
+    forgot = txstore(
+        "reset", "--job", "store", "--topic", topic, "--forget", "--execute", url=database_url, kafka=kafka
+    )
     assert forgot.returncode == 0, forgot.stderr
     kafka.create_topic(topic, 1)
     fill(kafka, topic, 8, 1, b"new", NEW_TS)

@@ -196,11 +196,13 @@ def test_without_an_answer_from_kafka_the_status_is_unknown_and_the_exit_3() -> 
     assert health.summary([], "j") == "UNKNOWN: no stored offsets for job 'j'"
 
 
-def test_check_without_kafka_or_without_offsets_is_unknown_exit_3(database_url: str) -> None:
+def test_check_without_kafka_is_unknown_exit_3_and_of_a_job_never_seen_no_such_job_exit_4(
+    database_url: str,
+) -> None:
     result = txstore("status", "--job", "j", "--check", url=database_url)
     assert (result.returncode, result.stdout) == (
-        3,
-        "UNKNOWN: no stored offsets for job 'j': no job 'j' in the database (no jobs yet); check --job\n",
+        4,
+        "NO-SUCH-JOB: no job 'j' in the database (no jobs yet); check --job\n",
     )
     with connect(database_url) as conn:
         store.create_start_rows(conn, "j", [StartDecision("t", 0, 0, "test")])
@@ -442,7 +444,7 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
     with connect(database_url) as conn:
         store.create_start_rows(conn, "j", [StartDecision(topic, 0, 0, "test")])
-        TransactionalSink(conn, "j").commit(OffsetRange(topic, 0, 0, 3), {TOPIC_TOTAL: 3})
+        TransactionalSink(conn, "j").commit(OffsetRange(topic, 0, 0, 3, log_end=3), {TOPIC_TOTAL: 3})
 
     def check_j(*more: str) -> subprocess.CompletedProcess[str]:
         return txstore("status", "--job", "j", "--check", *more, url=database_url, kafka=kafka)
@@ -469,9 +471,10 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
     assert status.returncode == 0, status.stderr
     rows = [line.split() for line in status.stdout.splitlines()[1:]]
     assert rows[0][2:8] + rows[0][9:] == ["0", "3", "0", "0", "3", "0", "no", "0"]
+    assert rows[0][8] != "never"
     assert [r[2:] for r in rows[1:]] == [
-        ["1", "-", "-", "0", "4", "4", "-", "no", "0"],
-        ["2", "-", "-", "0", "0", "0", "-", "no", "0"],
+        ["1", "-", "-", "0", "4", "4", "never", "no", "0"],
+        ["2", "-", "-", "0", "0", "0", "never", "no", "0"],
     ]
     as_json = json.loads(txstore("status", "--job", "j", "--json", url=database_url, kafka=kafka).stdout)
     assert [(r["partition"], r["offset"], r["generation"], r["lag"], r["last_commit"]) for r in as_json][

@@ -141,7 +141,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
     try:
         with pytest.raises(
             ForeignCheckpoint,
-            match=r"partition 0: the checkpoint starts this micro-batch at offset 5, .* would start it at offset 8 \(latest \(startingOffsets\)\)",
+            match=r"partition 0: the checkpoint starts this micro-batch at offset 5, .* would start it at offset 8 \(latest offset 8 \(startingOffsets\)\)",
         ):
             other.partitions(start, end)
         with pytest.raises(
@@ -188,7 +188,7 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
         expected = (
             f"job '{B}' topic '{topic}' partition 0: the checkpoint starts this micro-batch at offset 8, "
             "but the job has no offset stored for this partition and would start it at offset 0 "
-            "(earliest (startingOffsets)): the checkpoint is not this job's"
+            "(earliest offset 0 (startingOffsets)): the checkpoint is not this job's"
         )
         assert expected in message, message
         assert "nothing was read" in message and "new checkpointLocation" in message

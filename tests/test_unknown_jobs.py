@@ -4,6 +4,11 @@ whatever a job is known by (offsets, results, stored messages, results to publis
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import psycopg
 
@@ -53,20 +58,21 @@ def test_the_known_jobs_line_lists_jobs_known_only_by_results_messages_or_bad_me
     )
 
 
-def test_status_check_of_an_unknown_job_is_unknown_exit_3_and_lists_the_known_jobs(
+def test_status_check_of_an_unknown_job_is_its_own_state_exit_4_listing_the_known_jobs(
     database_url: str, db: psycopg.Connection
 ) -> None:
+    """Not UNKNOWN (exit 3), which the documented liveness probe lets pass: a mistyped --job would
+    look healthy forever."""
     _jobs_known_by_each_table(database_url, db)
     check = txstore("status", "--check", "--job", "by_offset", url=database_url)
     assert (check.returncode, check.stdout) == (
-        3,
-        f"UNKNOWN: no stored offsets for job 'by_offset': no job 'by_offset' in the database ({KNOWN}); "
-        "check --job\n",
+        4,
+        f"NO-SUCH-JOB: no job 'by_offset' in the database ({KNOWN}); check --job\n",
     )
     as_json = json.loads(
         txstore("status", "--check", "--json", "--job", "by_offset", url=database_url).stdout
     )
-    assert (as_json["status"], as_json["exit_code"], as_json["partitions"]) == ("UNKNOWN", 3, [])
+    assert (as_json["status"], as_json["exit_code"], as_json["partitions"]) == ("NO-SUCH-JOB", 4, [])
     assert KNOWN in as_json["summary"]
     # A job known only by its results has no offsets to judge: UNKNOWN, but not "no job".
     known = txstore("status", "--check", "--job", "by_results", url=database_url)
@@ -144,3 +150,26 @@ def test_the_outbox_lines_of_status_count_pending_and_set_aside_rows_from_indexe
         for job in (None, "a"):
             plan = "\n".join(row[0] for row in db.execute(f"EXPLAIN {status._OUTBOX_STATUS}", {"job": job}))
             assert "Seq Scan" not in plan, plan
+
+
+def test_the_documented_liveness_probe_fails_for_a_mistyped_job_and_passes_for_a_stopped_one(
+    database_url: str, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The probe of docs/how-to/operating.md, run as written with ``txstore`` on PATH: a job
+    name with a typo must fail it (the container restarts, someone looks), not pass forever."""
+    page = (Path(__file__).parent.parent / "docs" / "how-to" / "operating.md").read_text()
+    probe = json.loads(re.search(r'command: (\["sh", "-c", .*\])', page).group(1))  # type: ignore[union-attr]
+    shim = tmp_path / "txstore"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m txstore.ops.cli "$@"\n')
+    shim.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "PYTHONPATH": str(Path(__file__).parent.parent),
+        "TXSTORE_DATABASE_URL": database_url,
+    }
+    _jobs_known_by_each_table(database_url, db)
+    known = probe[-1].replace("count_topic", "by_results")
+    assert subprocess.run([*probe[:-1], known], env=env, timeout=60).returncode == 0
+    typo = probe[-1].replace("count_topic", "by_result")
+    assert subprocess.run([*probe[:-1], typo], env=env, timeout=60).returncode != 0

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from txstore.core.env import BOOTSTRAP_ENV, DATABASE_URL_ENV
 from txstore.core.errors import ConfigError
-from txstore.core.health import STALL_AFTER
-from txstore.core.starting import parse_starting_offsets, parse_timestamp
-from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL, JobSettings
-from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
-from txstore.kafka.client import BOOTSTRAP_ENV, topic_name_problem
-from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
-from txstore.postgres.sink import PUBLISH_MAX_BYTES
-from txstore.report.logformat import LOG_FORMATS, TEXT
+
+if TYPE_CHECKING:
+    from txstore.job import JobSettings
+
+# The job's modules (PySpark, confluent_kafka, psycopg behind them) are imported by the functions
+# that need them: the ``txstore`` command builds its parser (``--help``, a typo) without them.
 
 SPARK_REMOTE_ENV = "SPARK_REMOTE"
 """Spark Connect's own variable: a job run with it set talks to that server (``sc://host:port``)."""
@@ -77,7 +76,7 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stall-after",
         type=_positive_seconds,
-        default=STALL_AFTER.total_seconds(),
+        default=None,  # txstore.core.health.STALL_AFTER, not imported to build the parser
         metavar="SECONDS",
         help="with --check: a running job whose lag has waited longer with no commit is STALL: since the "
         "last commit, or since its oldest uncounted message was written if later (default 300)",
@@ -86,6 +85,11 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
 
 def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
     """Add the flags every txstore job takes."""
+    from txstore.job import COMMIT_MODES, PER_RANGE, SINKS, TRANSACTIONAL
+    from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
+    from txstore.postgres.sink import PUBLISH_MAX_BYTES
+    from txstore.report.logformat import LOG_FORMATS, TEXT
+
     add_connection_options(parser)
     parser.add_argument(
         "--topic",
@@ -232,6 +236,13 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
 
 def job_settings(args: argparse.Namespace) -> JobSettings:
     """Validate parsed options into :class:`JobSettings`; raise ConfigError with one line."""
+    from dataclasses import replace
+
+    from txstore.core.starting import parse_starting_offsets, parse_timestamp
+    from txstore.job import JobSettings
+    from txstore.kafka.client import topic_name_problem
+    from txstore.postgres.db import resolve_database_url
+
     if not args.bootstrap_servers:
         raise ConfigError(f"no Kafka given: pass --bootstrap-servers or set {BOOTSTRAP_ENV}")
     if args.interval is not None and not args.interval > 0:

@@ -65,7 +65,16 @@ MIN_SAMPLES = 3
 STALL_AFTER = timedelta(minutes=5)
 
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
-LEVELS = {EXIT_OK: "OK", EXIT_WARNING: "WARNING", EXIT_CRITICAL: "CRITICAL", EXIT_UNKNOWN: "UNKNOWN"}
+EXIT_NO_SUCH_JOB = 4
+"""``--job`` names no job the database knows (a typo): not UNKNOWN, which a liveness probe lets
+pass, but its own code, outside Nagios' 0-3 (Nagios reports it as out of bounds, never OK)."""
+LEVELS = {
+    EXIT_OK: "OK",
+    EXIT_WARNING: "WARNING",
+    EXIT_CRITICAL: "CRITICAL",
+    EXIT_UNKNOWN: "UNKNOWN",
+    EXIT_NO_SUCH_JOB: "NO-SUCH-JOB",
+}
 
 
 @dataclass(frozen=True)
@@ -218,8 +227,11 @@ def growing(samples: Sequence[int]) -> bool:
     return len(samples) >= MIN_SAMPLES and all(a < b for a, b in itertools.pairwise(samples))
 
 
-def exit_code(results: Sequence[PartitionHealth]) -> int:
-    """2 if any partition is critical, else 3 if any is unknown, else 1 if any warns, else 0."""
+def exit_code(results: Sequence[PartitionHealth], unknown_job: str | None = None) -> int:
+    """4 if ``unknown_job`` (``--job`` names no job the database knows), else 2 if any partition
+    is critical, else 3 if any is unknown (or there is none), else 1 if any warns, else 0."""
+    if unknown_job:
+        return EXIT_NO_SUCH_JOB
     statuses = {r.status for r in results}
     if statuses & CRITICAL:
         return EXIT_CRITICAL
@@ -232,11 +244,12 @@ def exit_code(results: Sequence[PartitionHealth]) -> int:
 
 def summary(results: Sequence[PartitionHealth], job: str | None, unknown_job: str | None = None) -> str:
     """The first line: the level, the jobs checked and how many partitions have each status.
-    ``unknown_job``: why ``job`` names no job the database knows (a typo), said after it."""
-    level = LEVELS[exit_code(results)]
+    ``unknown_job``: why ``job`` names no job the database knows (a typo): the whole line."""
+    level = LEVELS[exit_code(results, unknown_job)]
+    if unknown_job:
+        return f"{level}: {unknown_job}; check --job"
     if not results:
-        line = f"{level}: no stored offsets" + (f" for job {job!r}" if job else "")
-        return f"{line}: {unknown_job}; check --job" if unknown_job else line
+        return f"{level}: no stored offsets" + (f" for job {job!r}" if job else "")
     jobs = sorted({r.job for r in results})
     counts = [f"{sum(r.status == s for r in results)} {s}" for s in (ERR, STOP, STALL, UNKNOWN, WARN, OK)]
     named = ", ".join(repr(j) for j in jobs)
@@ -255,7 +268,7 @@ def format_check(results: Sequence[PartitionHealth], job: str | None, unknown_jo
 def as_json(
     results: Sequence[PartitionHealth], job: str | None, unknown_job: str | None = None
 ) -> dict[str, Any]:
-    code = exit_code(results)
+    code = exit_code(results, unknown_job)
     return {
         "status": LEVELS[code],
         "exit_code": code,

@@ -189,7 +189,10 @@ def resolve_starting_offsets(
         if marks.topic in started_topics:
             decisions.append(
                 StartDecision(
-                    marks.topic, marks.partition, marks.low, "earliest (new partition of a started topic)"
+                    marks.topic,
+                    marks.partition,
+                    marks.low,
+                    f"earliest offset {marks.low} (new partition of a started topic)",
                 )
             )
             continue
@@ -211,9 +214,17 @@ def resolve_starting_offsets(
         if chosen is None:
             chosen = starting.default
         if chosen == EARLIEST:
-            decisions.append(StartDecision(marks.topic, marks.partition, marks.low, f"earliest ({source})"))
+            decisions.append(
+                StartDecision(
+                    marks.topic, marks.partition, marks.low, f"earliest offset {marks.low} ({source})"
+                )
+            )
         elif chosen == LATEST:
-            decisions.append(StartDecision(marks.topic, marks.partition, marks.high, f"latest ({source})"))
+            decisions.append(
+                StartDecision(
+                    marks.topic, marks.partition, marks.high, f"latest offset {marks.high} ({source})"
+                )
+            )
         elif marks.low <= chosen <= marks.high:
             decisions.append(
                 StartDecision(marks.topic, marks.partition, chosen, f"offset {chosen} ({source})")

@@ -19,6 +19,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
+from txstore.core.env import BOOTSTRAP_ENV as BOOTSTRAP_ENV
 from txstore.core.errors import (
     ConfigError,
     KafkaUnavailable,
@@ -27,7 +28,6 @@ from txstore.core.errors import (
 from txstore.core.ranges import PartitionWatermarks
 from txstore.kafka.certificates import certificate_refusal
 
-BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
 """Where librdkafka's own log lines go, from every client txstore creates, at DEBUG (shown with
 a job's ``--verbose``)."""

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_BROKEN_PIPE = 141
 """Exit status when whoever reads the output stopped reading (``txstore status | head``): a
@@ -28,12 +28,51 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (no usage above it), with the closest
+    command or option when the word given is a near miss, and where to look next."""
+
+    def error(self, message: str) -> NoReturn:
+        near = _near_miss(self, message)
+        hint = f"; did you mean {near!r}?" if near else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see `{self.prog} --help`)\n")
+
+
+def _near_miss(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """The command, choice or option closest to the one ``message`` refuses, if any is close."""
+    import difflib
+    import re
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+        given, candidates = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+    else:
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if not unknown:
+            return None
+        given, candidates = unknown.group(1).split("=")[0], sorted(_option_strings(parser))
+    close = difflib.get_close_matches(given, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option of ``parser`` and its subcommands (argparse reports a subcommand's unknown
+    option from the top parser)."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
 def _main(argv: list[str] | None = None) -> int:
     from txstore import __version__
     from txstore.options import add_check_options, add_connection_options
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
+    parser = _Parser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
     parser.add_argument("--version", action="version", version=f"txstore {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser(
@@ -87,7 +126,9 @@ def _main(argv: list[str] | None = None) -> int:
         "--shift-by", type=int, metavar="N", help="move by N (negative: back), clamped to the log"
     )
     target.add_argument(
-        "--forget", action="store_true", help="delete the rows (for partitions Kafka no longer has)"
+        "--forget",
+        action="store_true",
+        help="delete the rows of partitions Kafka no longer has (those it still has need --force)",
     )
     reset.add_argument(
         "--new-generation",
@@ -104,7 +145,9 @@ def _main(argv: list[str] | None = None) -> int:
     reset.add_argument(
         "--force",
         action="store_true",
-        help="apply a --to-datetime plan that skips messages where Kafka cannot answer time lookups",
+        help="apply a plan the dry run warns about: --forget of partitions Kafka still has (or without "
+        "Kafka to ask; the job reads them again), or --to-datetime skipping messages where Kafka cannot "
+        "answer time lookups",
     )
     publish = commands.add_parser(
         "publish", help="send a job's committed results still waiting in txn_outbox to Kafka"
@@ -259,7 +302,7 @@ def _operate(args: argparse.Namespace) -> int:
     from txstore.kafka.client import BOOTSTRAP_ENV, client_config, topic_name_problem
     from txstore.ops import reset
     from txstore.ops import status as ops
-    from txstore.ops.reset_plan import ResetTarget, blind_skip_problem
+    from txstore.ops.reset_plan import ResetTarget, blind_skip_problem, live_forget_problem
     from txstore.postgres.db import connect, resolve_database_url
     from txstore.postgres.migrate import check_schema
 
@@ -336,11 +379,18 @@ def _operate(args: argparse.Namespace) -> int:
         blind = None if kafka_conf is None else blind_skip_problem(kafka_conf["bootstrap.servers"], moves)
         if blind and args.execute and not args.force:
             raise ConfigError(f"{blind}; nothing was changed: use --to-offset, or add --force to skip them")
+        live = live_forget_problem(args.topic, moves)
+        if live and args.execute and not args.force:
+            raise ConfigError(
+                f"{live}; nothing was changed: --forget is for partitions Kafka no longer has; "
+                "add --force to forget these anyway"
+            )
         print(f"reset of job {args.job!r}, topic {args.topic!r}:")
         for move in moves:
             print(f"  {move.describe()}")
-        if blind and not args.force:
-            print(f"txstore: warning: {blind}; --execute needs --force", file=sys.stderr)
+        for problem in (blind, live):
+            if problem and not args.force:
+                print(f"txstore: warning: {problem}; --execute needs --force", file=sys.stderr)
         if not args.execute:
             print("dry run: nothing was changed; add --execute to apply this plan")
             return 0
@@ -357,7 +407,7 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
     from txstore.core import health
     from txstore.ops import status as ops
 
-    stall_after = timedelta(seconds=args.stall_after)
+    stall_after = health.STALL_AFTER if args.stall_after is None else timedelta(seconds=args.stall_after)
     facts, now = ops.health_facts(conn, kafka_conf, args.job, stall_after)
     results = [health.evaluate(f, now, stall_after) for f in facts]
     unknown = ops.unknown_job_problem(conn, args.job) if args.job is not None and not facts else None
@@ -367,7 +417,7 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
         )
     else:
         print(health.format_check(results, args.job, unknown))
-    return health.exit_code(results)
+    return health.exit_code(results, unknown)
 
 
 if __name__ == "__main__":

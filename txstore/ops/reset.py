@@ -14,12 +14,12 @@ from typing import Any
 
 import psycopg
 
-from txstore.core.errors import TxstoreError
+from txstore.core.errors import KafkaUnavailable, TxstoreError, UnknownTopic
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import PartitionWatermarks
-from txstore.kafka.client import fetch_watermarks, offsets_for_timestamp
+from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks, offsets_for_timestamp
 from txstore.kafka.topic_ids import fetch_topic_ids, message_at_last_counted
-from txstore.ops.reset_plan import ResetMove, ResetTarget, plan_reset
+from txstore.ops.reset_plan import ResetMove, ResetTarget, plan_forget, plan_reset
 from txstore.postgres import store
 from txstore.postgres.locks import lock_job_for_reset
 
@@ -47,7 +47,10 @@ def plan_job_reset(
     unanswered: set[int] = set()
     topic_id = None
     found: dict[int, Fingerprint | None] = {}
-    if target.kind != "forget" and kafka_conf:
+    if target.kind == "forget":
+        watermarks, problem = forget_watermarks(kafka_conf, topic)
+        return plan_forget(job, topic, partitions, stored, watermarks, problem)
+    if kafka_conf:
         watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic])}
         topic_id = fetch_topic_ids(kafka_conf, [topic]).get(topic)
         chosen = partitions or sorted(watermarks)
@@ -73,6 +76,21 @@ def plan_job_reset(
         new_generation,
         unanswered,
     )
+
+
+def forget_watermarks(
+    kafka_conf: Mapping[str, Any] | None, topic: str
+) -> tuple[dict[int, PartitionWatermarks] | None, str | None]:
+    """For ``--forget``: the partitions Kafka has in ``topic`` (none if it has no such topic), or
+    None and why it cannot be told (Kafka not given, or not answering)."""
+    if kafka_conf is None:
+        return None, f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
+    try:
+        return {w.partition: w for w in fetch_watermarks(kafka_conf, [topic])}, None
+    except UnknownTopic:
+        return {}, None
+    except KafkaUnavailable as e:
+        return None, str(e)
 
 
 def unanswered_time_lookups(

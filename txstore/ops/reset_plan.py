@@ -41,6 +41,11 @@ class ResetMove:
     ``generation``: the row's generation now; ``new_generation``: the one the
     reset starts (None: it stays), because of ``reason``; ``topic_id``: Kafka's
     topic ID to store with a new generation (None: unknown).
+
+    For ``--forget`` (``new`` None): ``kafka_has`` whether Kafka still has the partition (None:
+    not known, ``kafka_problem`` says why), with its log (``log_start``, ``log_end``); and
+    ``others_kept``: the job keeps rows of other partitions of the topic, so it starts this one
+    again at its earliest offset (else its ``--starting-offsets`` decide).
     """
 
     topic: str
@@ -55,7 +60,20 @@ class ResetMove:
     # --to-datetime: Kafka found no message at or after it, nor after 1970, in a partition with
     # messages: it cannot answer time lookups there (see blind_skip_problem).
     unanswered: bool = False
-    log_start: int | None = field(default=None, compare=False)  # for an unanswered one: what a new row skips
+    # an unanswered one: what a new row skips; a forgotten one Kafka still has: where its log starts
+    log_start: int | None = field(default=None, compare=False)
+    kafka_has: bool | None = None
+    kafka_problem: str | None = field(default=None, compare=False)
+    log_end: int | None = field(default=None, compare=False)
+    others_kept: bool = False
+
+    @property
+    def counted_again(self) -> int:
+        """A forgotten partition Kafka still has: the messages the job counts again when it starts it
+        again at the log start (those before the stored offset still in the log)."""
+        if not self.kafka_has or self.old is None or self.log_start is None or self.log_end is None:
+            return 0
+        return max(0, min(self.old, self.log_end) - self.log_start)
 
     def describe(self) -> str:
         where = f"{self.topic}/{self.partition}"
@@ -66,7 +84,7 @@ class ResetMove:
                 "the new log is counted from there, results so far are kept"
             )
         if self.new is None:
-            return f"{where}: {self.old} -> (row deleted)"
+            return f"{where}: {self.old} -> (row deleted; {self._forgotten()})"
         if self.old is None:
             return f"{where}: (no row) -> {self.new} ({at}new row)"
         if self.new < self.old:
@@ -74,6 +92,23 @@ class ResetMove:
         if self.new > self.old:
             return f"{where}: {self.old} -> {self.new} ({at}{self.new - self.old} messages will be skipped)"
         return f"{where}: {self.old} -> {self.new} ({at}unchanged)"
+
+    def _forgotten(self) -> str:
+        if self.kafka_has is None:
+            return "whether Kafka still has it is not known"
+        if not self.kafka_has:
+            return "Kafka no longer has it"
+        held = f"Kafka still has it, offsets {self.log_start} to {self.log_end}: the job starts it again"
+        if self.others_kept:
+            return f"{held} at its earliest offset {self.log_start}, {_again(self.counted_again)}"
+        return (
+            f"{held} where its --starting-offsets say, at earliest offset {self.log_start} (the default): "
+            f"{_again(self.counted_again)}"
+        )
+
+
+def _again(messages: int) -> str:
+    return f"{messages} messages counted again" if messages else "nothing counted again"
 
 
 def plan_reset(
@@ -89,11 +124,12 @@ def plan_reset(
     found: Mapping[int, Fingerprint | None] | None = None,
     new_generation: bool = False,
     unanswered: Collection[int] = (),
+    kafka_problem: str | None = None,
 ) -> list[ResetMove]:
     """The moves for ``partitions`` (default: every partition Kafka has, or every stored row for ``forget``).
 
     ``stored`` is the job's offsets for ``topic``; ``watermarks`` Kafka's view
-    (not needed to forget); ``time_offsets`` the offsets-for-times answer for
+    (for ``forget``: None when not known); ``time_offsets`` the offsets-for-times answer for
     a datetime target. Offsets outside what Kafka holds are refused, except
     that ``shift`` is clamped to the log, like kafka-consumer-groups.
 
@@ -103,16 +139,11 @@ def plan_reset(
     there, or not looked at; either way nothing to compare). From them
     :func:`generation_reason` decides whether the move starts a new
     generation; ``new_generation`` forces it. ``unanswered``: the partitions where Kafka
-    cannot answer the datetime target's lookup (:func:`blind_skip_problem`).
+    cannot answer the datetime target's lookup (:func:`blind_skip_problem`). ``kafka_problem``:
+    why ``watermarks`` is None (for ``forget``, which plans without them).
     """
     if target.kind == "forget":
-        chosen = sorted(partitions) if partitions else sorted(stored)
-        missing = [p for p in chosen if p not in stored]
-        if missing:
-            raise ConfigError(f"job {job!r} has no stored offset for {topic!r} partition(s) {missing}")
-        if not chosen:
-            raise ConfigError(f"job {job!r} has no stored offsets for topic {topic!r}")
-        return [ResetMove(topic, p, stored[p], None) for p in chosen]
+        return plan_forget(job, topic, partitions, stored, watermarks, kafka_problem)
     if watermarks is None:
         raise ConfigError(
             "this reset needs Kafka's offsets; pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS"
@@ -177,6 +208,69 @@ def plan_reset(
                 )
             )
     return moves
+
+
+def plan_forget(
+    job: str,
+    topic: str,
+    partitions: Sequence[int] | None,
+    stored: Mapping[int, int],
+    watermarks: Mapping[int, PartitionWatermarks] | None,
+    kafka_problem: str | None = None,
+) -> list[ResetMove]:
+    """``--forget``: delete the rows of ``partitions`` (default: every stored row of ``topic``), each
+    with whether Kafka still has it (``watermarks`` None: not known, because of ``kafka_problem``;
+    a topic Kafka does not have: an empty mapping). :func:`live_forget_problem` says whether the
+    plan needs ``--force``."""
+    chosen = sorted(partitions) if partitions else sorted(stored)
+    missing = [p for p in chosen if p not in stored]
+    if missing:
+        raise ConfigError(f"job {job!r} has no stored offset for {topic!r} partition(s) {missing}")
+    if not chosen:
+        raise ConfigError(f"job {job!r} has no stored offsets for topic {topic!r}")
+    others_kept = bool(set(stored) - set(chosen))
+    moves = []
+    for p in chosen:
+        if watermarks is None:
+            moves.append(ResetMove(topic, p, stored[p], None, kafka_problem=kafka_problem))
+        elif p not in watermarks:
+            moves.append(ResetMove(topic, p, stored[p], None, kafka_has=False))
+        else:
+            marks = watermarks[p]
+            moves.append(
+                ResetMove(
+                    topic,
+                    p,
+                    stored[p],
+                    None,
+                    log_start=marks.low,
+                    kafka_has=True,
+                    log_end=marks.high,
+                    others_kept=others_kept,
+                )
+            )
+    return moves
+
+
+def live_forget_problem(topic: str, moves: Sequence[ResetMove]) -> str | None:
+    """Why a ``--forget`` plan needs ``--force``, or None: it deletes the rows of partitions Kafka
+    still has (the job would read them again from where it starts them, counting again what they
+    counted), or of partitions it cannot tell about (Kafka not given, or not answering)."""
+    forgotten = [m for m in moves if m.new is None]
+    unknown = [m for m in forgotten if m.kafka_has is None]
+    if unknown:
+        why = unknown[0].kafka_problem or "Kafka did not answer"
+        return (
+            f"cannot tell whether Kafka still has topic {topic!r} partitions {[m.partition for m in unknown]}: "
+            f"{why}"
+        )
+    live = [m for m in forgotten if m.kafka_has]
+    if not live:
+        return None
+    return (
+        f"Kafka still has topic {topic!r} partitions {[m.partition for m in live]}: forgetting them makes "
+        f"the job read them again ({_again(sum(m.counted_again for m in live))})"
+    )
 
 
 def blind_skip_problem(servers: str, moves: Sequence[ResetMove]) -> str | None:

@@ -28,6 +28,15 @@ from txstore.kafka.topic_ids import fetch_topic_ids, message_at_last_counted
 from txstore.postgres.locks import job_running
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
+NEVER = "never"
+"""What ``status`` and ``jobs`` show as the last commit of a partition (or job) that never committed;
+``--json`` has null."""
+
+COMMITTED = "(cardinality(o.lag_samples) > 0 OR o.last_off IS NOT NULL)"
+"""SQL: the row ``o`` of ``txn_offsets`` was moved by a commit, not only created (by a job's start,
+or a reset). Each commit records the backlog its range started from, or the last message it
+counted; a start row has neither, nor has a row a reset moved into a new generation (its
+generation never committed). ``updated_at`` alone cannot tell: a start row has it too."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -35,7 +44,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 class PartitionStatus:
     """One partition of a job. ``offset``, ``generation`` and ``last_commit`` None: a partition
     Kafka has in one of the job's topics that the job has not started yet (no row; its lag is
-    counted from the log start, where the job will start it)."""
+    counted from the log start, where the job will start it). ``last_commit`` None with an offset:
+    the job started the partition but never committed it (:data:`COMMITTED`)."""
 
     job: str
     topic: str
@@ -78,7 +88,7 @@ class JobSummary:
     # The topic-total metric (a message count for count_topic); for a job with no
     # topic total, such as an idempotent-sink job, the messages it has stored.
     total: int | float
-    last_commit: datetime
+    last_commit: datetime | None  # None: no partition of the topic committed yet
     running: bool
     skipped: int = 0  # messages skipped as bad (--on-bad-message skip), in txn_bad_messages
 
@@ -155,7 +165,8 @@ def status(
     None and the second value says why; the database part is still shown.
     """
     rows = conn.execute(
-        "SELECT o.job, o.topic, o.part, o.off, o.generation, o.updated_at, (SELECT count(*) "
+        f"SELECT o.job, o.topic, o.part, o.off, o.generation, CASE WHEN {COMMITTED} THEN o.updated_at END, "
+        "  (SELECT count(*) "
         "    FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic AND b.part = o.part) "
         "FROM txn_offsets o WHERE %(job)s::text IS NULL OR o.job = %(job)s ORDER BY o.job, o.topic, o.part",
         {"job": job},
@@ -423,7 +434,7 @@ def jobs(conn: psycopg.Connection) -> list[JobSummary]:
     number of messages stored, counted in the same statement.
     """
     rows = conn.execute(
-        "SELECT o.job, o.topic, count(*), max(o.updated_at), coalesce(max(d.metric), "
+        f"SELECT o.job, o.topic, count(*), max(o.updated_at) FILTER (WHERE {COMMITTED}), coalesce(max(d.metric), "
         "    (SELECT count(*) FROM txn_messages m WHERE m.job = o.job AND m.topic = o.topic)), "
         "  (SELECT count(*) FROM txn_bad_messages b WHERE b.job = o.job AND b.topic = o.topic) "
         "FROM txn_offsets o LEFT JOIN txn_data d ON d.job = o.job AND d.topic = o.topic "
@@ -476,7 +487,7 @@ def format_status(rows: Sequence[PartitionStatus]) -> str:
                 r.log_start,
                 r.log_end,
                 r.lag,
-                r.last_commit.isoformat(timespec="seconds") if r.last_commit is not None else None,
+                _last_commit(r.last_commit),
                 "yes" if r.running else "no",
                 r.skipped,
             )
@@ -500,10 +511,14 @@ def format_jobs(rows: Sequence[JobSummary]) -> str:
                 r.topic,
                 r.partitions,
                 r.total,
-                r.last_commit.isoformat(timespec="seconds"),
+                _last_commit(r.last_commit),
                 "yes" if r.running else "no",
                 r.skipped,
             )
             for r in rows
         ],
     )
+
+
+def _last_commit(when: datetime | None) -> str:
+    return NEVER if when is None else when.isoformat(timespec="seconds")

@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from txstore.core.env import DATABASE_URL_ENV as DATABASE_URL_ENV
 from txstore.core.errors import ConfigError, DatabaseUnavailable, first_line
 
 if TYPE_CHECKING:  # SQLAlchemy is the driver's (migrations); Spark tasks import this module
     from sqlalchemy.engine import URL
 
-DATABASE_URL_ENV = "TXSTORE_DATABASE_URL"
 CONNECT_TIMEOUT_SECONDS = 10
 STATEMENT_TIMEOUT = "5min"
 LOCK_TIMEOUT = "1min"
