@@ -187,8 +187,8 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
         message = str(e.value)
         expected = (
             f"job '{B}' topic '{topic}' partition 0: the checkpoint starts this micro-batch at offset 8, "
-            "but the job has no offset stored for this partition and would start it at offset 0 "
-            "(earliest offset 0 (startingOffsets)): the checkpoint is not this job's"
+            "but the job has no offset stored for this partition and would start it at earliest offset 0 "
+            "(startingOffsets): the checkpoint is not this job's"
         )
         assert expected in message, message
         assert "nothing was read" in message and "new checkpointLocation" in message

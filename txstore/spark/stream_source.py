@@ -414,7 +414,7 @@ def check_checkpoint_starts(
         where = (
             "Kafka reports no such partition"
             if expected is None
-            else f"would start it at offset {expected[0]} ({expected[1]})"
+            else f"would start it at {expected[1]}"
         )
         raise ForeignCheckpoint(
             f"job {job!r} topic {key[0]!r} partition {key[1]}: the checkpoint starts this micro-batch at "
