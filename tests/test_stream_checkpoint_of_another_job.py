@@ -57,7 +57,10 @@ def run_as(
 
 
 def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
-    would = {("t", 0): (0, "earliest (startingOffsets)"), ("t", 1): (0, "earliest (startingOffsets)")}
+    would = {
+        ("t", 0): (0, "earliest offset 0 (startingOffsets)"),
+        ("t", 1): (0, "earliest offset 0 (startingOffsets)"),
+    }
     # Rows for both: nothing to say here (check_alignment compares them).
     check_checkpoint_starts("j", ["t"], {("t", 0): 8, ("t", 1): 3}, {("t", 0): 8, ("t", 1): 5}, would)
     # No rows, the start the job would pick: accepted.
@@ -68,7 +71,7 @@ def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
     assert "\n" not in line
     assert line.startswith(
         "job 'j' topic 't' partition 1: the checkpoint starts this micro-batch at offset 3, but the job "
-        "has no offset stored for this partition and would start it at offset 0 (earliest (startingOffsets))"
+        "has no offset stored for this partition and would start it at earliest offset 0 (startingOffsets)"
     ), line
     assert "nothing was read" in line and "new checkpointLocation" in line
     # A partition Kafka does not report (the checkpoint's topic had more partitions).
@@ -141,7 +144,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
     try:
         with pytest.raises(
             ForeignCheckpoint,
-            match=r"partition 0: the checkpoint starts this micro-batch at offset 5, .* would start it at offset 8 \(latest offset 8 \(startingOffsets\)\)",
+            match=r"partition 0: the checkpoint starts this micro-batch at offset 5, .* would start it at latest offset 8 \(startingOffsets\)",
         ):
             other.partitions(start, end)
         with pytest.raises(
@@ -241,7 +244,7 @@ def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
         run_as(B, spark, kafka, database_url, f"{x},{y}", checkpoint)
     assert (
         f"job '{B}' topic '{x}' partition 0: the checkpoint starts this micro-batch at offset 5, but the job "
-        "has no offset stored for this partition and would start it at offset 0"
+        "has no offset stored for this partition and would start it at earliest offset 0"
     ) in str(e.value)
     assert rows(db, B) == []
     assert totals(db, x, y, job=B) == {x: 0, y: 0}
