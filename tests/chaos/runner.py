@@ -522,6 +522,7 @@ class Trial:
         self.lock = threading.Lock()
         self.stop_producing = threading.Event()
         self.window_over = threading.Event()
+        self.window_kept_open = threading.Event()  # past its end, for a fault awaiting its moment
         self.delivered = 0
         self.until = 0.0
         self.delivery_errors: list[str] = []
@@ -564,6 +565,8 @@ class Trial:
             window_end = max(window_start + self.plan.window, window_start + self.until - time.time())
             pending = sorted(zip(self.plan.fault_times, self.plan.faults, strict=True))
             while time.monotonic() < window_end or self._faults_awaiting_moment(pending, faults):
+                if time.monotonic() >= window_end:
+                    self.window_kept_open.set()  # the producers trickle: a moment, not a backlog
                 now = time.monotonic() - window_start
                 while pending and pending[0][0] <= now:
                     _, kind = pending.pop(0)
@@ -833,7 +836,7 @@ class Trial:
             if producer is None:
                 self.producing_paused.clear()
                 producer = self._producer()
-            self._produce(rng.randint(1, 200), rng, producer)
+            self._produce(rng.randint(1, 20 if self.window_kept_open.is_set() else 200), rng, producer)
         if producer is not None and producer.flush(120) != 0:
             self.delivery_errors.append("messages still undelivered after 120s")
 
