@@ -90,11 +90,14 @@ def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting
         ({"kafka.bootstrap.servers": "k:1"}, "option subscribe is required"),
         ({**BASE, "subscribe": "a,,a"}, "option subscribe names a topic twice"),
         ({**BASE, "subscribe": "a,b c"}, "option subscribe: 'b c' is not a valid Kafka topic name"),
-        ({**BASE, "startOffsets": "earliest"}, "unknown option 'startoffsets' for format('txstore')"),
+        (
+            {**BASE, "startOffsets": "earliest"},
+            "unknown option 'startOffsets' for format('txstore') (did you mean startingOffsets?)",
+        ),
         ({**BASE, "assign": '{"a": [0]}'}, "option assign is not supported by format('txstore')"),
-        ({**BASE, "subscribePattern": "a.*"}, "option subscribepattern is not supported"),
-        ({**BASE, "failOnDataLoss": "false"}, "option failondataloss='false' is not supported"),
-        ({**BASE, "includeHeaders": "false"}, "option includeheaders='false' is not supported"),
+        ({**BASE, "subscribePattern": "a.*"}, "option subscribePattern is not supported"),
+        ({**BASE, "failOnDataLoss": "false"}, "option failOnDataLoss='false' is not supported"),
+        ({**BASE, "includeHeaders": "false"}, "option includeHeaders='false' is not supported"),
         ({**BASE, "startingOffsets": "{oops"}, "option startingOffsets is not valid JSON"),
         (
             {**BASE, "startingOffsets": '{"c": {"0": 1}}'},
@@ -130,6 +133,39 @@ def test_a_bad_option_is_refused_with_one_line_naming_it(given: dict[str, str], 
     text = refusal(given)
     assert expected in text
     assert "pw" not in text
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"subscribepattern": "a.*"}, "option subscribePattern is not supported"),
+        ({"minpartitions": "0"}, "option minPartitions must be a whole number"),
+        ({"failondataloss": "false"}, "option failOnDataLoss='false' is not supported"),
+        ({"startingoffsets": "{oops"}, "option startingOffsets is not valid JSON"),
+        ({"endingoffsets": "earliest"}, "option endingOffsets cannot be earliest"),
+        (
+            {"startoffsets": "earliest"},
+            "unknown option 'startoffsets' for format('txstore') (did you mean startingOffsets?)",
+        ),
+    ],
+)
+def test_an_option_spark_hands_over_lower_cased_is_named_as_documented(
+    given: dict[str, str], expected: str
+) -> None:
+    # Spark lower-cases a Python data source's option names (CaseInsensitiveDict): the error
+    # line names the option as Spark's and txstore's documentation spell it, as the user typed it.
+    assert expected in refusal({"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b", **given})
+
+
+def test_an_option_whose_case_reaches_the_parser_is_named_as_typed() -> None:
+    assert "option MINPARTITIONS must be" in refusal({**BASE, "MINPARTITIONS": "0"})
+    assert "option SubscribePattern is not supported" in refusal({**BASE, "SubscribePattern": "a"})
+    typed = options(STARTINGOFFSETS='{"a": {"7": 0}}')
+    with pytest.raises(ConfigError, match=r"^option STARTINGOFFSETS names 'a' partition 7, which Kafka"):
+        plan_read_ranges(typed, WATERMARKS)
+    spark_given = parse_read_options({**BASE, "startingoffsets": '{"a": {"1": 3}}'}, {})
+    with pytest.raises(DataLoss, match=r"^option startingOffsets: topic 'a' partition 1 offset 3"):
+        plan_read_ranges(spark_given, WATERMARKS)
 
 
 def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:

@@ -12,7 +12,8 @@ RDD). It reads like Spark's own Kafka batch source and has its columns
           .option("subscribe", "events,orders")
           .load())
 
-Options (names are case-insensitive, values strings, as Spark passes them):
+Options (names are case-insensitive, values strings, as Spark passes them; Spark hands them
+over lower-cased, so an error line names an option as documented, :func:`option_names`):
 
 - ``kafka.bootstrap.servers`` (required), ``subscribe`` (required,
   comma-separated topics);
@@ -65,6 +66,7 @@ Option parsing and planning are pure functions over frozen dataclasses
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -97,6 +99,43 @@ READER_FIXED_SETTINGS = (
 )
 """librdkafka settings the reader fixes (read_committed, no commits, fail on aged-out offsets)."""
 
+SPARK_OPTION_NAMES = (
+    "kafka.bootstrap.servers",
+    "subscribe",
+    "subscribePattern",
+    "assign",
+    "startingOffsets",
+    "startingOffsetsByTimestamp",
+    "startingTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingOffsets",
+    "endingOffsetsByTimestamp",
+    "endingTimestamp",
+    "failOnDataLoss",
+    "kafkaConsumer.pollTimeoutMs",
+    "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "groupIdPrefix",
+    "kafka.group.id",
+    "includeHeaders",
+)
+"""Every option of Spark's Kafka source (``format("kafka")``), as Spark's documentation spells it."""
+TXSTORE_OPTION_NAMES = (
+    "txstore.job",
+    "txstore.databaseUrl",
+    "txstore.countMessages",
+    "txstore.tasks",
+    "txstore.failpoints",
+)
+SPELLING = {name.lower(): name for name in (*SPARK_OPTION_NAMES, *TXSTORE_OPTION_NAMES)}
+"""Lower-cased option name -> its documented spelling (Spark hands a data source its options'
+names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
+
 _COMPATIBLE_ONLY_TRUE = ("failondataloss", "includeheaders")
 _UNSUPPORTED_SUBSCRIPTIONS = ("assign", "subscribepattern")
 _KNOWN = (
@@ -115,6 +154,30 @@ _SUPPORTED = (
 )
 
 
+def option_names(options: Mapping[str, str]) -> dict[str, str]:
+    """Lower-cased option name -> the name to show in an error line: as typed when the caller
+    kept its case (a dict passed directly), else as documented (:data:`SPELLING`: Spark passes a
+    data source its options' names lower-cased, so ``subscribePattern`` arrives as
+    ``subscribepattern``), else as given."""
+    names: dict[str, str] = {}
+    for key in options:
+        typed = str(key)
+        lowered = typed.lower()
+        names[lowered] = typed if typed != lowered else SPELLING.get(lowered, typed)
+    return names
+
+
+def shown(names: Mapping[str, str], name: str) -> str:
+    """Option ``name`` (any case) as :func:`option_names` shows it; documented if not given."""
+    lowered = name.lower()
+    return names.get(lowered) or SPELLING.get(lowered, name)
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), list(SPELLING), n=1, cutoff=0.75)
+    return f" (did you mean {SPELLING[close[0]]}?)" if close else ""
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """The data source's options, checked. ``starting``/``ending`` use -2 earliest, -1 latest."""
@@ -127,6 +190,12 @@ class ReadOptions:
     min_partitions: int | None = None
     job: str | None = None
     database_url: str | None = field(default=None, repr=False)  # holds the password
+    # lower-cased option name -> as shown in error lines (option_names)
+    names: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def name(self, option: str) -> str:
+        """``option`` as the caller spelled it, for an error line (:func:`shown`)."""
+        return shown(self.names, option)
 
     @property
     def kafka_conf(self) -> dict[str, Any]:
@@ -152,88 +221,100 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
     ``TXSTORE_DATABASE_URL``.
     """
     given = {str(k).lower(): str(v) for k, v in options.items()}
+    names = option_names(options)
+
+    def name_of(option: str) -> str:
+        return shown(names, option)
+
     kafka_options: dict[str, str] = {}
     for name, value in sorted(given.items()):
         if name.startswith("kafka."):
             setting = name[len("kafka.") :]
             if setting in READER_FIXED_SETTINGS:
                 raise ConfigError(
-                    f"option kafka.{setting} cannot be set: the txstore reader fixes it "
+                    f"option {name_of(name)} cannot be set: the txstore reader fixes it "
                     "(read_committed, no offset commits, fail on aged-out offsets); drop the option"
                 )
             if setting != "bootstrap.servers":
                 kafka_options[setting] = value
         elif name in _UNSUPPORTED_SUBSCRIPTIONS:
             raise ConfigError(
-                f"option {name} is not supported by format('txstore'); name the topics with "
+                f"option {name_of(name)} is not supported by format('txstore'); name the topics with "
                 "option('subscribe', 'topicA,topicB')"
             )
         elif name not in _KNOWN:
-            raise ConfigError(f"unknown option {name!r} for format('txstore'); it takes {_SUPPORTED}")
+            raise ConfigError(
+                f"unknown option {name_of(name)!r} for format('txstore'){_did_you_mean(name)}; "
+                f"it takes {_SUPPORTED}"
+            )
         elif name in _COMPATIBLE_ONLY_TRUE:
-            _is_true(name, value)
+            _is_true(name_of(name), value)
 
     servers = given.get("kafka.bootstrap.servers", "").strip()
     if not servers:
         raise ConfigError(
-            "option kafka.bootstrap.servers is required: .option('kafka.bootstrap.servers', 'host:9092')"
+            f"option {name_of('kafka.bootstrap.servers')} is required: "
+            ".option('kafka.bootstrap.servers', 'host:9092')"
         )
     topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
     if not topics:
-        raise ConfigError("option subscribe is required: .option('subscribe', 'topicA,topicB')")
+        raise ConfigError(f"option {name_of('subscribe')} is required: .option('subscribe', 'topicA,topicB')")
     for topic in topics:
         problem = topic_name_problem(topic)
         if problem:
-            raise ConfigError(f"option subscribe: {problem}")
+            raise ConfigError(f"option {name_of('subscribe')}: {problem}")
     if len(set(topics)) != len(topics):
-        raise ConfigError(f"option subscribe names a topic twice: {given['subscribe']!r}")
+        raise ConfigError(f"option {name_of('subscribe')} names a topic twice: {given['subscribe']!r}")
 
-    starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), "option startingOffsets")
-    ending = _parse_ending(given.get("endingoffsets"))
-    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+    starting_name, ending_name = name_of("startingOffsets"), name_of("endingOffsets")
+    starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), f"option {starting_name}")
+    ending = _parse_ending(given.get("endingoffsets"), ending_name)
+    for name, spec in ((starting_name, starting), (ending_name, ending)):
         strangers = sorted({t for t, _ in spec.specific} - set(topics))
         if strangers:
             raise ConfigError(
                 f"option {name} names topics that are not subscribed: {', '.join(map(repr, strangers))}; "
-                "add them to option subscribe or remove them from the JSON"
+                f"add them to option {name_of('subscribe')} or remove them from the JSON"
             )
 
-    min_partitions = _parse_min_partitions(given.get("minpartitions"))
+    min_partitions = _parse_min_partitions(given.get("minpartitions"), name_of("minPartitions"))
     job = given.get("txstore.job", "").strip() or None
     database_url = None
     if job is not None:
         if "endingoffsets" in given:
             raise ConfigError(
-                f"option endingOffsets cannot be combined with txstore.job {job!r}: "
+                f"option {ending_name} cannot be combined with {name_of('txstore.job')} {job!r}: "
                 "the job's next batch reads to the log end"
             )
         url = given.get("txstore.databaseurl") or environ.get(DATABASE_URL_ENV)
         if not url:
             raise ConfigError(
-                f"option txstore.job {job!r} needs the job's database: "
+                f"option {name_of('txstore.job')} {job!r} needs the job's database: "
                 f".option('txstore.databaseUrl', 'postgresql://...') or {DATABASE_URL_ENV} "
                 "where Spark plans the read"
             )
         database_url = resolve_database_url(url)
-    return ReadOptions(topics, servers, kafka_options, starting, ending, min_partitions, job, database_url)
+    return ReadOptions(
+        topics, servers, kafka_options, starting, ending, min_partitions, job, database_url, names
+    )
 
 
-def _parse_ending(text: str | None) -> StartingOffsets:
+def _parse_ending(text: str | None, name: str = "endingOffsets") -> StartingOffsets:
     if text is None:
         return StartingOffsets(LATEST)
     if text.strip().lower() == "earliest":
-        raise ConfigError("option endingOffsets cannot be earliest; use latest or JSON offsets")
-    parsed = parse_starting_offsets(text, "option endingOffsets")
+        raise ConfigError(f"option {name} cannot be earliest; use latest or JSON offsets")
+    parsed = parse_starting_offsets(text, f"option {name}")
     for (topic, partition), offset in sorted(parsed.specific.items()):
         if offset == EARLIEST:
             raise ConfigError(
-                f"option endingOffsets: topic {topic!r} partition {partition}: -2 (earliest) is not "
+                f"option {name}: topic {topic!r} partition {partition}: -2 (earliest) is not "
                 "an end; use -1 (latest) or an offset"
             )
     return replace(parsed, default=LATEST)  # partitions the JSON does not name end at latest
 
 
-def _parse_min_partitions(text: str | None) -> int | None:
+def _parse_min_partitions(text: str | None, name: str = "minPartitions") -> int | None:
     if text is None:
         return None
     try:
@@ -241,7 +322,7 @@ def _parse_min_partitions(text: str | None) -> int | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise ConfigError(f"option minPartitions must be a whole number of at least 1, got {text!r}")
+        raise ConfigError(f"option {name} must be a whole number of at least 1, got {text!r}")
     return value
 
 
@@ -278,19 +359,20 @@ def plan_read_ranges(options: ReadOptions, watermarks: Sequence[PartitionWaterma
     4. cut them for ``minPartitions``.
     """
     known = {w.key for w in watermarks}
-    for name, spec in (("startingOffsets", options.starting), ("endingOffsets", options.ending)):
+    starting_name, ending_name = options.name("startingOffsets"), options.name("endingOffsets")
+    for name, spec in ((starting_name, options.starting), (ending_name, options.ending)):
         unknown = sorted(k for k in spec.specific if k not in known)
         if unknown:
             names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
             raise ConfigError(f"option {name} names {names}, which Kafka does not report; check the JSON")
     ranges = []
     for marks in sorted(watermarks, key=lambda w: w.key):
-        start = _resolve("startingOffsets", options.starting, marks)
-        end = _resolve("endingOffsets", options.ending, marks)
+        start = _resolve(starting_name, options.starting, marks)
+        end = _resolve(ending_name, options.ending, marks)
         if start > end:
             raise ConfigError(
-                f"topic {marks.topic!r} partition {marks.partition}: startingOffsets {start} is after "
-                f"endingOffsets {end}; give a start at or before the end"
+                f"topic {marks.topic!r} partition {marks.partition}: {starting_name} {start} is after "
+                f"{ending_name} {end}; give a start at or before the end"
             )
         if start < end:
             ranges.append(OffsetRange(marks.topic, marks.partition, start, end))
