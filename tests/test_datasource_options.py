@@ -168,6 +168,16 @@ def test_an_option_whose_case_reaches_the_parser_is_named_as_typed() -> None:
         plan_read_ranges(spark_given, WATERMARKS)
 
 
+@pytest.mark.parametrize("given", [{"kafka.group.id": "spark-app"}, {"groupidprefix": "spark-kafka-source"}])
+def test_a_kafka_consumer_group_is_refused_because_txstore_commits_no_offsets_to_one(
+    given: dict[str, str],
+) -> None:
+    name = "kafka.group.id" if "kafka.group.id" in given else "groupIdPrefix"
+    text = refusal({**BASE, **given})
+    assert text.startswith(f"option {name} is refused: format('txstore') joins and commits to no ")
+    assert "txn_offsets" in text and text.endswith("; drop the option")
+
+
 def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:
     from_env = parse_read_options({**BASE, "txstore.job": "j"}, {"TXSTORE_DATABASE_URL": "postgresql://e/d"})
     assert (from_env.job, from_env.database_url) == ("j", "postgresql://e/d")

@@ -26,7 +26,8 @@ over lower-cased, so an error line names an option as documented, :func:`option_
   many Spark tasks;
 - ``kafka.*``: any other librdkafka setting for the client (TLS, SASL), with
   the ``kafka.`` prefix stripped; the settings that make reads exact
-  (:data:`READER_FIXED_SETTINGS`) are refused;
+  (:data:`READER_FIXED_SETTINGS`) are refused, and so are ``kafka.group.id`` and
+  ``groupIdPrefix`` (the source joins and commits to no consumer group);
 - ``txstore.job`` (with ``txstore.databaseUrl``, default the
   ``TXSTORE_DATABASE_URL`` environment variable of the process that plans
   the read): instead of start and end offsets, read exactly the ranges that
@@ -136,6 +137,7 @@ SPELLING = {name.lower(): name for name in (*SPARK_OPTION_NAMES, *TXSTORE_OPTION
 """Lower-cased option name -> its documented spelling (Spark hands a data source its options'
 names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
 
+_CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
 _COMPATIBLE_ONLY_TRUE = ("failondataloss", "includeheaders")
 _UNSUPPORTED_SUBSCRIPTIONS = ("assign", "subscribepattern")
 _KNOWN = (
@@ -228,6 +230,12 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
 
     kafka_options: dict[str, str] = {}
     for name, value in sorted(given.items()):
+        if name in _CONSUMER_GROUPS:
+            raise ConfigError(
+                f"option {name_of(name)} is refused: format('txstore') joins and commits to no Kafka "
+                "consumer group (its reads are assigned ranges; a txstore.job's offsets are in "
+                "PostgreSQL, txn_offsets), so a group would be named and never used; drop the option"
+            )
         if name.startswith("kafka."):
             setting = name[len("kafka.") :]
             if setting in READER_FIXED_SETTINGS:
