@@ -178,6 +178,46 @@ def test_a_kafka_consumer_group_is_refused_because_txstore_commits_no_offsets_to
     assert "txn_offsets" in text and text.endswith("; drop the option")
 
 
+@pytest.mark.parametrize(
+    ("setting", "value", "instead"),
+    [
+        ("ssl.truststore.location", "/etc/kafka/trust.jks", "give option kafka.ssl.ca.location instead"),
+        ("ssl.truststore.type", "JKS", "give option kafka.ssl.ca.location instead"),
+        ("ssl.truststore.password", "s3cret", "give option kafka.ssl.ca.location instead"),
+        (
+            "ssl.keystore.location",
+            "/etc/kafka/client.JKS",
+            "give option kafka.ssl.certificate.location and option kafka.ssl.key.location instead",
+        ),
+        ("ssl.keystore.type", "JKS", "option kafka.ssl.certificate.location and option kafka.ssl.key"),
+        ("sasl.jaas.config", "PlainLoginModule password='s3cret';", "option kafka.sasl.username and"),
+    ],
+)
+def test_a_java_client_only_setting_is_refused_at_load_pointing_to_what_librdkafka_takes(
+    setting: str, value: str, instead: str
+) -> None:
+    text = refusal({**BASE, f"kafka.{setting}": value, "kafka.ssl.key.password": "s3cret"})
+    assert text.startswith(f"option kafka.{setting}")
+    assert (
+        "is a setting of Kafka's Java client that librdkafka, txstore's Kafka client, does not take" in text
+    )
+    assert instead in text
+    assert "s3cret" not in text
+
+
+def test_a_pkcs12_key_store_and_pem_files_are_librdkafka_settings_and_pass() -> None:
+    pem = {
+        "kafka.ssl.ca.location": "/etc/kafka/ca.pem",
+        "kafka.ssl.certificate.location": "/etc/kafka/client.pem",
+        "kafka.ssl.key.location": "/etc/kafka/client.key",
+    }
+    assert options(**pem).kafka_options["ssl.ca.location"] == "/etc/kafka/ca.pem"
+    p12 = options(
+        **{"kafka.ssl.keystore.location": "/etc/kafka/client.p12", "kafka.ssl.keystore.password": "x"}
+    )
+    assert p12.kafka_options["ssl.keystore.location"] == "/etc/kafka/client.p12"
+
+
 def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:
     from_env = parse_read_options({**BASE, "txstore.job": "j"}, {"TXSTORE_DATABASE_URL": "postgresql://e/d"})
     assert (from_env.job, from_env.database_url) == ("j", "postgresql://e/d")

@@ -27,7 +27,9 @@ over lower-cased, so an error line names an option as documented, :func:`option_
 - ``kafka.*``: any other librdkafka setting for the client (TLS, SASL), with
   the ``kafka.`` prefix stripped; the settings that make reads exact
   (:data:`READER_FIXED_SETTINGS`) are refused, and so are ``kafka.group.id`` and
-  ``groupIdPrefix`` (the source joins and commits to no consumer group);
+  ``groupIdPrefix`` (the source joins and commits to no consumer group) and the Java client's
+  JKS and JAAS settings (:func:`~txstore.kafka.client.java_only_setting`), naming the PEM
+  settings librdkafka takes instead;
 - ``txstore.job`` (with ``txstore.databaseUrl``, default the
   ``TXSTORE_DATABASE_URL`` environment variable of the process that plans
   the read): instead of start and end offsets, read exactly the ranges that
@@ -83,7 +85,7 @@ from txstore.core.starting import (
     parse_starting_offsets,
     resolve_starting_offsets,
 )
-from txstore.kafka.client import client_config, fetch_watermarks, topic_name_problem
+from txstore.kafka.client import client_config, fetch_watermarks, java_only_problem, topic_name_problem
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
@@ -258,6 +260,11 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
         elif name in _COMPATIBLE_ONLY_TRUE:
             _is_true(name_of(name), value)
 
+    java_only = java_only_problem(
+        {names[f"kafka.{k}"][len("kafka.") :]: v for k, v in kafka_options.items()}, "option kafka."
+    )
+    if java_only:
+        raise ConfigError(java_only)
     servers = given.get("kafka.bootstrap.servers", "").strip()
     if not servers:
         raise ConfigError(
