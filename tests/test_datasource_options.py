@@ -73,6 +73,7 @@ def test_options_in_any_case_are_parsed_and_kafka_settings_lose_their_prefix() -
     assert parsed.starting == StartingOffsets(EARLIEST, {("a", 0): 23, ("a", 1): EARLIEST})
     assert parsed.ending == StartingOffsets(LATEST, {("b", 0): 50})
     assert parsed.min_partitions == 8
+    assert parsed.include_headers is True
     assert parsed.job is None
     assert "s3cret" not in repr(parsed)
 
@@ -97,7 +98,7 @@ def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting
         ({**BASE, "assign": '{"a": [0]}'}, "option assign is not supported by format('txstore')"),
         ({**BASE, "subscribePattern": "a.*"}, "option subscribePattern is not supported"),
         ({**BASE, "failOnDataLoss": "false"}, "option failOnDataLoss='false' is not supported"),
-        ({**BASE, "includeHeaders": "false"}, "option includeHeaders='false' is not supported"),
+        ({**BASE, "includeHeaders": "yes"}, "option includeHeaders must be true or false, got 'yes'"),
         ({**BASE, "startingOffsets": "{oops"}, "option startingOffsets is not valid JSON"),
         (
             {**BASE, "startingOffsets": '{"c": {"0": 1}}'},
@@ -216,6 +217,13 @@ def test_a_pkcs12_key_store_and_pem_files_are_librdkafka_settings_and_pass() -> 
         **{"kafka.ssl.keystore.location": "/etc/kafka/client.p12", "kafka.ssl.keystore.password": "x"}
     )
     assert p12.kafka_options["ssl.keystore.location"] == "/etc/kafka/client.p12"
+
+
+def test_the_headers_column_is_there_only_with_include_headers_true_as_in_spark() -> None:
+    assert options().columns == ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+    assert options(includeHeaders="false").columns == options().columns
+    assert options(includeHeaders=" True ").columns == (*options().columns, "headers")
+    assert kafka_source_schema(options().columns).names == list(options().columns)
 
 
 def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:
@@ -470,6 +478,17 @@ def test_a_declared_schema_names_the_columns_read_in_its_order_nullability_aside
     )
     assert schema_columns(declared) == ("timestamp", "partition", "key", "topic")
     assert schema_columns(kafka_source_schema()) == tuple(KAFKA_ARROW_SCHEMA.names)
+
+
+def test_a_declared_headers_column_needs_include_headers() -> None:
+    declared = kafka_source_schema(("topic", "headers"))
+    assert schema_columns(declared, include_headers=True) == ("topic", "headers")
+    with pytest.raises(ConfigError) as caught:
+        schema_columns(declared, include_headers=False)
+    assert str(caught.value) == (
+        "schema: column headers is there only with .option('includeHeaders', 'true'), as in Spark's "
+        "Kafka source; add the option or leave headers out of the schema"
+    )
 
 
 @pytest.mark.parametrize(

@@ -38,12 +38,13 @@ over lower-cased, so an error line names an option as documented, :func:`option_
   no offset row is created and nothing is committed. A partition the job
   has never committed starts where the job would start it: earliest, or
   per ``startingOffsets`` given as the job's ``--starting-offsets``;
-- ``failOnDataLoss`` and ``includeHeaders``: accepted, for code written for
-  Spark's source, only as ``true``, which is what this source always does
-  (an explicit offset Kafka no longer has raises :class:`DataLoss`; the
-  ``headers`` column is always there). Any other option is refused.
+- ``includeHeaders``: ``true`` adds the ``headers`` column, as in Spark's
+  source (default ``false``: no ``headers`` column);
+- ``failOnDataLoss``: accepted, for code written for Spark's source, only as
+  ``true``, which is what this source always does (an explicit offset Kafka
+  no longer has raises :class:`DataLoss`). Any other option is refused.
 
-Columns: all of Spark's Kafka-source columns, or only those a schema names
+Columns: Spark's Kafka-source columns (``headers`` only with ``includeHeaders``), or only those a schema names
 (``.schema("topic string, timestamp timestamp")``, any order, Spark's types;
 :func:`schema_columns`). Spark cannot prune a Python reader's columns itself,
 so this is how a query that needs two columns stops paying for keys, values
@@ -90,6 +91,7 @@ from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.postgres.migrate import check_schema
+from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, WITHOUT_HEADERS
 
 FORMAT = "txstore"
 
@@ -140,7 +142,7 @@ SPELLING = {name.lower(): name for name in (*SPARK_OPTION_NAMES, *TXSTORE_OPTION
 names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
 
 _CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
-_COMPATIBLE_ONLY_TRUE = ("failondataloss", "includeheaders")
+_COMPATIBLE_ONLY_TRUE = ("failondataloss",)
 _UNSUPPORTED_SUBSCRIPTIONS = ("assign", "subscribepattern")
 _KNOWN = (
     "kafka.bootstrap.servers",
@@ -150,11 +152,12 @@ _KNOWN = (
     "minpartitions",
     "txstore.job",
     "txstore.databaseurl",
+    "includeheaders",
     *_COMPATIBLE_ONLY_TRUE,
 )
 _SUPPORTED = (
     "kafka.bootstrap.servers, subscribe, startingOffsets, endingOffsets, minPartitions, "
-    "txstore.job, txstore.databaseUrl, and kafka.* client settings"
+    "includeHeaders, txstore.job, txstore.databaseUrl, and kafka.* client settings"
 )
 
 
@@ -196,6 +199,13 @@ class ReadOptions:
     database_url: str | None = field(default=None, repr=False)  # holds the password
     # lower-cased option name -> as shown in error lines (option_names)
     names: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    include_headers: bool = False  # includeHeaders: the headers column, as in Spark's source
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The source's columns when no schema is declared: Spark's, ``headers`` only with
+        ``includeHeaders``."""
+        return KAFKA_SOURCE_COLUMNS if self.include_headers else WITHOUT_HEADERS
 
     def name(self, option: str) -> str:
         """``option`` as the caller spelled it, for an error line (:func:`shown`)."""
@@ -209,9 +219,16 @@ class ReadOptions:
 def _is_true(name: str, value: str) -> None:
     if value.strip().lower() != "true":
         raise ConfigError(
-            f"option {name}={value!r} is not supported by format('txstore'): it always fails on "
-            "offsets Kafka no longer has and always has the headers column; drop the option"
+            f"option {name}={value!r} is not supported by format('txstore') yet (issue 36 point 4): "
+            "it always fails on offsets Kafka no longer has; drop the option"
         )
+
+
+def _parse_include_headers(text: str | None, name: str) -> bool:
+    value = (text or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"option {name} must be true or false, got {text!r}")
+    return value == "true"
 
 
 def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -> ReadOptions:
@@ -293,6 +310,7 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
             )
 
     min_partitions = _parse_min_partitions(given.get("minpartitions"), name_of("minPartitions"))
+    include_headers = _parse_include_headers(given.get("includeheaders"), name_of("includeHeaders"))
     job = given.get("txstore.job", "").strip() or None
     database_url = None
     if job is not None:
@@ -310,7 +328,16 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
             )
         database_url = resolve_database_url(url)
     return ReadOptions(
-        topics, servers, kafka_options, starting, ending, min_partitions, job, database_url, names
+        topics,
+        servers,
+        kafka_options,
+        starting,
+        ending,
+        min_partitions,
+        job,
+        database_url,
+        names,
+        include_headers,
     )
 
 
@@ -448,12 +475,13 @@ def check_explicit_offsets(options: ReadOptions) -> None:
         plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
 
 
-def schema_columns(schema: Any) -> tuple[str, ...]:
+def schema_columns(schema: Any, include_headers: bool = True) -> tuple[str, ...]:
     """The Kafka-source columns a user-given schema (``.schema(...)``) names, checked.
 
     Each field must be one of the Kafka-source columns, with its Spark type
     (nullability aside); a column that can be null (``key``, ``value``,
-    ``timestamp``, ``headers``) cannot be declared NOT NULL. Anything else is
+    ``timestamp``, ``headers``) cannot be declared NOT NULL; ``headers`` only
+    with ``include_headers`` (option ``includeHeaders``). Anything else is
     :class:`ConfigError`, one line naming the column.
     """
     from txstore.spark.source_columns import kafka_source_schema
@@ -475,6 +503,11 @@ def schema_columns(schema: Any) -> tuple[str, ...]:
             )
         if expected.nullable and not f.nullable:
             raise ConfigError(f"schema: column {f.name} can be null; do not declare it NOT NULL")
+        if f.name == "headers" and not include_headers:
+            raise ConfigError(
+                "schema: column headers is there only with .option('includeHeaders', 'true'), as in "
+                "Spark's Kafka source; add the option or leave headers out of the schema"
+            )
         names.append(f.name)
     if len(set(names)) != len(names):
         raise ConfigError(f"schema: a column is named twice: {', '.join(names)}")
@@ -513,7 +546,7 @@ def partition_ranges(partition: InputPartition) -> tuple[OffsetRange, ...]:
 class TxstoreReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: ReadOptions, schema: Any) -> None:
         self.options = options
-        self.columns = schema_columns(schema)
+        self.columns = schema_columns(schema, options.include_headers)
         self.schema = schema  # Spark's, for the Arrow schema Spark expects (its nullability)
 
     def partitions(self) -> list[InputPartition]:
