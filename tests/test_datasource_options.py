@@ -20,7 +20,9 @@ from txstore.spark.arrow import (
     messages_to_record_batch,
 )
 from txstore.spark.datasource import (
+    NOT_TAKEN,
     READER_FIXED_SETTINGS,
+    SPARK_OPTION_NAMES,
     ReadOptions,
     parse_read_options,
     plan_job_ranges,
@@ -224,6 +226,21 @@ def test_the_headers_column_is_there_only_with_include_headers_true_as_in_spark(
     assert options(includeHeaders="false").columns == options().columns
     assert options(includeHeaders=" True ").columns == (*options().columns, "headers")
     assert kafka_source_schema(options().columns).names == list(options().columns)
+
+
+@pytest.mark.parametrize("name", SPARK_OPTION_NAMES)
+def test_every_option_of_spark_s_kafka_source_is_taken_or_refused_with_its_own_reason(name: str) -> None:
+    values = {"subscribe": "a", "startingOffsets": "earliest", "endingOffsets": "latest"}
+    given = {**BASE, name.lower(): values.get(name, "1"), "includeheaders": "true", "failondataloss": "true"}
+    try:
+        parse_read_options(given, {})
+    except ConfigError as e:
+        text = str(e)
+        assert text.startswith(f"option {name} "), text  # as Spark's documentation spells it
+        assert "unknown" not in text and "did you mean" not in text and "\n" not in text
+        assert name.lower() in NOT_TAKEN or name in ("kafka.group.id", "groupIdPrefix"), text
+    else:
+        assert name.lower() not in NOT_TAKEN
 
 
 def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:

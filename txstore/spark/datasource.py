@@ -143,7 +143,31 @@ names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
 
 _CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
 _COMPATIBLE_ONLY_TRUE = ("failondataloss",)
-_UNSUPPORTED_SUBSCRIPTIONS = ("assign", "subscribepattern")
+_BY_SUBSCRIBE = "name the topics with option('subscribe', 'topicA,topicB')"
+_BY_START_OFFSETS = "give startingOffsets as JSON offsets (or run a job with --starting-timestamp)"
+_JAVA_CONSUMER = (
+    "is a setting of the Java consumer of Spark's source; txstore reads with librdkafka, which "
+    "waits and retries by its own kafka.* settings; drop the option"
+)
+NOT_TAKEN = {
+    "subscribepattern": f"is not supported by format('txstore') yet (issue 36 point 1); {_BY_SUBSCRIBE}",
+    "assign": f"is not supported by format('txstore') yet (issue 36 point 2); {_BY_SUBSCRIBE}",
+    "startingoffsetsbytimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
+    "startingtimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
+    "startingoffsetsbytimestampstrategy": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
+    "endingoffsetsbytimestamp": "is not supported yet; give endingOffsets as JSON offsets",
+    "endingtimestamp": "is not supported yet; give endingOffsets as JSON offsets",
+    "maxrecordsperpartition": "is not supported yet; give minPartitions (the fewest Spark tasks) instead",
+    "kafkaconsumer.polltimeoutms": _JAVA_CONSUMER,
+    "fetchoffset.numretries": _JAVA_CONSUMER,
+    "fetchoffset.retryintervalms": _JAVA_CONSUMER,
+    "maxoffsetspertrigger": "is an option of readStream.format('txstore'), not of a batch read; drop it",
+    "minoffsetspertrigger": "is not supported: a micro-batch reads what Kafka has, up to "
+    "maxOffsetsPerTrigger; drop the option",
+    "maxtriggerdelay": "is not supported: a micro-batch reads what Kafka has, up to "
+    "maxOffsetsPerTrigger; drop the option",
+}
+"""Spark's Kafka-source options format('txstore') does not take, each with the rest of its line."""
 _KNOWN = (
     "kafka.bootstrap.servers",
     "subscribe",
@@ -264,11 +288,8 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
                 )
             if setting != "bootstrap.servers":
                 kafka_options[setting] = value
-        elif name in _UNSUPPORTED_SUBSCRIPTIONS:
-            raise ConfigError(
-                f"option {name_of(name)} is not supported by format('txstore'); name the topics with "
-                "option('subscribe', 'topicA,topicB')"
-            )
+        elif name in NOT_TAKEN:
+            raise ConfigError(f"option {name_of(name)} {NOT_TAKEN[name]}")
         elif name not in _KNOWN:
             raise ConfigError(
                 f"unknown option {name_of(name)!r} for format('txstore'){_did_you_mean(name)}; "

@@ -49,13 +49,18 @@ def parse_stream_options(
     ``txstore.failpoints``; ``txstore.job`` required."""
     given = {str(k).lower(): str(v) for k, v in options.items()}
     names = option_names(options)
-    for name in ("endingoffsets", "minpartitions"):
-        if name in given:
-            raise ConfigError(
-                f"option {shown(names, name)} is not supported by readStream.format('txstore'): each "
-                "micro-batch reads one range per partition up to the log end (limit it with "
-                "maxOffsetsPerTrigger)"
-            )
+    if "endingoffsets" in given:
+        raise ConfigError(
+            f"option {shown(names, 'endingOffsets')} is not supported by readStream.format('txstore'): "
+            "each micro-batch reads one range per partition up to the log end (limit it with "
+            "maxOffsetsPerTrigger)"
+        )
+    if "minpartitions" in given:
+        raise ConfigError(
+            f"option {shown(names, 'minPartitions')} is not supported by readStream.format('txstore') "
+            "yet (issue 36 point 5): each micro-batch reads one range per partition, in at most "
+            "txstore.tasks tasks; drop the option"
+        )
     if not given.get("txstore.job", "").strip():
         raise ConfigError(
             f"option {shown(names, 'txstore.job')} is required by readStream.format('txstore'): the job "
