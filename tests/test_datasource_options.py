@@ -90,14 +90,13 @@ def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting
     ("given", "expected"),
     [
         ({"subscribe": "a"}, "option kafka.bootstrap.servers is required"),
-        ({"kafka.bootstrap.servers": "k:1"}, "option subscribe is required"),
+        ({"kafka.bootstrap.servers": "k:1"}, "option subscribe (or assign) is required"),
         ({**BASE, "subscribe": "a,,a"}, "option subscribe names a topic twice"),
         ({**BASE, "subscribe": "a,b c"}, "option subscribe: 'b c' is not a valid Kafka topic name"),
         (
             {**BASE, "startOffsets": "earliest"},
             "unknown option 'startOffsets' for format('txstore') (did you mean startingOffsets?)",
         ),
-        ({**BASE, "assign": '{"a": [0]}'}, "option assign is not supported by format('txstore')"),
         ({**BASE, "subscribePattern": "a.*"}, "option subscribePattern is not supported"),
         ({**BASE, "failOnDataLoss": "false"}, "option failOnDataLoss='false' is not supported"),
         ({**BASE, "includeHeaders": "yes"}, "option includeHeaders must be true or false, got 'yes'"),
@@ -230,8 +229,14 @@ def test_the_headers_column_is_there_only_with_include_headers_true_as_in_spark(
 
 @pytest.mark.parametrize("name", SPARK_OPTION_NAMES)
 def test_every_option_of_spark_s_kafka_source_is_taken_or_refused_with_its_own_reason(name: str) -> None:
-    values = {"subscribe": "a", "startingOffsets": "earliest", "endingOffsets": "latest"}
-    given = {**BASE, name.lower(): values.get(name, "1"), "includeheaders": "true", "failondataloss": "true"}
+    values = {
+        "subscribe": "a",
+        "assign": '{"a": [0]}',
+        "startingOffsets": "earliest",
+        "endingOffsets": "latest",
+    }
+    base = {k: v for k, v in BASE.items() if not (name == "assign" and k == "subscribe")}
+    given = {**base, name.lower(): values.get(name, "1"), "includeheaders": "true", "failondataloss": "true"}
     try:
         parse_read_options(given, {})
     except ConfigError as e:

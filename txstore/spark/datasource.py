@@ -15,8 +15,9 @@ RDD). It reads like Spark's own Kafka batch source and has its columns
 Options (names are case-insensitive, values strings, as Spark passes them; Spark hands them
 over lower-cased, so an error line names an option as documented, :func:`option_names`):
 
-- ``kafka.bootstrap.servers`` (required), ``subscribe`` (required,
-  comma-separated topics);
+- ``kafka.bootstrap.servers`` (required), ``subscribe`` (comma-separated
+  topics) or ``assign`` (Spark's JSON ``{"topicA": [0, 1]}``: only those
+  partitions are planned and read; :mod:`txstore.core.assignment`), one of them;
 - ``startingOffsets``: ``earliest`` (default), ``latest``, or Spark's JSON
   ``{"topicA": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest); partitions the
   JSON does not name start at earliest;
@@ -77,6 +78,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
 from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition, plan_ranges, split_ranges
 from txstore.core.starting import (
@@ -151,7 +153,6 @@ _JAVA_CONSUMER = (
 )
 NOT_TAKEN = {
     "subscribepattern": f"is not supported by format('txstore') yet (issue 36 point 1); {_BY_SUBSCRIBE}",
-    "assign": f"is not supported by format('txstore') yet (issue 36 point 2); {_BY_SUBSCRIBE}",
     "startingoffsetsbytimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
     "startingtimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
     "startingoffsetsbytimestampstrategy": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
@@ -171,6 +172,7 @@ NOT_TAKEN = {
 _KNOWN = (
     "kafka.bootstrap.servers",
     "subscribe",
+    "assign",
     "startingoffsets",
     "endingoffsets",
     "minpartitions",
@@ -180,7 +182,7 @@ _KNOWN = (
     *_COMPATIBLE_ONLY_TRUE,
 )
 _SUPPORTED = (
-    "kafka.bootstrap.servers, subscribe, startingOffsets, endingOffsets, minPartitions, "
+    "kafka.bootstrap.servers, subscribe or assign, startingOffsets, endingOffsets, minPartitions, "
     "includeHeaders, txstore.job, txstore.databaseUrl, and kafka.* client settings"
 )
 
@@ -224,6 +226,8 @@ class ReadOptions:
     # lower-cased option name -> as shown in error lines (option_names)
     names: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     include_headers: bool = False  # includeHeaders: the headers column, as in Spark's source
+    # assign: topic -> the only partitions read (txstore.core.assignment); None: all of subscribe's
+    assignment: Mapping[str, tuple[int, ...]] | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -309,25 +313,40 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
             f"option {name_of('kafka.bootstrap.servers')} is required: "
             ".option('kafka.bootstrap.servers', 'host:9092')"
         )
-    topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
-    if not topics:
-        raise ConfigError(f"option {name_of('subscribe')} is required: .option('subscribe', 'topicA,topicB')")
+    subscribe, assign = name_of("subscribe"), name_of("assign")
+    if "subscribe" in given and "assign" in given:
+        raise ConfigError(
+            f"give one of option {subscribe} and option {assign}, not both (as in Spark): the topics "
+            "to read, or the partitions"
+        )
+    assignment = None
+    if "assign" in given:
+        assignment = parse_assignment(given["assign"], f"option {assign}")
+        topics: tuple[str, ...] = tuple(assignment)
+    else:
+        topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
+        if not topics:
+            raise ConfigError(
+                f"option {subscribe} (or {assign}) is required: .option('subscribe', 'topicA,topicB')"
+            )
+        if len(set(topics)) != len(topics):
+            raise ConfigError(f"option {subscribe} names a topic twice: {given['subscribe']!r}")
     for topic in topics:
         problem = topic_name_problem(topic)
         if problem:
-            raise ConfigError(f"option {name_of('subscribe')}: {problem}")
-    if len(set(topics)) != len(topics):
-        raise ConfigError(f"option {name_of('subscribe')} names a topic twice: {given['subscribe']!r}")
+            raise ConfigError(f"option {assign if assignment else subscribe}: {problem}")
 
     starting_name, ending_name = name_of("startingOffsets"), name_of("endingOffsets")
     starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), f"option {starting_name}")
     ending = _parse_ending(given.get("endingoffsets"), ending_name)
     for name, spec in ((starting_name, starting), (ending_name, ending)):
+        if assignment is not None:
+            check_assigned_starts(assignment, spec.specific, f"option {assign}", f"option {name}")
         strangers = sorted({t for t, _ in spec.specific} - set(topics))
         if strangers:
             raise ConfigError(
                 f"option {name} names topics that are not subscribed: {', '.join(map(repr, strangers))}; "
-                f"add them to option {name_of('subscribe')} or remove them from the JSON"
+                f"add them to option {subscribe} or remove them from the JSON"
             )
 
     min_partitions = _parse_min_partitions(given.get("minpartitions"), name_of("minPartitions"))
@@ -359,6 +378,7 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
         database_url,
         names,
         include_headers,
+        assignment,
     )
 
 
@@ -421,6 +441,7 @@ def plan_read_ranges(options: ReadOptions, watermarks: Sequence[PartitionWaterma
     3. refuse a start after its end; keep the range if it is not empty;
     4. cut them for ``minPartitions``.
     """
+    watermarks, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
     known = {w.key for w in watermarks}
     starting_name, ending_name = options.name("startingOffsets"), options.name("endingOffsets")
     for name, spec in ((starting_name, options.starting), (ending_name, options.ending)):
@@ -477,8 +498,11 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning."""
     if options.job is not None:
         assert options.database_url is not None
-        committed = job_committed_offsets(options.database_url, options.job, options.topics)
-        watermarks = fetch_watermarks(options.kafka_conf, options.topics)
+        stored = job_committed_offsets(options.database_url, options.job, options.topics)
+        where = f"option {options.name('assign')}"
+        watermarks, committed = assigned_only(
+            options.assignment, fetch_watermarks(options.kafka_conf, options.topics), stored, where
+        )
         ranges = plan_job_ranges(options.job, committed, watermarks, options.starting)
         return split_ranges(ranges, options.min_partitions)
     return plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
