@@ -322,6 +322,28 @@ def test_kafka_options_that_would_change_what_is_read_are_refused_and_nothing_is
         )
 
 
+def test_a_java_client_only_kafka_option_is_refused_naming_the_pem_settings_librdkafka_takes() -> None:
+    with pytest.raises(ConfigError) as caught:
+        JobSettings(
+            "count_topic",
+            ("t",),
+            "k:9092",
+            "postgresql://u@h/d",
+            kafka_options={
+                "ssl.truststore.location": "/etc/kafka/trust.jks",
+                "ssl.truststore.password": "pw1",
+            },
+        )
+    text = str(caught.value)
+    assert text == (
+        "--kafka-option ssl.truststore.location is a setting of Kafka's Java client that librdkafka, "
+        "txstore's Kafka client, does not take; give --kafka-option ssl.ca.location instead (the CA "
+        "certificates as a PEM file)"
+    )
+    with pytest.raises(ConfigError, match=r"^--kafka-option ssl.keystore.location \(a .jks file\) is"):
+        client_config("k:9092", {"ssl.keystore.location": "/k/client.jks", "ssl.keystore.password": "pw1"})
+
+
 def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exactly(
     spark: Any,
     kafka: MockKafkaCluster,

@@ -17,7 +17,7 @@ from tests.test_count_topic import job_for, log_ends, offsets
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.kafka.reader import RangeReader
-from txstore.spark.source_columns import kafka_source_schema
+from txstore.spark.source_columns import WITHOUT_HEADERS, kafka_source_schema
 from txstore.spark.tasks import spark_failure_reason
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -114,7 +114,7 @@ def test_load_returns_exactly_the_messages_of_several_topics_with_the_kafka_sour
     send(any_kafka.bootstrap_servers, a, to_a)
     send(any_kafka.bootstrap_servers, b, to_b)
 
-    frame = read(session, f"{a}, {b}", any_kafka)
+    frame = read(session, f"{a}, {b}", any_kafka, includeHeaders="true")
 
     assert frame.schema == kafka_source_schema()
     next_offset: dict[tuple[str, int], int] = {}
@@ -162,7 +162,7 @@ def test_an_empty_topic_is_an_empty_dataframe_with_the_kafka_source_schema(
     session: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
     frame = read(session, new_topic(2), kafka)
-    assert frame.schema == kafka_source_schema()
+    assert frame.schema == kafka_source_schema(WITHOUT_HEADERS)
     assert frame.collect() == []
 
 
@@ -268,6 +268,7 @@ def test_a_declared_schema_reads_only_its_columns_in_its_order_with_the_same_val
         .schema(declared)
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
         .option("subscribe", topic)
+        .option("includeHeaders", "true")
         .load()
     )
 
@@ -279,7 +280,7 @@ def test_a_declared_schema_reads_only_its_columns_in_its_order_with_the_same_val
     assert found == sorted(
         (p, k, t * 1000, h) for p, k, _v, t, h in sent
     )  # the same values as the full read, with no value column built
-    everything = read(session, topic, kafka)
+    everything = read(session, topic, kafka, includeHeaders="true")
     assert sorted(frame.collect()) == sorted(everything.select(*frame.columns).collect())
 
 

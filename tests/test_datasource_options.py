@@ -20,7 +20,9 @@ from txstore.spark.arrow import (
     messages_to_record_batch,
 )
 from txstore.spark.datasource import (
+    NOT_TAKEN,
     READER_FIXED_SETTINGS,
+    SPARK_OPTION_NAMES,
     ReadOptions,
     parse_read_options,
     plan_job_ranges,
@@ -73,6 +75,7 @@ def test_options_in_any_case_are_parsed_and_kafka_settings_lose_their_prefix() -
     assert parsed.starting == StartingOffsets(EARLIEST, {("a", 0): 23, ("a", 1): EARLIEST})
     assert parsed.ending == StartingOffsets(LATEST, {("b", 0): 50})
     assert parsed.min_partitions == 8
+    assert parsed.include_headers is True
     assert parsed.job is None
     assert "s3cret" not in repr(parsed)
 
@@ -87,14 +90,16 @@ def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting
     ("given", "expected"),
     [
         ({"subscribe": "a"}, "option kafka.bootstrap.servers is required"),
-        ({"kafka.bootstrap.servers": "k:1"}, "option subscribe is required"),
+        ({"kafka.bootstrap.servers": "k:1"}, "option subscribe (or assign) is required"),
         ({**BASE, "subscribe": "a,,a"}, "option subscribe names a topic twice"),
         ({**BASE, "subscribe": "a,b c"}, "option subscribe: 'b c' is not a valid Kafka topic name"),
-        ({**BASE, "startOffsets": "earliest"}, "unknown option 'startoffsets' for format('txstore')"),
-        ({**BASE, "assign": '{"a": [0]}'}, "option assign is not supported by format('txstore')"),
-        ({**BASE, "subscribePattern": "a.*"}, "option subscribepattern is not supported"),
-        ({**BASE, "failOnDataLoss": "false"}, "option failondataloss='false' is not supported"),
-        ({**BASE, "includeHeaders": "false"}, "option includeheaders='false' is not supported"),
+        (
+            {**BASE, "startOffsets": "earliest"},
+            "unknown option 'startOffsets' for format('txstore') (did you mean startingOffsets?)",
+        ),
+        ({**BASE, "subscribePattern": "a.*"}, "option subscribePattern is not supported"),
+        ({**BASE, "failOnDataLoss": "false"}, "option failOnDataLoss='false' is not supported"),
+        ({**BASE, "includeHeaders": "yes"}, "option includeHeaders must be true or false, got 'yes'"),
         ({**BASE, "startingOffsets": "{oops"}, "option startingOffsets is not valid JSON"),
         (
             {**BASE, "startingOffsets": '{"c": {"0": 1}}'},
@@ -130,6 +135,117 @@ def test_a_bad_option_is_refused_with_one_line_naming_it(given: dict[str, str], 
     text = refusal(given)
     assert expected in text
     assert "pw" not in text
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"subscribepattern": "a.*"}, "option subscribePattern is not supported"),
+        ({"minpartitions": "0"}, "option minPartitions must be a whole number"),
+        ({"failondataloss": "false"}, "option failOnDataLoss='false' is not supported"),
+        ({"startingoffsets": "{oops"}, "option startingOffsets is not valid JSON"),
+        ({"endingoffsets": "earliest"}, "option endingOffsets cannot be earliest"),
+        (
+            {"startoffsets": "earliest"},
+            "unknown option 'startoffsets' for format('txstore') (did you mean startingOffsets?)",
+        ),
+    ],
+)
+def test_an_option_spark_hands_over_lower_cased_is_named_as_documented(
+    given: dict[str, str], expected: str
+) -> None:
+    # Spark lower-cases a Python data source's option names (CaseInsensitiveDict): the error
+    # line names the option as Spark's and txstore's documentation spell it, as the user typed it.
+    assert expected in refusal({"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b", **given})
+
+
+def test_an_option_whose_case_reaches_the_parser_is_named_as_typed() -> None:
+    assert "option MINPARTITIONS must be" in refusal({**BASE, "MINPARTITIONS": "0"})
+    assert "option SubscribePattern is not supported" in refusal({**BASE, "SubscribePattern": "a"})
+    typed = options(STARTINGOFFSETS='{"a": {"7": 0}}')
+    with pytest.raises(ConfigError, match=r"^option STARTINGOFFSETS names 'a' partition 7, which Kafka"):
+        plan_read_ranges(typed, WATERMARKS)
+    spark_given = parse_read_options({**BASE, "startingoffsets": '{"a": {"1": 3}}'}, {})
+    with pytest.raises(DataLoss, match=r"^option startingOffsets: topic 'a' partition 1 offset 3"):
+        plan_read_ranges(spark_given, WATERMARKS)
+
+
+@pytest.mark.parametrize("given", [{"kafka.group.id": "spark-app"}, {"groupidprefix": "spark-kafka-source"}])
+def test_a_kafka_consumer_group_is_refused_because_txstore_commits_no_offsets_to_one(
+    given: dict[str, str],
+) -> None:
+    name = "kafka.group.id" if "kafka.group.id" in given else "groupIdPrefix"
+    text = refusal({**BASE, **given})
+    assert text.startswith(f"option {name} is refused: format('txstore') joins and commits to no ")
+    assert "txn_offsets" in text and text.endswith("; drop the option")
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "instead"),
+    [
+        ("ssl.truststore.location", "/etc/kafka/trust.jks", "give option kafka.ssl.ca.location instead"),
+        ("ssl.truststore.type", "JKS", "give option kafka.ssl.ca.location instead"),
+        ("ssl.truststore.password", "s3cret", "give option kafka.ssl.ca.location instead"),
+        (
+            "ssl.keystore.location",
+            "/etc/kafka/client.JKS",
+            "give option kafka.ssl.certificate.location and option kafka.ssl.key.location instead",
+        ),
+        ("ssl.keystore.type", "JKS", "option kafka.ssl.certificate.location and option kafka.ssl.key"),
+        ("sasl.jaas.config", "PlainLoginModule password='s3cret';", "option kafka.sasl.username and"),
+    ],
+)
+def test_a_java_client_only_setting_is_refused_at_load_pointing_to_what_librdkafka_takes(
+    setting: str, value: str, instead: str
+) -> None:
+    text = refusal({**BASE, f"kafka.{setting}": value, "kafka.ssl.key.password": "s3cret"})
+    assert text.startswith(f"option kafka.{setting}")
+    assert (
+        "is a setting of Kafka's Java client that librdkafka, txstore's Kafka client, does not take" in text
+    )
+    assert instead in text
+    assert "s3cret" not in text
+
+
+def test_a_pkcs12_key_store_and_pem_files_are_librdkafka_settings_and_pass() -> None:
+    pem = {
+        "kafka.ssl.ca.location": "/etc/kafka/ca.pem",
+        "kafka.ssl.certificate.location": "/etc/kafka/client.pem",
+        "kafka.ssl.key.location": "/etc/kafka/client.key",
+    }
+    assert options(**pem).kafka_options["ssl.ca.location"] == "/etc/kafka/ca.pem"
+    p12 = options(
+        **{"kafka.ssl.keystore.location": "/etc/kafka/client.p12", "kafka.ssl.keystore.password": "x"}
+    )
+    assert p12.kafka_options["ssl.keystore.location"] == "/etc/kafka/client.p12"
+
+
+def test_the_headers_column_is_there_only_with_include_headers_true_as_in_spark() -> None:
+    assert options().columns == ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+    assert options(includeHeaders="false").columns == options().columns
+    assert options(includeHeaders=" True ").columns == (*options().columns, "headers")
+    assert kafka_source_schema(options().columns).names == list(options().columns)
+
+
+@pytest.mark.parametrize("name", SPARK_OPTION_NAMES)
+def test_every_option_of_spark_s_kafka_source_is_taken_or_refused_with_its_own_reason(name: str) -> None:
+    values = {
+        "subscribe": "a",
+        "assign": '{"a": [0]}',
+        "startingOffsets": "earliest",
+        "endingOffsets": "latest",
+    }
+    base = {k: v for k, v in BASE.items() if not (name == "assign" and k == "subscribe")}
+    given = {**base, name.lower(): values.get(name, "1"), "includeheaders": "true", "failondataloss": "true"}
+    try:
+        parse_read_options(given, {})
+    except ConfigError as e:
+        text = str(e)
+        assert text.startswith(f"option {name} "), text  # as Spark's documentation spells it
+        assert "unknown" not in text and "did you mean" not in text and "\n" not in text
+        assert name.lower() in NOT_TAKEN or name in ("kafka.group.id", "groupIdPrefix"), text
+    else:
+        assert name.lower() not in NOT_TAKEN
 
 
 def test_the_job_database_comes_from_the_option_or_else_from_txstore_database_url() -> None:
@@ -384,6 +500,17 @@ def test_a_declared_schema_names_the_columns_read_in_its_order_nullability_aside
     )
     assert schema_columns(declared) == ("timestamp", "partition", "key", "topic")
     assert schema_columns(kafka_source_schema()) == tuple(KAFKA_ARROW_SCHEMA.names)
+
+
+def test_a_declared_headers_column_needs_include_headers() -> None:
+    declared = kafka_source_schema(("topic", "headers"))
+    assert schema_columns(declared, include_headers=True) == ("topic", "headers")
+    with pytest.raises(ConfigError) as caught:
+        schema_columns(declared, include_headers=False)
+    assert str(caught.value) == (
+        "schema: column headers is there only with .option('includeHeaders', 'true'), as in Spark's "
+        "Kafka source; add the option or leave headers out of the schema"
+    )
 
 
 @pytest.mark.parametrize(

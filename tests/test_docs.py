@@ -199,3 +199,15 @@ def test_docker_compose_runs_the_kafka_and_postgresql_versions_the_tests_use() -
     assert f"| {KAFKA_VERSION} " in kafka_row
     [postgres_tested] = re.findall(r"^\| PostgreSQL \| 15\+ \| (\d+) ", page, re.M)
     assert images["postgres"] == f"postgres:{postgres_tested}"
+
+
+def test_the_options_page_has_a_row_for_every_option_of_spark_s_kafka_source() -> None:
+    from txstore.spark.datasource import NOT_TAKEN, SPARK_OPTION_NAMES
+
+    page = (ROOT / "docs" / "reference" / "spark-kafka-options.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)`[^|]* \| (.+)$", page, re.M)}
+    missing = [name for name in SPARK_OPTION_NAMES if name not in rows]
+    assert not missing, f"docs/reference/spark-kafka-options.md has no row for {missing}"
+    for name in SPARK_OPTION_NAMES:  # an option the parser refuses is not called supported
+        if name.lower() in NOT_TAKEN:
+            assert not rows[name].startswith("supported"), name

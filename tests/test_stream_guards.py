@@ -1419,9 +1419,13 @@ def test_stream_options_are_the_batch_options_plus_the_stream_s_own() -> None:
     [
         (
             {"endingOffsets": "latest"},
-            "option endingoffsets is not supported by readStream.format('txstore')",
+            "option endingOffsets is not supported by readStream.format('txstore')",
         ),
-        ({"minPartitions": "4"}, "option minpartitions is not supported"),
+        ({"minPartitions": "4"}, "option minPartitions is not supported"),
+        ({"minpartitions": "4"}, "option minPartitions is not supported"),
+        ({"maxoffsetspertrigger": "0"}, "option maxOffsetsPerTrigger must be a whole number"),
+        ({"txstore.countmessages": "yes"}, "option txstore.countMessages must be true or false"),
+        ({"subscribepattern": "t.*"}, "option subscribePattern is not supported by format('txstore')"),
         ({"txstore.job": " "}, "option txstore.job is required by readStream.format('txstore')"),
         (
             {"maxOffsetsPerTrigger": "0"},

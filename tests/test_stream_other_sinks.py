@@ -112,3 +112,45 @@ def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_fo
     assert sorted(seen) == list(range(11))
     stored = offsets(db, topic, job=JOB)[0]
     assert 8 <= stored <= 11
+
+
+def test_include_headers_adds_the_headers_column_to_batch_reads_and_streams_as_spark_does(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    import txstore
+    from tests.test_datasource import Outgoing, read, send
+
+    txstore.register(spark)
+    topic = new_topic(1)
+    sent: list[Outgoing] = [(0, b"a", b"1", 1_767_225_600_000, [("trace", b"t1")]), (0, b"b", b"2", 1, None)]
+    send(kafka.bootstrap_servers, topic, sent)
+    spark_columns = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+
+    def headers(rows: Any) -> list[Any]:
+        return [None if r.headers is None else [(h.key, h.value) for h in r.headers] for r in rows]
+
+    assert read(spark, topic, kafka).columns == spark_columns
+    assert read(spark, topic, kafka, includeHeaders="false").columns == spark_columns
+    with_headers = read(spark, topic, kafka, includeHeaders="true")
+    assert with_headers.columns == [*spark_columns, "headers"]
+    assert headers(with_headers.orderBy("offset").collect()) == [[("trace", b"t1")], None]
+
+    assert stream(spark, kafka, database_url, topic).columns == spark_columns
+    out, checkpoint = tmp_path / "out", tmp_path / "chk"
+    streamed = stream(spark, kafka, database_url, topic, includeHeaders="true")
+    assert streamed.columns == [*spark_columns, "headers"]
+    query = (
+        streamed.select("offset", "headers")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert headers(spark.read.parquet(str(out)).orderBy("offset").collect()) == [[("trace", b"t1")], None]

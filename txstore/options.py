@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from txstore.core.assignment import parse_assignment
 from txstore.core.env import BOOTSTRAP_ENV, DATABASE_URL_ENV
 from txstore.core.errors import ConfigError
 
@@ -95,9 +96,14 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         "--topic",
         dest="topics",
         action="append",
-        required=True,
         metavar="TOPIC",
-        help="Kafka topic to read; repeat for several topics",
+        help="Kafka topic to read; repeat for several topics (or --assign)",
+    )
+    parser.add_argument(
+        "--assign",
+        metavar="JSON",
+        help='instead of --topic: only these partitions, as Spark\'s assign option, {"topic": [0, 1]}; '
+        "two jobs may split a topic's partitions, each counting its own",
     )
     parser.add_argument(
         "--job",
@@ -251,13 +257,26 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         raise ConfigError(f"--max-offsets-per-batch must be at least 1, got {args.max_offsets_per_batch}")
     if args.max_batch_failures < 1:
         raise ConfigError("--max-batch-failures must be at least 1")
-    topics = tuple(dict.fromkeys(t.strip() for t in args.topics))
+    assignment = None
+    if args.assign is not None:
+        if args.topics:
+            raise ConfigError(
+                "give either --topic or --assign, not both: the topics to read, or the partitions"
+            )
+        assignment = parse_assignment(args.assign, "--assign")
+        topics = tuple(assignment)
+    elif not args.topics:
+        raise ConfigError(
+            "no topic given: pass --topic TOPIC (repeatable), or --assign '{\"topic\": [0, 1]}'"
+        )
+    else:
+        topics = tuple(dict.fromkeys(t.strip() for t in args.topics))
     if any(not t for t in topics):
         raise ConfigError("--topic must not be empty")
     for topic in topics:
         problem = topic_name_problem(topic)
         if problem:
-            raise ConfigError(f"--topic {problem}")
+            raise ConfigError(f"{'--assign' if assignment else '--topic'}: {problem}")
     if not args.job.strip():
         raise ConfigError("--job must not be empty")
     starting = parse_starting_offsets(args.starting_offsets)
@@ -268,6 +287,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     return JobSettings(
         job=args.job,
         topics=topics,
+        assignment=assignment,
         bootstrap_servers=args.bootstrap_servers,
         database_url=resolve_database_url(args.database_url),
         starting_offsets=starting,

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from txstore.core.assignment import assigned_only
 from txstore.core.errors import (
     PRIVILEGE_HINT,
     DatabaseUnavailable,
@@ -93,13 +94,16 @@ class Planner:
         s = self.settings
         committed, self.history = store.committed_state(conn, s.job, s.topics)
         try:
-            return committed, self.watermarks(s.kafka_conf, s.topics)
+            watermarks = self.watermarks(s.kafka_conf, s.topics)
         except UnknownTopic as e:
             # A topic the job stored offsets for existed: gone now, it is no typo.
             stored = sum(1 for topic, _ in committed if topic == e.topic)
             if not stored:
                 raise
             raise topic_missing_now(s.job, e.topic, e.servers, stored) from None
+        # --assign: only the assigned partitions are planned (a row no longer assigned is kept).
+        watermarks, committed = assigned_only(s.assignment, watermarks, committed, "--assign")
+        return committed, watermarks
 
     def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
         """Kafka's topic IDs where it reports them (asked with the job's own admin client only),

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from txstore.core.assignment import check_assigned_starts
 from txstore.core.errors import ConfigError
 from txstore.core.starting import StartingOffsets
 from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
@@ -51,6 +52,8 @@ class JobSettings:
     on_bad_message: str = FAIL  # or SKIP: record messages the aggregate fails on, count the rest
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:metrics_port/metrics
     metrics_host: str = "127.0.0.1"
+    # --assign: topic -> the only partitions the job plans and counts (txstore.core.assignment)
+    assignment: Mapping[str, tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         for topic in self.topics:
@@ -60,6 +63,15 @@ class JobSettings:
         problem = fixed_option_problem(self.kafka_options)
         if problem:
             raise ConfigError(problem)
+        if self.assignment is not None:
+            if sorted(self.assignment) != sorted(self.topics):
+                raise ConfigError(
+                    f"the assignment's topics {sorted(self.assignment)} are not the job's topics "
+                    f"{sorted(self.topics)}; give topics=tuple(assignment)"
+                )
+            check_assigned_starts(
+                self.assignment, self.starting_offsets.specific, "--assign", "--starting-offsets"
+            )
         if self.commit not in COMMIT_MODES:
             raise ConfigError(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {self.commit!r}")
         if self.sink not in SINKS:

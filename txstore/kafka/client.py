@@ -80,13 +80,60 @@ _FIXED_OPTIONS = {
 }
 
 
+_PEM_TRUST = (("ssl.ca.location",), "the CA certificates as a PEM file")
+_PEM_KEY = (
+    ("ssl.certificate.location", "ssl.key.location"),
+    "PEM files; or a PKCS#12 .p12 file as ssl.keystore.location",
+)
+_JAVA_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
+    "ssl.truststore.location": _PEM_TRUST,
+    "ssl.truststore.password": _PEM_TRUST,
+    "ssl.truststore.type": _PEM_TRUST,
+    "ssl.keystore.type": _PEM_KEY,
+    "sasl.jaas.config": (("sasl.username", "sasl.password"), "with sasl.mechanism"),
+}
+
+
+def java_only_setting(options: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+    """The first of ``options`` (librdkafka settings, no prefix) that only Kafka's Java client
+    takes: its name as given, the librdkafka settings to give instead, and a note on them;
+    None if there is none.
+
+    Code moved from Spark's ``format("kafka")`` brings the Java client's JKS trust and key
+    stores and its JAAS line. librdkafka has no trust store, reads only PKCS#12 key stores and
+    takes no JAAS, and would refuse them only when its first client is made, deep in a task.
+    """
+    for key, value in sorted(options.items()):
+        setting = key.strip().lower()
+        if setting in _JAVA_ONLY:
+            return (key, *_JAVA_ONLY[setting])
+        if setting == "ssl.keystore.location" and value.strip().lower().endswith(".jks"):
+            return (key, *_PEM_KEY)
+    return None
+
+
+def java_only_problem(options: Mapping[str, str], prefix: str) -> str | None:
+    """:func:`java_only_setting` as one line, each setting named after ``prefix``
+    (``--kafka-option `` or ``option kafka.``); never a value (it may be a password)."""
+    found = java_only_setting(options)
+    if found is None:
+        return None
+    key, instead, note = found
+    jks = " (a .jks file)" if key.strip().lower() == "ssl.keystore.location" else ""
+    return (
+        f"{prefix}{key}{jks} is a setting of Kafka's Java client that librdkafka, txstore's Kafka "
+        f"client, does not take; give {' and '.join(prefix + name for name in instead)} instead ({note})"
+    )
+
+
 def fixed_option_problem(options: Mapping[str, str]) -> str | None:
     """Why one of ``options`` (``--kafka-option``) may not be given, or None.
 
     ``isolation.level`` and the reader's fixed settings are what make a
     range read exactly what the planner saw (committed messages up to the
     last stable offset, no offsets stored or jumped); changing one would
-    silently change what is counted, so it is refused, not ignored.
+    silently change what is counted, so it is refused, not ignored. A setting only Kafka's
+    Java client takes (:func:`java_only_setting`) is refused too, naming the librdkafka ones.
     """
     for key, value in options.items():
         fixed = _FIXED_OPTIONS.get(key.strip().lower())
@@ -95,7 +142,7 @@ def fixed_option_problem(options: Mapping[str, str]) -> str | None:
                 f"--kafka-option {key}={value} is refused: txstore sets {key.strip().lower()}={fixed} "
                 "itself, which exact counts rely on; remove the option"
             )
-    return None
+    return java_only_problem(options, "--kafka-option ")
 
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")

@@ -12,10 +12,12 @@ RDD). It reads like Spark's own Kafka batch source and has its columns
           .option("subscribe", "events,orders")
           .load())
 
-Options (names are case-insensitive, values strings, as Spark passes them):
+Options (names are case-insensitive, values strings, as Spark passes them; Spark hands them
+over lower-cased, so an error line names an option as documented, :func:`option_names`):
 
-- ``kafka.bootstrap.servers`` (required), ``subscribe`` (required,
-  comma-separated topics);
+- ``kafka.bootstrap.servers`` (required), ``subscribe`` (comma-separated
+  topics) or ``assign`` (Spark's JSON ``{"topicA": [0, 1]}``: only those
+  partitions are planned and read; :mod:`txstore.core.assignment`), one of them;
 - ``startingOffsets``: ``earliest`` (default), ``latest``, or Spark's JSON
   ``{"topicA": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest); partitions the
   JSON does not name start at earliest;
@@ -25,7 +27,10 @@ Options (names are case-insensitive, values strings, as Spark passes them):
   many Spark tasks;
 - ``kafka.*``: any other librdkafka setting for the client (TLS, SASL), with
   the ``kafka.`` prefix stripped; the settings that make reads exact
-  (:data:`READER_FIXED_SETTINGS`) are refused;
+  (:data:`READER_FIXED_SETTINGS`) are refused, and so are ``kafka.group.id`` and
+  ``groupIdPrefix`` (the source joins and commits to no consumer group) and the Java client's
+  JKS and JAAS settings (:func:`~txstore.kafka.client.java_only_setting`), naming the PEM
+  settings librdkafka takes instead;
 - ``txstore.job`` (with ``txstore.databaseUrl``, default the
   ``TXSTORE_DATABASE_URL`` environment variable of the process that plans
   the read): instead of start and end offsets, read exactly the ranges that
@@ -34,12 +39,13 @@ Options (names are case-insensitive, values strings, as Spark passes them):
   no offset row is created and nothing is committed. A partition the job
   has never committed starts where the job would start it: earliest, or
   per ``startingOffsets`` given as the job's ``--starting-offsets``;
-- ``failOnDataLoss`` and ``includeHeaders``: accepted, for code written for
-  Spark's source, only as ``true``, which is what this source always does
-  (an explicit offset Kafka no longer has raises :class:`DataLoss`; the
-  ``headers`` column is always there). Any other option is refused.
+- ``includeHeaders``: ``true`` adds the ``headers`` column, as in Spark's
+  source (default ``false``: no ``headers`` column);
+- ``failOnDataLoss``: accepted, for code written for Spark's source, only as
+  ``true``, which is what this source always does (an explicit offset Kafka
+  no longer has raises :class:`DataLoss`). Any other option is refused.
 
-Columns: all of Spark's Kafka-source columns, or only those a schema names
+Columns: Spark's Kafka-source columns (``headers`` only with ``includeHeaders``), or only those a schema names
 (``.schema("topic string, timestamp timestamp")``, any order, Spark's types;
 :func:`schema_columns`). Spark cannot prune a Python reader's columns itself,
 so this is how a query that needs two columns stops paying for keys, values
@@ -65,12 +71,14 @@ Option parsing and planning are pure functions over frozen dataclasses
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
 from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition, plan_ranges, split_ranges
 from txstore.core.starting import (
@@ -80,11 +88,12 @@ from txstore.core.starting import (
     parse_starting_offsets,
     resolve_starting_offsets,
 )
-from txstore.kafka.client import client_config, fetch_watermarks, topic_name_problem
+from txstore.kafka.client import client_config, fetch_watermarks, java_only_problem, topic_name_problem
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.postgres.migrate import check_schema
+from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, WITHOUT_HEADERS
 
 FORMAT = "txstore"
 
@@ -97,22 +106,109 @@ READER_FIXED_SETTINGS = (
 )
 """librdkafka settings the reader fixes (read_committed, no commits, fail on aged-out offsets)."""
 
-_COMPATIBLE_ONLY_TRUE = ("failondataloss", "includeheaders")
-_UNSUPPORTED_SUBSCRIPTIONS = ("assign", "subscribepattern")
+SPARK_OPTION_NAMES = (
+    "kafka.bootstrap.servers",
+    "subscribe",
+    "subscribePattern",
+    "assign",
+    "startingOffsets",
+    "startingOffsetsByTimestamp",
+    "startingTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingOffsets",
+    "endingOffsetsByTimestamp",
+    "endingTimestamp",
+    "failOnDataLoss",
+    "kafkaConsumer.pollTimeoutMs",
+    "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "groupIdPrefix",
+    "kafka.group.id",
+    "includeHeaders",
+)
+"""Every option of Spark's Kafka source (``format("kafka")``), as Spark's documentation spells it."""
+TXSTORE_OPTION_NAMES = (
+    "txstore.job",
+    "txstore.databaseUrl",
+    "txstore.countMessages",
+    "txstore.tasks",
+    "txstore.failpoints",
+)
+SPELLING = {name.lower(): name for name in (*SPARK_OPTION_NAMES, *TXSTORE_OPTION_NAMES)}
+"""Lower-cased option name -> its documented spelling (Spark hands a data source its options'
+names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
+
+_CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
+_COMPATIBLE_ONLY_TRUE = ("failondataloss",)
+_BY_SUBSCRIBE = "name the topics with option('subscribe', 'topicA,topicB')"
+_BY_START_OFFSETS = "give startingOffsets as JSON offsets (or run a job with --starting-timestamp)"
+_JAVA_CONSUMER = (
+    "is a setting of the Java consumer of Spark's source; txstore reads with librdkafka, which "
+    "waits and retries by its own kafka.* settings; drop the option"
+)
+NOT_TAKEN = {
+    "subscribepattern": f"is not supported by format('txstore') yet (issue 36 point 1); {_BY_SUBSCRIBE}",
+    "startingoffsetsbytimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
+    "startingtimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
+    "startingoffsetsbytimestampstrategy": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
+    "endingoffsetsbytimestamp": "is not supported yet; give endingOffsets as JSON offsets",
+    "endingtimestamp": "is not supported yet; give endingOffsets as JSON offsets",
+    "maxrecordsperpartition": "is not supported yet; give minPartitions (the fewest Spark tasks) instead",
+    "kafkaconsumer.polltimeoutms": _JAVA_CONSUMER,
+    "fetchoffset.numretries": _JAVA_CONSUMER,
+    "fetchoffset.retryintervalms": _JAVA_CONSUMER,
+    "maxoffsetspertrigger": "is an option of readStream.format('txstore'), not of a batch read; drop it",
+    "minoffsetspertrigger": "is not supported: a micro-batch reads what Kafka has, up to "
+    "maxOffsetsPerTrigger; drop the option",
+    "maxtriggerdelay": "is not supported: a micro-batch reads what Kafka has, up to "
+    "maxOffsetsPerTrigger; drop the option",
+}
+"""Spark's Kafka-source options format('txstore') does not take, each with the rest of its line."""
 _KNOWN = (
     "kafka.bootstrap.servers",
     "subscribe",
+    "assign",
     "startingoffsets",
     "endingoffsets",
     "minpartitions",
     "txstore.job",
     "txstore.databaseurl",
+    "includeheaders",
     *_COMPATIBLE_ONLY_TRUE,
 )
 _SUPPORTED = (
-    "kafka.bootstrap.servers, subscribe, startingOffsets, endingOffsets, minPartitions, "
-    "txstore.job, txstore.databaseUrl, and kafka.* client settings"
+    "kafka.bootstrap.servers, subscribe or assign, startingOffsets, endingOffsets, minPartitions, "
+    "includeHeaders, txstore.job, txstore.databaseUrl, and kafka.* client settings"
 )
+
+
+def option_names(options: Mapping[str, str]) -> dict[str, str]:
+    """Lower-cased option name -> the name to show in an error line: as typed when the caller
+    kept its case (a dict passed directly), else as documented (:data:`SPELLING`: Spark passes a
+    data source its options' names lower-cased, so ``subscribePattern`` arrives as
+    ``subscribepattern``), else as given."""
+    names: dict[str, str] = {}
+    for key in options:
+        typed = str(key)
+        lowered = typed.lower()
+        names[lowered] = typed if typed != lowered else SPELLING.get(lowered, typed)
+    return names
+
+
+def shown(names: Mapping[str, str], name: str) -> str:
+    """Option ``name`` (any case) as :func:`option_names` shows it; documented if not given."""
+    lowered = name.lower()
+    return names.get(lowered) or SPELLING.get(lowered, name)
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), list(SPELLING), n=1, cutoff=0.75)
+    return f" (did you mean {SPELLING[close[0]]}?)" if close else ""
 
 
 @dataclass(frozen=True)
@@ -127,6 +223,21 @@ class ReadOptions:
     min_partitions: int | None = None
     job: str | None = None
     database_url: str | None = field(default=None, repr=False)  # holds the password
+    # lower-cased option name -> as shown in error lines (option_names)
+    names: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    include_headers: bool = False  # includeHeaders: the headers column, as in Spark's source
+    # assign: topic -> the only partitions read (txstore.core.assignment); None: all of subscribe's
+    assignment: Mapping[str, tuple[int, ...]] | None = None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The source's columns when no schema is declared: Spark's, ``headers`` only with
+        ``includeHeaders``."""
+        return KAFKA_SOURCE_COLUMNS if self.include_headers else WITHOUT_HEADERS
+
+    def name(self, option: str) -> str:
+        """``option`` as the caller spelled it, for an error line (:func:`shown`)."""
+        return shown(self.names, option)
 
     @property
     def kafka_conf(self) -> dict[str, Any]:
@@ -136,9 +247,16 @@ class ReadOptions:
 def _is_true(name: str, value: str) -> None:
     if value.strip().lower() != "true":
         raise ConfigError(
-            f"option {name}={value!r} is not supported by format('txstore'): it always fails on "
-            "offsets Kafka no longer has and always has the headers column; drop the option"
+            f"option {name}={value!r} is not supported by format('txstore') yet (issue 36 point 4): "
+            "it always fails on offsets Kafka no longer has; drop the option"
         )
+
+
+def _parse_include_headers(text: str | None, name: str) -> bool:
+    value = (text or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"option {name} must be true or false, got {text!r}")
+    return value == "true"
 
 
 def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -> ReadOptions:
@@ -152,88 +270,134 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
     ``TXSTORE_DATABASE_URL``.
     """
     given = {str(k).lower(): str(v) for k, v in options.items()}
+    names = option_names(options)
+
+    def name_of(option: str) -> str:
+        return shown(names, option)
+
     kafka_options: dict[str, str] = {}
     for name, value in sorted(given.items()):
+        if name in _CONSUMER_GROUPS:
+            raise ConfigError(
+                f"option {name_of(name)} is refused: format('txstore') joins and commits to no Kafka "
+                "consumer group (its reads are assigned ranges; a txstore.job's offsets are in "
+                "PostgreSQL, txn_offsets), so a group would be named and never used; drop the option"
+            )
         if name.startswith("kafka."):
             setting = name[len("kafka.") :]
             if setting in READER_FIXED_SETTINGS:
                 raise ConfigError(
-                    f"option kafka.{setting} cannot be set: the txstore reader fixes it "
+                    f"option {name_of(name)} cannot be set: the txstore reader fixes it "
                     "(read_committed, no offset commits, fail on aged-out offsets); drop the option"
                 )
             if setting != "bootstrap.servers":
                 kafka_options[setting] = value
-        elif name in _UNSUPPORTED_SUBSCRIPTIONS:
-            raise ConfigError(
-                f"option {name} is not supported by format('txstore'); name the topics with "
-                "option('subscribe', 'topicA,topicB')"
-            )
+        elif name in NOT_TAKEN:
+            raise ConfigError(f"option {name_of(name)} {NOT_TAKEN[name]}")
         elif name not in _KNOWN:
-            raise ConfigError(f"unknown option {name!r} for format('txstore'); it takes {_SUPPORTED}")
+            raise ConfigError(
+                f"unknown option {name_of(name)!r} for format('txstore'){_did_you_mean(name)}; "
+                f"it takes {_SUPPORTED}"
+            )
         elif name in _COMPATIBLE_ONLY_TRUE:
-            _is_true(name, value)
+            _is_true(name_of(name), value)
 
+    java_only = java_only_problem(
+        {names[f"kafka.{k}"][len("kafka.") :]: v for k, v in kafka_options.items()}, "option kafka."
+    )
+    if java_only:
+        raise ConfigError(java_only)
     servers = given.get("kafka.bootstrap.servers", "").strip()
     if not servers:
         raise ConfigError(
-            "option kafka.bootstrap.servers is required: .option('kafka.bootstrap.servers', 'host:9092')"
+            f"option {name_of('kafka.bootstrap.servers')} is required: "
+            ".option('kafka.bootstrap.servers', 'host:9092')"
         )
-    topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
-    if not topics:
-        raise ConfigError("option subscribe is required: .option('subscribe', 'topicA,topicB')")
+    subscribe, assign = name_of("subscribe"), name_of("assign")
+    if "subscribe" in given and "assign" in given:
+        raise ConfigError(
+            f"give one of option {subscribe} and option {assign}, not both (as in Spark): the topics "
+            "to read, or the partitions"
+        )
+    assignment = None
+    if "assign" in given:
+        assignment = parse_assignment(given["assign"], f"option {assign}")
+        topics: tuple[str, ...] = tuple(assignment)
+    else:
+        topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
+        if not topics:
+            raise ConfigError(
+                f"option {subscribe} (or {assign}) is required: .option('subscribe', 'topicA,topicB')"
+            )
+        if len(set(topics)) != len(topics):
+            raise ConfigError(f"option {subscribe} names a topic twice: {given['subscribe']!r}")
     for topic in topics:
         problem = topic_name_problem(topic)
         if problem:
-            raise ConfigError(f"option subscribe: {problem}")
-    if len(set(topics)) != len(topics):
-        raise ConfigError(f"option subscribe names a topic twice: {given['subscribe']!r}")
+            raise ConfigError(f"option {assign if assignment else subscribe}: {problem}")
 
-    starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), "option startingOffsets")
-    ending = _parse_ending(given.get("endingoffsets"))
-    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+    starting_name, ending_name = name_of("startingOffsets"), name_of("endingOffsets")
+    starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), f"option {starting_name}")
+    ending = _parse_ending(given.get("endingoffsets"), ending_name)
+    for name, spec in ((starting_name, starting), (ending_name, ending)):
+        if assignment is not None:
+            check_assigned_starts(assignment, spec.specific, f"option {assign}", f"option {name}")
         strangers = sorted({t for t, _ in spec.specific} - set(topics))
         if strangers:
             raise ConfigError(
                 f"option {name} names topics that are not subscribed: {', '.join(map(repr, strangers))}; "
-                "add them to option subscribe or remove them from the JSON"
+                f"add them to option {subscribe} or remove them from the JSON"
             )
 
-    min_partitions = _parse_min_partitions(given.get("minpartitions"))
+    min_partitions = _parse_min_partitions(given.get("minpartitions"), name_of("minPartitions"))
+    include_headers = _parse_include_headers(given.get("includeheaders"), name_of("includeHeaders"))
     job = given.get("txstore.job", "").strip() or None
     database_url = None
     if job is not None:
         if "endingoffsets" in given:
             raise ConfigError(
-                f"option endingOffsets cannot be combined with txstore.job {job!r}: "
+                f"option {ending_name} cannot be combined with {name_of('txstore.job')} {job!r}: "
                 "the job's next batch reads to the log end"
             )
         url = given.get("txstore.databaseurl") or environ.get(DATABASE_URL_ENV)
         if not url:
             raise ConfigError(
-                f"option txstore.job {job!r} needs the job's database: "
+                f"option {name_of('txstore.job')} {job!r} needs the job's database: "
                 f".option('txstore.databaseUrl', 'postgresql://...') or {DATABASE_URL_ENV} "
                 "where Spark plans the read"
             )
         database_url = resolve_database_url(url)
-    return ReadOptions(topics, servers, kafka_options, starting, ending, min_partitions, job, database_url)
+    return ReadOptions(
+        topics,
+        servers,
+        kafka_options,
+        starting,
+        ending,
+        min_partitions,
+        job,
+        database_url,
+        names,
+        include_headers,
+        assignment,
+    )
 
 
-def _parse_ending(text: str | None) -> StartingOffsets:
+def _parse_ending(text: str | None, name: str = "endingOffsets") -> StartingOffsets:
     if text is None:
         return StartingOffsets(LATEST)
     if text.strip().lower() == "earliest":
-        raise ConfigError("option endingOffsets cannot be earliest; use latest or JSON offsets")
-    parsed = parse_starting_offsets(text, "option endingOffsets")
+        raise ConfigError(f"option {name} cannot be earliest; use latest or JSON offsets")
+    parsed = parse_starting_offsets(text, f"option {name}")
     for (topic, partition), offset in sorted(parsed.specific.items()):
         if offset == EARLIEST:
             raise ConfigError(
-                f"option endingOffsets: topic {topic!r} partition {partition}: -2 (earliest) is not "
+                f"option {name}: topic {topic!r} partition {partition}: -2 (earliest) is not "
                 "an end; use -1 (latest) or an offset"
             )
     return replace(parsed, default=LATEST)  # partitions the JSON does not name end at latest
 
 
-def _parse_min_partitions(text: str | None) -> int | None:
+def _parse_min_partitions(text: str | None, name: str = "minPartitions") -> int | None:
     if text is None:
         return None
     try:
@@ -241,7 +405,7 @@ def _parse_min_partitions(text: str | None) -> int | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise ConfigError(f"option minPartitions must be a whole number of at least 1, got {text!r}")
+        raise ConfigError(f"option {name} must be a whole number of at least 1, got {text!r}")
     return value
 
 
@@ -277,20 +441,22 @@ def plan_read_ranges(options: ReadOptions, watermarks: Sequence[PartitionWaterma
     3. refuse a start after its end; keep the range if it is not empty;
     4. cut them for ``minPartitions``.
     """
+    watermarks, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
     known = {w.key for w in watermarks}
-    for name, spec in (("startingOffsets", options.starting), ("endingOffsets", options.ending)):
+    starting_name, ending_name = options.name("startingOffsets"), options.name("endingOffsets")
+    for name, spec in ((starting_name, options.starting), (ending_name, options.ending)):
         unknown = sorted(k for k in spec.specific if k not in known)
         if unknown:
             names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
             raise ConfigError(f"option {name} names {names}, which Kafka does not report; check the JSON")
     ranges = []
     for marks in sorted(watermarks, key=lambda w: w.key):
-        start = _resolve("startingOffsets", options.starting, marks)
-        end = _resolve("endingOffsets", options.ending, marks)
+        start = _resolve(starting_name, options.starting, marks)
+        end = _resolve(ending_name, options.ending, marks)
         if start > end:
             raise ConfigError(
-                f"topic {marks.topic!r} partition {marks.partition}: startingOffsets {start} is after "
-                f"endingOffsets {end}; give a start at or before the end"
+                f"topic {marks.topic!r} partition {marks.partition}: {starting_name} {start} is after "
+                f"{ending_name} {end}; give a start at or before the end"
             )
         if start < end:
             ranges.append(OffsetRange(marks.topic, marks.partition, start, end))
@@ -332,8 +498,11 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning."""
     if options.job is not None:
         assert options.database_url is not None
-        committed = job_committed_offsets(options.database_url, options.job, options.topics)
-        watermarks = fetch_watermarks(options.kafka_conf, options.topics)
+        stored = job_committed_offsets(options.database_url, options.job, options.topics)
+        where = f"option {options.name('assign')}"
+        watermarks, committed = assigned_only(
+            options.assignment, fetch_watermarks(options.kafka_conf, options.topics), stored, where
+        )
         ranges = plan_job_ranges(options.job, committed, watermarks, options.starting)
         return split_ranges(ranges, options.min_partitions)
     return plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
@@ -351,12 +520,13 @@ def check_explicit_offsets(options: ReadOptions) -> None:
         plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
 
 
-def schema_columns(schema: Any) -> tuple[str, ...]:
+def schema_columns(schema: Any, include_headers: bool = True) -> tuple[str, ...]:
     """The Kafka-source columns a user-given schema (``.schema(...)``) names, checked.
 
     Each field must be one of the Kafka-source columns, with its Spark type
     (nullability aside); a column that can be null (``key``, ``value``,
-    ``timestamp``, ``headers``) cannot be declared NOT NULL. Anything else is
+    ``timestamp``, ``headers``) cannot be declared NOT NULL; ``headers`` only
+    with ``include_headers`` (option ``includeHeaders``). Anything else is
     :class:`ConfigError`, one line naming the column.
     """
     from txstore.spark.source_columns import kafka_source_schema
@@ -378,6 +548,11 @@ def schema_columns(schema: Any) -> tuple[str, ...]:
             )
         if expected.nullable and not f.nullable:
             raise ConfigError(f"schema: column {f.name} can be null; do not declare it NOT NULL")
+        if f.name == "headers" and not include_headers:
+            raise ConfigError(
+                "schema: column headers is there only with .option('includeHeaders', 'true'), as in "
+                "Spark's Kafka source; add the option or leave headers out of the schema"
+            )
         names.append(f.name)
     if len(set(names)) != len(names):
         raise ConfigError(f"schema: a column is named twice: {', '.join(names)}")
@@ -416,7 +591,7 @@ def partition_ranges(partition: InputPartition) -> tuple[OffsetRange, ...]:
 class TxstoreReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: ReadOptions, schema: Any) -> None:
         self.options = options
-        self.columns = schema_columns(schema)
+        self.columns = schema_columns(schema, options.include_headers)
         self.schema = schema  # Spark's, for the Arrow schema Spark expects (its nullability)
 
     def partitions(self) -> list[InputPartition]:

@@ -22,6 +22,9 @@ KAFKA_SOURCE_COLUMNS = (
     "headers",
 )
 
+WITHOUT_HEADERS = tuple(c for c in KAFKA_SOURCE_COLUMNS if c != "headers")
+"""The columns of ``format("kafka")`` (and ``format("txstore")``) unless ``includeHeaders`` is true."""
+
 
 class ColumnsInvalid(ValueError):
     """A column selection that is not a non-empty set of distinct Kafka-source columns."""

@@ -52,7 +52,7 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         counting = {str(k).lower(): v for k, v in self.options.items()}.get(COUNT_MESSAGES_OPTION)
         if parse_count_messages(counting):
             return COUNT_SCHEMA
-        return kafka_source_schema()
+        return kafka_source_schema(options.columns)
 
     def reader(self, schema: Any) -> TxstoreReader:
         return TxstoreReader(parse_read_options(self.options, os.environ), schema)

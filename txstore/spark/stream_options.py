@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FailPoints
-from txstore.spark.datasource import ReadOptions, parse_read_options
+from txstore.spark.datasource import ReadOptions, option_names, parse_read_options, shown
 
 COUNT_MESSAGES_OPTION = "txstore.countmessages"
 TASKS_OPTION = "txstore.tasks"
@@ -48,23 +48,32 @@ def parse_stream_options(
     ``txstore.tasks`` (else ``default_tasks``, what :func:`txstore.register` measured) and
     ``txstore.failpoints``; ``txstore.job`` required."""
     given = {str(k).lower(): str(v) for k, v in options.items()}
-    for name in ("endingoffsets", "minpartitions"):
-        if name in given:
-            raise ConfigError(
-                f"option {name} is not supported by readStream.format('txstore'): each micro-batch "
-                "reads one range per partition up to the log end (limit it with maxOffsetsPerTrigger)"
-            )
+    names = option_names(options)
+    if "endingoffsets" in given:
+        raise ConfigError(
+            f"option {shown(names, 'endingOffsets')} is not supported by readStream.format('txstore'): "
+            "each micro-batch reads one range per partition up to the log end (limit it with "
+            "maxOffsetsPerTrigger)"
+        )
+    if "minpartitions" in given:
+        raise ConfigError(
+            f"option {shown(names, 'minPartitions')} is not supported by readStream.format('txstore') "
+            "yet (issue 36 point 5): each micro-batch reads one range per partition, in at most "
+            "txstore.tasks tasks; drop the option"
+        )
     if not given.get("txstore.job", "").strip():
         raise ConfigError(
-            "option txstore.job is required by readStream.format('txstore'): the job whose offsets "
-            "in txn_offsets the stream continues and commits"
+            f"option {shown(names, 'txstore.job')} is required by readStream.format('txstore'): the job "
+            "whose offsets in txn_offsets the stream continues and commits"
         )
-    count_messages = parse_count_messages(given.pop(COUNT_MESSAGES_OPTION, None))
-    tasks_text = given.pop(TASKS_OPTION, None)
-    tasks = default_tasks if tasks_text is None else parse_tasks(tasks_text)
-    failpoints = given.pop(FAILPOINTS_OPTION, "")
+    count_messages = parse_count_messages(
+        given.get(COUNT_MESSAGES_OPTION), shown(names, COUNT_MESSAGES_OPTION)
+    )
+    tasks_text = given.get(TASKS_OPTION)
+    tasks = default_tasks if tasks_text is None else parse_tasks(tasks_text, shown(names, TASKS_OPTION))
+    failpoints = given.get(FAILPOINTS_OPTION, "")
     FailPoints.parse(failpoints)  # a bad one fails at load()
-    limit_text = given.pop("maxoffsetspertrigger", None)
+    limit_text = given.get("maxoffsetspertrigger")
     limit = None
     if limit_text is not None:
         try:
@@ -73,23 +82,26 @@ def parse_stream_options(
             limit = 0
         if limit < 1:
             raise ConfigError(
-                f"option maxOffsetsPerTrigger must be a whole number of at least 1, got {limit_text!r}"
+                f"option {shown(names, 'maxOffsetsPerTrigger')} must be a whole number of at least 1, "
+                f"got {limit_text!r}"
             )
-    read = parse_read_options(given, environ)
+    # The batch source's options, with their names as given (for its error lines).
+    batch = {k: v for k, v in options.items() if str(k).lower() not in STREAM_ONLY_OPTIONS}
+    read = parse_read_options(batch, environ)
     assert read.job is not None and read.database_url is not None
     return StreamOptions(read, read.job, read.database_url, limit, count_messages, tasks, failpoints)
 
 
-def parse_count_messages(text: str | None) -> bool:
+def parse_count_messages(text: str | None, name: str = "txstore.countMessages") -> bool:
     """``txstore.countMessages``: ``true`` or ``false`` (the default)."""
     if text is None or text.strip().lower() == "false":
         return False
     if text.strip().lower() == "true":
         return True
-    raise ConfigError(f"option txstore.countMessages must be true or false, got {text!r}")
+    raise ConfigError(f"option {name} must be true or false, got {text!r}")
 
 
-def parse_tasks(text: str) -> int:
+def parse_tasks(text: str, name: str = "txstore.tasks") -> int:
     """``txstore.tasks``: a whole number of at least 1."""
     try:
         tasks = int(text)
@@ -97,7 +109,7 @@ def parse_tasks(text: str) -> int:
         tasks = 0
     if tasks < 1:
         raise ConfigError(
-            "option txstore.tasks must be a whole number of at least 1 (the most Spark tasks a "
+            f"option {name} must be a whole number of at least 1 (the most Spark tasks a "
             f"micro-batch's ranges are read in), got {text!r}"
         )
     return tasks

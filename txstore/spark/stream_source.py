@@ -101,6 +101,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
+from txstore.core.assignment import assigned_keys, assigned_only
 from txstore.core.errors import (
     AlreadyCommitted,
     ConfigError,
@@ -467,6 +468,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
+        self._assignment_checked = False  # assign: its partitions checked against Kafka's, once
 
     # -- the planning connection and its locks ------------------------------------------------------
 
@@ -580,13 +582,35 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if self._kafka is None:
             self._kafka = Watermarks()
         try:
-            return self._kafka(self.options.read.kafka_conf, self.options.read.topics)
+            reported = self._kafka(self.options.read.kafka_conf, self.options.read.topics)
         except UnknownTopic as e:
             # A topic the job stored offsets for existed: gone now, it is no typo (as count_topic).
             stored = sum(1 for t, _ in store.committed_offsets(self._db(), self.options.job, [e.topic]))
             if not stored:
                 raise
             raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
+        assignment = self.options.read.assignment
+        if assignment is None:
+            return reported
+        if not self._assignment_checked:  # once a query: an assigned partition Kafka does not have
+            rows = store.committed_offsets(self._db(), self.options.job, self.options.read.topics)
+            assigned_only(assignment, reported, rows, f"option {self.options.read.name('assign')}")
+            self._assignment_checked = True
+        assigned = assigned_keys(assignment)
+        return [w for w in reported if w.key in assigned]
+
+    def _job_state(self, conn: psycopg.Connection) -> _State:
+        """The job's rows for the query's topics: with ``assign``, of the assigned partitions only
+        (a row of a partition no longer assigned is kept, not planned)."""
+        committed, history = store.committed_state(conn, self.options.job, self.options.read.topics)
+        assignment = self.options.read.assignment
+        if assignment is None:
+            return committed, history
+        assigned = assigned_keys(assignment)
+        return (
+            {k: v for k, v in committed.items() if k in assigned},
+            {k: v for k, v in history.items() if k in assigned},
+        )
 
     def _topic_ids(
         self, conn: psycopg.Connection, history: Mapping[TopicPartition, PartitionHistory]
@@ -629,7 +653,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         for d in decisions:
             if (d.topic, d.partition) in created:
                 log.info("job %s: %s/%d starts at %s", job, d.topic, d.partition, start_reason(d))
-        return store.committed_state(conn, job, self.options.read.topics)
+        return self._job_state(conn)
 
     @restating
     @_again_on_a_new_session
@@ -640,7 +664,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def _initial_offsets(self) -> dict[TopicPartition, int]:
         conn = self._db()
-        state = store.committed_state(conn, self.options.job, self.options.read.topics)
+        state = self._job_state(conn)
         watermarks = self._watermarks()
         committed, history = self._start_rows(conn, self._start_decisions(state[0], watermarks), state)
         self._topic_ids(conn, history)
@@ -676,7 +700,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             begin = self._last_end if self._last_end is not None else self._initial_offsets()
             max_offsets = self.options.max_offsets_per_trigger
         now = self._watermarks()
-        stored, history = store.committed_state(conn, job, self.options.read.topics)
+        stored, history = self._job_state(conn)
         decisions = self._start_decisions(stored, now)
         check_checkpoint_starts(job, self.options.read.topics, begin, stored, would_start(decisions))
         # A partition the start does not name enters where the job starts it, its row stored now.
@@ -711,7 +735,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         begin, finish = offsets_map(start), offsets_map(end)
         planned = batch_ranges(begin, finish)
         topics = self.options.read.topics
-        committed, history = store.committed_state(conn, job, topics)
+        committed, history = self._job_state(conn)
         now = self._watermarks()
         # A partition the job has no row for starts here only where the job would start it (a
         # checkpoint names no job: another's would be trusted); its row is stored then.
@@ -729,7 +753,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         except CheckpointMismatch:
             if not self._caught_up(conn, planned):
                 raise
-            committed, history = store.committed_state(conn, job, topics)
+            committed, history = self._job_state(conn)
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
         # The log is still the one the batch was planned on (a restart replays a batch planned before).
         topic_ids = self._topic_ids(conn, history)
