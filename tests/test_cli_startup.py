@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -71,25 +70,29 @@ def test_help_and_argument_errors_import_no_heavy_module(args: list[str]) -> Non
     assert json.loads(done.stderr.splitlines()[-1]) == [], done.stderr
 
 
-def _median_seconds(command: list[str], env: dict[str, str]) -> float:
+def _cpu_seconds(command: list[str], env: dict[str, str]) -> float:
+    """The least CPU time (user + system) of three runs of ``command``: what the command itself
+    costs, which the other work on a shared machine does not stretch as it stretches wall time."""
     subprocess.run(command, capture_output=True, timeout=60, cwd=ROOT, env=env)  # writes the bytecode
     times = []
     for _ in range(3):
-        start = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(command, capture_output=True, timeout=60, cwd=ROOT, env=env)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        times.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    return min(times)
 
 
 def test_help_and_a_mistyped_command_take_under_0_3_s_more_than_python_itself(tmp_path: Path) -> None:
-    """Measured against a bare interpreter started the same way (the machine may be loaded), with
-    compiled bytecode as an installed package has (here in ``tmp_path``, not in the checkout)."""
+    """Measured in CPU time against a bare interpreter started the same way (wall time on the
+    shared 2-core machine doubled at load 9), with compiled bytecode as an installed package has
+    (here in ``tmp_path``, not in the checkout). Before the late imports: 1-2.6 s."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(tmp_path)
-    python = _median_seconds([sys.executable, "-c", "import argparse"], env)
+    python = _cpu_seconds([sys.executable, "-c", "import argparse"], env)
     for args in (["--help"], ["statsu"]):
-        took = _median_seconds([sys.executable, "-m", "txstore.ops.cli", *args], env)
-        assert took - python < 0.3, f"txstore {' '.join(args)}: {took:.2f} s, python alone {python:.2f} s"
+        took = _cpu_seconds([sys.executable, "-m", "txstore.ops.cli", *args], env)
+        assert took - python < 0.3, f"txstore {' '.join(args)}: {took:.2f} s CPU, python alone {python:.2f} s"
 
 
 def test_a_mistyped_command_is_one_line_suggesting_the_right_one() -> None:

@@ -6,7 +6,6 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from txstore.core.assignment import parse_assignment
 from txstore.core.env import BOOTSTRAP_ENV, DATABASE_URL_ENV
 from txstore.core.errors import ConfigError
 
@@ -244,6 +243,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     """Validate parsed options into :class:`JobSettings`; raise ConfigError with one line."""
     from dataclasses import replace
 
+    from txstore.core.assignment import parse_assignment
     from txstore.core.starting import parse_starting_offsets, parse_timestamp
     from txstore.job import JobSettings
     from txstore.kafka.client import topic_name_problem
