@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from txstore.core.errors import MetricsPortInUse, ResultsTableInvalid, TxstoreError, first_line
+from txstore.core.failpoints import FailPoints
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
 from txstore.options import add_job_options, job_settings
 from txstore.report.logformat import TEXT, formatter
@@ -215,6 +216,7 @@ class LazySparkSession:
             if self.refused():
                 raise KeyboardInterrupt  # stopping now: never start Spark on the way out
             self._session = spark_session(self.app_name, self.remote, self.ship_txstore)
+            FailPoints.from_env().hit("spark-started")
             if self.started is not None:
                 self.started()
         return self._session
