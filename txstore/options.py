@@ -18,6 +18,8 @@ from txstore.report.logformat import LOG_FORMATS, TEXT
 
 SPARK_REMOTE_ENV = "SPARK_REMOTE"
 """Spark Connect's own variable: a job run with it set talks to that server (``sc://host:port``)."""
+CONNECT_TIMEOUT = 30.0
+"""Seconds a job waits for a Spark Connect server to answer before it gives up (``--connect-timeout``)."""
 
 
 def key_value(text: str) -> tuple[str, str]:
@@ -199,6 +201,14 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         default=os.environ.get(SPARK_REMOTE_ENV) or None,
         metavar="sc://HOST:PORT",
         help=f"run on a Spark Connect server instead of a classic Spark session (env {SPARK_REMOTE_ENV})",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=_positive_seconds,
+        default=CONNECT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with --remote: give up if the Spark Connect server has not answered within SECONDS "
+        f"(default {CONNECT_TIMEOUT:g}); SIGTERM or Ctrl-C ends the wait at once",
     )
     parser.add_argument(
         "--no-ship-txstore",
