@@ -53,8 +53,6 @@ def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> N
 
 SPARK_AND_PLATFORM_NOISE = (
     "log4j",  # Spark's banner: "Using Spark's default log4j profile"
-    "Setting default log level",
-    "sc.setLogLevel",
     " WARN ",  # hostname/loopback, NativeCodeLoader, SparkUI port, DAGScheduler on stop
     "NativeCodeLoader",
     "[Stage ",  # console progress bars
