@@ -237,7 +237,17 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="text (default), or json: one JSON object per log line, batch and range lines "
         "with their numbers as fields",
     )
-    parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
+    add_verbose_option(parser)
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    """``--verbose``: shared by the jobs and ``txstore demo``."""
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="debug logging, tracebacks on errors, and Spark's own log lines (its warnings, start-up "
+        "banner); without it Spark logs its errors only",
+    )
 
 
 def job_settings(args: argparse.Namespace) -> JobSettings:

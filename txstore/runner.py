@@ -45,6 +45,7 @@ from txstore.core.failpoints import FailPoints
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
 from txstore.options import CONNECT_TIMEOUT, SPARK_REMOTE_ENV, add_job_options, job_settings
 from txstore.report.logformat import TEXT, formatter
+from txstore.spark.quiet import quiet_driver_launch
 from txstore.spark.range_task import Aggregate
 from txstore.spark.startup import (
     connect_address,
@@ -137,13 +138,18 @@ def configure_logging(verbose: bool = False, log_format: str = TEXT) -> None:
     logging.getLogger("txstore.kafka.client").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
-def spark_session(app_name: str, remote: str | None = None, ship_txstore: bool = True) -> object:
+def spark_session(
+    app_name: str, remote: str | None = None, ship_txstore: bool = True, quiet: bool = True
+) -> object:
     """The SparkSession: classic (spark-submit's ``--master``, else ``local[*]``), or with
     ``remote`` (``sc://host:port``) a Spark Connect client.
 
     Under Connect there is no ``--py-files``: txstore's sources (the
     ``txstore py-files`` zip, built in a temporary directory) are added to
     the session as an artifact instead, unless ``ship_txstore`` is False.
+
+    ``quiet``: a driver JVM started here logs Spark's errors only (:mod:`txstore.spark.quiet`),
+    and the session's log level is ERROR; else Spark's defaults, and WARN (``--verbose``).
     """
     if remote:
         return _connect_session(app_name, remote, ship_txstore)
@@ -153,6 +159,8 @@ def spark_session(app_name: str, remote: str | None = None, ship_txstore: bool =
     from pyspark.sql import SparkSession
 
     conf = SparkConf().setAppName(app_name).set("spark.ui.showConsoleProgress", "false")
+    if quiet:
+        quiet_driver_launch()
     # The JVM first (launched with these settings, or spark-submit's): its master, if standalone,
     # must answer, else Spark would retry it for minutes and fail without naming it.
     SparkContext._ensure_initialized(conf=conf)
@@ -166,7 +174,7 @@ def spark_session(app_name: str, remote: str | None = None, ship_txstore: bool =
     session = SparkSession.builder.config(conf=conf).getOrCreate()
     # Classic only: the log level is the driver JVM's; a Connect client has no sparkContext,
     # and the server's log level is the server's to set (its log4j2 configuration).
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel("ERROR" if quiet else "WARN")
     add_wheels_for_executors(session)
     return session
 
@@ -208,6 +216,7 @@ def start_spark(
     ship_txstore: bool = True,
     stop: threading.Event | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
+    quiet: bool = True,
 ) -> object:
     """:func:`spark_session`, started in a thread of its own while this thread waits for it.
 
@@ -241,7 +250,7 @@ def start_spark(
                     if abandoned.is_set():
                         return
                     creating.set()
-            outcome["session"] = spark_session(app_name, remote, ship_txstore)
+            outcome["session"] = spark_session(app_name, remote, ship_txstore, quiet)
         except BaseException as e:  # told by the waiting thread; nothing printed from here
             outcome["error"] = e
 
@@ -325,6 +334,7 @@ class LazySparkSession:
         refused: Callable[[], bool] = lambda: False,
         stop: threading.Event | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
+        quiet: bool = True,
     ) -> None:
         """``started`` runs once the session exists; while ``refused()`` is true no session is
         started (``KeyboardInterrupt``). ``stop`` and ``connect_timeout``: see :func:`start_spark`."""
@@ -335,6 +345,7 @@ class LazySparkSession:
         self.ship_txstore = ship_txstore
         self.stop = stop
         self.connect_timeout = connect_timeout
+        self.quiet = quiet
         self._session: object | None = None
 
     @property
@@ -344,7 +355,7 @@ class LazySparkSession:
             if self.refused():
                 raise KeyboardInterrupt  # stopping now: never start Spark on the way out
             self._session = start_spark(
-                self.app_name, self.remote, self.ship_txstore, self.stop, self.connect_timeout
+                self.app_name, self.remote, self.ship_txstore, self.stop, self.connect_timeout, self.quiet
             )
             FailPoints.from_env().hit("spark-started")
             if self.started is not None:
@@ -401,6 +412,7 @@ def run_job_main(
             refused=lambda: stop_now.requested,
             stop=stop,
             connect_timeout=args.connect_timeout,
+            quiet=not args.verbose,
         )
         with TransactionalJob(spark, settings, aggregate, **job_options) as job:
             try:
