@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import venv
 from collections.abc import Callable
@@ -189,3 +190,29 @@ def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+class StderrLines:
+    """A started process's stderr, read line by line in a thread as it comes, so a test can wait
+    for a line (:meth:`wait_for`) and still read the whole of it afterwards (:meth:`text`)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stderr is not None
+        self.lines: list[str] = []
+        self._stream = process.stderr
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, seconds: float) -> bool:
+        return wait_for(
+            lambda: any(text in line for line in self.lines) or not self._reader.is_alive(), seconds
+        ) and any(text in line for line in self.lines)
+
+    def text(self, seconds: float = 30) -> str:
+        """All of it, once the process closed its stderr (waits up to ``seconds``)."""
+        self._reader.join(seconds)
+        return "".join(self.lines)

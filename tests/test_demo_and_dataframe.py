@@ -25,10 +25,12 @@ from txstore.testing.real_kafka import RealKafkaCluster
 pytestmark = pytest.mark.spark
 
 
-def demo(*args: str, database_url: str | None = None) -> subprocess.CompletedProcess[str]:
+def demo(
+    *args: str, database_url: str | None = None, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """``txstore demo ARGS`` in a process of its own, on a throwaway PostgreSQL unless given
-    ``database_url`` (as ``TXSTORE_DATABASE_URL``)."""
-    env = {k: v for k, v in os.environ.items() if k != "TXSTORE_DATABASE_URL"}
+    ``database_url`` (as ``TXSTORE_DATABASE_URL``), without the variables named in ``unset``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TXSTORE_DATABASE_URL", *unset)}
     env["PYSPARK_PYTHON"] = sys.executable
     if database_url is not None:
         env["TXSTORE_DATABASE_URL"] = database_url
@@ -47,6 +49,30 @@ def test_demo_counts_exactly_on_an_embedded_broker_and_throwaway_database() -> N
     assert result.returncode == 0, result.stderr[-3000:]
     assert "run 1: topic demo-events: produced 3000, counted 3000 (exact)" in result.stdout
     assert "run 2: topic demo-events: produced 4500, counted 4500 (exact)" in result.stdout
+
+
+SPARK_AND_PLATFORM_NOISE = (
+    "log4j",  # Spark's banner: "Using Spark's default log4j profile"
+    " WARN ",  # hostname/loopback, NativeCodeLoader, SparkUI port, DAGScheduler on stop
+    "NativeCodeLoader",
+    "[Stage ",  # console progress bars
+    "XDG_RUNTIME_DIR",  # pgserver's platformdirs, where the variable is unset
+)
+
+
+def test_the_demo_says_what_the_user_needs_without_spark_or_platform_noise() -> None:
+    result = demo("--messages", "300", "--partitions", "2", unset=("XDG_RUNTIME_DIR",))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "run 2: topic demo-events: produced 450, counted 450 (exact)" in result.stdout
+    output = result.stdout + result.stderr
+    assert [n for n in SPARK_AND_PLATFORM_NOISE if n in output] == [], output[-3000:]
+    assert "INFO txstore: range demo-events/0" in result.stderr
+
+
+def test_verbose_brings_back_spark_own_log_lines() -> None:
+    result = demo("--messages", "30", "--partitions", "1", "--verbose")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Using Spark's default log4j profile" in result.stderr, result.stderr[-3000:]
 
 
 def test_a_demo_whose_database_cannot_be_reached_is_one_line_not_a_traceback() -> None:

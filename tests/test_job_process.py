@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import REPO, produce
 from tests.job_processes import (
     JOB,
+    StderrLines,
     command_line,
     count_topic_args,
     descendants,
@@ -312,3 +313,32 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
     assert again.returncode == 0, again.stderr
     assert totals(db, topic) == {topic: 50}
     assert offsets(db, topic) == log_ends(kafka, topic)
+
+
+def test_one_ctrl_c_just_after_spark_started_lets_the_batch_finish_without_a_traceback(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    # The moment PySpark's own SIGINT handler used to hold: the session made, the job's handlers
+    # not yet back (a fail point stalls there). One Ctrl-C is the documented one: the batch
+    # finishes, exit 0, one line saying so; no Py4J traceback, no JVM left.
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 5})
+    env = job_env(TXSTORE_FAILPOINTS="spark-started:sleep=3", PYTHONPATH=str(REPO))  # this checkout's txstore
+    job = start_job_process(*count_topic_args(kafka, database_url, topic, "--once"), env=env)
+    try:
+        err = StderrLines(job)
+        assert err.wait_for("txstore fail point spark-started", 180), err.text(1)[-3000:]
+        spark = descendants(job.pid)
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=180)
+        text = err.text()
+    finally:
+        kill_group(job)
+    assert job.returncode == 0, text[-3000:]
+    assert "received SIGINT: finishing the current batch, then stopping" in text
+    assert "Traceback" not in text and "py4j" not in text.lower() and "interrupted" not in text, text[-3000:]
+    assert gone_within(spark, 30) == set(), [command_line(p) for p in spark]
+    assert totals(db, topic) == {topic: 5}

@@ -332,3 +332,26 @@ def test_a_job_process_logs_json_lines_with_log_format_json(
     batch = [x for x in ours if x.get("event") == "batch"]
     assert len(batch) == 1 and (batch[0]["messages"], batch[0]["outcome"]) == (7, "ok"), ours
     assert [(x["until"], x["messages"]) for x in ours if x.get("event") == "range"] == [(7, 7)]
+
+
+def test_per_batch_range_lines_carry_no_made_up_read_or_commit_times(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    new_topic: Callable[..., str],
+    json_log: io.StringIO,
+) -> None:
+    # Per batch, tasks aggregate pieces and the driver commits the whole batch: no range has a
+    # read or commit time of its own, so its line gives none (not zeros); the batch gives its commit.
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 6, 1: 9})
+    with job_for(spark, kafka, database_url, topic, commit="per-batch") as job:
+        report = job.run_batch()
+    lines = [json.loads(line) for line in json_log.getvalue().splitlines()]
+    ranges = [x for x in lines if x.get("event") == "range"]
+    (batch,) = [x for x in lines if x.get("event") == "batch"]
+    assert len(ranges) == 2
+    assert all(r["read_ms"] is None and r["commit_ms"] is None for r in ranges), ranges
+    assert all("read" not in r["message"] and " ms" not in r["message"] for r in ranges), ranges
+    assert batch["read_ms"] is None and batch["commit_ms"] == round(report.commit_ms, 3) > 0
+    assert "tasks read" not in batch["message"] and "commit " in batch["message"], batch["message"]

@@ -322,8 +322,9 @@ class TransactionalJob:
         number = self.batches
         started = time.perf_counter()
         description = f"txstore {s.job} batch {number}"
+        mode = self.mode(number)
         try:
-            reports, commit_ms = self.mode(number).run(ranges, description)
+            reports, commit_ms = mode.run(ranges, description)
         except TxstoreError as e:
             conflict = e.conflict if isinstance(e, BatchFailed) else None
             self.metrics.batch_failed(plan_ms / 1000 + time.perf_counter() - started, conflict)
@@ -340,7 +341,12 @@ class TransactionalJob:
                 transient=not reason.startswith("TopicRecreated: "),
             ) from None
         report = BatchReport(
-            number, tuple(reports), plan_ms, (time.perf_counter() - started) * 1000, commit_ms
+            number,
+            tuple(reports),
+            plan_ms,
+            (time.perf_counter() - started) * 1000,
+            commit_ms,
+            range_times=mode.tasks_commit,
         )
         log_batch(s.job, report, skipped_by="transform" if s.sink == IDEMPOTENT else "aggregate")
         self.metrics.batch_finished(report.ranges, (report.plan_ms + report.run_ms) / 1000, report.commit_ms)

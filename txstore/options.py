@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 SPARK_REMOTE_ENV = "SPARK_REMOTE"
 """Spark Connect's own variable: a job run with it set talks to that server (``sc://host:port``)."""
+CONNECT_TIMEOUT = 30.0
+"""Seconds a job waits for a Spark Connect server to answer before it gives up (``--connect-timeout``)."""
 
 
 def key_value(text: str) -> tuple[str, str]:
@@ -210,6 +212,14 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help=f"run on a Spark Connect server instead of a classic Spark session (env {SPARK_REMOTE_ENV})",
     )
     parser.add_argument(
+        "--connect-timeout",
+        type=_positive_seconds,
+        default=CONNECT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with --remote: give up if the Spark Connect server has not answered within SECONDS "
+        f"(default {CONNECT_TIMEOUT:g}); SIGTERM or Ctrl-C ends the wait at once",
+    )
+    parser.add_argument(
         "--no-ship-txstore",
         dest="ship_txstore",
         action="store_false",
@@ -236,7 +246,17 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         help="text (default), or json: one JSON object per log line, batch and range lines "
         "with their numbers as fields",
     )
-    parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks on errors")
+    add_verbose_option(parser)
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    """``--verbose``: shared by the jobs and ``txstore demo``."""
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="debug logging, tracebacks on errors, and Spark's own log lines (its warnings, start-up "
+        "banner); without it Spark logs its errors only",
+    )
 
 
 def job_settings(args: argparse.Namespace) -> JobSettings:

@@ -11,6 +11,11 @@ doing (starting, or running a batch), logging is silenced so that nothing
 torn down mid-call prints a traceback, one line says so and the exit status
 is 130. What was committed stays exact: a task killed before its COMMIT
 commits nothing, and the next run reads the offsets from the database.
+
+Spark starts in a thread of its own (:func:`start_spark`), so these handlers hold from the
+first moment to the last (PySpark installs its own SIGINT handler only from the main thread),
+a Spark Connect server that does not answer ends the job in bounded time (``--connect-timeout``),
+and a start-up that fails says its cause in one line.
 """
 
 from __future__ import annotations
@@ -23,15 +28,32 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from txstore.core.errors import MetricsPortInUse, ResultsTableInvalid, TxstoreError, first_line
+from txstore.core.errors import (
+    MetricsPortInUse,
+    ResultsTableInvalid,
+    SparkStartAbandoned,
+    SparkStartFailed,
+    TxstoreError,
+    first_line,
+)
+from txstore.core.failpoints import FailPoints
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
-from txstore.options import add_job_options, job_settings
+from txstore.options import CONNECT_TIMEOUT, SPARK_REMOTE_ENV, add_job_options, job_settings
 from txstore.report.logformat import TEXT, formatter
+from txstore.spark.quiet import quiet_driver_launch
 from txstore.spark.range_task import Aggregate
+from txstore.spark.startup import (
+    connect_address,
+    java_cause,
+    shown_address,
+    unreachable,
+    unreachable_master,
+)
 
 log = logging.getLogger("txstore")
 
@@ -116,26 +138,43 @@ def configure_logging(verbose: bool = False, log_format: str = TEXT) -> None:
     logging.getLogger("txstore.kafka.client").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
-def spark_session(app_name: str, remote: str | None = None, ship_txstore: bool = True) -> object:
+def spark_session(
+    app_name: str, remote: str | None = None, ship_txstore: bool = True, quiet: bool = True
+) -> object:
     """The SparkSession: classic (spark-submit's ``--master``, else ``local[*]``), or with
     ``remote`` (``sc://host:port``) a Spark Connect client.
 
     Under Connect there is no ``--py-files``: txstore's sources (the
     ``txstore py-files`` zip, built in a temporary directory) are added to
     the session as an artifact instead, unless ``ship_txstore`` is False.
+
+    ``quiet``: a driver JVM started here logs Spark's errors only (:mod:`txstore.spark.quiet`),
+    and the session's log level is ERROR; else Spark's defaults, and WARN (``--verbose``).
     """
     if remote:
         return _connect_session(app_name, remote, ship_txstore)
     # Workers must run this interpreter, which has txstore's dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    session = (
-        SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    )
+    conf = SparkConf().setAppName(app_name).set("spark.ui.showConsoleProgress", "false")
+    if quiet:
+        quiet_driver_launch()
+    # The JVM first (launched with these settings, or spark-submit's): its master, if standalone,
+    # must answer, else Spark would retry it for minutes and fail without naming it.
+    SparkContext._ensure_initialized(conf=conf)
+    master = SparkConf().get("spark.master", None) or ""
+    problem = unreachable_master(master)
+    if problem is not None:
+        raise SparkStartFailed(
+            f"Spark did not start: the master {master} cannot be reached: {problem}; start it, "
+            "or correct the master's address (spark-submit --master)"
+        )
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
     # Classic only: the log level is the driver JVM's; a Connect client has no sparkContext,
     # and the server's log level is the server's to set (its log4j2 configuration).
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel("ERROR" if quiet else "WARN")
     add_wheels_for_executors(session)
     return session
 
@@ -171,10 +210,105 @@ def add_wheels_for_executors(spark: Any) -> list[str]:
     return added
 
 
+def start_spark(
+    app_name: str,
+    remote: str | None = None,
+    ship_txstore: bool = True,
+    stop: threading.Event | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    quiet: bool = True,
+) -> object:
+    """:func:`spark_session`, started in a thread of its own while this thread waits for it.
+
+    The waiting thread answers signals at any moment, and PySpark, which installs its own SIGINT
+    handler only when started in the main thread, installs none: a Ctrl-C during start-up is the
+    job's (a first lets the batch finish, a second stops at once), never PySpark's (Py4J tracebacks).
+
+    Under Spark Connect (``remote``) the wait is bounded: the server's address must accept a TCP
+    connection and the session answer within ``connect_timeout`` seconds, else
+    :class:`SparkStartFailed` names the address and why (connection refused, unknown host); a
+    stop (``stop`` set by SIGTERM or a first Ctrl-C) ends the wait at once
+    (:class:`SparkStartAbandoned`). A classic start that fails says its Java cause.
+    """
+    outcome: dict[str, Any] = {}
+    problem: list[str] = []  # the last reason the Connect server's address did not answer
+    deadline = time.monotonic() + connect_timeout
+    abandoned = threading.Event()
+    creating = threading.Event()  # a Connect client is being made: it will be the default session
+    decided = threading.Lock()
+
+    def start() -> None:
+        try:
+            if remote:
+                host, port = connect_address(remote)
+                while (reason := unreachable(host, port, min(5.0, connect_timeout))) is not None:
+                    problem[:] = [reason]
+                    if abandoned.wait(0.5):
+                        return
+                problem.clear()
+                with decided:
+                    if abandoned.is_set():
+                        return
+                    creating.set()
+            outcome["session"] = spark_session(app_name, remote, ship_txstore, quiet)
+        except BaseException as e:  # told by the waiting thread; nothing printed from here
+            outcome["error"] = e
+
+    thread = threading.Thread(target=start, name="txstore-spark-start", daemon=True)
+    thread.start()
+    while not outcome and (remote or thread.is_alive()):
+        thread.join(0.1)
+        if remote and not outcome:
+            where = shown_address(remote)
+            if stop is not None and stop.is_set():
+                _abandon_connect(abandoned, creating, decided)
+                raise SparkStartAbandoned(f"stopped while waiting for the Spark Connect server at {where}")
+            if time.monotonic() >= deadline:
+                _abandon_connect(abandoned, creating, decided)
+                why = f": {problem[0]}" if problem else ""
+                raise SparkStartFailed(
+                    f"the Spark Connect server at {where} did not answer within {connect_timeout:g} s{why}; "
+                    f"start it, or correct --remote / {SPARK_REMOTE_ENV} (--connect-timeout sets the wait)"
+                )
+    if "error" in outcome:
+        error = outcome["error"]
+        if isinstance(error, TxstoreError):
+            raise error
+        cause = java_cause(error) or first_line(error)
+        where = f" (Spark Connect at {shown_address(remote)})" if remote else ""
+        raise SparkStartFailed(f"Spark did not start{where}: {cause}") from error
+    return outcome["session"]
+
+
+def _abandon_connect(abandoned: threading.Event, creating: threading.Event, decided: threading.Lock) -> None:
+    """Give up a Spark Connect start: no client is made from now on, and the one being made, if
+    any, is closed: its exit handler (an RPC to the server, retried for minutes) would hold the
+    process at exit. The client becomes the default session before its first RPC, without any
+    network call before, so it is waited for (a few seconds at most)."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    with decided:
+        abandoned.set()
+    if not creating.is_set():
+        return
+    session: Any = None
+    until = time.monotonic() + 10
+    while session is None and time.monotonic() < until:
+        session = getattr(RemoteSparkSession, "_default_session", None)
+        if session is None:
+            time.sleep(0.05)
+    if session is not None:
+        try:
+            session.client.close()
+        except Exception as e:  # a channel that will not close: exit anyway
+            log.debug("closing the Spark Connect client failed: %s", first_line(e))
+
+
 def _connect_session(app_name: str, remote: str, ship_txstore: bool) -> object:
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
     session: Any = RemoteSparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+    _ = session.version  # one round trip: the server answers now, while start_spark bounds the wait
     if ship_txstore:
         from txstore.spark.pyfiles import build_py_files
 
@@ -198,14 +332,20 @@ class LazySparkSession:
         remote: str | None = None,
         ship_txstore: bool = True,
         refused: Callable[[], bool] = lambda: False,
+        stop: threading.Event | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        quiet: bool = True,
     ) -> None:
-        """``started`` runs once the session exists (e.g. to reinstall signal handlers);
-        while ``refused()`` is true no session is started (``KeyboardInterrupt``)."""
+        """``started`` runs once the session exists; while ``refused()`` is true no session is
+        started (``KeyboardInterrupt``). ``stop`` and ``connect_timeout``: see :func:`start_spark`."""
         self.app_name = app_name
         self.refused = refused
         self.started = started
         self.remote = remote
         self.ship_txstore = ship_txstore
+        self.stop = stop
+        self.connect_timeout = connect_timeout
+        self.quiet = quiet
         self._session: object | None = None
 
     @property
@@ -214,7 +354,10 @@ class LazySparkSession:
         if self._session is None:
             if self.refused():
                 raise KeyboardInterrupt  # stopping now: never start Spark on the way out
-            self._session = spark_session(self.app_name, self.remote, self.ship_txstore)
+            self._session = start_spark(
+                self.app_name, self.remote, self.ship_txstore, self.stop, self.connect_timeout, self.quiet
+            )
+            FailPoints.from_env().hit("spark-started")
             if self.started is not None:
                 self.started()
         return self._session
@@ -256,20 +399,26 @@ def run_job_main(
         if settings.sink == IDEMPOTENT:
             aggregate = None
         job_options = dict(make_job_options(args)) if make_job_options is not None else {}
-        # Before Spark starts, so a SIGTERM while it starts stops the job before its
-        # first batch; again after, because SparkContext installs its own SIGINT handler.
-        # A second Ctrl-C stops now (StopNow), installed over both.
+        # Before Spark starts, so a SIGTERM while it starts stops the job after (or, waiting for
+        # a Connect server, before) its first batch. Spark starts in a thread of its own
+        # (start_spark), so PySpark installs no SIGINT handler over these. A second Ctrl-C
+        # stops now (StopNow).
         stop = stop_on_signals()
         stop_now.install(stop)
         spark = LazySparkSession(
             f"txstore {settings.job}",
-            started=lambda: stop_now.install(stop_on_signals(stop)),
             remote=args.remote,
             ship_txstore=args.ship_txstore,
             refused=lambda: stop_now.requested,
+            stop=stop,
+            connect_timeout=args.connect_timeout,
+            quiet=not args.verbose,
         )
         with TransactionalJob(spark, settings, aggregate, **job_options) as job:
-            job.run(stop)
+            try:
+                job.run(stop)
+            except SparkStartAbandoned as e:
+                log.info("job %s: %s; no batch ran", settings.job, e)
         return 0
     except KeyboardInterrupt:  # Ctrl-C twice (or once before the handlers were installed)
         second = stop_now.requested

@@ -82,6 +82,16 @@ class SchemaMissing(TxstoreError):
     """The txstore tables are missing or older than this code."""
 
 
+class SparkStartFailed(TxstoreError):
+    """Spark did not start: a master or Spark Connect server that cannot be reached, or no answer
+    from the Connect server within the job's ``--connect-timeout``; the line names the cause."""
+
+
+class SparkStartAbandoned(TxstoreError):
+    """A stop (SIGTERM or Ctrl-C) came while the job waited for a Spark Connect server: no batch
+    ran, nothing was committed; the job ends as after its last batch (exit 0)."""
+
+
 class KafkaUnavailable(TxstoreError):
     """Kafka metadata or watermarks could not be fetched in time."""
 

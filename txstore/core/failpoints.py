@@ -24,8 +24,9 @@ Task names (in the sink): ``before-upsert``, ``between-upsert-and-offsets``,
 ``txstore.failpoints`` option): ``after-first-range``, once the task has read its first range; in
 that source's planner: ``before-stream-relock``, connected again after its PostgreSQL session
 ended, before it takes the job's stream lock again. Driver names (in the job loop):
-``after-plan`` (between planning a batch and running it) and
-``between-batches`` (after a batch, before waiting for the next).
+``after-plan`` (between planning a batch and running it),
+``between-batches`` (after a batch, before waiting for the next) and ``spark-started`` (in a
+job run from the command line: its SparkSession just made, before the batch goes on).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ UNTIL_ENV = "TXSTORE_FAILPOINTS_UNTIL"
 TASK_NAMES = frozenset(
     {"before-upsert", "between-upsert-and-offsets", "before-commit", "after-commit", "after-first-range"}
 )
-DRIVER_NAMES = frozenset({"after-plan", "between-batches"})
+DRIVER_NAMES = frozenset({"after-plan", "between-batches", "spark-started"})
 STREAM_PLANNER_NAMES = frozenset({"before-stream-relock"})
 NAMES = TASK_NAMES | DRIVER_NAMES | STREAM_PLANNER_NAMES
 EXIT_STATUS = 137

@@ -22,7 +22,7 @@ A new mode is a new module with a class like these, chosen in
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from txstore.core.errors import BadMessage
 from txstore.core.ranges import OffsetRange
@@ -32,6 +32,10 @@ from txstore.spark.range_task import RangeReport
 
 
 class Mode(Protocol):
+    tasks_commit: ClassVar[bool]
+    """True when each task commits its ranges, so each report carries its range's own read and
+    commit times; False when the driver commits the batch (its ranges have no times of their own)."""
+
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         """Run the batch's ranges; return a report per range and the driver's commit milliseconds."""
         ...

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FailPoints
@@ -44,6 +44,7 @@ from txstore.spark.tasks import job_description, read_ranges
 
 @dataclass(frozen=True)
 class DataFrameMode:
+    tasks_commit: ClassVar[bool] = False
     spark: Any
     settings: JobSettings
     dataframe_aggregate: Callable[[Any], Any]

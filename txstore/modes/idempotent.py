@@ -8,7 +8,7 @@ Insert-or-ignore by ``(job, topic, partition, generation, offset)`` in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
@@ -20,6 +20,7 @@ from txstore.spark.tasks import run_ranges
 
 @dataclass(frozen=True)
 class IdempotentMode:
+    tasks_commit: ClassVar[bool] = True
     spark: Any
     settings: JobSettings
     transform: MessageTransform | None

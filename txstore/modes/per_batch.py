@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -58,6 +58,7 @@ log = logging.getLogger("txstore")
 
 @dataclass(frozen=True)
 class PerBatchMode:
+    tasks_commit: ClassVar[bool] = False
     spark: Any
     settings: JobSettings
     aggregate: Aggregate

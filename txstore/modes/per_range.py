@@ -8,7 +8,7 @@ collects the reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
@@ -19,6 +19,7 @@ from txstore.spark.tasks import run_ranges
 
 @dataclass(frozen=True)
 class PerRangeMode:
+    tasks_commit: ClassVar[bool] = True
     spark: Any
     settings: JobSettings
     aggregate: Aggregate

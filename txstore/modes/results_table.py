@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -73,6 +73,7 @@ log = logging.getLogger("txstore")
 
 @dataclass(frozen=True)
 class ResultsTableMode:
+    tasks_commit: ClassVar[bool] = False
     spark: Any
     settings: JobSettings
     dataframe_aggregate: Callable[[Any], Any]

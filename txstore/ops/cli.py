@@ -69,7 +69,7 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
 
 def _main(argv: list[str] | None = None) -> int:
     from txstore import __version__
-    from txstore.options import add_check_options, add_connection_options
+    from txstore.options import add_check_options, add_connection_options, add_verbose_option
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="txstore", description="Exactly-once Kafka aggregation with Spark.")
@@ -88,6 +88,7 @@ def _main(argv: list[str] | None = None) -> int:
         help="the broker: librdkafka's mock cluster (default), or Apache Kafka started from its jars "
         "(fetched once with Maven)",
     )
+    add_verbose_option(demo)
     pyfiles = commands.add_parser("py-files", help="build the zip for spark-submit --py-files")
     pyfiles.add_argument("--output", type=Path, default=Path("txstore-pyfiles.zip"))
     job_file_command = commands.add_parser(
@@ -276,8 +277,8 @@ def _demo(args: argparse.Namespace) -> int:
     from txstore.ops.demo import run_demo
     from txstore.runner import configure_logging
 
-    configure_logging()
-    return run_demo(args.messages, args.partitions, args.kafka)
+    configure_logging(args.verbose)
+    return run_demo(args.messages, args.partitions, args.kafka, verbose=args.verbose)
 
 
 def _cannot_check(reason: str, as_json: bool) -> int:

@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,8 +34,11 @@ log = logging.getLogger("txstore")
 
 
 @contextlib.contextmanager
-def demo_database() -> Iterator[str]:
+def demo_database(quiet: bool = True) -> Iterator[str]:
     """``TXSTORE_DATABASE_URL`` if set, else a throwaway PostgreSQL deleted afterwards.
+
+    ``quiet``: without the warnings pgserver's platformdirs gives where ``XDG_RUNTIME_DIR`` is unset
+    (a container, a CI runner, ``sudo``): it falls back to another folder, which is fine here.
 
     A URL given is connected to first, so that a server that cannot be reached is one line
     (:class:`DatabaseUnavailable`) before Alembic's migrations would raise their own traceback."""
@@ -46,9 +50,11 @@ def demo_database() -> Iterator[str]:
             raise DatabaseUnavailable(f"{e}, or unset it for a throwaway PostgreSQL") from None
         yield url
         return
-    import pgserver
+    with tempfile.TemporaryDirectory(prefix="txstore-demo-pg-") as pgdata, warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+        import pgserver
 
-    with tempfile.TemporaryDirectory(prefix="txstore-demo-pg-") as pgdata:
         server = pgserver.get_server(  # type: ignore[attr-defined]
             pgdata, cleanup_mode="delete"
         )
@@ -118,15 +124,17 @@ def create_tables(database_url: str) -> None:
         ) from None
 
 
-def run_demo(messages: int = 20_000, partitions: int = 4, kafka_kind: str = "mock") -> int:
+def run_demo(
+    messages: int = 20_000, partitions: int = 4, kafka_kind: str = "mock", verbose: bool = False
+) -> int:
     topic = "demo-events"
     job = f"demo-{int(time.time())}"
-    with demo_broker(kafka_kind) as kafka, demo_database() as database_url:
+    with demo_broker(kafka_kind) as kafka, demo_database(quiet=not verbose) as database_url:
         kafka.create_topic(topic, partitions)
         name = "Apache Kafka" if kafka_kind == "real" else "mock Kafka"
         print(f"{name} at {kafka.bootstrap_servers}, PostgreSQL at {redact(database_url)}")
         create_tables(database_url)
-        spark = spark_session("txstore demo")
+        spark = spark_session("txstore demo", quiet=not verbose)
         settings = JobSettings(job, (topic,), kafka.bootstrap_servers, database_url)
         produced = 0
         ok = True

@@ -24,6 +24,7 @@ class BatchReport:
     plan_ms: float
     run_ms: float
     commit_ms: float = 0.0  # per-batch commits: the driver's transaction (part of run_ms)
+    range_times: bool = True  # False when the driver commits the batch: no range has times of its own
 
     @property
     def messages(self) -> int:
@@ -43,15 +44,16 @@ def log_batch(job: str, report: BatchReport, skipped_by: str = "aggregate") -> N
             report.commit_ms,
             extra=fields(event="batch_commit", job=job, batch=report.number, commit_ms=_ms(report.commit_ms)),
         )
+    timed = report.range_times
     for r in report.ranges:
+        outcome = r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}"
+        times = f"{r.read_ms + r.commit_ms:.0f} ms (read {r.read_ms:.0f}, commit {r.commit_ms:.0f}), "
         log.info(
-            "range %s: %d messages, %.0f ms (read %.0f, commit %.0f), %s",
+            "range %s: %d messages, %s%s",
             r.range,
             r.messages,
-            r.read_ms + r.commit_ms,
-            r.read_ms,
-            r.commit_ms,
-            r.outcome if r.outcome != REFUSED else f"REFUSED: {r.error}",
+            times if timed else "",
+            outcome,
             extra=fields(
                 event="range",
                 job=job,
@@ -61,8 +63,8 @@ def log_batch(job: str, report: BatchReport, skipped_by: str = "aggregate") -> N
                 **{"from": r.range.from_offset},
                 until=r.range.until_offset,
                 messages=r.messages,
-                read_ms=_ms(r.read_ms),
-                commit_ms=_ms(r.commit_ms),
+                read_ms=_ms(r.read_ms) if timed else None,
+                commit_ms=_ms(r.commit_ms) if timed else None,
                 outcome=r.outcome,
                 error=r.error,
             ),
@@ -84,9 +86,12 @@ def log_batch(job: str, report: BatchReport, skipped_by: str = "aggregate") -> N
     outcome = (
         "failed" if any(r.outcome == REFUSED for r in report.ranges) else "ok" if report.ranges else "idle"
     )
+    # Tasks' times summed where tasks commit; else the driver's commit of the whole batch.
+    detail = (
+        f"tasks read {read_ms:.0f}, commit {commit_ms:.0f}" if timed else f"commit {report.commit_ms:.0f}"
+    )
     log.info(
-        "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; tasks read %.0f, "
-        "commit %.0f)%s",
+        "job %s batch %d: %d ranges, %d messages, %.0f ms (plan %.0f, run %.0f; %s)%s",
         job,
         report.number,
         len(report.ranges),
@@ -94,8 +99,7 @@ def log_batch(job: str, report: BatchReport, skipped_by: str = "aggregate") -> N
         report.plan_ms + report.run_ms,
         report.plan_ms,
         report.run_ms,
-        read_ms,
-        commit_ms,
+        detail,
         f", {skipped} already committed" if skipped else "",
         extra=fields(
             event="batch",
@@ -106,7 +110,7 @@ def log_batch(job: str, report: BatchReport, skipped_by: str = "aggregate") -> N
             ms=_ms(report.plan_ms + report.run_ms),
             plan_ms=_ms(report.plan_ms),
             run_ms=_ms(report.run_ms),
-            read_ms=_ms(read_ms),
+            read_ms=_ms(read_ms) if timed else None,
             commit_ms=_ms(commit_ms + report.commit_ms),
             already_committed=skipped,
             outcome=outcome,
