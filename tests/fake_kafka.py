@@ -186,6 +186,7 @@ class FakeKafka:
 
     logs: dict[tuple[str, int], FakeLog] = field(default_factory=dict)
     consumers: list[FakeConsumer] = field(default_factory=list)
+    topic_ids: dict[str, str] = field(default_factory=dict)  # empty: a broker without topic IDs
 
     def add(self, log: FakeLog) -> FakeLog:
         self.logs[(log.topic, log.partition)] = log
@@ -260,9 +261,15 @@ class FakeAdminClient:
     """confluent-kafka's AdminClient over :class:`FakeLog` partitions: a topic's metadata (an
     unknown topic as the broker reports it) and each partition's log start or end."""
 
-    def __init__(self, logs: Mapping[tuple[str, int], FakeLog], conf: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        logs: Mapping[tuple[str, int], FakeLog],
+        conf: Mapping[str, Any],
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> None:
         self.logs = logs
         self.conf = dict(conf)
+        self.topic_ids = topic_ids if topic_ids is not None else {}
 
     def poll(self, timeout: float = 0) -> int:
         return 0
@@ -271,8 +278,22 @@ class FakeAdminClient:
         parts = {p: object() for (t, p) in self.logs if t == topic}
         error = None if parts else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
         found = type("TopicMetadata", (), {"error": error, "partitions": parts})()
+        if self.topic_ids:  # a controller among its brokers: DescribeTopics answers topic IDs
+            return type(
+                "ClusterMetadata",
+                (),
+                {"topics": {topic: found}, "controller_id": 1, "brokers": {1: object()}},
+            )()
         # No controller among its brokers: a broker that cannot answer DescribeTopics (no topic IDs).
         return type("ClusterMetadata", (), {"topics": {topic: found}, "controller_id": -1, "brokers": {}})()
+
+    def describe_topics(self, topics: Any, request_timeout: float = -1) -> dict[str, Future[Any]]:
+        out: dict[str, Future[Any]] = {}
+        for name in topics.topic_names:
+            answer: Future[Any] = Future()
+            answer.set_result(type("TopicDescription", (), {"topic_id": self.topic_ids.get(name, "")})())
+            out[name] = answer
+        return out
 
     def list_offsets(
         self, requests: Mapping[TopicPartition, Any], isolation_level: Any = None, request_timeout: float = -1
@@ -291,7 +312,7 @@ def install_admin(monkeypatch: pytest.MonkeyPatch, fake: FakeKafka) -> None:
     """The planner's admin clients (``txstore.kafka.client``) answer from ``fake``'s logs."""
     from txstore.kafka import client
 
-    monkeypatch.setattr(client, "AdminClient", lambda conf: FakeAdminClient(fake.logs, conf))
+    monkeypatch.setattr(client, "AdminClient", lambda conf: FakeAdminClient(fake.logs, conf, fake.topic_ids))
 
 
 def install(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:

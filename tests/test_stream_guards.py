@@ -28,7 +28,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from tests.fake_kafka import FakeKafka, FakeLog, install, install_admin, message
 from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed
-from txstore.core.errors import ConfigError, ResultsTableInvalid, TxstoreError, UnknownTopic
+from txstore.core.errors import ConfigError, ResultsTableInvalid, TopicRecreated, TxstoreError, UnknownTopic
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.micro_batch import (
     Delivery,
@@ -69,6 +69,7 @@ from txstore.spark.stream_sink import (
 )
 from txstore.spark.stream_source import (
     CheckpointMismatch,
+    ForeignCheckpoint,
     StreamLocked,
     StreamPartition,
     TxstoreStreamReader,
@@ -576,6 +577,56 @@ def test_a_checkpoint_that_starts_elsewhere_than_txn_offsets_stops_before_anythi
     # a replay of a batch committed whole is planned again (its sink then skips it)
     parts = reader.partitions({"t": {"0": 0}}, {"t": {"0": 4}})
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 0, 0, 4)]
+
+
+def test_a_checkpoint_starting_where_the_job_never_would_is_refused_by_latest_offset_and_partitions(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(10))
+    log(fake_kafka, 1, range(4))
+    reader = source(readers, database_url)  # a new job: it would start both partitions at 0
+    foreign = {"t": {"0": 3, "1": 0}}
+    line = (
+        r"partition 0: the checkpoint starts this micro-batch at offset 3, but the job has no offset stored"
+    )
+    with pytest.raises(ForeignCheckpoint, match=line):
+        reader.latestOffset(foreign, None)
+    with pytest.raises(ForeignCheckpoint, match=line):  # a replay goes to partitions() directly
+        reader.partitions(foreign, {"t": {"0": 6, "1": 2}})
+    assert offsets(db) == {}
+
+
+def test_a_partition_the_checkpoint_leaves_out_is_stored_at_its_start_by_latest_offset_a_named_one_by_partitions(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(10))
+    log(fake_kafka, 1, range(4))
+    reader = source(readers, database_url)
+    begin = {"t": {"0": 0}}  # a checkpoint from before partition 1, of a job with no rows yet
+    end = reader.latestOffset(begin, None)
+    assert offsets(db) == {1: 0}  # the partition it leaves out enters where the job starts it
+    parts = reader.partitions(begin, end)
+    assert offsets(db) == {0: 0, 1: 0}  # the one it names, stored when its first batch is planned
+    assert [(r.partition, r.from_offset, r.until_offset) for p in parts for r in p.ranges] == [(0, 0, 10)]
+
+
+def test_a_replayed_micro_batch_is_checked_against_a_recreated_topic_s_id_before_it_is_read(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    fake_kafka.topic_ids["t"] = "id-one"
+    log(fake_kafka, 0, range(10))
+    first = source(readers, database_url)
+    begin = first.initialOffset()
+    ids = "SELECT part, topic_id FROM txn_offsets WHERE job = %s ORDER BY part"
+    assert db.execute(ids, (JOB,)).fetchall() == [(0, "id-one")]  # stored at the query's start
+    end = first.latestOffset(begin, None)
+    first.stop()
+    fake_kafka.topic_ids["t"] = "id-two"  # deleted and recreated while the query was down
+    restarted = source(readers, database_url)
+    with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
+        restarted.partitions(begin, end)  # the restart replays the batch: no latestOffset() first
+    with pytest.raises(TxstoreError, match="no planned micro-batch"):
+        load_plan(db, JOB)
 
 
 def test_alignment_is_commit_replay_or_a_mismatch_naming_the_first_partition_off() -> None:
