@@ -57,6 +57,8 @@ SPARK_AND_PLATFORM_NOISE = (
     "NativeCodeLoader",
     "[Stage ",  # console progress bars
     "XDG_RUNTIME_DIR",  # pgserver's platformdirs, where the variable is unset
+    "Setting default log level",  # Spark's logging started by PySpark's gateway as an interpreter's
+    "setLogLevel",  # ... and its hint after it
 )
 
 
