@@ -570,7 +570,7 @@ class Trial:
                 now = time.monotonic() - window_start
                 while pending and pending[0][0] <= now:
                     _, kind = pending.pop(0)
-                    thread = threading.Thread(target=self._inject, args=(kind,), daemon=True)
+                    thread = threading.Thread(target=self._inject, args=(kind,), daemon=True, name=kind)
                     thread.start()
                     faults.append(thread)
                 self._supervise()
