@@ -412,11 +412,7 @@ def check_checkpoint_starts(
         expected = would.get(key)
         if expected is not None and expected[0] == offset:
             continue
-        where = (
-            "Kafka reports no such partition"
-            if expected is None
-            else f"would start it at {expected[1]}"
-        )
+        where = "Kafka reports no such partition" if expected is None else f"would start it at {expected[1]}"
         raise ForeignCheckpoint(
             f"job {job!r} topic {key[0]!r} partition {key[1]}: the checkpoint starts this micro-batch at "
             f"offset {offset}, but the job has no offset stored for this partition and {where}: the "
