@@ -33,7 +33,7 @@ def test_every_part_of_the_syntax_parses() -> None:
         FailPoint("between-batches", "raise", probability=1.0),
     )
     assert FailPoints.parse("") == FailPoints() == FailPoints.parse(" , ")
-    assert {"after-plan", "between-batches"} == DRIVER_NAMES
+    assert {"after-plan", "between-batches", "spark-started"} == DRIVER_NAMES
     assert {
         "before-upsert",
         "between-upsert-and-offsets",

@@ -296,7 +296,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     for topic in topics:
         problem = topic_name_problem(topic)
         if problem:
-            raise ConfigError(f"{'--assign' if assignment else '--topic'}: {problem}")
+            raise ConfigError(f"{'--assign:' if assignment else '--topic'} {problem}")
     if not args.job.strip():
         raise ConfigError("--job must not be empty")
     starting = parse_starting_offsets(args.starting_offsets)
