@@ -174,7 +174,9 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
                     "--py-files",
                     str(zip_path),
                     str(job_dir / "count_topic.py"),
-                    *count_topic_args(kafka, database_url, topic, "--once"),
+                    # --verbose: Spark's WARN lines (the lost task's ExecutorLostFailure) are the
+                    # evidence that the batch was in flight; quiet runs print Spark's errors only.
+                    *count_topic_args(kafka, database_url, topic, "--once", "--verbose"),
                 ],
                 env={**standalone.env, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
                 cwd=tmp_path,
