@@ -233,6 +233,8 @@ def test_every_option_of_spark_s_kafka_source_is_taken_or_refused_with_its_own_r
         "subscribe": "a",
         "assign": '{"a": [0]}',
         "startingOffsets": "earliest",
+        "startingOffsetsByTimestamp": '{"a": {"0": 1}}',
+        "startingOffsetsByTimestampStrategy": "latest",
         "endingOffsets": "latest",
     }
     base = {k: v for k, v in BASE.items() if not (name == "assign" and k == "subscribe")}

@@ -37,8 +37,8 @@ from txstore.core.ranges import (
     plan_ranges,
     topic_missing_now,
 )
-from txstore.core.starting import resolve_starting_offsets
-from txstore.kafka.client import offsets_for_timestamp
+from txstore.core.starting import resolve_starting_offsets, times_to_look_up
+from txstore.kafka.client import offsets_for_times
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.settings import JobSettings
@@ -129,10 +129,8 @@ class Planner:
         s = self.settings
         new = [w for w in watermarks if w.key not in committed]
         started = {topic for topic, _ in committed}
-        by_time = None
-        if new and s.starting_offsets.timestamp_ms is not None:
-            first_run = [w.key for w in new if w.topic not in started]
-            by_time = offsets_for_timestamp(s.kafka_conf, first_run, s.starting_offsets.timestamp_ms)
+        wanted = times_to_look_up(s.starting_offsets, [w.key for w in new], started)
+        by_time = offsets_for_times(s.kafka_conf, wanted) if wanted else None
         decisions = resolve_starting_offsets(
             s.starting_offsets, new, [w.key for w in watermarks], started, by_time
         )

@@ -29,6 +29,20 @@ class StartingOffsets:
     default: int = EARLIEST
     specific: Mapping[TopicPartition, int] = field(default_factory=dict)
     timestamp_ms: int | None = None  # --starting-timestamp: start at the first message at or after it
+    # startingOffsetsByTimestamp: per partition, a time to start at (the first message at or after it)
+    timestamps: Mapping[TopicPartition, int] = field(default_factory=dict)
+    # No message at or after the time: LATEST_STRATEGY starts at the end (the jobs' flag), ERROR_STRATEGY
+    # refuses (Spark's default for its sources' startingOffsetsByTimestampStrategy)
+    no_message_at_time: str = "latest"
+    time_setting: str = "--starting-timestamp"  # how the time was given, for the start lines and errors
+
+    def time_of(self, key: TopicPartition) -> int | None:
+        """When ``key`` starts by time: the one time for all (``startingTimestamp``, the jobs'
+        ``--starting-timestamp``) before a per-partition one (``startingOffsetsByTimestamp``), as
+        Spark's precedence has it; None: not by time."""
+        if self.timestamp_ms is not None:
+            return self.timestamp_ms
+        return self.timestamps.get(key)
 
     def describe(self) -> str:
         if not self.specific:
@@ -115,6 +129,66 @@ def format_timestamp(timestamp_ms: int) -> str:
     return text.replace("+00:00", "Z")
 
 
+LATEST_STRATEGY = "latest"
+ERROR_STRATEGY = "error"
+
+
+def parse_timestamps_json(
+    text: str, flag: str = "option startingOffsetsByTimestamp"
+) -> dict[TopicPartition, int]:
+    """Spark's ``startingOffsetsByTimestamp``: ``{"topicA": {"0": 1767225600000, "1": ...}}``, epoch
+    milliseconds per partition; :class:`ConfigError` in one line for anything else."""
+    hint = 'give JSON like {"topicA": {"0": 1767225600000, "1": 1767225600000}} (epoch milliseconds)'
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(f"{flag} must be a non-empty JSON object; {hint}")
+    times: dict[TopicPartition, int] = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, dict) or not partitions:
+            raise ConfigError(f"{flag}: topic {topic!r} must map to an object of partitions; {hint}")
+        for part, ms in partitions.items():
+            try:
+                partition = int(part)
+            except ValueError:
+                partition = -1
+            if partition < 0:
+                raise ConfigError(f"{flag}: partition {part!r} of topic {topic!r} is not a number; {hint}")
+            if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+                raise ConfigError(
+                    f"{flag}: topic {topic!r} partition {part}: {ms!r} is not a time in epoch "
+                    f"milliseconds (a whole number of at least 0); {hint}"
+                )
+            times[(topic, partition)] = ms
+    return times
+
+
+def parse_time_strategy(text: str | None, flag: str = "option startingOffsetsByTimestampStrategy") -> str:
+    """Spark's ``startingOffsetsByTimestampStrategy``: ``error`` (its default) or ``latest``."""
+    value = (text or ERROR_STRATEGY).strip().lower()
+    if value not in (ERROR_STRATEGY, LATEST_STRATEGY):
+        raise ConfigError(
+            f"{flag} must be error (refuse a partition with no message at or after its time, Spark's "
+            f"default) or latest (start it at its end), got {text!r}"
+        )
+    return value
+
+
+def times_to_look_up(
+    starting: StartingOffsets, new_partitions: Iterable[TopicPartition], started_topics: Collection[str] = ()
+) -> dict[TopicPartition, int]:
+    """The new partitions that start by time (in a topic the job never started), with their times:
+    what to ask Kafka's offsets-for-times lookup for, once per distinct time."""
+    wanted = {}
+    for key in new_partitions:
+        when = starting.time_of(key) if key[0] not in started_topics else None
+        if when is not None:
+            wanted[key] = when
+    return wanted
+
+
 def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> StartingOffsets:
     """Parse ``earliest``, ``latest`` or Spark-style JSON; raise ConfigError otherwise.
 
@@ -184,8 +258,28 @@ def resolve_starting_offsets(
             f"--starting-offsets names {names}, which Kafka does not report for the job's topics; "
             "check the topic names (--topic) and partition numbers"
         )
+    by_time = starting.timestamp_ms is None and bool(starting.timestamps)
+    unknown = sorted(k for k in starting.timestamps if k not in known) if by_time else []
+    if unknown:
+        names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
+        raise ConfigError(
+            f"{starting.time_setting} names {names}, which Kafka does not report for the topics read; "
+            "check the topic names and partition numbers"
+        )
+    new_partitions = sorted(new_partitions, key=lambda m: m.key)
+    left_out = [
+        m.key
+        for m in new_partitions
+        if by_time and m.topic not in started_topics and m.key not in starting.timestamps
+    ]
+    if left_out:
+        names = ", ".join(f"{t!r} partition {p}" for t, p in left_out)
+        raise ConfigError(
+            f"{starting.time_setting} leaves out {names}: name a time for every partition of the "
+            "topics read, as Spark requires"
+        )
     decisions = []
-    for marks in sorted(new_partitions, key=lambda m: m.key):
+    for marks in new_partitions:
         if marks.topic in started_topics:
             decisions.append(
                 StartDecision(
@@ -196,12 +290,21 @@ def resolve_starting_offsets(
                 )
             )
             continue
-        if starting.timestamp_ms is not None:
-            offset = offset_for_time((timestamp_offsets or {}).get(marks.key, -1), marks)
-            when = format_timestamp(starting.timestamp_ms)
+        time_ms = starting.time_of(marks.key)
+        if time_ms is not None:
+            found = (timestamp_offsets or {}).get(marks.key, -1)
+            when = format_timestamp(time_ms)
+            if found < 0 and starting.no_message_at_time == ERROR_STRATEGY:
+                raise ConfigError(
+                    f"{starting.time_setting}: topic {marks.topic!r} partition {marks.partition} has no "
+                    f"message at or after {when} (its log holds offsets {marks.low} to {marks.high}); "
+                    "give an earlier time, or startingOffsetsByTimestampStrategy latest to start such "
+                    "a partition at its end"
+                )
+            offset = offset_for_time(found, marks)
             decisions.append(
                 StartDecision(
-                    marks.topic, marks.partition, offset, f"offset {offset} (--starting-timestamp {when})"
+                    marks.topic, marks.partition, offset, f"offset {offset} ({starting.time_setting} {when})"
                 )
             )
             continue

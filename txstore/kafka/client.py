@@ -420,6 +420,20 @@ def offsets_for_timestamp(
         raise admin.unavailable(_servers(conf), "the offsets-for-times lookup", timeout, e) from None
 
 
+def offsets_for_times(
+    conf: Mapping[str, Any], wanted: Mapping[tuple[str, int], int], timeout: float = METADATA_TIMEOUT_SECONDS
+) -> dict[tuple[str, int], int]:
+    """:func:`offsets_for_timestamp` for partitions each with its own time
+    (``startingOffsetsByTimestamp``): one lookup per distinct time, -1 where no message is that late."""
+    by_time: dict[int, list[tuple[str, int]]] = {}
+    for key, when in wanted.items():
+        by_time.setdefault(when, []).append(key)
+    found: dict[tuple[str, int], int] = {}
+    for when, keys in sorted(by_time.items()):
+        found.update(offsets_for_timestamp(conf, sorted(keys), when, timeout))
+    return found
+
+
 # A partition's leadership is moving (a broker restarted, a leader elected): asked again, the
 # broker answers once it has taken up the leader epoch its metadata already names. Kafka's own
 # admin client retries these; librdkafka's fails the partition's future at once.

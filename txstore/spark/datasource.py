@@ -21,6 +21,14 @@ over lower-cased, so an error line names an option as documented, :func:`option_
 - ``startingOffsets``: ``earliest`` (default), ``latest``, or Spark's JSON
   ``{"topicA": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest); partitions the
   JSON does not name start at earliest;
+- ``startingTimestamp`` (epoch milliseconds, or ISO-8601 with a zone) or
+  ``startingOffsetsByTimestamp`` (Spark's JSON ``{"topicA": {"0": 1767225600000}}``, naming
+  every partition read): start at the first message at or after the time (Kafka's
+  offsets-for-times, capped at the last stable offset); ``startingOffsetsByTimestampStrategy``
+  ``error`` (default, as in Spark) refuses a partition with no message that late, ``latest``
+  starts it at its end. Spark's precedence: ``startingTimestamp``, then
+  ``startingOffsetsByTimestamp``, then ``startingOffsets``. With ``txstore.job`` (and in the
+  stream) only for a topic the job has never started, like the jobs' ``--starting-timestamp``;
 - ``endingOffsets``: ``latest`` (default) or JSON (-1 latest, or an offset);
   partitions the JSON does not name end at latest. Offsets are exclusive ends;
 - ``minPartitions``: cut big partitions' ranges so there are at least this
@@ -86,9 +94,19 @@ from txstore.core.starting import (
     LATEST,
     StartingOffsets,
     parse_starting_offsets,
+    parse_time_strategy,
+    parse_timestamp,
+    parse_timestamps_json,
     resolve_starting_offsets,
+    times_to_look_up,
 )
-from txstore.kafka.client import client_config, fetch_watermarks, java_only_problem, topic_name_problem
+from txstore.kafka.client import (
+    client_config,
+    fetch_watermarks,
+    java_only_problem,
+    offsets_for_times,
+    topic_name_problem,
+)
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
@@ -146,16 +164,12 @@ names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
 _CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
 _COMPATIBLE_ONLY_TRUE = ("failondataloss",)
 _BY_SUBSCRIBE = "name the topics with option('subscribe', 'topicA,topicB')"
-_BY_START_OFFSETS = "give startingOffsets as JSON offsets (or run a job with --starting-timestamp)"
 _JAVA_CONSUMER = (
     "is a setting of the Java consumer of Spark's source; txstore reads with librdkafka, which "
     "waits and retries by its own kafka.* settings; drop the option"
 )
 NOT_TAKEN = {
     "subscribepattern": f"is not supported by format('txstore') yet (issue 36 point 1); {_BY_SUBSCRIBE}",
-    "startingoffsetsbytimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
-    "startingtimestamp": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
-    "startingoffsetsbytimestampstrategy": f"is not supported yet (issue 36 point 3); {_BY_START_OFFSETS}",
     "endingoffsetsbytimestamp": "is not supported yet; give endingOffsets as JSON offsets",
     "endingtimestamp": "is not supported yet; give endingOffsets as JSON offsets",
     "maxrecordsperpartition": "is not supported yet; give minPartitions (the fewest Spark tasks) instead",
@@ -174,6 +188,9 @@ _KNOWN = (
     "subscribe",
     "assign",
     "startingoffsets",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy",
     "endingoffsets",
     "minpartitions",
     "txstore.job",
@@ -182,7 +199,8 @@ _KNOWN = (
     *_COMPATIBLE_ONLY_TRUE,
 )
 _SUPPORTED = (
-    "kafka.bootstrap.servers, subscribe or assign, startingOffsets, endingOffsets, minPartitions, "
+    "kafka.bootstrap.servers, subscribe or assign, startingOffsets, startingTimestamp, "
+    "startingOffsetsByTimestamp (and its Strategy), endingOffsets, minPartitions, "
     "includeHeaders, txstore.job, txstore.databaseUrl, and kafka.* client settings"
 )
 
@@ -338,11 +356,17 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
 
     starting_name, ending_name = name_of("startingOffsets"), name_of("endingOffsets")
     starting = parse_starting_offsets(given.get("startingoffsets", "earliest"), f"option {starting_name}")
+    starting = _by_time(given, name_of, starting)
     ending = _parse_ending(given.get("endingoffsets"), ending_name)
-    for name, spec in ((starting_name, starting), (ending_name, ending)):
+    by_time_name = name_of("startingOffsetsByTimestamp")
+    for name, named in (
+        (starting_name, starting.specific),
+        (by_time_name, starting.timestamps),
+        (ending_name, ending.specific),
+    ):
         if assignment is not None:
-            check_assigned_starts(assignment, spec.specific, f"option {assign}", f"option {name}")
-        strangers = sorted({t for t, _ in spec.specific} - set(topics))
+            check_assigned_starts(assignment, named, f"option {assign}", f"option {name}")
+        strangers = sorted({t for t, _ in named} - set(topics))
         if strangers:
             raise ConfigError(
                 f"option {name} names topics that are not subscribed: {', '.join(map(repr, strangers))}; "
@@ -380,6 +404,34 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
         include_headers,
         assignment,
     )
+
+
+def _by_time(given: Mapping[str, str], name_of: Any, starting: StartingOffsets) -> StartingOffsets:
+    """``startingTimestamp`` (one time for every partition) or ``startingOffsetsByTimestamp`` (a
+    time per partition) on ``starting``, with ``startingOffsetsByTimestampStrategy`` (``error``, as
+    in Spark, or ``latest``). Spark's precedence: ``startingTimestamp``, then
+    ``startingOffsetsByTimestamp``, then ``startingOffsets``."""
+    strategy = parse_time_strategy(
+        given.get("startingoffsetsbytimestampstrategy"),
+        f"option {name_of('startingOffsetsByTimestampStrategy')}",
+    )
+    if "startingtimestamp" in given:
+        name = f"option {name_of('startingTimestamp')}"
+        return replace(
+            starting,
+            timestamp_ms=parse_timestamp(given["startingtimestamp"], name),
+            no_message_at_time=strategy,
+            time_setting=name,
+        )
+    if "startingoffsetsbytimestamp" in given:
+        name = f"option {name_of('startingOffsetsByTimestamp')}"
+        return replace(
+            starting,
+            timestamps=parse_timestamps_json(given["startingoffsetsbytimestamp"], name),
+            no_message_at_time=strategy,
+            time_setting=name,
+        )
+    return starting
 
 
 def _parse_ending(text: str | None, name: str = "endingOffsets") -> StartingOffsets:
@@ -429,8 +481,15 @@ def _resolve(option: str, spec: StartingOffsets, marks: PartitionWatermarks) -> 
     return chosen
 
 
-def plan_read_ranges(options: ReadOptions, watermarks: Sequence[PartitionWatermarks]) -> list[OffsetRange]:
+def plan_read_ranges(
+    options: ReadOptions,
+    watermarks: Sequence[PartitionWatermarks],
+    by_time: Mapping[TopicPartition, int] | None = None,
+) -> list[OffsetRange]:
     """One range per partition with messages between the starting and ending offsets.
+
+    ``by_time``: Kafka's offsets-for-times answers for the partitions that start by time
+    (``startingTimestamp``, ``startingOffsetsByTimestamp``; :func:`start_times`).
 
     Steps, per partition Kafka reports (ordered by topic and partition):
     1. refuse JSON naming a partition Kafka does not report (it would be ignored);
@@ -449,9 +508,16 @@ def plan_read_ranges(options: ReadOptions, watermarks: Sequence[PartitionWaterma
         if unknown:
             names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
             raise ConfigError(f"option {name} names {names}, which Kafka does not report; check the JSON")
+    timed = {}
+    if options.starting.timestamp_ms is not None or options.starting.timestamps:
+        # Where the partitions start by time, as a job's first run would start them.
+        decisions = resolve_starting_offsets(
+            replace(options.starting, specific={}), watermarks, known, (), by_time or {}
+        )
+        timed = {(d.topic, d.partition): d.offset for d in decisions}
     ranges = []
     for marks in sorted(watermarks, key=lambda w: w.key):
-        start = _resolve(starting_name, options.starting, marks)
+        start = timed[marks.key] if marks.key in timed else _resolve(starting_name, options.starting, marks)
         end = _resolve(ending_name, options.ending, marks)
         if start > end:
             raise ConfigError(
@@ -468,6 +534,7 @@ def plan_job_ranges(
     committed: Mapping[TopicPartition, int],
     watermarks: Sequence[PartitionWatermarks],
     starting: StartingOffsets,
+    by_time: Mapping[TopicPartition, int] | None = None,
 ) -> list[OffsetRange]:
     """The ranges job ``job``'s next batch reads, without writing anything.
 
@@ -480,7 +547,7 @@ def plan_job_ranges(
     """
     new = [w for w in watermarks if w.key not in committed]
     started = {topic for topic, _ in committed}
-    decisions = resolve_starting_offsets(starting, new, [w.key for w in watermarks], started)
+    decisions = resolve_starting_offsets(starting, new, [w.key for w in watermarks], started, by_time)
     planned = dict(committed)
     planned.update({(d.topic, d.partition): d.offset for d in decisions})
     return plan_ranges(job, planned, watermarks)
@@ -503,9 +570,26 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
         watermarks, committed = assigned_only(
             options.assignment, fetch_watermarks(options.kafka_conf, options.topics), stored, where
         )
-        ranges = plan_job_ranges(options.job, committed, watermarks, options.starting)
+        new = [w.key for w in watermarks if w.key not in committed]
+        by_time = start_times(options, new, {t for t, _ in committed})
+        ranges = plan_job_ranges(options.job, committed, watermarks, options.starting, by_time)
         return split_ranges(ranges, options.min_partitions)
-    return plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
+    return _plan_read(options)
+
+
+def _plan_read(options: ReadOptions) -> list[OffsetRange]:
+    watermarks = fetch_watermarks(options.kafka_conf, options.topics)
+    reported, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
+    return plan_read_ranges(options, watermarks, start_times(options, [w.key for w in reported]))
+
+
+def start_times(
+    options: ReadOptions, new: Sequence[TopicPartition], started: set[str] | None = None
+) -> dict[TopicPartition, int]:
+    """Kafka's offsets-for-times answers for the partitions ``new`` that start by time (none asked
+    without ``startingTimestamp`` or ``startingOffsetsByTimestamp``)."""
+    wanted = times_to_look_up(options.starting, new, started or set())
+    return offsets_for_times(options.kafka_conf, wanted) if wanted else {}
 
 
 def check_explicit_offsets(options: ReadOptions) -> None:
@@ -516,8 +600,9 @@ def check_explicit_offsets(options: ReadOptions) -> None:
     ``txstore.job``) nothing is asked of Kafka at ``load()``. With a declared schema Spark does
     not call ``schema()``: the same checks then run when the read is planned."""
     explicit = any(o >= 0 for spec in (options.starting, options.ending) for o in spec.specific.values())
-    if explicit and options.job is None:
-        plan_read_ranges(options, fetch_watermarks(options.kafka_conf, options.topics))
+    by_time = options.starting.timestamp_ms is not None or bool(options.starting.timestamps)
+    if (explicit or by_time) and options.job is None:
+        _plan_read(options)
 
 
 def schema_columns(schema: Any, include_headers: bool = True) -> tuple[str, ...]:

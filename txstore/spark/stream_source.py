@@ -149,6 +149,7 @@ from txstore.spark.datasource import (
     RangesPartition,
     TxstoreReader,
     partition_ranges,
+    start_times,
 )
 from txstore.spark.range_task import task_attempt, task_run
 from txstore.spark.stream_advice import restated_rows, restating
@@ -633,7 +634,11 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if not new:  # every micro-batch: no new partition, nothing to decide (nor to check)
             return []
         started = {t for t, _ in stored}
-        return resolve_starting_offsets(self.options.read.starting, new, [w.key for w in watermarks], started)
+        # startingTimestamp / startingOffsetsByTimestamp: Kafka's offsets-for-times, for a first start
+        by_time = start_times(self.options.read, [w.key for w in new], started)
+        return resolve_starting_offsets(
+            self.options.read.starting, new, [w.key for w in watermarks], started, by_time
+        )
 
     def _start_rows(
         self, conn: psycopg.Connection, decisions: Sequence[StartDecision], state: _State
