@@ -216,11 +216,12 @@ def test_a_starting_timestamp_is_looked_up_only_for_the_topics_first_partitions(
 ) -> None:
     asked: list[list[tuple[str, int]]] = []
 
-    def lookup(conf: Any, keys: list[tuple[str, int]], ms: int) -> dict[tuple[str, int], int]:
-        asked.append(keys)
-        return {k: 5 for k in keys}
+    def lookup(conf: Any, wanted: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        assert set(wanted.values()) == {1}  # the one time asked for
+        asked.append(sorted(wanted))
+        return {k: 5 for k in wanted}
 
-    monkeypatch.setattr(planning_module, "offsets_for_timestamp", lookup)
+    monkeypatch.setattr(planning_module, "offsets_for_times", lookup)
     seed(db, "j", "t", {0: 0})
     marks = [
         PartitionWatermarks("t", 0, 0, 9),
