@@ -62,6 +62,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     pg_server.close_session()
 
 
+# Markers from the servers a test asks for, so that a selection (``./dev test --fast``, pytest -m)
+# never depends on a marker someone forgot to write: a test taking one of these fixtures starts
+# Spark (local, or a Connect server) or needs Apache Kafka.
+SPARK_FIXTURES = frozenset({"spark", "spark_connect", "spark_connect_server", "any_spark"})
+REAL_KAFKA_FIXTURES = frozenset({"real_kafka", "new_real_topic"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SPARK_FIXTURES and item.get_closest_marker("spark") is None:
+            item.add_marker(pytest.mark.spark)
+        if names & REAL_KAFKA_FIXTURES and item.get_closest_marker("real_kafka") is None:
+            item.add_marker(pytest.mark.real_kafka)
+        if "tansu" in names and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)  # a Tansu broker started for the test
+
+
 def pg_url(dbname: str, user: str | None = None, password: str | None = None) -> str:
     """A database on the test server (as its user unless another is given)."""
     return pg_server.address().url(dbname, user, password)

@@ -83,6 +83,7 @@ def _cpu_seconds(command: list[str], env: dict[str, str]) -> float:
     return min(times)
 
 
+@pytest.mark.slow
 def test_help_and_a_mistyped_command_take_under_0_3_s_more_than_python_itself(tmp_path: Path) -> None:
     """Measured in CPU time against a bare interpreter started the same way (wall time on the
     shared 2-core machine doubled at load 9), with compiled bytecode as an installed package has

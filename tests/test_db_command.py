@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.conftest import REPO, pg_url
 from tests.private_postgres import free_port
@@ -52,6 +53,7 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_db_upgrade_creates_the_tables_from_a_folder_without_alembic_ini_and_current_names_the_head(
     empty_database_url: str, tmp_path: Path
 ) -> None:
@@ -80,6 +82,7 @@ def test_db_upgrade_creates_the_tables_from_a_folder_without_alembic_ini_and_cur
     )
 
 
+@pytest.mark.slow
 def test_db_downgrade_then_upgrade_moves_the_revision_and_jobs_refuse_the_older_schema(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -108,6 +111,7 @@ def test_db_downgrade_then_upgrade_moves_the_revision_and_jobs_refuse_the_older_
     assert revision(database_url) == SCHEMA_REVISION
 
 
+@pytest.mark.slow
 def test_db_upgrade_sql_prints_the_ddl_for_a_dba_without_any_database(tmp_path: Path) -> None:
     result = txstore("db", "upgrade", "--sql", cwd=tmp_path)
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
@@ -121,6 +125,7 @@ def test_db_upgrade_sql_prints_the_ddl_for_a_dba_without_any_database(tmp_path: 
     assert "version_num='0007'" in step.stdout
 
 
+@pytest.mark.slow
 def test_db_errors_are_one_line_saying_what_to_do_without_a_password(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -153,6 +158,7 @@ def test_version_is_written_once_and_txstore_version_prints_it(tmp_path: Path) -
     assert 'version = { attr = "txstore.__version__" }' in pyproject
 
 
+@pytest.mark.slow
 def test_db_upgrade_as_a_role_that_may_not_create_tables_is_one_line_and_changes_nothing(
     empty_database_url: str, tmp_path: Path
 ) -> None:

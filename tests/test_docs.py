@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     if mkdocs is None:
@@ -148,6 +149,7 @@ def mentions(text: str, key: str) -> bool:
     return bool(re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", text))
 
 
+@pytest.mark.slow
 def test_every_command_on_the_how_to_pages_is_run_by_a_test_or_allowed() -> None:
     tests = read_tests()
     unchecked = []

@@ -21,6 +21,7 @@ def _serve(client: Consumer | Producer, seconds: float) -> None:
         client.poll(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["consumer", "producer"])
 def test_a_client_made_from_client_config_logs_connection_failures_at_debug_not_on_stderr(
     kind: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]

@@ -85,6 +85,7 @@ def test_messages_aged_out_by_retention_fail_loudly(
         offsets_read(kafka, OffsetRange(topic, 0, 0, marks.high))
 
 
+@pytest.mark.slow
 def test_a_broker_that_stays_down_ends_the_read_with_a_timeout(
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
@@ -122,6 +123,7 @@ def test_one_process_reuses_its_consumer_and_still_reads_exactly_each_range(
         reader_module._consumers.give_back(reader_config(conf), again, topics)
 
 
+@pytest.mark.slow
 def test_last_messages_reads_every_tail_at_once_and_gives_each_range_its_own_last_message(
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:

@@ -70,6 +70,7 @@ def test_a_downed_brokers_port_is_kept_from_outgoing_connections_until_it_is_up(
         assert {m.partition: m.high for m in marks}[0] == 2
 
 
+@pytest.mark.slow
 def test_a_broker_with_a_round_trip_time_answers_that_late_and_then_at_once_again() -> None:
     with MockKafkaCluster() as kafka:
         produce(kafka.bootstrap_servers, "rtt", {0: 2})
@@ -119,6 +120,7 @@ with {cls}() as kafka:
 """
 
 
+@pytest.mark.slow
 def test_taking_the_broker_down_while_its_owner_starts_processes_does_not_abort_the_owner() -> None:
     # A child forked at that moment holds the old listener: librdkafka's rebind of the port
     # failed and it aborted the owner (exit 134; the CI chaos subset, a driver started while
@@ -135,6 +137,7 @@ def test_taking_the_broker_down_while_its_owner_starts_processes_does_not_abort_
     assert flips >= 100 and spawned > 0 and high == 2
 
 
+@pytest.mark.slow
 def test_a_call_the_broker_process_does_not_answer_fails_within_its_timeout_and_stops_it() -> None:
     with MockKafkaCluster(timeout=3) as kafka:
         assert kafka.pid is not None

@@ -9,12 +9,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from mutation.mutate import EQUIVALENT, MODULES
 from mutation.operators import find_mutants
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_every_mutant_equivalent_md_explains_is_a_mutant_of_the_code_today() -> None:
     today = {
         m.ident

@@ -95,6 +95,7 @@ def test_status_shows_offsets_log_offsets_lag_and_running_state(
     assert [r["last_commit"] is not None for r in as_json] == [True, True, False]
 
 
+@pytest.mark.slow
 def test_status_and_jobs_say_never_for_partitions_that_never_committed(
     database_url: str, kafka: MockKafkaCluster, counted: str
 ) -> None:
@@ -123,6 +124,7 @@ def test_status_and_jobs_say_never_for_partitions_that_never_committed(
     assert [(j["job"], j["last_commit"] is None) for j in jobs_json] == [("counter", False), ("fresh", True)]
 
 
+@pytest.mark.slow
 def test_status_without_kafka_still_shows_what_the_database_knows(database_url: str, counted: str) -> None:
     result = txstore("status", "--bootstrap-servers", "127.0.0.1:1", url=database_url)
     assert result.returncode == 0, result.stderr
@@ -135,6 +137,7 @@ def test_status_without_kafka_still_shows_what_the_database_knows(database_url: 
     assert "txstore: warning: Kafka at 127.0.0.1:1 did not answer" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_job_holding_its_lock_shows_as_running_and_blocks_reset(
     database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, counted: str
 ) -> None:
@@ -338,6 +341,7 @@ def test_a_reset_to_a_datetime_shows_the_exact_millisecond_it_looked_up(
     )
 
 
+@pytest.mark.slow
 def test_status_and_its_check_with_kafka_down_print_their_one_line_and_no_client_logs(
     database_url: str,
 ) -> None:
@@ -356,6 +360,7 @@ def test_status_and_its_check_with_kafka_down_print_their_one_line_and_no_client
     assert check.stdout.splitlines()[0] == "UNKNOWN: job 'counter': 2 UNKNOWN"
 
 
+@pytest.mark.slow
 def test_a_database_without_the_schema_is_one_line_telling_to_run_txstore_db_upgrade_and_check_is_unknown(
     empty_database_url: str,
 ) -> None:
@@ -387,6 +392,7 @@ def test_a_database_without_the_schema_is_one_line_telling_to_run_txstore_db_upg
     }
 
 
+@pytest.mark.slow
 def test_an_unknown_job_is_refused_in_one_line_naming_the_known_jobs_unless_said_to_be_new(
     database_url: str, kafka: MockKafkaCluster, counted: str, db: psycopg.Connection
 ) -> None:
@@ -429,6 +435,7 @@ def test_an_unknown_job_in_an_empty_database_says_there_are_no_jobs_yet(database
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("status", "--check", "--json"), ("status", "--json"), ("jobs",)])
 def test_output_into_a_pipe_closed_early_ends_quietly_as_a_command_stopped_by_sigpipe(
     database_url: str, kafka: MockKafkaCluster, counted: str, command: tuple[str, ...]
@@ -446,6 +453,7 @@ def test_output_into_a_pipe_closed_early_ends_quietly_as_a_command_stopped_by_si
     assert (process.wait(timeout=60), err) == (141, "")
 
 
+@pytest.mark.slow
 def test_a_reset_to_a_datetime_kafka_cannot_look_up_that_would_skip_messages_is_refused_without_force(
     database_url: str, kafka: MockKafkaCluster, counted: str, db: psycopg.Connection
 ) -> None:

@@ -196,6 +196,7 @@ def test_delivery_errors_retrying_cannot_fix_are_told_apart_from_passing_ones() 
     assert "does not exist" in (set_aside_reason(KafkaError._UNKNOWN_TOPIC) or "")
 
 
+@pytest.mark.slow
 def test_a_row_too_large_for_kafka_is_set_aside_while_later_rows_are_sent_and_retry_failed_sends_it(
     kafka: MockKafkaCluster,
     database_url: str,
@@ -293,6 +294,7 @@ def test_rows_the_broker_refuses_as_not_authorized_are_set_aside_and_later_rows_
         close_producers()
 
 
+@pytest.mark.slow
 def test_rows_for_a_topic_that_does_not_exist_are_set_aside_and_sent_once_it_does(
     kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
 ) -> None:

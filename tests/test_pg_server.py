@@ -146,6 +146,7 @@ def _pgserver_install() -> tuple[Path, Path]:
     return package, package.parent / "pgserver.libs"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_throwaway_server_starts_from_a_venv_inside_a_private_folder(tmp_path: Path) -> None:
     """As root, a clone under a 0700 folder (any clone in root's home) has pgserver's binaries

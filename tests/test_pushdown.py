@@ -241,6 +241,7 @@ print(handed, largest, groups, pa.default_memory_pool().max_memory())
 """
 
 
+@pytest.mark.slow
 def test_a_task_counting_wide_distinct_groups_hands_them_on_within_a_byte_budget() -> None:
     # 8 KiB keys, each its own group: far fewer rows than MERGE_ROWS, yet many times the byte
     # budget in all. A task must hand its counts on by bytes too, or it holds every group (an

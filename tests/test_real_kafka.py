@@ -112,6 +112,7 @@ def test_a_failing_maven_gives_its_first_error_in_one_line(
     assert not (tmp_path / "cache" / "kafka-4.1.2" / "libs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("ci", "outcome"), [("", "1 skipped"), ("true", "1 error")])
 def test_the_fixture_skips_without_jars_but_fails_in_ci(tmp_path: Path, ci: str, outcome: str) -> None:
     env = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import psycopg
+import pytest
 
 from tests.conftest import produce
 from tests.test_operator_cli import count_some, counted, offsets, txstore
@@ -18,6 +19,7 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 __all__ = ["counted"]  # the fixture: a topic of 3 partitions (10/20/30 messages), 'counter' at 4/20/0
 
 
+@pytest.mark.slow
 def test_forgetting_partitions_kafka_still_has_shows_what_is_read_again_and_needs_force(
     database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, counted: str
 ) -> None:
@@ -61,6 +63,7 @@ def test_forgetting_every_row_of_a_topic_kafka_has_says_the_jobs_starting_offset
     )
 
 
+@pytest.mark.slow
 def test_forgetting_a_deleted_topic_or_a_vanished_partition_needs_no_force(
     database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, new_topic: Callable[..., str]
 ) -> None:
@@ -98,6 +101,7 @@ def test_forgetting_a_deleted_topic_or_a_vanished_partition_needs_no_force(
     assert offsets(db, shrunk) == {0: 0}
 
 
+@pytest.mark.slow
 def test_forgetting_without_kafka_cannot_tell_what_kafka_has_and_needs_force(
     database_url: str, kafka: MockKafkaCluster, db: psycopg.Connection, counted: str
 ) -> None:

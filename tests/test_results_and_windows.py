@@ -184,6 +184,7 @@ def test_count_messages_counts_what_one_message_at_a_time_counts(by_key: bool, w
     assert all(type(k) is ResultKey for k in deltas)
 
 
+@pytest.mark.slow
 def test_every_duration_with_whole_milliseconds_in_decimals_is_read_exactly() -> None:
     # Through float arithmetic 1.001s was 1000.9999999999999 ms, refused as not whole.
     for thousandths in range(1, 100_000):

@@ -41,6 +41,7 @@ def tables(url: str) -> set[str]:
     return {r[0] for r in rows}
 
 
+@pytest.mark.slow
 def test_alembic_upgrade_downgrade_upgrade_from_the_command_line(empty_database_url: str) -> None:
     up = alembic("upgrade", "head", url=empty_database_url)
     assert up.returncode == 0, up.stderr
@@ -74,6 +75,7 @@ def test_autogenerate_finds_no_difference_between_the_tables_and_the_migrated_da
     assert {"add_column", "modify_type"} <= kinds
 
 
+@pytest.mark.slow
 def test_offline_sql_needs_no_database_and_creates_both_tables() -> None:
     result = alembic("upgrade", "head", "--sql")
     assert result.returncode == 0, result.stderr
@@ -86,6 +88,7 @@ def test_offline_sql_needs_no_database_and_creates_both_tables() -> None:
     assert "COMMIT" in sql
 
 
+@pytest.mark.slow
 def test_alembic_without_a_database_url_says_how_to_give_one() -> None:
     result = alembic("upgrade", "head")
     assert result.returncode != 0
@@ -120,6 +123,7 @@ def test_topic_total_rows_are_unique_even_with_null_key_and_window(db: psycopg.C
         db.execute("INSERT INTO txn_data (job, topic, grain, metric) VALUES ('j', 't', 'topic', 1)")
 
 
+@pytest.mark.slow
 def test_revision_0003_keeps_existing_results_and_infers_their_grain(empty_database_url: str) -> None:
     assert alembic("upgrade", "0002", url=empty_database_url).returncode == 0
     with connect(empty_database_url) as conn:

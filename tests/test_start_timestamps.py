@@ -36,6 +36,7 @@ def test_the_quoted_instant_is_not_a_millisecond_early() -> None:
     assert format_timestamp(1_079_337_347_472) == "2004-03-15T07:55:47.472Z"
 
 
+@pytest.mark.slow
 def test_random_millisecond_instants_round_trip_exactly_in_any_zone_and_spelling() -> None:
     rng = random.Random(24)
     instants = [rng.randrange(FIRST_MS, LAST_MS) for _ in range(10_000)]

@@ -196,6 +196,7 @@ def test_without_an_answer_from_kafka_the_status_is_unknown_and_the_exit_3() -> 
     assert health.summary([], "j") == "UNKNOWN: no stored offsets for job 'j'"
 
 
+@pytest.mark.slow
 def test_check_without_kafka_is_unknown_exit_3_and_of_a_job_never_seen_no_such_job_exit_4(
     database_url: str,
 ) -> None:
@@ -435,6 +436,7 @@ def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messag
         assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
 
 
+@pytest.mark.slow
 def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started(
     database_url: str, db: psycopg.Connection, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:

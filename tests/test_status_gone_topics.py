@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pytest
+
 from tests.conftest import produce
 from tests.test_operator_cli import txstore
 from txstore.core.ranges import OffsetRange
@@ -18,6 +20,7 @@ from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
+@pytest.mark.slow
 def test_a_topic_gone_from_kafka_blanks_only_its_own_rows_and_is_named_in_the_warning(
     database_url: str, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:

@@ -40,6 +40,7 @@ from txstore.postgres.db import (
 from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
+pytestmark = pytest.mark.slow  # each test waits out a timeout (seconds to a minute)
 needs_namespaces = pytest.mark.skipif(
     not frozen_network_available(), reason="freezing a network needs root and Linux network namespaces"
 )

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.test_operator_cli import txstore
 from txstore.core.ranges import OffsetRange
@@ -44,6 +45,7 @@ def _jobs_known_by_each_table(database_url: str, db: psycopg.Connection) -> None
 KNOWN = "known jobs: 'by_bad', 'by_messages', 'by_offsets', 'by_results'"
 
 
+@pytest.mark.slow
 def test_the_known_jobs_line_lists_jobs_known_only_by_results_messages_or_bad_messages(
     database_url: str, db: psycopg.Connection
 ) -> None:
@@ -58,6 +60,7 @@ def test_the_known_jobs_line_lists_jobs_known_only_by_results_messages_or_bad_me
     )
 
 
+@pytest.mark.slow
 def test_status_check_of_an_unknown_job_is_its_own_state_exit_4_listing_the_known_jobs(
     database_url: str, db: psycopg.Connection
 ) -> None:
@@ -91,6 +94,7 @@ def test_publish_of_an_unknown_job_is_refused_in_one_line_listing_the_known_jobs
     )
 
 
+@pytest.mark.slow
 def test_a_job_known_only_by_results_waiting_or_set_aside_to_publish_is_known_and_listed(
     database_url: str, db: psycopg.Connection
 ) -> None:
@@ -152,6 +156,7 @@ def test_the_outbox_lines_of_status_count_pending_and_set_aside_rows_from_indexe
             assert "Seq Scan" not in plan, plan
 
 
+@pytest.mark.slow
 def test_the_documented_liveness_probe_fails_for_a_mistyped_job_and_passes_for_a_stopped_one(
     database_url: str, db: psycopg.Connection, tmp_path: Path
 ) -> None:

@@ -47,6 +47,7 @@ print(f"objects {before}, frozen {frozen}, full collection {full * 1000:.1f} ms,
 """
 
 
+@pytest.mark.slow
 def test_the_first_task_in_a_worker_freezes_the_imports_once_and_later_garbage_is_still_collected() -> None:
     done = subprocess.run(
         [sys.executable, "-c", CHILD], cwd=REPO, capture_output=True, text=True, timeout=120, check=False

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 from pyspark import cloudpickle
 
 from tests.conftest import REPO, send
@@ -60,6 +61,7 @@ assert not loaded, loaded
 """
 
 
+@pytest.mark.slow
 def test_the_functions_tasks_run_need_none_of_the_driver_only_dependencies(
     tmp_path: Path,
     kafka: MockKafkaCluster,
