@@ -98,7 +98,7 @@ def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting
             "unknown option 'startOffsets' for format('txstore') (did you mean startingOffsets?)",
         ),
         ({**BASE, "subscribePattern": "a.*"}, "option subscribePattern is not supported"),
-        ({**BASE, "failOnDataLoss": "false"}, "option failOnDataLoss='false' is not supported"),
+        ({**BASE, "failOnDataLoss": "maybe"}, "option failOnDataLoss must be true (stop on offsets"),
         ({**BASE, "includeHeaders": "yes"}, "option includeHeaders must be true or false, got 'yes'"),
         ({**BASE, "startingOffsets": "{oops"}, "option startingOffsets is not valid JSON"),
         (
@@ -142,7 +142,7 @@ def test_a_bad_option_is_refused_with_one_line_naming_it(given: dict[str, str], 
     [
         ({"subscribepattern": "a.*"}, "option subscribePattern is not supported"),
         ({"minpartitions": "0"}, "option minPartitions must be a whole number"),
-        ({"failondataloss": "false"}, "option failOnDataLoss='false' is not supported"),
+        ({"failondataloss": "maybe"}, "option failOnDataLoss must be true (stop on offsets"),
         ({"startingoffsets": "{oops"}, "option startingOffsets is not valid JSON"),
         ({"endingoffsets": "earliest"}, "option endingOffsets cannot be earliest"),
         (

@@ -67,15 +67,16 @@ def no_job_flags(line: str) -> None:
     assert not flags, f"{flags} in {line!r}"
 
 
-def test_aged_out_messages_name_the_reset_and_the_restart_not_fail_on_data_loss() -> None:
+def test_aged_out_messages_name_the_stream_s_option_and_the_reset_not_the_job_s_flag() -> None:
     error = raised(lambda: plan_ranges("j", {("t", 0): 3}, [PartitionWatermarks("t", 0, 8, 13)]))
     assert "rerun with --fail-on-data-loss false" in str(error)  # the job's line
     stream = for_stream(error)
     assert isinstance(stream, DataLoss)
     assert str(stream) == (
         "job 'j' topic 't' partition 0: stored offset 3 is below the log-start offset 8; 5 messages aged "
-        "out of Kafka before they were counted. To go on, skip them (nothing records them for a "
-        "stream): txstore reset --job j --topic t --partition 0 --to-earliest --execute, then restart "
+        "out of Kafka before they were counted. To go on, restart the query with option failOnDataLoss "
+        "false (the same checkpoint): it skips them and records them in txn_lost_ranges; or skip them "
+        "unrecorded: txstore reset --job j --topic t --partition 0 --to-earliest --execute, then restart "
         "the query with a new checkpointLocation (or delete this one): it then starts at the offsets "
         "in txn_offsets"
     )
@@ -220,8 +221,9 @@ def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that
 
     expected = (
         f"job '{JOB}' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
-        "5 messages aged out of Kafka before they were counted. To go on, skip them (nothing records "
-        f"them for a stream): txstore reset --job {JOB} --topic {topic} --partition 0 --to-earliest "
+        "5 messages aged out of Kafka before they were counted. To go on, restart the query with option "
+        "failOnDataLoss false (the same checkpoint): it skips them and records them in txn_lost_ranges; "
+        f"or skip them unrecorded: txstore reset --job {JOB} --topic {topic} --partition 0 --to-earliest "
         "--execute, then restart the query with a new checkpointLocation (or delete this one): it then "
         "starts at the offsets in txn_offsets"
     )
@@ -244,3 +246,38 @@ def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that
     run_available_now(spark, real_kafka, database_url, topic, tmp_path / "new")  # type: ignore[arg-type]
     assert totals(db, topic, job=JOB) == {topic: 5}  # 3, then offsets 8 and 9
     assert offsets(db, topic, job=JOB) == log_ends(real_kafka, topic) == {0: 10}
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_stream_stopped_by_aged_out_messages_goes_on_with_fail_on_data_loss_false_and_records_them(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The first way the stop names: the same checkpoint, failOnDataLoss false. DeleteRecords on
+    Apache Kafka takes offsets 3-7; the query records them in txn_lost_ranges, counts the rest once,
+    and goes on counting what comes after."""
+    txstore.register(spark)
+    topic = new_real_topic(2, prefix="stream_skip")
+    checkpoint = tmp_path / "chk"
+    produce(real_kafka.bootstrap_servers, topic, {0: 3, 1: 2})
+    run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
+    produce(real_kafka.bootstrap_servers, topic, {0: 7, 1: 1})
+    delete_records(real_kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
+    with pytest.raises(QueryFailed, match="failOnDataLoss false"):
+        run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
+
+    skip = {"failOnDataLoss": "false"}
+    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **skip)  # type: ignore[arg-type]
+    assert totals(db, topic, job=JOB) == {topic: 3 + 2 + 2 + 1}  # partition 0: 8 and 9; partition 1: 2
+    assert offsets(db, topic, job=JOB) == log_ends(real_kafka, topic) == {0: 10, 1: 3}
+    lost = "SELECT part, from_off, until_off FROM txn_lost_ranges WHERE job = %s AND topic = %s"
+    assert db.execute(lost, (JOB, topic)).fetchall() == [(0, 3, 8)]
+    produce(real_kafka.bootstrap_servers, topic, {0: 4})
+    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **skip)  # type: ignore[arg-type]
+    assert totals(db, topic, job=JOB) == {topic: 12}
+    assert db.execute(lost, (JOB, topic)).fetchall() == [(0, 3, 8)]

@@ -28,7 +28,14 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from tests.fake_kafka import FakeKafka, FakeLog, install, install_admin, message
 from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed
-from txstore.core.errors import ConfigError, ResultsTableInvalid, TopicRecreated, TxstoreError, UnknownTopic
+from txstore.core.errors import (
+    ConfigError,
+    DataLoss,
+    ResultsTableInvalid,
+    TopicRecreated,
+    TxstoreError,
+    UnknownTopic,
+)
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.micro_batch import (
     Delivery,
@@ -44,7 +51,8 @@ from txstore.core.micro_batch import (
     spans_from_array,
     verify_micro_batch,
 )
-from txstore.core.ranges import OffsetRange
+from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.starting import StartingOffsets
 from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.stream_plans import (
@@ -57,6 +65,7 @@ from txstore.postgres.stream_plans import (
     record_read,
     save_plan,
 )
+from txstore.spark.datasource import plan_job_ranges, plan_read_ranges
 from txstore.spark.stream_options import parse_count_messages, parse_stream_options, parse_tasks
 from txstore.spark.stream_sink import (
     TableRows,
@@ -1509,3 +1518,132 @@ def test_count_messages_option_is_true_or_false_and_tasks_option_a_whole_number(
     for bad in ("0", "-1", "x"):
         with pytest.raises(ConfigError):
             parse_tasks(bad)
+
+
+# -- failOnDataLoss false: aged-out offsets skipped and recorded -------------------------------------
+
+
+def lost_rows(db: psycopg.Connection) -> list[tuple[int, int, int]]:
+    return db.execute(
+        "SELECT part, from_off, until_off FROM txn_lost_ranges WHERE job = %s ORDER BY part, from_off", (JOB,)
+    ).fetchall()
+
+
+def age_out(fake_log: FakeLog, below: int) -> None:
+    """Kafka's retention (or DeleteRecords) takes the messages below ``below``."""
+    for o in range(fake_log.low, below):
+        fake_log.messages.pop(o, None)
+    fake_log.low = below
+
+
+def test_with_fail_on_data_loss_false_a_stream_records_aged_out_offsets_and_counts_the_rest_once(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    partition = log(fake_kafka, 0, range(3))
+    reader = source(readers, database_url, failOnDataLoss="false")
+    sink = writer(database_url)
+    _, end, parts = plan(reader)
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    assert offsets(db) == {0: 3} and total(db) == 3
+    grow(partition, 10)
+    age_out(partition, 8)  # offsets 3-7 gone before the stream counted them
+
+    start, end, parts = plan(reader, end)
+    assert end == {"t": {"0": 10}}
+    assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [[(0, 8, 10)]]
+    assert lost_rows(db) == [(0, 3, 8)] and offsets(db) == {0: 8}  # recorded with the move, atomically
+    messages = [sink.write(iter(task)) for task in read(reader, parts)]
+    sink.commit(messages, 1)
+    assert offsets(db) == {0: 10} and total(db) == 3 + 2
+    reader.commit(end)
+
+    # A replay of that micro-batch from its checkpoint (a crash before Spark's commit): the recorded
+    # loss leads to the stored offset, so it is recognised as committed; nothing recorded twice.
+    restarted = source(readers, database_url, failOnDataLoss="false")
+    reader.stop()
+    replayed = list(restarted.partitions(start, end))
+    sink.commit([sink.write(iter(task)) for task in read(restarted, replayed)], 1)
+    assert total(db) == 5 and offsets(db) == {0: 10} and lost_rows(db) == [(0, 3, 8)]
+
+
+def test_a_replay_after_the_loss_was_recorded_reads_the_rest_and_records_what_aged_out_since(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    partition = log(fake_kafka, 0, range(3))
+    first = source(readers, database_url, failOnDataLoss="false")
+    sink = writer(database_url)
+    _, end, parts = plan(first)
+    sink.commit([sink.write(iter(task)) for task in read(first, parts)], 0)
+    first.commit(end)
+    grow(partition, 12)
+    age_out(partition, 6)
+    start = end
+    end = first.latestOffset(start, None)
+    assert end == {"t": {"0": 12}}
+    list(first.partitions(start, end))  # records 3-5 as lost; the query dies before its tasks run
+    first.stop()
+    assert lost_rows(db) == [(0, 3, 6)] and offsets(db) == {0: 6}
+
+    age_out(partition, 9)  # more aged out while the query was down
+    restarted = source(readers, database_url, failOnDataLoss="false")
+    parts = list(restarted.partitions(start, end))  # Spark replays the micro-batch from its checkpoint
+    assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [[(0, 9, 12)]]
+    assert lost_rows(db) == [(0, 3, 6), (0, 6, 9)]
+    sink.commit([sink.write(iter(task)) for task in read(restarted, parts)], 1)
+    assert offsets(db) == {0: 12} and total(db) == 3 + 3
+
+
+def test_a_micro_batch_wholly_aged_out_is_recorded_and_the_next_reads_from_the_log_start(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    partition = log(fake_kafka, 0, range(2))
+    reader = source(readers, database_url, failOnDataLoss="false", maxOffsetsPerTrigger="3")
+    sink = writer(database_url)
+    _, end, parts = plan(reader)
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    grow(partition, 20)
+    start = end
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {"t": {"0": 5}}  # planned while 2-4 were still there
+    age_out(partition, 15)
+    parts = list(reader.partitions(start, end))
+    assert [[(r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == []  # nothing left to read
+    assert lost_rows(db) == [(0, 2, 5)] and offsets(db) == {0: 5}
+    sink.commit([], 1)
+    start, end, parts = plan(reader, end)
+    assert [[(r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [[(15, 20)]]
+    assert lost_rows(db) == [(0, 2, 5), (0, 5, 15)]
+
+
+def test_by_default_aged_out_offsets_stop_the_stream_naming_both_ways_on(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    partition = log(fake_kafka, 0, range(3))
+    reader = source(readers, database_url)
+    sink = writer(database_url)
+    _, end, parts = plan(reader)
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    grow(partition, 10)
+    age_out(partition, 8)
+    with pytest.raises(TxstoreError) as e:
+        reader.latestOffset(end, None)
+    line = one_line(e)
+    assert "stored offset 3 is below the log-start offset 8" in line
+    assert "restart the query with option failOnDataLoss false (the same checkpoint)" in line
+    assert lost_rows(db) == [] and offsets(db) == {0: 3}
+
+
+def test_a_batch_read_with_fail_on_data_loss_false_starts_an_aged_out_partition_at_its_log_start() -> None:
+    read_options = parse_stream_options(
+        {**BASE, "startingOffsets": '{"t": {"0": 2}}', "failOnDataLoss": "false"}, {}
+    ).read
+    marks = [PartitionWatermarks("t", 0, 5, 9), PartitionWatermarks("t", 1, 0, 4)]
+    assert [(r.partition, r.from_offset) for r in plan_read_ranges(read_options, marks)] == [(0, 5), (1, 0)]
+    strict = replace(read_options, fail_on_data_loss=True)
+    with pytest.raises(DataLoss, match="offset 2 is below the log-start offset 5"):
+        plan_read_ranges(strict, marks)
+    # txstore.job (read-only): the job's aged-out offset is passed over, nothing recorded.
+    assert [
+        (r.partition, r.from_offset)
+        for r in plan_job_ranges("j", {("t", 0): 1}, marks[:1], StartingOffsets(), None, False)
+    ] == [(0, 5)]

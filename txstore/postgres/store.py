@@ -169,6 +169,24 @@ def record_lost_ranges(conn: psycopg.Connection, job: str, lost: Sequence[Offset
     return recorded
 
 
+def lost_ranges(
+    conn: psycopg.Connection, job: str, topics: Sequence[str]
+) -> dict[TopicPartition, dict[int, int]]:
+    """The job's recorded losses (``txn_lost_ranges``) of ``topics``: per partition, each lost
+    range's end by its start."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT topic, part, from_off, until_off FROM txn_lost_ranges WHERE job = %s AND topic = ANY(%s)",
+            (job, list(topics)),
+        )
+        rows = cur.fetchall()
+    conn.commit()
+    found: dict[TopicPartition, dict[int, int]] = {}
+    for topic, part, from_off, until_off in rows:
+        found.setdefault((topic, part), {})[int(from_off)] = int(until_off)
+    return found
+
+
 def stored_offsets(
     conn: psycopg.Connection, job: str, ranges: Sequence[OffsetRange]
 ) -> dict[TopicPartition, int | None]:

@@ -49,9 +49,11 @@ over lower-cased, so an error line names an option as documented, :func:`option_
   per ``startingOffsets`` given as the job's ``--starting-offsets``;
 - ``includeHeaders``: ``true`` adds the ``headers`` column, as in Spark's
   source (default ``false``: no ``headers`` column);
-- ``failOnDataLoss``: accepted, for code written for Spark's source, only as
-  ``true``, which is what this source always does (an explicit offset Kafka
-  no longer has raises :class:`DataLoss`). Any other option is refused.
+- ``failOnDataLoss``: ``true`` (default): an offset Kafka no longer has (aged out, deleted)
+  raises :class:`DataLoss`; ``false``: a batch read starts such a partition at its log start
+  instead (as Spark's source does), and a stream skips the lost offsets and records them in
+  ``txn_lost_ranges`` (:mod:`txstore.spark.stream_source`), as the jobs'
+  ``--fail-on-data-loss false``. Any other option is refused.
 
 Columns: Spark's Kafka-source columns (``headers`` only with ``includeHeaders``), or only those a schema names
 (``.schema("topic string, timestamp timestamp")``, any order, Spark's types;
@@ -80,6 +82,7 @@ Option parsing and planning are pure functions over frozen dataclasses
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -88,7 +91,14 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
-from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition, plan_ranges, split_ranges
+from txstore.core.ranges import (
+    OffsetRange,
+    PartitionWatermarks,
+    TopicPartition,
+    aged_out,
+    plan_ranges,
+    split_ranges,
+)
 from txstore.core.starting import (
     EARLIEST,
     LATEST,
@@ -112,6 +122,8 @@ from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.postgres.migrate import check_schema
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, WITHOUT_HEADERS
+
+log = logging.getLogger("txstore")
 
 FORMAT = "txstore"
 
@@ -162,7 +174,6 @@ SPELLING = {name.lower(): name for name in (*SPARK_OPTION_NAMES, *TXSTORE_OPTION
 names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
 
 _CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
-_COMPATIBLE_ONLY_TRUE = ("failondataloss",)
 _BY_SUBSCRIBE = "name the topics with option('subscribe', 'topicA,topicB')"
 _JAVA_CONSUMER = (
     "is a setting of the Java consumer of Spark's source; txstore reads with librdkafka, which "
@@ -196,12 +207,12 @@ _KNOWN = (
     "txstore.job",
     "txstore.databaseurl",
     "includeheaders",
-    *_COMPATIBLE_ONLY_TRUE,
+    "failondataloss",
 )
 _SUPPORTED = (
     "kafka.bootstrap.servers, subscribe or assign, startingOffsets, startingTimestamp, "
     "startingOffsetsByTimestamp (and its Strategy), endingOffsets, minPartitions, "
-    "includeHeaders, txstore.job, txstore.databaseUrl, and kafka.* client settings"
+    "includeHeaders, failOnDataLoss, txstore.job, txstore.databaseUrl, and kafka.* client settings"
 )
 
 
@@ -246,6 +257,8 @@ class ReadOptions:
     include_headers: bool = False  # includeHeaders: the headers column, as in Spark's source
     # assign: topic -> the only partitions read (txstore.core.assignment); None: all of subscribe's
     assignment: Mapping[str, tuple[int, ...]] | None = None
+    # failOnDataLoss: false skips offsets Kafka no longer has (a stream records them in txn_lost_ranges)
+    fail_on_data_loss: bool = True
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -262,12 +275,14 @@ class ReadOptions:
         return client_config(self.bootstrap_servers, self.kafka_options)
 
 
-def _is_true(name: str, value: str) -> None:
-    if value.strip().lower() != "true":
+def _parse_fail_on_data_loss(text: str | None, name: str) -> bool:
+    value = (text or "true").strip().lower()
+    if value not in ("true", "false"):
         raise ConfigError(
-            f"option {name}={value!r} is not supported by format('txstore') yet (issue 36 point 4): "
-            "it always fails on offsets Kafka no longer has; drop the option"
+            f"option {name} must be true (stop on offsets Kafka no longer has, the default) or false "
+            f"(skip them), got {text!r}"
         )
+    return value == "true"
 
 
 def _parse_include_headers(text: str | None, name: str) -> bool:
@@ -317,8 +332,6 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
                 f"unknown option {name_of(name)!r} for format('txstore'){_did_you_mean(name)}; "
                 f"it takes {_SUPPORTED}"
             )
-        elif name in _COMPATIBLE_ONLY_TRUE:
-            _is_true(name_of(name), value)
 
     java_only = java_only_problem(
         {names[f"kafka.{k}"][len("kafka.") :]: v for k, v in kafka_options.items()}, "option kafka."
@@ -375,6 +388,7 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
 
     min_partitions = _parse_min_partitions(given.get("minpartitions"), name_of("minPartitions"))
     include_headers = _parse_include_headers(given.get("includeheaders"), name_of("includeHeaders"))
+    fail_on_data_loss = _parse_fail_on_data_loss(given.get("failondataloss"), name_of("failOnDataLoss"))
     job = given.get("txstore.job", "").strip() or None
     database_url = None
     if job is not None:
@@ -403,6 +417,7 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
         names,
         include_headers,
         assignment,
+        fail_on_data_loss,
     )
 
 
@@ -461,13 +476,25 @@ def _parse_min_partitions(text: str | None, name: str = "minPartitions") -> int 
     return value
 
 
-def _resolve(option: str, spec: StartingOffsets, marks: PartitionWatermarks) -> int:
+def _resolve(
+    option: str, spec: StartingOffsets, marks: PartitionWatermarks, fail_on_data_loss: bool = True
+) -> int:
     chosen = spec.specific.get(marks.key, spec.default)
     if chosen == EARLIEST:
         return marks.low
     if chosen == LATEST:
         return marks.high
     where = f"option {option}: topic {marks.topic!r} partition {marks.partition} offset {chosen}"
+    if chosen < marks.low and not fail_on_data_loss:
+        log.warning(
+            "%s is below the log-start offset %d: %d messages aged out of Kafka; read from %d "
+            "(failOnDataLoss false)",
+            where,
+            marks.low,
+            marks.low - chosen,
+            marks.low,
+        )
+        return marks.low
     if chosen < marks.low:
         raise DataLoss(
             f"{where} is below the log-start offset {marks.low}: those messages aged out of Kafka; "
@@ -517,8 +544,11 @@ def plan_read_ranges(
         timed = {(d.topic, d.partition): d.offset for d in decisions}
     ranges = []
     for marks in sorted(watermarks, key=lambda w: w.key):
-        start = timed[marks.key] if marks.key in timed else _resolve(starting_name, options.starting, marks)
-        end = _resolve(ending_name, options.ending, marks)
+        fail = options.fail_on_data_loss
+        start = (
+            timed[marks.key] if marks.key in timed else _resolve(starting_name, options.starting, marks, fail)
+        )
+        end = _resolve(ending_name, options.ending, marks, fail)
         if start > end:
             raise ConfigError(
                 f"topic {marks.topic!r} partition {marks.partition}: {starting_name} {start} is after "
@@ -535,6 +565,7 @@ def plan_job_ranges(
     watermarks: Sequence[PartitionWatermarks],
     starting: StartingOffsets,
     by_time: Mapping[TopicPartition, int] | None = None,
+    fail_on_data_loss: bool = True,
 ) -> list[OffsetRange]:
     """The ranges job ``job``'s next batch reads, without writing anything.
 
@@ -550,6 +581,8 @@ def plan_job_ranges(
     decisions = resolve_starting_offsets(starting, new, [w.key for w in watermarks], started, by_time)
     planned = dict(committed)
     planned.update({(d.topic, d.partition): d.offset for d in decisions})
+    if not fail_on_data_loss:  # read-only: the aged-out offsets are passed over, not recorded
+        planned.update({r.key: r.until_offset for r in aged_out(planned, watermarks)})
     return plan_ranges(job, planned, watermarks)
 
 
@@ -572,7 +605,9 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
         )
         new = [w.key for w in watermarks if w.key not in committed]
         by_time = start_times(options, new, {t for t, _ in committed})
-        ranges = plan_job_ranges(options.job, committed, watermarks, options.starting, by_time)
+        ranges = plan_job_ranges(
+            options.job, committed, watermarks, options.starting, by_time, options.fail_on_data_loss
+        )
         return split_ranges(ranges, options.min_partitions)
     return _plan_read(options)
 

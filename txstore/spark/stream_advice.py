@@ -42,11 +42,12 @@ NEW_CHECKPOINT = (
 
 def data_loss_advice(job: str, topic: str, partition: int) -> str:
     """What a streaming query can do about messages of ``topic`` ``partition`` that aged out of
-    Kafka before they were counted (the query has stopped). One way today; an option of the
-    stream that skips them would be another, joined with "; or "."""
+    Kafka before they were counted (the query has stopped): two ways, joined with "; or "."""
     ways = [
-        "skip them (nothing records them for a stream): "
-        f"{reset_command(job, topic, partition, '--to-earliest')}, then {NEW_CHECKPOINT}"
+        "restart the query with option failOnDataLoss false (the same checkpoint): it skips them and "
+        "records them in txn_lost_ranges",
+        "skip them unrecorded: "
+        f"{reset_command(job, topic, partition, '--to-earliest')}, then {NEW_CHECKPOINT}",
     ]
     return "To go on, " + "; or ".join(ways)
 

@@ -120,6 +120,7 @@ from txstore.core.ranges import (
     PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
+    aged_out,
     group_ranges,
     limit_ranges,
     plan_ranges,
@@ -311,6 +312,42 @@ def realign_hint() -> str:
         "restart the query with a new checkpointLocation (or delete this one: rm -r CHECKPOINT); "
         "it then starts at the stored offsets"
     )
+
+
+def past_recorded_losses(
+    ranges: Sequence[OffsetRange],
+    stored: Mapping[TopicPartition, int],
+    lost: Mapping[TopicPartition, Mapping[int, int]],
+) -> list[OffsetRange]:
+    """``failOnDataLoss`` false: each range past the losses recorded from its start (``lost``: per
+    partition, each recorded range's end by its start), chained and within the range, up to the
+    stored offset at most. A micro-batch whose aged-out start this source recorded before a crash
+    is replayed from its checkpoint's start: the recorded losses lead to the stored offset (or to
+    where the sink then committed from, for a replay of a committed micro-batch, which its tasks
+    read again), never into offsets Kafka no longer has. A start no recorded loss begins at is
+    left as it is (a mismatch stays one for :func:`check_alignment`)."""
+    moved = []
+    for r in ranges:
+        start, ends = r.from_offset, lost.get(r.key, {})
+        while start != stored.get(r.key) and start in ends and start < ends[start] <= r.until_offset:
+            start = ends[start]
+        moved.append(replace(r, from_offset=start))
+    return moved
+
+
+def losses_to_record(
+    ranges: Sequence[OffsetRange],
+    stored: Mapping[TopicPartition, int],
+    watermarks: Sequence[PartitionWatermarks],
+) -> list[OffsetRange]:
+    """``failOnDataLoss`` false: the offsets of the micro-batch Kafka no longer has, per range that
+    starts at its stored offset below the log start: ``[start, min(log start, end))``."""
+    lows = {w.key: w.low for w in watermarks}
+    return [
+        OffsetRange(r.topic, r.partition, r.from_offset, min(lows[r.key], r.until_offset))
+        for r in ranges
+        if r.key in lows and stored.get(r.key) == r.from_offset < lows[r.key]
+    ]
 
 
 def check_alignment(
@@ -717,6 +754,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             if w.key not in committed:
                 entering[w.key] = stored.get(w.key, w.low)
         committed.update(entering)
+        if not self.options.read.fail_on_data_loss:  # aged-out starts: the batch reads from the log start
+            committed.update({r.key: r.until_offset for r in aged_out(committed, watermarks)})
         topic_ids = self._topic_ids(conn, history)
         try:  # aged out, out of log, gone, another topic ID: one line
             ranges = plan_ranges(job, committed, watermarks, history, topic_ids)
@@ -749,6 +788,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             committed, history = self._start_rows(
                 conn, [d for d in decisions if (d.topic, d.partition) in missing], (committed, history)
             )
+        if not self.options.read.fail_on_data_loss:
+            planned, committed = self._skip_lost(conn, planned, committed, now)
         try:
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
         except CheckpointMismatch:
@@ -758,14 +799,11 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
         # The log is still the one the batch was planned on (a restart replays a batch planned before).
         topic_ids = self._topic_ids(conn, history)
+        starts = {r.key: r.from_offset for r in planned}
+        if not self.options.read.fail_on_data_loss:  # a range wholly aged out since: recorded, empty
+            starts.update({r.key: r.until_offset for r in aged_out(starts, now)})
         try:
-            plan_ranges(
-                job,
-                {r.key: r.from_offset for r in planned},
-                [w for w in now if w.key in finish],
-                history,
-                topic_ids,
-            )
+            plan_ranges(job, starts, [w for w in now if w.key in finish], history, topic_ids)
         except (OffsetOutOfLog, TopicRecreated) as e:
             raise for_a_stream(e) from None
         watermarks = {w.key: w for w in now}
@@ -812,6 +850,41 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             stored.get(r.key) == r.until_offset for r in plan.reading
         ):
             mark_committed(conn, job, plan.plan_id, SINK_COMMITTED)
+
+    def _skip_lost(
+        self,
+        conn: psycopg.Connection,
+        planned: list[OffsetRange],
+        committed: dict[TopicPartition, int],
+        now: Sequence[PartitionWatermarks],
+    ) -> tuple[list[OffsetRange], dict[TopicPartition, int]]:
+        """``failOnDataLoss`` false: the micro-batch's offsets Kafka no longer has are skipped and
+        recorded in ``txn_lost_ranges`` now, the stored offsets moved past them in the same
+        statement (:func:`~txstore.postgres.store.record_lost_ranges`, as a job's
+        ``--fail-on-data-loss false``); the ranges then start at the stored offsets. A replay
+        passes over what an earlier attempt recorded (:func:`past_recorded_losses`), so the
+        checkpoint's start and ``txn_offsets`` still agree; the sink commits the rest."""
+        job = self.options.job
+        topics = sorted({r.topic for r in planned})
+        planned = past_recorded_losses(planned, committed, store.lost_ranges(conn, job, topics))
+        lost = losses_to_record(planned, committed, now)
+        if not lost:
+            return planned, committed
+        recorded = store.record_lost_ranges(conn, job, lost)
+        worker_info_to_stderr()
+        for r in recorded:
+            log.warning(
+                "job %s: %s/%d: offsets %d -> %d (%d messages) aged out of Kafka before they were "
+                "counted; skipped and recorded in txn_lost_ranges (failOnDataLoss false)",
+                job,
+                r.topic,
+                r.partition,
+                r.from_offset,
+                r.until_offset,
+                r.size,
+            )
+        committed, _ = self._job_state(conn)
+        return past_recorded_losses(planned, committed, store.lost_ranges(conn, job, topics)), committed
 
     def _follow_checkpoint(self, conn: psycopg.Connection, plan: StreamPlan) -> None:
         """Move a micro-batch's offsets that a sink other than txstore's wrote (Spark committed it),
