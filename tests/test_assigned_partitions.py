@@ -203,13 +203,15 @@ def test_two_jobs_splitting_a_topic_s_partitions_count_every_message_once_betwee
 
 @pytest.mark.spark
 def test_a_stream_with_assign_reads_and_commits_only_its_partitions(
-    spark: Any,
+    any_spark: Any,
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
     new_topic: Callable[..., str],
     tmp_path: Path,
 ) -> None:
+    """On classic Spark and through a Spark Connect client (the source and sink on its server)."""
+    spark = any_spark
     txstore.register(spark)
     topic = new_topic(3)
     produce(kafka.bootstrap_servers, topic, {0: 4, 1: 5, 2: 6})

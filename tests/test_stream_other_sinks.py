@@ -115,15 +115,17 @@ def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_fo
 
 
 def test_include_headers_adds_the_headers_column_to_batch_reads_and_streams_as_spark_does(
-    spark: Any,
+    any_spark: Any,
     kafka: MockKafkaCluster,
     database_url: str,
     new_topic: Callable[..., str],
     tmp_path: Path,
 ) -> None:
+    """On classic Spark and through a Spark Connect client (the source on its server)."""
     import txstore
     from tests.test_datasource import Outgoing, read, send
 
+    spark = any_spark
     txstore.register(spark)
     topic = new_topic(1)
     sent: list[Outgoing] = [(0, b"a", b"1", 1_767_225_600_000, [("trace", b"t1")]), (0, b"b", b"2", 1, None)]
