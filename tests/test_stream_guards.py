@@ -1481,8 +1481,8 @@ def test_stream_options_are_the_batch_options_plus_the_stream_s_own() -> None:
             {"endingOffsets": "latest"},
             "option endingOffsets is not supported by readStream.format('txstore')",
         ),
-        ({"minPartitions": "4"}, "option minPartitions is not supported"),
-        ({"minpartitions": "4"}, "option minPartitions is not supported"),
+        ({"minPartitions": "0"}, "option minPartitions must be a whole number of at least 1, got '0'"),
+        ({"minpartitions": "x"}, "option minPartitions must be a whole number of at least 1, got 'x'"),
         ({"maxoffsetspertrigger": "0"}, "option maxOffsetsPerTrigger must be a whole number"),
         ({"txstore.countmessages": "yes"}, "option txstore.countMessages must be true or false"),
         ({"subscribepattern": "t.*"}, "option subscribePattern is not supported by format('txstore')"),
@@ -1647,3 +1647,74 @@ def test_a_batch_read_with_fail_on_data_loss_false_starts_an_aged_out_partition_
         (r.partition, r.from_offset)
         for r in plan_job_ranges("j", {("t", 0): 1}, marks[:1], StartingOffsets(), None, False)
     ] == [(0, 5)]
+
+
+# -- minPartitions: a micro-batch's big ranges in pieces, committed whole ----------------------------
+
+
+def piece_bounds(parts: Sequence[Any]) -> list[list[tuple[int, int, int]]]:
+    return [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts]
+
+
+def test_min_partitions_reads_a_big_range_in_pieces_by_their_own_tasks_and_commits_it_whole_once(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(12))
+    log(fake_kafka, 1, [0, 2], high=3)
+    reader = source(readers, database_url, minPartitions="5")
+    _, end, parts = plan(reader)
+    # In proportion to size: 12 offsets in 4 pieces, 3 in 1; each piece its own task.
+    assert piece_bounds(parts) == [[(0, 0, 3)], [(0, 3, 6)], [(0, 6, 9)], [(0, 9, 12)], [(1, 0, 3)]]
+    saved = load_plan(db, JOB)
+    assert saved.pieces == {("t", 0): ((0, 3, 0), (3, 6, 1), (6, 9, 2), (9, 12, 3))}
+    assert saved.pieces_of(saved.ranges[1]) == ((0, 3, 4),)
+    assert [p.ranges[0].verify for p in parts] == [None] * 5  # nothing counted before
+    sink = writer(database_url)
+    messages = [sink.write(iter(task)) for task in reversed(read(reader, parts))]
+    sink.commit(messages, 0)
+    assert offsets(db) == {0: 12, 1: 3} and total(db) == 14
+    assert last_counted(db) == {0: 11, 1: 2}  # the last piece's last message
+    sink.commit(messages, 0)  # a replay: recognised as committed
+    assert total(db) == 14
+
+    # The next micro-batch's first piece verifies the last message counted; the others do not.
+    grow(fake_kafka.logs[("t", 0)], 20)
+    _, end, parts = plan(reader, end)
+    assert piece_bounds(parts) == [[(0, 12, 13)], [(0, 13, 15)], [(0, 15, 16)], [(0, 16, 18)], [(0, 18, 20)]]
+    assert parts[0].ranges[0].verify == fingerprint(fake_kafka.logs[("t", 0)].messages[11])
+    assert all(p.ranges[0].verify is None for p in parts[1:])
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 1)
+    assert offsets(db) == {0: 20, 1: 3} and total(db) == 22
+
+
+def test_a_piece_unread_or_read_twice_stops_the_commit_of_the_whole_range(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(9))
+    reader = source(readers, database_url, COUNTS, minPartitions="3", **{"txstore.countMessages": "true"})
+    _, _, parts = plan(reader)
+    assert piece_bounds(parts) == [[(0, 0, 3)], [(0, 3, 6)], [(0, 6, 9)]]
+    tasks = read(reader, parts)
+    assert [b.to_pylist()[0]["txstore_messages"] for task in tasks for b in task] == [3, 3, 3]
+    sink = writer(database_url, COUNTS)
+    with pytest.raises(MicroBatchNotRead, match="the sink received no count row for range t/0 6 -> 9"):
+        sink.commit([sink.write(iter(task)) for task in tasks[:2]], 0)  # a filter dropped a piece's row
+    with pytest.raises(RowsRepeated, match="count row twice"):
+        sink.commit([sink.write(iter(task)) for task in [*tasks, tasks[1]]], 0)  # a self-union's repeat
+    assert total(db) == 0 and offsets(db) == {0: 0}
+    sink.commit([sink.write(iter(task)) for task in tasks], 0)
+    assert total(db) == 9 and offsets(db) == {0: 9}
+
+
+def test_another_sink_s_micro_batch_in_pieces_moves_the_offsets_keeping_the_last_piece_s_message(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, [0, 1, 2, 3, 4, 5, 6, 7], high=10)  # 8 and 9: a transaction's markers
+    reader = source(readers, database_url, minPartitions="2")
+    _, end, parts = plan(reader)
+    assert piece_bounds(parts) == [[(0, 0, 5)], [(0, 5, 10)]]
+    for p in reversed(parts):  # receipts recorded last piece first
+        list(reader.read(p))
+    reader.commit(end)  # Spark committed a micro-batch its file sink wrote
+    assert offsets(db) == {0: 10} and last_counted(db) == {0: 7}
+    assert committed_by(db) == CHECKPOINT_LED

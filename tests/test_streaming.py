@@ -481,6 +481,35 @@ def test_a_source_that_counts_its_messages_commits_the_counts_a_row_per_message_
     assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
 
 
+@pytest.mark.parametrize("count_messages", ["true", "false"])
+def test_min_partitions_reads_a_partition_s_range_in_several_tasks_and_counts_each_message_once(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+    count_messages: str,
+) -> None:
+    """minPartitions 4 on one partition with transactions: 4 reading tasks a micro-batch, each a
+    piece of the range (markers included), committed as the whole range, once."""
+    txstore.register(spark)
+    topic = new_topic(1)
+    checkpoint = tmp_path / "chk"
+    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=7, partitions=1)
+    options = {"minPartitions": "4", "txstore.countMessages": count_messages}
+    query = run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
+    assert totals(db, topic, job=JOB) == {topic: 21}
+    if count_messages == "true":
+        assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0] == [
+            4
+        ]  # a row a piece
+    produce(kafka.bootstrap_servers, topic, {0: 9})
+    run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
+    assert totals(db, topic, job=JOB) == {topic: 30}
+    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+
+
 @pytest.mark.connect
 def test_stream_through_spark_connect(
     spark_connect: Any,

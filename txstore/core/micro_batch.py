@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from txstore.core.errors import TxstoreError
@@ -86,21 +86,34 @@ class Receipt:
     run_id: str | None = None
 
 
+Piece = tuple[int, int, int]
+"""A piece of a planned range, read by one task: ``(from, until, task)``."""
+
+
 @dataclass(frozen=True)
 class StreamPlan:
     """A job's planned micro-batch (``txn_stream_plans``): ``ranges`` in ``tasks`` reading tasks,
-    each range with its task's index in ``task_of``."""
+    each range with its task's index in ``task_of``, or, cut for ``minPartitions``, its pieces in
+    ``pieces`` (each read by its own task; committed together, as the whole range)."""
 
     plan_id: str
     ranges: tuple[OffsetRange, ...]
     tasks: int
     task_of: Mapping[TopicPartition, int] = field(default_factory=dict)
     committed_by: str | None = None
+    pieces: Mapping[TopicPartition, tuple[Piece, ...]] = field(default_factory=dict)
 
     @property
     def reading(self) -> tuple[OffsetRange, ...]:
         """The ranges with offsets to read (the rest only enter the job)."""
         return tuple(r for r in self.ranges if r.size > 0)
+
+    def pieces_of(self, r: OffsetRange) -> tuple[Piece, ...]:
+        """``r``'s pieces in offset order: the whole range in one task unless it was cut."""
+        return self.pieces.get(r.key) or ((r.from_offset, r.until_offset, self.task_of.get(r.key, 0)),)
+
+    def tasks_of(self, r: OffsetRange) -> set[int]:
+        return {task for _, _, task in self.pieces_of(r)}
 
 
 @dataclass(frozen=True)
@@ -187,7 +200,7 @@ def verify_micro_batch(
     by_task: dict[int, set[tuple[int, int]]] = {}
     for r in ours:
         by_task.setdefault(r.task, set()).add((r.stage, r.spark_partition))
-    needed = sorted({plan.task_of.get(r.key, 0) for r in reading})
+    needed = sorted({t for r in reading for t in plan.tasks_of(r)})
     unread = [t for t in needed if t not in by_task]
     if unread:
         others = sorted({(r.query_id, r.batch_id) for r in receipts if r not in ours}, key=str)
@@ -197,7 +210,7 @@ def verify_micro_batch(
             if others
             else "no task of this query read it (a source other than txstore's, or another job's)"
         )
-        first = next(r for r in reading if plan.task_of.get(r.key, 0) in unread)
+        first = next(r for r in reading if plan.tasks_of(r) & set(unread))
         raise MicroBatchNotRead(
             f"{where} of query {query_id}: the job's planned micro-batch ({first}"
             f"{', ...' if len(reading) > 1 else ''}) was not read by this micro-batch: {by}; nothing "
@@ -205,29 +218,44 @@ def verify_micro_batch(
         )
     twice = next((t for t, runs_of in sorted(by_task.items()) if len(runs_of) > 1), None)
     if twice is not None:
-        first = next((r for r in reading if plan.task_of.get(r.key, 0) == twice), reading[0])
+        first = next((r for r in reading if twice in plan.tasks_of(r)), reading[0])
         raise MicroBatchReadTwice(
             f"{where}: this query read the micro-batch's messages twice (range {first} was read as "
             f"{len(by_task[twice])} Spark partitions: a self-union or self-join of the txstore "
             "source); every message would be counted twice; nothing was written. Read the source "
             "once per query"
         )
-    reads: dict[TopicPartition, RangeRead] = {}
+    piece_reads: dict[tuple[TopicPartition, int, int], RangeRead] = {}
     for receipt in ours:
         for read in receipt.reads:
-            reads[read.range.key] = read
+            piece_reads[(read.range.key, read.range.from_offset, read.range.until_offset)] = read
     planned = {r.key: r for r in reading}
-    missing = [r for r in reading if r.key not in reads or reads[r.key].range != r]
-    if missing:
-        raise MicroBatchNotRead(
-            f"{where}: no task of this query read range {missing[0]} of the planned micro-batch; "
-            "nothing was written. " + _sink_hint()
-        )
+    reads: dict[TopicPartition, RangeRead] = {}
+    for planned_range in reading:
+        cut = plan.pieces_of(planned_range)
+        whole = whole_read(planned_range, [piece_reads.get((planned_range.key, a, b)) for a, b, _ in cut])
+        if whole is None:
+            raise MicroBatchNotRead(
+                f"{where}: no task of this query read range {planned_range} of the planned micro-batch"
+                f"{' whole' if len(cut) > 1 else ''}; nothing was written. " + _sink_hint()
+            )
+        reads[planned_range.key] = whole
     if delivery.counts is not None:
-        _check_counts(where, planned, reads, delivery.counts)
+        _check_counts(where, plan, planned, piece_reads, delivery.counts)
     else:
         _check_spans(where, planned, reads, delivery.spans)
-    return {key: reads[key] for key in planned}
+    return reads
+
+
+def whole_read(r: OffsetRange, pieces: Sequence[RangeRead | None]) -> RangeRead | None:
+    """The read of range ``r`` from its pieces' reads, in offset order (None: a piece unread): the
+    messages added up, the last message the last piece's that has one (a piece may hold only
+    aborted transactions' offsets)."""
+    if any(p is None for p in pieces):
+        return None
+    read = [p for p in pieces if p is not None]
+    last = next((p.last for p in reversed(read) if p.last is not None), None)
+    return RangeRead(r, sum(p.messages for p in read), last)
 
 
 def _describe_runs(runs: Iterable[tuple[Any, ...]]) -> str:
@@ -288,29 +316,34 @@ def repeated_error(where: str, topic: str, partition: int, offset: int) -> RowsR
 
 def _check_counts(
     where: str,
+    plan: StreamPlan,
     planned: Mapping[TopicPartition, OffsetRange],
-    reads: Mapping[TopicPartition, RangeRead],
+    reads: Mapping[tuple[TopicPartition, int, int], RangeRead],
     counts: Sequence[tuple[OffsetRange, int]],
 ) -> None:
-    seen: set[TopicPartition] = set()
+    """One count row per piece of each planned range (a range not cut is one piece), equal to
+    what the piece's task read."""
+    expected = {(r.key, a, b) for r in planned.values() for a, b, _ in plan.pieces_of(r)}
+    seen: set[tuple[TopicPartition, int, int]] = set()
     for r, n in sorted(counts, key=lambda c: c[0]):
-        want = planned.get(r.key)
-        if want is None or want != r:
-            raise _outside(where, r.topic, r.partition, r.from_offset, r.until_offset - 1, want)
-        if r.key in seen:
+        piece = (r.key, r.from_offset, r.until_offset)
+        if piece not in expected:
+            raise _outside(where, r.topic, r.partition, r.from_offset, r.until_offset - 1, planned.get(r.key))
+        if piece in seen:
             raise RowsRepeated(
                 f"{where}: the sink received range {r}'s count row twice (a self-union of the "
                 "counting source): it would be counted twice; nothing was written. Read the source once"
             )
-        seen.add(r.key)
-        if n != reads[r.key].messages:
+        seen.add(piece)
+        if n != reads[piece].messages:
             raise RowsOutsideBatch(
                 f"{where}: range {r}'s count row says {n} messages, but its reading task read "
-                f"{reads[r.key].messages}: the row is not this micro-batch's; nothing was written"
+                f"{reads[piece].messages}: the row is not this micro-batch's; nothing was written"
             )
-    missing = sorted(set(planned) - seen)
+    missing = sorted(expected - seen, key=lambda m: (m[0][0], m[0][1], m[1]))
     if missing:
-        r = planned[missing[0]]
+        key, a, b = missing[0]
+        r = replace(planned[key], from_offset=a, until_offset=b)
         raise MicroBatchNotRead(
             f"{where}: the sink received no count row for range {r} (txstore.countMessages gives one "
             "per range; a filter between source and sink would drop a range's whole count); nothing "

@@ -25,7 +25,7 @@ import psycopg
 
 from txstore.core.errors import TxstoreError
 from txstore.core.fingerprint import Fingerprint
-from txstore.core.micro_batch import RangeRead, Receipt, StreamPlan
+from txstore.core.micro_batch import Piece, RangeRead, Receipt, StreamPlan
 from txstore.core.ranges import OffsetRange
 
 _SAVE_PLAN = """
@@ -51,7 +51,33 @@ def plan_identity(job: str, start: Mapping[str, Any], end: Mapping[str, Any]) ->
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def ranges_json(ranges: Sequence[OffsetRange], task_of: Mapping[tuple[str, int], int] | None = None) -> str:
+def tasks_of(
+    ranges: Sequence[OffsetRange], tasks: Sequence[Sequence[OffsetRange]]
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], tuple[Piece, ...]]]:
+    """Each range's reading task, and for a range cut into pieces (``minPartitions``) its pieces,
+    ``(from, until, task)`` in offset order."""
+    found: dict[tuple[str, int], list[Piece]] = {}
+    for i, run in enumerate(tasks):
+        for piece in run:
+            found.setdefault(piece.key, []).append((piece.from_offset, piece.until_offset, i))
+    whole = {r.key: (r.from_offset, r.until_offset) for r in ranges}
+    task_of: dict[tuple[str, int], int] = {}
+    pieces: dict[tuple[str, int], tuple[Piece, ...]] = {}
+    for key, items in found.items():
+        items.sort()
+        if len(items) == 1 and items[0][:2] == whole.get(key):
+            task_of[key] = items[0][2]
+        else:
+            pieces[key] = tuple(items)
+            task_of[key] = items[0][2]
+    return task_of, pieces
+
+
+def ranges_json(
+    ranges: Sequence[OffsetRange],
+    task_of: Mapping[tuple[str, int], int] | None = None,
+    pieces: Mapping[tuple[str, int], Sequence[Piece]] | None = None,
+) -> str:
     return json.dumps(
         [
             {
@@ -62,6 +88,7 @@ def ranges_json(ranges: Sequence[OffsetRange], task_of: Mapping[tuple[str, int],
                 "generation": r.generation,
                 "log_end": r.log_end,
                 **({"task": task_of[r.key]} if task_of and r.key in task_of else {}),
+                **({"pieces": [list(p) for p in pieces[r.key]]} if pieces and r.key in pieces else {}),
             }
             for r in ranges
         ]
@@ -95,7 +122,7 @@ def save_plan(
     reading ``tasks`` they are cut into; forget the receipts of the job's earlier plans. Returns
     the plan's identity (:func:`plan_identity`), which the reading tasks name in their receipts."""
     plan_id = plan_identity(job, start, end)
-    task_of = {r.key: i for i, run in enumerate(tasks) for r in run}
+    task_of, pieces = tasks_of(ranges, tasks)
     with conn.transaction():
         conn.execute(
             _SAVE_PLAN,
@@ -103,7 +130,7 @@ def save_plan(
                 "job": job,
                 "start": json.dumps(start, sort_keys=True),
                 "end": json.dumps(end, sort_keys=True),
-                "ranges": ranges_json(ranges, task_of),
+                "ranges": ranges_json(ranges, task_of, pieces),
                 "plan_id": plan_id,
                 "tasks": len(tasks),
             },
@@ -126,7 +153,12 @@ def load_plan(conn: psycopg.Connection, job: str) -> StreamPlan:
     plan_id, items, tasks, committed_by = row
     ranges = ranges_from_json(items)
     task_of = {(str(i["topic"]), int(i["partition"])): int(i["task"]) for i in items if "task" in i}
-    return StreamPlan(plan_id, tuple(ranges), int(tasks), task_of, committed_by)
+    pieces = {
+        (str(i["topic"]), int(i["partition"])): tuple((int(a), int(b), int(t)) for a, b, t in i["pieces"])
+        for i in items
+        if i.get("pieces")
+    }
+    return StreamPlan(plan_id, tuple(ranges), int(tasks), task_of, committed_by, pieces)
 
 
 SINK_COMMITTED = "txstore"

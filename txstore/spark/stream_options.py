@@ -1,7 +1,7 @@
 """The options of ``spark.readStream.format("txstore")``, parsed once, checked at ``load()``.
 
 The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
-``endingOffsets`` and ``minPartitions``, plus the stream's own: ``maxOffsetsPerTrigger``,
+``endingOffsets``, plus the stream's own: ``maxOffsetsPerTrigger``,
 ``txstore.countMessages``, ``txstore.tasks`` and (tests) ``txstore.failpoints``. The source
 itself is :mod:`txstore.spark.stream_source`.
 """
@@ -44,7 +44,8 @@ def parse_stream_options(
     options: Mapping[str, str], environ: Mapping[str, str], default_tasks: int | None = None
 ) -> StreamOptions:
     """The batch source's options (:func:`~txstore.spark.datasource.parse_read_options`) without
-    ``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``, ``txstore.countMessages``,
+    ``endingOffsets`` (``minPartitions``: a micro-batch's big ranges are cut into pieces, each
+    read by its own task, committed together), plus ``maxOffsetsPerTrigger``, ``txstore.countMessages``,
     ``txstore.tasks`` (else ``default_tasks``, what :func:`txstore.register` measured) and
     ``txstore.failpoints``; ``txstore.job`` required."""
     given = {str(k).lower(): str(v) for k, v in options.items()}
@@ -54,12 +55,6 @@ def parse_stream_options(
             f"option {shown(names, 'endingOffsets')} is not supported by readStream.format('txstore'): "
             "each micro-batch reads one range per partition up to the log end (limit it with "
             "maxOffsetsPerTrigger)"
-        )
-    if "minpartitions" in given:
-        raise ConfigError(
-            f"option {shown(names, 'minPartitions')} is not supported by readStream.format('txstore') "
-            "yet (issue 36 point 5): each micro-batch reads one range per partition, in at most "
-            "txstore.tasks tasks; drop the option"
         )
     if not given.get("txstore.job", "").strip():
         raise ConfigError(

@@ -25,7 +25,8 @@ hands the ranges it planned to the sink through ``txn_stream_plans``
 batch's results in one transaction.
 
 Source options: those of the batch source (:mod:`txstore.spark.datasource`) except
-``endingOffsets`` and ``minPartitions``, plus ``maxOffsetsPerTrigger``,
+``endingOffsets`` (``minPartitions`` cuts a micro-batch's big ranges into pieces, each read by
+its own task; the sink commits each range whole), plus ``maxOffsetsPerTrigger``,
 ``txstore.countMessages`` and ``txstore.tasks``; ``txstore.job`` is
 required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
 ``txn_offsets``). Steps:
@@ -124,6 +125,7 @@ from txstore.core.ranges import (
     group_ranges,
     limit_ranges,
     plan_ranges,
+    split_ranges,
     topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
@@ -341,12 +343,13 @@ def losses_to_record(
     watermarks: Sequence[PartitionWatermarks],
 ) -> list[OffsetRange]:
     """``failOnDataLoss`` false: the offsets of the micro-batch Kafka no longer has, per range that
-    starts at its stored offset below the log start: ``[start, min(log start, end))``."""
+    starts at its stored offset below the log start: ``[start, min(log start, end))``, never empty
+    (an empty range reads nothing and loses nothing)."""
     lows = {w.key: w.low for w in watermarks}
     return [
         OffsetRange(r.topic, r.partition, r.from_offset, min(lows[r.key], r.until_offset))
         for r in ranges
-        if r.key in lows and stored.get(r.key) == r.from_offset < lows[r.key]
+        if r.key in lows and stored.get(r.key) == r.from_offset < min(lows[r.key], r.until_offset)
     ]
 
 
@@ -818,7 +821,12 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             log_end = marks.high if marks else None
             ranges.append(replace(r, verify=verify, generation=generation, log_end=log_end))
         reading = [r for r in ranges if r.size > 0]
-        tasks = micro_batch_tasks(reading, self.options.tasks)
+        min_partitions = self.options.read.min_partitions
+        if min_partitions:  # big ranges cut into pieces, each read by its own task, committed whole
+            pieces = split_ranges(reading, min_partitions)
+            tasks = micro_batch_tasks(pieces, max(self.options.tasks or 0, min_partitions))
+        else:
+            tasks = micro_batch_tasks(reading, self.options.tasks)
         plan_id = save_plan(conn, job, start, end, ranges, tasks)
         self._last_end = finish
         return [StreamPartition(run, plan_id, i) for i, run in enumerate(tasks)]
@@ -891,10 +899,12 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         as one conditional update, and note the job as checkpoint-led."""
         job = self.options.job
         last: dict[TopicPartition, Fingerprint] = {}
+        latest: dict[TopicPartition, int] = {}  # the piece the last message is from (minPartitions)
         for receipt in load_reads(conn, job, plan.plan_id):
             for read in receipt.reads:
-                if read.last is not None:
-                    last[read.range.key] = read.last
+                key = read.range.key
+                if read.last is not None and read.range.from_offset >= latest.get(key, -1):
+                    last[key], latest[key] = read.last, read.range.from_offset
         try:
             TransactionalSink(conn, job, FailPoints()).commit_batch(list(plan.reading), {}, last=last)
         except AlreadyCommitted:
