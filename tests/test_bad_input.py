@@ -322,6 +322,22 @@ def test_kafka_options_that_would_change_what_is_read_are_refused_and_nothing_is
         )
 
 
+@pytest.mark.parametrize("option", ["group.id", "GROUP.ID", "group.instance.id"])
+def test_a_consumer_group_kafka_option_is_refused_naming_the_mirror_flag(option: str) -> None:
+    """Spark's source refuses kafka.group.id (format('txstore') too): a job's readers join no group,
+    so a group named there would never be used; the mirror to a group is its own flag."""
+    with pytest.raises(ConfigError) as caught:
+        JobSettings(
+            "count_topic", ("t",), "k:9092", "postgresql://u@h/d", kafka_options={option: "analytics"}
+        )
+    assert str(caught.value) == (
+        f"--kafka-option {option} is refused: txstore's readers join and commit to no Kafka consumer "
+        "group (a job's offsets are in PostgreSQL, txn_offsets); to mirror them to a group for Kafka's "
+        "tooling, give --commit-to-kafka-group GROUP instead"
+    )
+    assert "analytics" not in str(caught.value)
+
+
 def test_a_java_client_only_kafka_option_is_refused_naming_the_pem_settings_librdkafka_takes() -> None:
     with pytest.raises(ConfigError) as caught:
         JobSettings(

@@ -80,6 +80,9 @@ _FIXED_OPTIONS = {
 }
 
 
+_CONSUMER_GROUP = ("group.id", "group.instance.id")
+"""Settings naming a consumer group: a job's readers use none (``--commit-to-kafka-group`` mirrors)."""
+
 _PEM_TRUST = (("ssl.ca.location",), "the CA certificates as a PEM file")
 _PEM_KEY = (
     ("ssl.certificate.location", "ssl.key.location"),
@@ -136,6 +139,12 @@ def fixed_option_problem(options: Mapping[str, str]) -> str | None:
     Java client takes (:func:`java_only_setting`) is refused too, naming the librdkafka ones.
     """
     for key, value in options.items():
+        if key.strip().lower() in _CONSUMER_GROUP:
+            return (
+                f"--kafka-option {key} is refused: txstore's readers join and commit to no Kafka "
+                "consumer group (a job's offsets are in PostgreSQL, txn_offsets); to mirror them to a "
+                "group for Kafka's tooling, give --commit-to-kafka-group GROUP instead"
+            )
         fixed = _FIXED_OPTIONS.get(key.strip().lower())
         if fixed is not None:
             return (
