@@ -235,7 +235,7 @@ MODULES = (
             "_check_counts",
         ),
         (STREAM,),
-        "test_micro_batch or spans_merge or become_spans",
+        "test_micro_batch or spans_merge or become_spans or piece",
     ),
     Module(
         "stream_plans",
@@ -255,7 +255,7 @@ MODULES = (
             "load_reads",
         ),
         (STREAM,),
-        "plan or receipt",
+        "plan or receipt or piece",
     ),
     Module(
         "stream_options",

@@ -50,6 +50,7 @@ from txstore.core.micro_batch import (
     spans_array,
     spans_from_array,
     verify_micro_batch,
+    whole_read,
 )
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.core.starting import StartingOffsets
@@ -64,6 +65,7 @@ from txstore.postgres.stream_plans import (
     plan_identity,
     record_read,
     save_plan,
+    tasks_of,
 )
 from txstore.spark.datasource import plan_job_ranges, plan_read_ranges
 from txstore.spark.stream_options import parse_count_messages, parse_stream_options, parse_tasks
@@ -1718,3 +1720,45 @@ def test_another_sink_s_micro_batch_in_pieces_moves_the_offsets_keeping_the_last
     reader.commit(end)  # Spark committed a micro-batch its file sink wrote
     assert offsets(db) == {0: 10} and last_counted(db) == {0: 7}
     assert committed_by(db) == CHECKPOINT_LED
+
+
+def test_micro_batch_pieces_of_a_range_are_read_whole_and_counted_once_each() -> None:
+    whole = OffsetRange("t", 0, 0, 9)
+    cut = ((0, 3, 0), (3, 6, 1), (6, 9, 2))
+    plan = StreamPlan("p", (whole,), 3, {("t", 0): 0}, None, {("t", 0): cut})
+    assert plan.pieces_of(whole) == cut and plan.tasks_of(whole) == {0, 1, 2}
+    two = Fingerprint(5, 0, b"d5")
+    lasts = {0: Fingerprint(2, 0, b"d2"), 1: two, 2: None}  # the last piece: aborted markers only
+
+    def receipt(task: int) -> Receipt:
+        a, b, _ = cut[task]
+        return Receipt(
+            task, 1, task, None, None, (RangeRead(OffsetRange("t", 0, a, b), 3 - (task == 2), lasts[task]),)
+        )
+
+    def counts(*tasks: int) -> Delivery:
+        rows = [(OffsetRange("t", 0, cut[t][0], cut[t][1]), 3 - (t == 2)) for t in tasks]
+        return Delivery(frozenset({(None, None, None)}), counts=rows)
+
+    receipts = [receipt(t) for t in (2, 0, 1)]
+    read = verify_micro_batch(JOB, 0, plan, receipts, counts(0, 1, 2))
+    assert read == {("t", 0): RangeRead(whole, 8, two)}  # the last piece with a message gives it
+    with pytest.raises(MicroBatchNotRead, match="no count row for range t/0 3 -> 6"):
+        verify_micro_batch(JOB, 0, plan, receipts, counts(0))  # the first missing piece is named
+    with pytest.raises(RowsRepeated, match="count row twice"):
+        verify_micro_batch(JOB, 0, plan, receipts, counts(0, 1, 1, 2))
+    with pytest.raises(RowsOutsideBatch, match="outside this micro-batch's range"):
+        stray = Delivery(frozenset({(None, None, None)}), counts=[(OffsetRange("t", 0, 0, 9), 8)])
+        verify_micro_batch(JOB, 0, plan, receipts, stray)  # the whole range's row: not a piece's
+    assert whole_read(whole, [receipts[1].reads[0], None, receipts[0].reads[0]]) is None
+    assert whole_read(whole, [None, None, None]) is None
+
+
+def test_a_plan_s_pieces_are_kept_in_offset_order_whatever_the_tasks_order() -> None:
+    whole, other = OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 0, 4)
+    first, second = OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 5, 10)
+    task_of, pieces = tasks_of([whole, other], [[second, other], [first]])
+    assert pieces == {("t", 0): ((0, 5, 1), (5, 10, 0))} and task_of == {("t", 0): 1, ("t", 1): 0}
+    # One piece that is not the whole range (a range read only in part) is kept as a piece.
+    assert tasks_of([whole], [[first]]) == ({("t", 0): 0}, {("t", 0): ((0, 5, 0),)})
+    assert tasks_of([whole], [[whole]]) == ({("t", 0): 0}, {})
