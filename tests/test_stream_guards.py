@@ -1711,14 +1711,14 @@ def test_a_piece_unread_or_read_twice_stops_the_commit_of_the_whole_range(
 def test_another_sink_s_micro_batch_in_pieces_moves_the_offsets_keeping_the_last_piece_s_message(
     database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
 ) -> None:
-    log(fake_kafka, 0, [0, 1, 2, 3, 4, 5, 6, 7], high=10)  # 8 and 9: a transaction's markers
-    reader = source(readers, database_url, minPartitions="2")
+    log(fake_kafka, 0, [0, 1, 2, 3, 4, 5, 6], high=12)  # 7-11: a transaction's markers
+    reader = source(readers, database_url, minPartitions="3")
     _, end, parts = plan(reader)
-    assert piece_bounds(parts) == [[(0, 0, 5)], [(0, 5, 10)]]
+    assert piece_bounds(parts) == [[(0, 0, 4)], [(0, 4, 8)], [(0, 8, 12)]]  # the last: markers only
     for p in reversed(parts):  # receipts recorded last piece first
         list(reader.read(p))
     reader.commit(end)  # Spark committed a micro-batch its file sink wrote
-    assert offsets(db) == {0: 10} and last_counted(db) == {0: 7}
+    assert offsets(db) == {0: 12} and last_counted(db) == {0: 6}
     assert committed_by(db) == CHECKPOINT_LED
 
 

@@ -340,7 +340,7 @@ def _check_counts(
                 f"{where}: range {r}'s count row says {n} messages, but its reading task read "
                 f"{reads[piece].messages}: the row is not this micro-batch's; nothing was written"
             )
-    missing = sorted(expected - seen, key=lambda m: (m[0][0], m[0][1], m[1]))
+    missing = sorted(expected - seen)  # by topic, partition and offset: the first missing piece
     if missing:
         key, a, b = missing[0]
         r = replace(planned[key], from_offset=a, until_offset=b)
