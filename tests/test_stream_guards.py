@@ -13,6 +13,7 @@ second: ``./dev mutate`` runs them for the stream modules (mutation/mutate.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -1762,3 +1763,49 @@ def test_a_plan_s_pieces_are_kept_in_offset_order_whatever_the_tasks_order() -> 
     # One piece that is not the whole range (a range read only in part) is kept as a piece.
     assert tasks_of([whole], [[first]]) == ({("t", 0): 0}, {("t", 0): ((0, 5, 0),)})
     assert tasks_of([whole], [[whole]]) == ({("t", 0): 0}, {})
+
+
+def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_its_checkpoint_is_foreign(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    log(fake_kafka, 0, range(3))
+    log(fake_kafka, 1, range(3))
+
+    def assigned(partitions: list[int]) -> TxstoreStreamReader:
+        reader = stream_reader(
+            {
+                "kafka.bootstrap.servers": "fake:9092",
+                "assign": json.dumps({"t": partitions}),
+                "txstore.job": JOB,
+                "txstore.databaseUrl": database_url,
+            },
+            ROWS,
+        )
+        readers.append(reader)
+        return reader
+
+    first = assigned([0, 1])
+    _, end, parts = plan(first)
+    sink = writer(database_url)
+    sink.commit([sink.write(iter(task)) for task in read(first, parts)], 0)
+    first.commit(end)
+    first.stop()
+    grow(fake_kafka.logs[("t", 0)], 5)
+    fewer = assigned([0])
+    expected = (
+        f"job '{JOB}' topic 't' partition 1: the checkpoint reads this partition, but option assign no "
+        "longer assigns it (a query restarted with fewer assigned partitions); the job's offset for it "
+        "stays in txn_offsets; nothing was read. Assign it again, or restart the query with a new "
+        "checkpointLocation: it then starts at the job's offsets of the assigned partitions"
+    )
+    with pytest.raises(CheckpointMismatch) as e:
+        fewer.latestOffset(end, None)
+    assert one_line(e) == expected
+    with pytest.raises(CheckpointMismatch) as e:
+        fewer.partitions(end, {"t": {"0": 5, "1": 3}})  # a replay planned before the restart
+    assert one_line(e) == expected
+    assert offsets(db) == {0: 3, 1: 3}
+    # A new checkpoint: the assigned partition goes on from txn_offsets; the other's row is kept.
+    fresh = fewer.initialOffset()
+    assert fresh == {"t": {"0": 3}}
+    assert offsets(db) == {0: 3, 1: 3}

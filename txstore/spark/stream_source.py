@@ -424,6 +424,26 @@ def stream_locked_line(job: str, holder: tuple[str, str] | None, me: str) -> str
     )
 
 
+def check_checkpoint_assigned(
+    job: str, assignment: Mapping[str, tuple[int, ...]] | None, start: Mapping[TopicPartition, int], name: str
+) -> None:
+    """Raise :class:`CheckpointMismatch` if the checkpoint's ``start`` names a partition ``assign``
+    (shown as ``name``) no longer names: Spark keeps every partition a query read in its offsets,
+    so a query restarted with fewer assigned partitions cannot go on from its checkpoint."""
+    if assignment is None:
+        return
+    dropped = sorted(k for k in start if k not in assigned_keys(assignment))
+    if dropped:
+        t, p = dropped[0]
+        more = f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else ""
+        raise CheckpointMismatch(
+            f"job {job!r} topic {t!r} partition {p}{more}: the checkpoint reads this partition, but option "
+            f"{name} no longer assigns it (a query restarted with fewer assigned partitions); the job's "
+            "offset for it stays in txn_offsets; nothing was read. Assign it again, or restart the query "
+            "with a new checkpointLocation: it then starts at the job's offsets of the assigned partitions"
+        )
+
+
 def check_checkpoint_starts(
     job: str,
     topics: Sequence[str],
@@ -743,6 +763,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         now = self._watermarks()
         stored, history = self._job_state(conn)
         decisions = self._start_decisions(stored, now)
+        read = self.options.read
+        check_checkpoint_assigned(job, read.assignment, begin, read.name("assign"))
         check_checkpoint_starts(job, self.options.read.topics, begin, stored, would_start(decisions))
         # A partition the start does not name enters where the job starts it, its row stored now.
         stored, history = self._start_rows(
@@ -783,6 +805,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         # A partition the job has no row for starts here only where the job would start it (a
         # checkpoint names no job: another's would be trusted); its row is stored then.
         decisions = self._start_decisions(committed, now)
+        check_checkpoint_assigned(job, self.options.read.assignment, begin, self.options.read.name("assign"))
         check_checkpoint_starts(
             job, topics, {r.key: r.from_offset for r in planned}, committed, would_start(decisions)
         )
