@@ -274,6 +274,7 @@ MODULES = (
             "batch_ranges",
             "past_recorded_losses",
             "losses_to_record",
+            "check_checkpoint_assigned",
             "check_alignment",
             "TxstoreStreamReader.__init__",
             "TxstoreStreamReader._db",

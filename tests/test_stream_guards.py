@@ -1770,6 +1770,7 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
 ) -> None:
     log(fake_kafka, 0, range(3))
     log(fake_kafka, 1, range(3))
+    log(fake_kafka, 2, range(2))
 
     def assigned(partitions: list[int]) -> TxstoreStreamReader:
         reader = stream_reader(
@@ -1784,7 +1785,7 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
         readers.append(reader)
         return reader
 
-    first = assigned([0, 1])
+    first = assigned([0, 1, 2])
     _, end, parts = plan(first)
     sink = writer(database_url)
     sink.commit([sink.write(iter(task)) for task in read(first, parts)], 0)
@@ -1793,7 +1794,7 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
     grow(fake_kafka.logs[("t", 0)], 5)
     fewer = assigned([0])
     expected = (
-        f"job '{JOB}' topic 't' partition 1: the checkpoint reads this partition, but option assign no "
+        f"job '{JOB}' topic 't' partition 1 (and 1 more): the checkpoint reads this partition, but option assign no "
         "longer assigns it (a query restarted with fewer assigned partitions); the job's offset for it "
         "stays in txn_offsets; nothing was read. Assign it again, or restart the query with a new "
         "checkpointLocation: it then starts at the job's offsets of the assigned partitions"
@@ -1802,10 +1803,10 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
         fewer.latestOffset(end, None)
     assert one_line(e) == expected
     with pytest.raises(CheckpointMismatch) as e:
-        fewer.partitions(end, {"t": {"0": 5, "1": 3}})  # a replay planned before the restart
+        fewer.partitions(end, {"t": {"0": 5, "1": 3, "2": 2}})  # a replay planned before the restart
     assert one_line(e) == expected
-    assert offsets(db) == {0: 3, 1: 3}
+    assert offsets(db) == {0: 3, 1: 3, 2: 2}
     # A new checkpoint: the assigned partition goes on from txn_offsets; the other's row is kept.
     fresh = fewer.initialOffset()
     assert fresh == {"t": {"0": 3}}
-    assert offsets(db) == {0: 3, 1: 3}
+    assert offsets(db) == {0: 3, 1: 3, 2: 2}
