@@ -1,0 +1,323 @@
+"""Topic patterns (``--topic-pattern``, ``subscribePattern``): the topics are those Kafka has whose
+whole name matches, resolved every batch.
+
+Pure tests of matching and of where joining topics start first; then jobs on Apache Kafka: topics
+created while the job runs and while it is down, a topic deleted, one recreated, a pattern that
+matches nothing yet, two jobs whose patterns overlap, and the ``count_topic`` command's flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import REPO, produce
+from tests.job_processes import JOB, job_env
+from tests.test_count_topic import log_ends, offsets, spark_job_count, totals
+from tests.test_operator_cli import txstore
+from tests.topics import topic_name
+from txstore.core.errors import ConfigError, TopicRecreated, UnknownTopic
+from txstore.core.patterns import (
+    compile_topic_pattern,
+    joining_starts,
+    matching_topics,
+    resolve_pattern,
+)
+from txstore.core.ranges import PartitionWatermarks
+from txstore.core.starting import LATEST, StartingOffsets
+from txstore.count_topic import count_messages
+from txstore.job import JobSettings, TransactionalJob
+from txstore.options import add_job_options, job_settings
+from txstore.postgres import store
+from txstore.testing.real_kafka import RealKafkaCluster
+
+# -- pure: matching, joining, the flag -------------------------------------------------------------
+
+
+def test_a_pattern_matches_whole_topic_names_and_never_kafka_s_internal_topics() -> None:
+    pattern = compile_topic_pattern("orders-.*|_.*", "--topic-pattern")
+    topics = ["orders-eu", "orders-us", "old-orders-eu", "orders", "__consumer_offsets", "_private"]
+    assert matching_topics(pattern, topics) == ("_private", "orders-eu", "orders-us")
+    assert matching_topics(compile_topic_pattern("orders", "--topic-pattern"), topics) == ("orders",)
+    assert matching_topics(compile_topic_pattern(".*", "x"), ["__transaction_state", "a"]) == ("a",)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "orders-[",
+            "--topic-pattern 'orders-[' is not a valid regular expression (unterminated character set",
+        ),
+        ("(a", "--topic-pattern '(a' is not a valid regular expression (missing ), unterminated subpattern"),
+        ("  ", "--topic-pattern must not be empty"),
+    ],
+)
+def test_a_pattern_that_does_not_compile_is_refused_in_one_line(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        settings_from("--topic-pattern", text)
+    assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
+    assert "Python's re syntax" in str(raised.value) or not text.strip()
+
+
+def settings_from(*argv: str) -> Any:
+    parser = argparse.ArgumentParser()
+    add_job_options(parser, "j")
+    given = ["--bootstrap-servers", "k:9092", "--database-url", "postgresql://u@h/db", *argv]
+    return job_settings(parser.parse_args(given))
+
+
+def test_the_jobs_topic_pattern_flag_is_exclusive_with_topic_and_assign() -> None:
+    settings = settings_from("--topic-pattern", "orders-.*")
+    assert settings.topic_pattern == "orders-.*" and settings.topics == ()
+    for other in (("--topic", "t"), ("--assign", '{"t": [0]}')):
+        with pytest.raises(ConfigError) as raised:
+            settings_from("--topic-pattern", "orders-.*", *other)
+        assert str(raised.value) == (
+            f"give either {other[0]} or --topic-pattern, not both: the topics to read, or a regular "
+            "expression their names match"
+        )
+    with pytest.raises(ConfigError, match="not both"):
+        JobSettings("j", ("t",), "k:9092", "postgresql://u@h/db", topic_pattern="t.*")
+
+
+def test_starting_offsets_are_for_the_first_run_and_a_topic_matching_later_joins_at_earliest() -> None:
+    pattern = re.compile("t-.*")
+    new = [PartitionWatermarks("t-new", 0, 4, 9), PartitionWatermarks("t-old", 3, 2, 5)]
+    first = resolve_pattern(pattern, ["t-new", "t-old"], [])
+    assert first.first_run and joining_starts(first, new, "--topic-pattern") == []
+    later = resolve_pattern(pattern, ["t-new", "t-old"], ["t-old", "unrelated"])
+    assert not later.first_run and later.topics == ("t-new", "t-old")
+    joins = joining_starts(later, new, "--topic-pattern")
+    assert [(d.topic, d.partition, d.offset) for d in joins] == [("t-new", 0, 4)]  # t-old/3: a new partition
+    assert joins[0].reason == "earliest offset 4 (topic newly matching --topic-pattern)"
+    gone = resolve_pattern(pattern, ["t-new"], ["t-old"])
+    assert gone.topics == ("t-new", "t-old") and gone.vanished == ("t-old",)
+
+
+# -- jobs on Apache Kafka --------------------------------------------------------------------------
+
+
+def pattern_job(
+    spark: Any, kafka: RealKafkaCluster, url: str, pattern: str, **settings: Any
+) -> TransactionalJob:
+    return TransactionalJob(
+        spark,
+        JobSettings(
+            settings.pop("job", "pattern_job"),
+            (),
+            kafka.bootstrap_servers,
+            url,
+            topic_pattern=pattern,
+            **settings,
+        ),
+        count_messages,
+    )
+
+
+def family(prefix: str) -> tuple[str, str]:
+    """A prefix no other test's topics have, and the pattern matching ``prefix-<anything>``."""
+    base = topic_name(prefix)
+    return base, re.escape(base) + "-.+"
+
+
+def exact(db: psycopg.Connection, kafka: RealKafkaCluster, job: str, produced: dict[str, int]) -> None:
+    """The job holds exactly ``produced``'s topics, each counted once, its offsets at Kafka's log ends."""
+    assert store.job_topics(db, job) == sorted(produced)
+    for topic in produced:
+        assert offsets(db, topic, job=job) == log_ends(kafka, topic)
+    assert totals(db, *produced, job=job) == produced
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_topics_created_while_the_job_runs_and_while_it_is_down_join_at_their_earliest_offset(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    base, pattern = family("pat-life")
+    servers = real_kafka.bootstrap_servers
+    first = f"{base}-a"
+    real_kafka.create_topic(first, 2)
+    real_kafka.create_topic(f"{base}x", 1)  # matches a prefix only: never read
+    produce(servers, first, {0: 5, 1: 6})
+    produce(servers, f"{base}x", {0: 3})
+    # First run: --starting-offsets latest applies to every matched topic.
+    pattern_job(spark, real_kafka, database_url, pattern, starting_offsets=StartingOffsets(LATEST)).run()
+    assert offsets(db, first, job="pattern_job") == {0: 5, 1: 6}
+    assert totals(db, first, job="pattern_job") == {first: 0}
+
+    # Running (--interval): a topic created meanwhile joins at earliest, though latest was asked.
+    job = pattern_job(
+        spark, real_kafka, database_url, pattern, starting_offsets=StartingOffsets(LATEST), interval=0.5
+    )
+    stop = threading.Event()
+    running = threading.Thread(target=job.run, args=(stop,))
+    running.start()
+    try:
+        second = f"{base}-b"
+        real_kafka.create_topic(second, 3)
+        produce(servers, second, {0: 4, 1: 0, 2: 7})
+        produce(servers, first, {1: 2})
+        wait_for(lambda: offsets(db, second, job="pattern_job") == {0: 4, 1: 0, 2: 7})
+        wait_for(lambda: offsets(db, first, job="pattern_job") == {0: 5, 1: 8})
+    finally:
+        stop.set()
+        running.join(60)
+    assert not running.is_alive()
+    exact(db, real_kafka, "pattern_job", {first: 2, second: 11})
+
+    # Down: a topic created and written meanwhile is counted whole at the next run.
+    third = f"{base}-c"
+    real_kafka.create_topic(third, 1)
+    produce(servers, third, {0: 9})
+    pattern_job(spark, real_kafka, database_url, pattern, starting_offsets=StartingOffsets(LATEST)).run()
+    exact(db, real_kafka, "pattern_job", {first: 2, second: 11, third: 9})
+
+    # A second job whose pattern overlaps owns its own offsets: it counts the b and c topics again.
+    other = pattern_job(spark, real_kafka, database_url, re.escape(base) + "-[bc]", job="other_pattern_job")
+    other.run()
+    exact(db, real_kafka, "other_pattern_job", {second: 11, third: 9})
+    exact(db, real_kafka, "pattern_job", {first: 2, second: 11, third: 9})
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.2)
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_pattern_matching_nothing_yet_reads_nothing_says_so_and_counts_the_first_topic_that_matches(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base, pattern = family("pat-none")
+    jobs_before = spark_job_count(spark)
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        report = pattern_job(spark, real_kafka, database_url, pattern, job="early_pattern_job").run_batch()
+    assert report.ranges == ()
+    assert spark_job_count(spark) == jobs_before  # no Spark job
+    assert store.job_topics(db, "early_pattern_job") == []
+    said = [r.getMessage() for r in caplog.records if "matches no topic" in r.getMessage()]
+    assert said == [
+        f"job early_pattern_job: --topic-pattern {pattern!r} matches no topic on Kafka yet; nothing to read"
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records if "matches no topic" in r.getMessage())
+
+    topic = f"{base}-late"
+    real_kafka.create_topic(topic, 2)
+    produce(real_kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+    pattern_job(spark, real_kafka, database_url, pattern, job="early_pattern_job").run()
+    exact(db, real_kafka, "early_pattern_job", {topic: 7})
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_deleted_topic_stops_a_pattern_job_with_the_vanished_topic_line_and_forgetting_it_lets_it_go_on(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    base, pattern = family("pat-gone")
+    kept, gone = f"{base}-kept", f"{base}-gone"
+    for topic in (kept, gone):
+        real_kafka.create_topic(topic, 2)
+        produce(real_kafka.bootstrap_servers, topic, {0: 2, 1: 3})
+    pattern_job(spark, real_kafka, database_url, pattern, job="gone_pattern_job").run()
+    exact(db, real_kafka, "gone_pattern_job", {kept: 5, gone: 5})
+    real_kafka.delete_topic(gone)
+    produce(real_kafka.bootstrap_servers, kept, {0: 1})
+
+    with pytest.raises(UnknownTopic) as raised:
+        pattern_job(spark, real_kafka, database_url, pattern, job="gone_pattern_job").run()
+    assert str(raised.value) == (
+        f"job 'gone_pattern_job' topic {gone!r} does not exist on Kafka at {real_kafka.bootstrap_servers} "
+        "now, though the job stored offsets for 2 of its partitions: it may be being deleted and recreated. "
+        "Run the job again once the topic exists (a recreated topic then stops it in one line naming "
+        "the reset to run); if it was deleted for good, forget its offsets: "
+        f"txstore reset --job gone_pattern_job --topic {gone} --forget --execute"
+    )
+    assert offsets(db, kept, job="gone_pattern_job") == {0: 2, 1: 3}  # nothing counted meanwhile
+
+    forget = txstore(
+        "reset",
+        "--job",
+        "gone_pattern_job",
+        "--topic",
+        gone,
+        "--forget",
+        "--execute",
+        url=database_url,
+        kafka=real_kafka,
+    )
+    assert forget.returncode == 0, forget.stderr
+    pattern_job(spark, real_kafka, database_url, pattern, job="gone_pattern_job").run()
+    assert store.job_topics(db, "gone_pattern_job") == [kept]
+    assert offsets(db, kept, job="gone_pattern_job") == log_ends(real_kafka, kept)
+    assert totals(db, kept, job="gone_pattern_job") == {kept: 6}
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_topic_recreated_under_the_same_name_stops_a_pattern_job_by_its_topic_id(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    base, pattern = family("pat-again")
+    topic = f"{base}-t"
+    real_kafka.create_topic(topic, 1)
+    produce(real_kafka.bootstrap_servers, topic, {0: 3})
+    pattern_job(spark, real_kafka, database_url, pattern, job="again_pattern_job").run()
+    real_kafka.recreate_topic(topic, 1)
+    produce(real_kafka.bootstrap_servers, topic, {0: 3})  # the same offsets as before: only the ID tells
+    with pytest.raises(TopicRecreated) as raised:
+        pattern_job(spark, real_kafka, database_url, pattern, job="again_pattern_job").run()
+    assert "topic ID" in str(raised.value) and topic in str(raised.value)
+    assert totals(db, topic, job="again_pattern_job") == {topic: 3}
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_the_count_topic_command_takes_topic_pattern_and_counts_a_topic_created_while_it_runs(
+    real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    base, pattern = family("pat-cli")
+    servers = real_kafka.bootstrap_servers
+    first = f"{base}-1"
+    real_kafka.create_topic(first, 1)
+    produce(servers, first, {0: 4})
+    args = ["--bootstrap-servers", servers, "--database-url", database_url, "--job", "cli_pattern_job"]
+    # This branch's txstore, not the installed one (job_env drops PYTHONPATH).
+    env = job_env(PYTHONPATH=str(REPO))
+    process = subprocess.Popen(
+        [sys.executable, JOB, *args, "--topic-pattern", pattern, "--interval", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: offsets(db, first, job="cli_pattern_job") == {0: 4}, timeout=180)
+        second = f"{base}-2"
+        real_kafka.create_topic(second, 2)
+        produce(servers, second, {0: 5, 1: 6})
+        wait_for(lambda: offsets(db, second, job="cli_pattern_job") == {0: 5, 1: 6})
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    exact(db, real_kafka, "cli_pattern_job", {first: 4, second: 11})
+    assert f"--topic-pattern {pattern!r} matches 1 topic: {first}" in err
+    assert f"{second}/0 starts at earliest offset 0 (topic newly matching --topic-pattern)" in err
