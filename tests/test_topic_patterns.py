@@ -39,6 +39,8 @@ from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.options import add_job_options, job_settings
 from txstore.postgres import store
+from txstore.spark.datasource import parse_read_options
+from txstore.spark.stream_options import parse_stream_options
 from txstore.testing.real_kafka import RealKafkaCluster
 
 # -- pure: matching, joining, the flag -------------------------------------------------------------
@@ -321,3 +323,125 @@ def test_the_count_topic_command_takes_topic_pattern_and_counts_a_topic_created_
     exact(db, real_kafka, "cli_pattern_job", {first: 4, second: 11})
     assert f"--topic-pattern {pattern!r} matches 1 topic: {first}" in err
     assert f"{second}/0 starts at earliest offset 0 (topic newly matching --topic-pattern)" in err
+
+
+# -- format("txstore"): subscribePattern ------------------------------------------------------------
+
+BASE = {"kafka.bootstrap.servers": "k:9092"}
+
+
+def read_refusal(given: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as raised:
+        parse_read_options({**BASE, **given}, {})
+    assert "\n" not in str(raised.value)
+    return str(raised.value)
+
+
+def test_subscribe_pattern_is_one_of_subscribe_assign_and_subscribe_pattern_and_must_compile() -> None:
+    read = parse_read_options({**BASE, "subscribePattern": "orders-.*"}, {})
+    assert read.pattern == "orders-.*" and read.topics == ()
+    assert read_refusal({"subscribe": "a", "subscribePattern": "a.*"}).startswith(
+        "give one of option subscribe and option subscribePattern, not both (as in Spark)"
+    )
+    assert read_refusal({"assign": '{"a": [0]}', "subscribepattern": "a.*"}).startswith(
+        "give one of option assign and option subscribePattern, not both (as in Spark)"
+    )
+    assert read_refusal({"subscribePattern": "a["}).startswith(
+        "option subscribePattern 'a[' is not a valid regular expression (unterminated character set"
+    )
+    assert read_refusal({"subscribePattern": "a.*", "startingOffsets": '{"b": {"0": 1}}'}) == (
+        "option startingOffsets names topics option subscribePattern 'a.*' does not match: 'b'; "
+        "remove them from the JSON"
+    )
+    stream = parse_stream_options(
+        {**BASE, "subscribePattern": "a.*", "txstore.job": "j", "txstore.databaseUrl": "postgresql://u@h/d"},
+        {},
+    )
+    assert stream.read.pattern == "a.*"
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_batch_read_with_subscribe_pattern_reads_every_matching_topic_and_nothing_before_one_exists(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    txstore_register(spark)
+    base, pattern = family("pat-read")
+    servers = real_kafka.bootstrap_servers
+
+    def read(**more: str) -> list[tuple[str, int, int]]:
+        reader = spark.read.format("txstore").option("kafka.bootstrap.servers", servers)
+        for name, value in {"subscribePattern": pattern, **more}.items():
+            reader = reader.option(name, value)
+        frame = reader.load().select("topic", "partition", "offset")
+        return sorted((r.topic, r.partition, r.offset) for r in frame.collect())
+
+    assert read() == []  # nothing matches yet: an empty read, not an error
+    a, b = f"{base}-a", f"{base}-b"
+    for topic, counts in ((a, {0: 2, 1: 1}), (b, {0: 3})):
+        real_kafka.create_topic(topic, len(counts))
+        produce(servers, topic, counts)
+    real_kafka.create_topic(f"{base}", 1)  # the prefix alone: no match
+    produce(servers, base, {0: 4})
+    expected = [(a, 0, 0), (a, 0, 1), (a, 1, 0), (b, 0, 0), (b, 0, 1), (b, 0, 2)]
+    assert read() == expected
+
+    # With txstore.job: what that job's next batch reads; a topic joining after its first run at earliest.
+    pattern_job(spark, real_kafka, database_url, re.escape(base) + "-a", job="read_pattern_job").run()
+    produce(servers, a, {1: 1})
+    job_read = {
+        "txstore.job": "read_pattern_job",
+        "txstore.databaseUrl": database_url,
+        "startingOffsets": "latest",
+    }
+    assert read(**job_read) == [(a, 1, 1), (b, 0, 0), (b, 0, 1), (b, 0, 2)]
+    assert store.job_topics(db, "read_pattern_job") == [a]  # read-only: no row created
+
+
+def txstore_register(spark: Any) -> None:
+    import txstore
+
+    txstore.register(spark)
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_stream_with_subscribe_pattern_counts_topics_created_while_it_runs_starting_with_none(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Any
+) -> None:
+    txstore_register(spark)
+    base, pattern = family("pat-stream")
+    servers = real_kafka.bootstrap_servers
+    job = "pattern_stream_job"
+    frame = (
+        spark.readStream.format("txstore")
+        .option("kafka.bootstrap.servers", servers)
+        .option("subscribePattern", pattern)
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", database_url)
+        .load()
+    )
+    query = (
+        frame.writeStream.format("txstore")
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", database_url)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    try:
+        time.sleep(3)  # a few triggers with nothing matching: the same (empty) offsets, no batch
+        assert query.exception() is None and store.job_topics(db, job) == []
+        a = f"{base}-a"
+        real_kafka.create_topic(a, 2)
+        produce(servers, a, {0: 3, 1: 4})
+        wait_for(lambda: offsets(db, a, job=job) == {0: 3, 1: 4})
+        b = f"{base}-b"
+        real_kafka.create_topic(b, 1)
+        produce(servers, b, {0: 5})
+        produce(servers, a, {1: 1})
+        wait_for(lambda: offsets(db, b, job=job) == {0: 5} and offsets(db, a, job=job) == {0: 3, 1: 5})
+        assert query.exception() is None
+    finally:
+        query.stop()
+    exact(db, real_kafka, job, {a: 8, b: 5})
