@@ -9,6 +9,7 @@ matches nothing yet, two jobs whose patterns overlap, and the ``count_topic`` co
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 from tests.conftest import REPO, produce
 from tests.job_processes import JOB, job_env
 from tests.test_count_topic import log_ends, offsets, spark_job_count, totals
+from tests.test_metrics import scrape
 from tests.test_operator_cli import txstore
 from tests.topics import topic_name
 from txstore.core.errors import ConfigError, TopicRecreated, UnknownTopic
@@ -41,6 +43,7 @@ from txstore.options import add_job_options, job_settings
 from txstore.postgres import store
 from txstore.spark.datasource import parse_read_options
 from txstore.spark.stream_options import parse_stream_options
+from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
 
 # -- pure: matching, joining, the flag -------------------------------------------------------------
@@ -445,3 +448,76 @@ def test_a_stream_with_subscribe_pattern_counts_topics_created_while_it_runs_sta
     finally:
         query.stop()
     exact(db, real_kafka, job, {a: 8, b: 5})
+
+
+# -- what a pattern job holds: metrics and txstore status ---------------------------------------------
+
+
+@pytest.mark.spark
+def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
+    spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    base, pattern = family("pat-shown")
+    a, b, c = f"{base}-a", f"{base}-b", f"{base}-c"
+    kafka.create_topic(a, 2)
+    kafka.create_topic(b, 1)
+    produce(kafka.bootstrap_servers, a, {0: 5, 1: 7})
+    produce(kafka.bootstrap_servers, b, {0: 3})
+    job = TransactionalJob(
+        spark,
+        JobSettings(
+            "shown_pattern_job",
+            (),
+            kafka.bootstrap_servers,
+            database_url,
+            topic_pattern=pattern,
+            metrics_port=0,
+        ),
+        count_messages,
+    )
+    with job:
+        job.run_batch()
+        _, samples = scrape(job)
+        shown = {
+            dict(labels)["topic"]: v
+            for (name, labels), v in samples.items()
+            if name == "txstore_topic_partitions"
+        }
+        assert shown == {a: 2, b: 1}
+        lag = {
+            (dict(labels)["topic"], dict(labels)["partition"]): v
+            for (name, labels), v in samples.items()
+            if name == "txstore_lag_messages"
+        }
+        assert lag == {(a, "0"): 5, (a, "1"): 7, (b, "0"): 3}
+
+        kafka.create_topic(c, 1)  # joins while the job runs
+        produce(kafka.bootstrap_servers, c, {0: 4})
+        job.run_batch()
+        _, samples = scrape(job)
+        shown = {
+            dict(labels)["topic"]: v
+            for (name, labels), v in samples.items()
+            if name == "txstore_topic_partitions"
+        }
+        assert shown == {a: 2, b: 1, c: 1}
+        assert (
+            samples[
+                (
+                    "txstore_lag_messages",
+                    frozenset({"job": "shown_pattern_job", "topic": c, "partition": "0"}.items()),
+                )
+            ]
+            == 4
+        )
+        assert (
+            samples[("txstore_messages_total", frozenset({"job": "shown_pattern_job", "topic": c}.items()))]
+            == 4
+        )
+
+    status = txstore("status", "--job", "shown_pattern_job", "--json", url=database_url, kafka=kafka)
+    assert status.returncode == 0, status.stderr
+    rows = {
+        (r["topic"], r["partition"]): (r["offset"], r["log_end"], r["lag"]) for r in json.loads(status.stdout)
+    }
+    assert rows == {(a, 0): (5, 5, 0), (a, 1): (7, 7, 0), (b, 0): (3, 3, 0), (c, 0): (4, 4, 0)}
