@@ -16,8 +16,10 @@ Options (names are case-insensitive, values strings, as Spark passes them; Spark
 over lower-cased, so an error line names an option as documented, :func:`option_names`):
 
 - ``kafka.bootstrap.servers`` (required), ``subscribe`` (comma-separated
-  topics) or ``assign`` (Spark's JSON ``{"topicA": [0, 1]}``: only those
-  partitions are planned and read; :mod:`txstore.core.assignment`), one of them;
+  topics), ``subscribePattern`` (a regular expression whole topic names match, Python's ``re``
+  syntax, resolved when the read is planned; :mod:`txstore.core.patterns`) or ``assign``
+  (Spark's JSON ``{"topicA": [0, 1]}``: only those partitions are planned and read;
+  :mod:`txstore.core.assignment`), one of them;
 - ``startingOffsets``: ``earliest`` (default), ``latest``, or Spark's JSON
   ``{"topicA": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest); partitions the
   JSON does not name start at earliest;
