@@ -521,3 +521,64 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
         (r["topic"], r["partition"]): (r["offset"], r["log_end"], r["lag"]) for r in json.loads(status.stdout)
     }
     assert rows == {(a, 0): (5, 5, 0), (a, 1): (7, 7, 0), (b, 0): (3, 3, 0), (c, 0): (4, 4, 0)}
+
+
+def pattern_stream_available_now(
+    spark: Any, kafka: RealKafkaCluster, url: str, pattern: str, job: str, checkpoint: str
+) -> str:
+    """One Trigger.AvailableNow run of a ``subscribePattern`` stream into the txstore sink: "" when
+    it ends, else the line it stopped with."""
+    frame = (
+        spark.readStream.format("txstore")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribePattern", pattern)
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", url)
+        .load()
+    )
+    query = (
+        frame.writeStream.format("txstore")
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", url)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination(120)
+    except Exception as e:  # StreamingQueryException: the source's line
+        return str(e)
+    finally:
+        query.stop()
+    return ""
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_pattern_stream_counts_a_topic_created_while_it_was_down_and_stops_on_a_deleted_one(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Any
+) -> None:
+    txstore_register(spark)
+    base, pattern = family("pat-down")
+    servers = real_kafka.bootstrap_servers
+    job, checkpoint = "down_pattern_stream", str(tmp_path / "chk")
+    a, b = f"{base}-a", f"{base}-b"
+    real_kafka.create_topic(a, 1)
+    produce(servers, a, {0: 6})
+    assert pattern_stream_available_now(spark, real_kafka, database_url, pattern, job, checkpoint) == ""
+    exact(db, real_kafka, job, {a: 6})
+
+    real_kafka.create_topic(b, 2)  # while the query is down
+    produce(servers, b, {0: 2, 1: 3})
+    assert pattern_stream_available_now(spark, real_kafka, database_url, pattern, job, checkpoint) == ""
+    exact(db, real_kafka, job, {a: 6, b: 5})
+
+    real_kafka.delete_topic(b)
+    produce(servers, a, {0: 1})
+    stopped = pattern_stream_available_now(spark, real_kafka, database_url, pattern, job, checkpoint)
+    assert (
+        f"job {job!r} topic {b!r} does not exist on Kafka at {servers} now, though the job stored offsets for 2 "
+        "of its partitions" in stopped
+    ), stopped
+    assert f"txstore reset --job {job} --topic {b} --forget --execute" in stopped
+    assert offsets(db, a, job=job) == {0: 6}  # nothing read meanwhile
