@@ -41,7 +41,7 @@ from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.options import add_job_options, job_settings
 from txstore.postgres import store
-from txstore.spark.datasource import parse_read_options
+from txstore.spark.datasource import parse_read_options, plan
 from txstore.spark.stream_options import parse_stream_options
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
@@ -256,6 +256,16 @@ def test_a_deleted_topic_stops_a_pattern_job_with_the_vanished_topic_line_and_fo
         f"txstore reset --job gone_pattern_job --topic {gone} --forget --execute"
     )
     assert offsets(db, kept, job="gone_pattern_job") == {0: 2, 1: 3}  # nothing counted meanwhile
+    # A batch read of the job's next batch stops on the same line.
+    job_read = {
+        "kafka.bootstrap.servers": real_kafka.bootstrap_servers,
+        "subscribePattern": pattern,
+        "txstore.job": "gone_pattern_job",
+        "txstore.databaseUrl": database_url,
+    }
+    with pytest.raises(UnknownTopic) as by_read:
+        plan(parse_read_options(job_read, {}))
+    assert str(by_read.value) == str(raised.value)
 
     forget = txstore(
         "reset",
