@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import REPO, produce
+from tests.conftest import REPO, produce, send
 from tests.job_processes import JOB, job_env
 from tests.test_count_topic import log_ends, offsets, spark_job_count, totals
 from tests.test_metrics import scrape
@@ -592,3 +592,27 @@ def test_a_pattern_stream_counts_a_topic_created_while_it_was_down_and_stops_on_
     ), stopped
     assert f"txstore reset --job {job} --topic {b} --forget --execute" in stopped
     assert offsets(db, a, job=job) == {0: 6}  # nothing read meanwhile
+
+
+@pytest.mark.spark
+@pytest.mark.real_kafka
+def test_a_starting_timestamp_applies_to_a_pattern_job_s_first_topics_and_a_later_topic_joins_at_earliest(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+) -> None:
+    kafka = real_kafka
+    base, pattern = family("pat-time")
+    a, b = f"{base}-a", f"{base}-b"
+    kafka.create_topic(a, 1)
+    new = int(time.time() * 1000) - 3_600_000  # Kafka refuses timestamps more than an hour ahead
+    old = new - 86_400_000
+    send(kafka.bootstrap_servers, a, [(0, b"k", b"v", old)] * 3 + [(0, b"k", b"v", new)] * 2)
+    starting = StartingOffsets(timestamp_ms=new)
+    pattern_job(spark, kafka, database_url, pattern, job="time_pattern_job", starting_offsets=starting).run()
+    assert offsets(db, a, job="time_pattern_job") == {0: 5}
+    assert totals(db, a, job="time_pattern_job") == {a: 2}  # the first run: from the time on
+
+    kafka.create_topic(b, 1)
+    send(kafka.bootstrap_servers, b, [(0, b"k", b"v", old)] * 4)  # all before the time: still counted
+    pattern_job(spark, kafka, database_url, pattern, job="time_pattern_job", starting_offsets=starting).run()
+    assert offsets(db, b, job="time_pattern_job") == {0: 4}
+    assert totals(db, b, job="time_pattern_job") == {b: 4}
