@@ -35,13 +35,14 @@ from txstore.core.patterns import (
     matching_topics,
     resolve_pattern,
 )
-from txstore.core.ranges import PartitionWatermarks
+from txstore.core.ranges import PartitionWatermarks, topic_missing_now
 from txstore.core.starting import LATEST, StartingOffsets
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.options import add_job_options, job_settings
 from txstore.postgres import store
 from txstore.spark.datasource import parse_read_options, plan
+from txstore.spark.stream_advice import NEW_CHECKPOINT, for_stream
 from txstore.spark.stream_options import parse_stream_options
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
@@ -460,6 +461,14 @@ def test_a_stream_with_subscribe_pattern_counts_topics_created_while_it_runs_sta
     exact(db, real_kafka, job, {a: 8, b: 5})
 
 
+def test_a_pattern_stream_s_line_for_a_deleted_topic_asks_for_no_change_of_subscribe() -> None:
+    gone = topic_missing_now("j", "t", "k:9092", 2)
+    line = str(for_stream(gone, "j", pattern=True))
+    assert line.endswith(f"txstore reset --job j --topic t --forget --execute, then {NEW_CHECKPOINT}")
+    assert "Restart the query once the topic exists" in line
+    assert "in subscribe" in str(for_stream(gone, "j"))  # a subscribe query must drop the topic
+
+
 # -- what a pattern job holds: metrics and txstore status ---------------------------------------------
 
 
@@ -590,7 +599,8 @@ def test_a_pattern_stream_counts_a_topic_created_while_it_was_down_and_stops_on_
         f"job {job!r} topic {b!r} does not exist on Kafka at {servers} now, though the job stored offsets for 2 "
         "of its partitions" in stopped
     ), stopped
-    assert f"txstore reset --job {job} --topic {b} --forget --execute" in stopped
+    assert f"txstore reset --job {job} --topic {b} --forget --execute, then {NEW_CHECKPOINT}" in stopped
+    assert "subscribe" not in stopped.split("--forget")[1].split("\n")[0]  # the pattern needs no change
     assert offsets(db, a, job=job) == {0: 6}  # nothing read meanwhile
 
 
