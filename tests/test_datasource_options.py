@@ -97,7 +97,10 @@ def test_a_reader_fixed_kafka_setting_is_refused_with_one_line_naming_it(setting
             {**BASE, "startOffsets": "earliest"},
             "unknown option 'startOffsets' for format('txstore') (did you mean startingOffsets?)",
         ),
-        ({**BASE, "subscribePattern": "a.*"}, "option subscribePattern is not supported"),
+        (
+            {**BASE, "subscribePattern": "a.*"},
+            "give one of option subscribe and option subscribePattern, not both (as in Spark)",
+        ),
         ({**BASE, "failOnDataLoss": "maybe"}, "option failOnDataLoss must be true (stop on offsets"),
         ({**BASE, "includeHeaders": "yes"}, "option includeHeaders must be true or false, got 'yes'"),
         ({**BASE, "startingOffsets": "{oops"}, "option startingOffsets is not valid JSON"),
@@ -140,7 +143,7 @@ def test_a_bad_option_is_refused_with_one_line_naming_it(given: dict[str, str], 
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        ({"subscribepattern": "a.*"}, "option subscribePattern is not supported"),
+        ({"subscribepattern": "a.*"}, "give one of option subscribe and option subscribePattern, not both"),
         ({"minpartitions": "0"}, "option minPartitions must be a whole number"),
         ({"failondataloss": "maybe"}, "option failOnDataLoss must be true (stop on offsets"),
         ({"startingoffsets": "{oops"}, "option startingOffsets is not valid JSON"),
@@ -161,7 +164,8 @@ def test_an_option_spark_hands_over_lower_cased_is_named_as_documented(
 
 def test_an_option_whose_case_reaches_the_parser_is_named_as_typed() -> None:
     assert "option MINPARTITIONS must be" in refusal({**BASE, "MINPARTITIONS": "0"})
-    assert "option SubscribePattern is not supported" in refusal({**BASE, "SubscribePattern": "a"})
+    bad_pattern = {"kafka.bootstrap.servers": "k:9092", "SubscribePattern": "a["}
+    assert "option SubscribePattern 'a[' is not a valid regular expression" in refusal(bad_pattern)
     typed = options(STARTINGOFFSETS='{"a": {"7": 0}}')
     with pytest.raises(ConfigError, match=r"^option STARTINGOFFSETS names 'a' partition 7, which Kafka"):
         plan_read_ranges(typed, WATERMARKS)
@@ -237,7 +241,9 @@ def test_every_option_of_spark_s_kafka_source_is_taken_or_refused_with_its_own_r
         "startingOffsetsByTimestampStrategy": "latest",
         "endingOffsets": "latest",
     }
-    base = {k: v for k, v in BASE.items() if not (name == "assign" and k == "subscribe")}
+    base = {
+        k: v for k, v in BASE.items() if not (name in ("assign", "subscribePattern") and k == "subscribe")
+    }
     given = {**base, name.lower(): values.get(name, "1"), "includeheaders": "true", "failondataloss": "true"}
     try:
         parse_read_options(given, {})

@@ -1488,7 +1488,7 @@ def test_stream_options_are_the_batch_options_plus_the_stream_s_own() -> None:
         ({"minpartitions": "x"}, "option minPartitions must be a whole number of at least 1, got 'x'"),
         ({"maxoffsetspertrigger": "0"}, "option maxOffsetsPerTrigger must be a whole number"),
         ({"txstore.countmessages": "yes"}, "option txstore.countMessages must be true or false"),
-        ({"subscribepattern": "t.*"}, "option subscribePattern is not supported by format('txstore')"),
+        ({"subscribepattern": "t.*"}, "give one of option subscribe and option subscribePattern, not both"),
         ({"txstore.job": " "}, "option txstore.job is required by readStream.format('txstore')"),
         (
             {"maxOffsetsPerTrigger": "0"},

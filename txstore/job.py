@@ -186,7 +186,12 @@ class TransactionalJob:
             watermarks = self._own_watermarks = Watermarks()
             self._topic_ids_source = TopicIds()
         self.watermarks = watermarks
-        self.planner = Planner(settings, watermarks, self._topic_ids_source)
+        self.planner = Planner(
+            settings,
+            watermarks,
+            self._topic_ids_source,
+            self._own_watermarks.topic_names if self._own_watermarks is not None else None,
+        )
         self.failpoints = FailPoints.from_env()
         self.batches = 0
         self._db = DriverConnection(settings.database_url, settings.job)
@@ -411,7 +416,7 @@ class TransactionalJob:
             self._mirror = GroupOffsetMirror(s.kafka_conf, s.commit_to_kafka_group)
         try:
             conn = self._connection()
-            stored = store.committed_offsets(conn, s.job, list(s.topics))
+            stored = store.committed_offsets(conn, s.job, list(self.planner.topics))
             conn.commit()
         except psycopg.Error as e:
             self._drop_connection()

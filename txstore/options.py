@@ -107,6 +107,13 @@ def add_job_options(parser: argparse.ArgumentParser, default_job: str) -> None:
         "two jobs may split a topic's partitions, each counting its own",
     )
     parser.add_argument(
+        "--topic-pattern",
+        metavar="REGEX",
+        help="instead of --topic: every topic whose whole name matches REGEX (Python re syntax; "
+        "Spark's subscribePattern), resolved every batch; a topic that starts matching later "
+        "joins at its earliest offset",
+    )
+    parser.add_argument(
         "--job",
         default=default_job,
         help=f"job name: the key of this job's offsets and results (default {default_job})",
@@ -264,6 +271,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     from dataclasses import replace
 
     from txstore.core.assignment import parse_assignment
+    from txstore.core.patterns import compile_topic_pattern
     from txstore.core.starting import parse_starting_offsets, parse_timestamp
     from txstore.job import JobSettings
     from txstore.kafka.client import topic_name_problem
@@ -278,7 +286,17 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     if args.max_batch_failures < 1:
         raise ConfigError("--max-batch-failures must be at least 1")
     assignment = None
-    if args.assign is not None:
+    pattern = getattr(args, "topic_pattern", None)
+    if pattern is not None:
+        for flag, given in (("--topic", args.topics), ("--assign", args.assign)):
+            if given:
+                raise ConfigError(
+                    f"give either {flag} or --topic-pattern, not both: the topics to read, or a "
+                    "regular expression their names match"
+                )
+        compile_topic_pattern(pattern, "--topic-pattern")
+        topics: tuple[str, ...] = ()
+    elif args.assign is not None:
         if args.topics:
             raise ConfigError(
                 "give either --topic or --assign, not both: the topics to read, or the partitions"
@@ -287,7 +305,8 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         topics = tuple(assignment)
     elif not args.topics:
         raise ConfigError(
-            "no topic given: pass --topic TOPIC (repeatable), or --assign '{\"topic\": [0, 1]}'"
+            "no topic given: pass --topic TOPIC (repeatable), or --assign '{\"topic\": [0, 1]}', "
+            "or --topic-pattern REGEX"
         )
     else:
         topics = tuple(dict.fromkeys(t.strip() for t in args.topics))
@@ -308,6 +327,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         job=args.job,
         topics=topics,
         assignment=assignment,
+        topic_pattern=pattern,
         bootstrap_servers=args.bootstrap_servers,
         database_url=resolve_database_url(args.database_url),
         starting_offsets=starting,

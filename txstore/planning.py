@@ -27,6 +27,7 @@ from txstore.core.errors import (
     UnknownTopic,
     first_line,
 )
+from txstore.core.patterns import PatternTopics, joining_starts, resolve_pattern
 from txstore.core.ranges import (
     OffsetRange,
     PartitionHistory,
@@ -37,8 +38,8 @@ from txstore.core.ranges import (
     plan_ranges,
     topic_missing_now,
 )
-from txstore.core.starting import resolve_starting_offsets, times_to_look_up
-from txstore.kafka.client import offsets_for_times
+from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
+from txstore.kafka.client import fetch_topic_names, offsets_for_times
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.settings import JobSettings
@@ -46,18 +47,30 @@ from txstore.settings import JobSettings
 log = logging.getLogger("txstore")
 
 WatermarksSource = Callable[[Mapping[str, Any], Sequence[str]], list[PartitionWatermarks]]
+TopicNamesSource = Callable[[Mapping[str, Any]], list[str]]
 
 
 class Planner:
     """Plans a job's batches; keeps each partition's history (fingerprint, topic ID) between them."""
 
     def __init__(
-        self, settings: JobSettings, watermarks: WatermarksSource, topic_ids: TopicIds | None = None
+        self,
+        settings: JobSettings,
+        watermarks: WatermarksSource,
+        topic_ids: TopicIds | None = None,
+        topic_names: TopicNamesSource | None = None,
     ) -> None:
-        """``topic_ids`` is asked only with the job's own Kafka clients (else None: no topic IDs)."""
+        """``topic_ids`` is asked only with the job's own Kafka clients (else None: no topic IDs).
+        ``topic_names`` lists Kafka's topics for a ``topic_pattern`` (default: a new client each time)."""
         self.settings = settings
         self.watermarks = watermarks
         self.topic_ids_source = topic_ids
+        self.topic_names = topic_names or fetch_topic_names
+        self.topics: tuple[str, ...] = settings.topics
+        """The topics the last plan covered: ``settings.topics``, or a pattern's resolution."""
+        self.resolved: PatternTopics | None = None
+        """A pattern's last resolution (None without a pattern)."""
+        self._told: tuple[str, ...] | None = None  # the matched topics last logged
         self.history: dict[TopicPartition, PartitionHistory] = {}
         self.backlog: dict[TopicPartition, int] = {}
         """Per partition, the last plan's log end minus committed offset (before any cap)."""
@@ -72,8 +85,8 @@ class Planner:
             # Both steps, always: a batch may start new partitions and skip aged-out offsets at once.
             started = self._start_new_partitions(conn, committed, watermarks)
             skipped = self._skip_lost(conn, committed, watermarks)
-            if started or skipped:
-                committed, watermarks = self._state(conn)
+            if started or skipped:  # the same topics: one that starts matching meanwhile waits
+                committed, watermarks = self._state(conn, resolve=False)
             self.backlog = {w.key: max(0, w.high - committed.get(w.key, w.high)) for w in watermarks}
             topic_ids = self._topic_ids(conn)
             ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
@@ -87,23 +100,63 @@ class Planner:
                 f"planning job {s.job!r} failed in PostgreSQL: {first_line(e)}"
             ) from None
 
-    def _state(self, conn: psycopg.Connection) -> tuple[dict[TopicPartition, int], list[PartitionWatermarks]]:
+    def _state(
+        self, conn: psycopg.Connection, resolve: bool = True
+    ) -> tuple[dict[TopicPartition, int], list[PartitionWatermarks]]:
         # Offsets first, watermarks after: then every legitimately committed
         # offset is at or below the log end we plan with, even while another
         # instance of the job commits in between.
         s = self.settings
-        committed, self.history = store.committed_state(conn, s.job, s.topics)
-        try:
-            watermarks = self.watermarks(s.kafka_conf, s.topics)
-        except UnknownTopic as e:
-            # A topic the job stored offsets for existed: gone now, it is no typo.
-            stored = sum(1 for topic, _ in committed if topic == e.topic)
-            if not stored:
-                raise
-            raise topic_missing_now(s.job, e.topic, e.servers, stored) from None
+        topics = self._resolve_topics(conn) if resolve else self.topics
+        committed, self.history = store.committed_state(conn, s.job, topics)
+        while True:
+            try:
+                watermarks = self.watermarks(s.kafka_conf, topics)
+                break
+            except UnknownTopic as e:
+                # A topic the job stored offsets for existed: gone now, it is no typo.
+                stored = sum(1 for topic, _ in committed if topic == e.topic)
+                if stored:
+                    raise topic_missing_now(s.job, e.topic, e.servers, stored) from None
+                if s.pattern is None or e.topic not in topics:
+                    raise
+                # Matched a moment ago, deleted since, never started: it matches nothing now.
+                topics = tuple(t for t in topics if t != e.topic)
+                self.topics = topics
         # --assign: only the assigned partitions are planned (a row no longer assigned is kept).
         watermarks, committed = assigned_only(s.assignment, watermarks, committed, "--assign")
         return committed, watermarks
+
+    def _resolve_topics(self, conn: psycopg.Connection) -> tuple[str, ...]:
+        """The topics to plan: the settings', or what the pattern matches on Kafka now together
+        with the matching topics the job has offsets for (one that vanished is then found
+        missing, and stops the job as a vanished topic does)."""
+        s = self.settings
+        pattern = s.pattern
+        if pattern is None:
+            return s.topics
+        stored = store.job_topics(conn, s.job)  # the job's rows first, Kafka's list after
+        self.resolved = resolve_pattern(pattern, self.topic_names(s.kafka_conf), stored)
+        self.topics = self.resolved.topics
+        matched = self.resolved.matched
+        if matched != self._told:
+            if not matched:
+                log.info(
+                    "job %s: --topic-pattern %r matches no topic on Kafka yet; nothing to read",
+                    s.job,
+                    s.topic_pattern,
+                )
+            else:
+                log.info(
+                    "job %s: --topic-pattern %r matches %d topic%s: %s",
+                    s.job,
+                    s.topic_pattern,
+                    len(matched),
+                    "" if len(matched) == 1 else "s",
+                    ", ".join(matched),
+                )
+            self._told = matched
+        return self.topics
 
     def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
         """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
@@ -111,7 +164,7 @@ class Planner:
         if self.topic_ids_source is None:
             return {}
         s = self.settings
-        ids = self.topic_ids_source(s.kafka_conf, s.topics)
+        ids = self.topic_ids_source(s.kafka_conf, self.topics)
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in self.history.items())
         }
@@ -129,9 +182,16 @@ class Planner:
         s = self.settings
         new = [w for w in watermarks if w.key not in committed]
         started = {topic for topic, _ in committed}
+        joining: list[StartDecision] = []
+        if self.resolved is not None:
+            # A topic that starts matching after the first run joins at earliest, as in Spark.
+            joining = joining_starts(self.resolved, new, "--topic-pattern")
+            joined = {(d.topic, d.partition) for d in joining}
+            new = [w for w in new if w.key not in joined]
+            started |= {d.topic for d in joining}
         wanted = times_to_look_up(s.starting_offsets, [w.key for w in new], started)
         by_time = offsets_for_times(s.kafka_conf, wanted) if wanted else None
-        decisions = resolve_starting_offsets(
+        decisions = joining + resolve_starting_offsets(
             s.starting_offsets, new, [w.key for w in watermarks], started, by_time
         )
         if not decisions:

@@ -5,12 +5,14 @@ Re-exported by :mod:`txstore.job` (``from txstore.job import JobSettings`` keeps
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from txstore.core.assignment import check_assigned_starts
 from txstore.core.errors import ConfigError
+from txstore.core.patterns import compile_topic_pattern
 from txstore.core.starting import StartingOffsets
 from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
 from txstore.kafka.client import client_config, fixed_option_problem, topic_name_problem
@@ -54,8 +56,18 @@ class JobSettings:
     metrics_host: str = "127.0.0.1"
     # --assign: topic -> the only partitions the job plans and counts (txstore.core.assignment)
     assignment: Mapping[str, tuple[int, ...]] | None = None
+    # --topic-pattern: the topics are those Kafka has that match, resolved every batch
+    # (txstore.core.patterns); give topics=() with it
+    topic_pattern: str | None = None
 
     def __post_init__(self) -> None:
+        if self.topic_pattern is not None:
+            compile_topic_pattern(self.topic_pattern, "--topic-pattern")
+            if self.topics or self.assignment is not None:
+                raise ConfigError(
+                    "give either topics (or an assignment) or topic_pattern, not both; with "
+                    "topic_pattern give topics=()"
+                )
         for topic in self.topics:
             problem = topic_name_problem(topic)
             if problem:
@@ -96,6 +108,11 @@ class JobSettings:
                 "--sink idempotent stores messages range by range; it takes neither --commit per-batch "
                 "nor --publish-topic"
             )
+
+    @property
+    def pattern(self) -> re.Pattern[str] | None:
+        """``topic_pattern`` compiled (None without one)."""
+        return None if self.topic_pattern is None else re.compile(self.topic_pattern)
 
     @property
     def kafka_conf(self) -> dict[str, Any]:

@@ -259,7 +259,7 @@ class _Admin:
             return None
         return refusal(self.errors, servers, self.settings)
 
-    def metadata(self, servers: str, topic: str, timeout: float) -> Any:
+    def metadata(self, servers: str, topic: str | None, timeout: float) -> Any:
         """``list_topics(topic)`` within ``timeout``. While librdkafka reports errors it is asked
         in slices of a second, so that a refusal (:meth:`refusal`) ends the call at once rather
         than when the timeout is spent; a broker that is only slow (no error) gets the rest of
@@ -355,8 +355,40 @@ class Watermarks:
             self.close()
             raise
 
+    def topic_names(self, conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
+        """:func:`fetch_topic_names` with the kept client."""
+        if self._admin is None or self._conf != dict(conf):
+            self._conf = dict(conf)
+            self._admin = _Admin(self._conf)
+        self._admin.errors.clear()
+        try:
+            return _topic_names(self._admin, conf, timeout)
+        except BaseException:
+            self.close()
+            raise
+
     def close(self) -> None:
         self._admin = None  # librdkafka destroys the client with the last reference
+
+
+def fetch_topic_names(conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
+    """Every topic Kafka lists (internal ones too: :mod:`txstore.core.patterns` leaves them out),
+    in one metadata request answered within ``timeout``, else :class:`KafkaUnavailable` in one
+    line. What a topic pattern is resolved against."""
+    return _topic_names(_Admin(conf), conf, timeout)
+
+
+def _topic_names(admin: _Admin, conf: Mapping[str, Any], timeout: float) -> list[str]:
+    servers = _servers(conf)
+    try:
+        metadata = admin.metadata(servers, None, timeout)
+    except (KafkaException, TimeoutError) as e:
+        raise admin.unavailable(servers, "a metadata request (the topics' list)", timeout, e) from None
+    return sorted(
+        name
+        for name, topic in metadata.topics.items()
+        if topic.error is None or topic.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+    )
 
 
 def _watermarks(

@@ -35,6 +35,15 @@ def committed_offsets(conn: psycopg.Connection, job: str, topics: Sequence[str])
     return committed_state(conn, job, topics)[0]
 
 
+def job_topics(conn: psycopg.Connection, job: str) -> list[str]:
+    """Every topic the job has offsets for, sorted (what a topic pattern's job holds)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT DISTINCT topic FROM txn_offsets WHERE job = %s ORDER BY topic", (job,))
+        rows = cur.fetchall()
+    conn.commit()
+    return [topic for (topic,) in rows]
+
+
 def committed_state(
     conn: psycopg.Connection, job: str, topics: Sequence[str]
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]:

@@ -103,6 +103,14 @@ class JobMetrics(NoMetrics):
             ["job", "topic", "partition"],
             registry=registry,
         )
+        self._partitions = Gauge(
+            "txstore_topic_partitions",
+            "Partitions of each topic the last plan covered: the job's topics (a --topic-pattern "
+            "job's: those it matches and holds now)",
+            ["job", "topic"],
+            registry=registry,
+        )
+        self._planned: set[TopicPartition] = set()
         self._last_commit = Gauge(
             "txstore_last_commit_timestamp_seconds",
             "When this process last committed a range (Unix time)",
@@ -157,8 +165,20 @@ class JobMetrics(NoMetrics):
         return int(self._server.server_address[1]) if self._server is not None else 0
 
     def planned(self, backlog: Mapping[TopicPartition, int]) -> None:
+        """The plan's backlog per partition, and the partitions per topic it covered (the topics a
+        ``--topic-pattern`` job holds now); a partition or topic the plan no longer covers (a
+        topic forgotten after it was deleted) leaves the metrics."""
+        per_topic: dict[str, int] = {}
         for (topic, partition), lag in backlog.items():
             self._lag.labels(self.job, topic, str(partition)).set(lag)
+            per_topic[topic] = per_topic.get(topic, 0) + 1
+        for topic, partition in self._planned - set(backlog):
+            self._lag.remove(self.job, topic, str(partition))
+        for topic, count in per_topic.items():
+            self._partitions.labels(self.job, topic).set(count)
+        for topic in {t for t, _ in self._planned} - set(per_topic):
+            self._partitions.remove(self.job, topic)
+        self._planned = set(backlog)
 
     def batch_finished(self, ranges: Iterable[RangeReport], seconds: float, driver_commit_ms: float) -> None:
         """After a batch ran: its ranges' reports, its duration, the driver's commit milliseconds

@@ -16,8 +16,10 @@ Options (names are case-insensitive, values strings, as Spark passes them; Spark
 over lower-cased, so an error line names an option as documented, :func:`option_names`):
 
 - ``kafka.bootstrap.servers`` (required), ``subscribe`` (comma-separated
-  topics) or ``assign`` (Spark's JSON ``{"topicA": [0, 1]}``: only those
-  partitions are planned and read; :mod:`txstore.core.assignment`), one of them;
+  topics), ``subscribePattern`` (a regular expression whole topic names match, Python's ``re``
+  syntax, resolved when the read is planned; :mod:`txstore.core.patterns`) or ``assign``
+  (Spark's JSON ``{"topicA": [0, 1]}``: only those partitions are planned and read;
+  :mod:`txstore.core.assignment`), one of them;
 - ``startingOffsets``: ``earliest`` (default), ``latest``, or Spark's JSON
   ``{"topicA": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest); partitions the
   JSON does not name start at earliest;
@@ -90,7 +92,14 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
-from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
+from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog, UnknownTopic
+from txstore.core.patterns import (
+    PatternTopics,
+    compile_topic_pattern,
+    joining_starts,
+    matches,
+    resolve_pattern,
+)
 from txstore.core.ranges import (
     OffsetRange,
     PartitionWatermarks,
@@ -98,6 +107,7 @@ from txstore.core.ranges import (
     aged_out,
     plan_ranges,
     split_ranges,
+    topic_missing_now,
 )
 from txstore.core.starting import (
     EARLIEST,
@@ -112,6 +122,7 @@ from txstore.core.starting import (
 )
 from txstore.kafka.client import (
     client_config,
+    fetch_topic_names,
     fetch_watermarks,
     java_only_problem,
     offsets_for_times,
@@ -174,13 +185,11 @@ SPELLING = {name.lower(): name for name in (*SPARK_OPTION_NAMES, *TXSTORE_OPTION
 names lower-cased, ``pyspark.sql.datasource.CaseInsensitiveDict``)."""
 
 _CONSUMER_GROUPS = ("kafka.group.id", "groupidprefix")
-_BY_SUBSCRIBE = "name the topics with option('subscribe', 'topicA,topicB')"
 _JAVA_CONSUMER = (
     "is a setting of the Java consumer of Spark's source; txstore reads with librdkafka, which "
     "waits and retries by its own kafka.* settings; drop the option"
 )
 NOT_TAKEN = {
-    "subscribepattern": f"is not supported by format('txstore') yet (issue 36 point 1); {_BY_SUBSCRIBE}",
     "endingoffsetsbytimestamp": "is not supported yet; give endingOffsets as JSON offsets",
     "endingtimestamp": "is not supported yet; give endingOffsets as JSON offsets",
     "maxrecordsperpartition": "is not supported yet; give minPartitions (the fewest Spark tasks) instead",
@@ -197,6 +206,7 @@ NOT_TAKEN = {
 _KNOWN = (
     "kafka.bootstrap.servers",
     "subscribe",
+    "subscribepattern",
     "assign",
     "startingoffsets",
     "startingtimestamp",
@@ -210,7 +220,7 @@ _KNOWN = (
     "failondataloss",
 )
 _SUPPORTED = (
-    "kafka.bootstrap.servers, subscribe or assign, startingOffsets, startingTimestamp, "
+    "kafka.bootstrap.servers, subscribe, subscribePattern or assign, startingOffsets, startingTimestamp, "
     "startingOffsetsByTimestamp (and its Strategy), endingOffsets, minPartitions, "
     "includeHeaders, failOnDataLoss, txstore.job, txstore.databaseUrl, and kafka.* client settings"
 )
@@ -259,6 +269,8 @@ class ReadOptions:
     assignment: Mapping[str, tuple[int, ...]] | None = None
     # failOnDataLoss: false skips offsets Kafka no longer has (a stream records them in txn_lost_ranges)
     fail_on_data_loss: bool = True
+    # subscribePattern: the topics are Kafka's that match, resolved at each read (txstore.core.patterns)
+    pattern: str | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -345,20 +357,33 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
             ".option('kafka.bootstrap.servers', 'host:9092')"
         )
     subscribe, assign = name_of("subscribe"), name_of("assign")
+    subscribe_pattern = name_of("subscribePattern")
     if "subscribe" in given and "assign" in given:
         raise ConfigError(
             f"give one of option {subscribe} and option {assign}, not both (as in Spark): the topics "
             "to read, or the partitions"
         )
+    for other in ("subscribe", "assign"):
+        if other in given and "subscribepattern" in given:
+            raise ConfigError(
+                f"give one of option {name_of(other)} and option {subscribe_pattern}, not both (as in "
+                "Spark): the topics to read, or a regular expression their names match"
+            )
     assignment = None
-    if "assign" in given:
+    pattern = None
+    if "subscribepattern" in given:
+        pattern = given["subscribepattern"]
+        compile_topic_pattern(pattern, f"option {subscribe_pattern}")
+        topics: tuple[str, ...] = ()
+    elif "assign" in given:
         assignment = parse_assignment(given["assign"], f"option {assign}")
-        topics: tuple[str, ...] = tuple(assignment)
+        topics = tuple(assignment)
     else:
         topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
         if not topics:
             raise ConfigError(
-                f"option {subscribe} (or {assign}) is required: .option('subscribe', 'topicA,topicB')"
+                f"option {subscribe} (or {assign}) is required: .option('subscribe', 'topicA,topicB'), "
+                f"or a regular expression: .option('{subscribe_pattern}', 'topic.*')"
             )
         if len(set(topics)) != len(topics):
             raise ConfigError(f"option {subscribe} names a topic twice: {given['subscribe']!r}")
@@ -379,6 +404,15 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
     ):
         if assignment is not None:
             check_assigned_starts(assignment, named, f"option {assign}", f"option {name}")
+        if pattern is not None:
+            compiled = compile_topic_pattern(pattern, f"option {subscribe_pattern}")
+            unmatched = sorted({t for t, _ in named if not matches(compiled, t)})
+            if unmatched:
+                raise ConfigError(
+                    f"option {name} names topics option {subscribe_pattern} {pattern!r} does not "
+                    f"match: {', '.join(map(repr, unmatched))}; remove them from the JSON"
+                )
+            continue
         strangers = sorted({t for t, _ in named} - set(topics))
         if strangers:
             raise ConfigError(
@@ -418,6 +452,7 @@ def parse_read_options(options: Mapping[str, str], environ: Mapping[str, str]) -
         include_headers,
         assignment,
         fail_on_data_loss,
+        pattern,
     )
 
 
@@ -566,6 +601,7 @@ def plan_job_ranges(
     starting: StartingOffsets,
     by_time: Mapping[TopicPartition, int] | None = None,
     fail_on_data_loss: bool = True,
+    resolved: PatternTopics | None = None,
 ) -> list[OffsetRange]:
     """The ranges job ``job``'s next batch reads, without writing anything.
 
@@ -574,11 +610,18 @@ def plan_job_ranges(
     would start them (:func:`~txstore.core.starting.resolve_starting_offsets`:
     ``starting``, earliest by default; a new partition of a topic the job
     already reads at earliest); then :func:`~txstore.core.ranges.plan_ranges`,
-    which refuses aged-out or out-of-log offsets exactly as the job does.
+    which refuses aged-out or out-of-log offsets exactly as the job does. With a pattern
+    (``resolved``), a topic that started matching after the job's first run starts at earliest
+    (:func:`~txstore.core.patterns.joining_starts`).
     """
     new = [w for w in watermarks if w.key not in committed]
     started = {topic for topic, _ in committed}
-    decisions = resolve_starting_offsets(starting, new, [w.key for w in watermarks], started, by_time)
+    joining = [] if resolved is None else joining_starts(resolved, new, "subscribePattern")
+    joined = {(d.topic, d.partition) for d in joining}
+    new = [w for w in new if w.key not in joined]
+    decisions = joining + resolve_starting_offsets(
+        starting, new, [w.key for w in watermarks], started, by_time
+    )
     planned = dict(committed)
     planned.update({(d.topic, d.partition): d.offset for d in decisions})
     if not fail_on_data_loss:  # read-only: the aged-out offsets are passed over, not recorded
@@ -594,26 +637,76 @@ def job_committed_offsets(database_url: str, job: str, topics: Sequence[str]) ->
         return store.committed_offsets(conn, job, topics)
 
 
+def job_topics(database_url: str, job: str) -> list[str]:
+    """Every topic the job has offsets for, read in a read-only transaction."""
+    with connect(database_url) as conn:
+        conn.read_only = True
+        check_schema(conn, database_url)
+        return store.job_topics(conn, job)
+
+
+def resolve_read_topics(options: ReadOptions, stored_topics: Sequence[str] = ()) -> PatternTopics | None:
+    """``subscribePattern`` resolved against Kafka's topics now (with ``stored_topics``, the topics
+    a ``txstore.job`` has offsets for); None without a pattern. A pattern that matches no topic
+    yet is one INFO line, not an error: there is nothing to read."""
+    if options.pattern is None:
+        return None
+    pattern = compile_topic_pattern(options.pattern, f"option {options.name('subscribePattern')}")
+    resolved = resolve_pattern(pattern, fetch_topic_names(options.kafka_conf), stored_topics)
+    if not resolved.matched:
+        log.info(
+            "option %s %r matches no topic on Kafka yet; nothing to read",
+            options.name("subscribePattern"),
+            options.pattern,
+        )
+    return resolved
+
+
+def read_watermarks(
+    options: ReadOptions, topics: Sequence[str], stored: Mapping[TopicPartition, int] | None = None
+) -> list[PartitionWatermarks]:
+    """:func:`fetch_watermarks` of ``topics``. With a pattern, a topic the job has offsets for that
+    Kafka no longer has stops the read with the job's vanished-topic line; one that matched a
+    moment ago and was deleted since, with no offsets stored, matches nothing now."""
+    topics = list(topics)
+    while True:
+        try:
+            return fetch_watermarks(options.kafka_conf, topics)
+        except UnknownTopic as e:
+            held = sum(1 for t, _ in (stored or {}) if t == e.topic)
+            if held and options.job is not None:
+                raise topic_missing_now(options.job, e.topic, e.servers, held) from None
+            if options.pattern is None or e.topic not in topics:
+                raise
+            topics.remove(e.topic)
+
+
 def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning."""
     if options.job is not None:
         assert options.database_url is not None
-        stored = job_committed_offsets(options.database_url, options.job, options.topics)
+        resolved = None
+        topics: Sequence[str] = options.topics
+        if options.pattern is not None:
+            resolved = resolve_read_topics(options, job_topics(options.database_url, options.job))
+            assert resolved is not None
+            topics = resolved.topics
+        stored = job_committed_offsets(options.database_url, options.job, topics)
         where = f"option {options.name('assign')}"
         watermarks, committed = assigned_only(
-            options.assignment, fetch_watermarks(options.kafka_conf, options.topics), stored, where
+            options.assignment, read_watermarks(options, topics, stored), stored, where
         )
         new = [w.key for w in watermarks if w.key not in committed]
         by_time = start_times(options, new, {t for t, _ in committed})
         ranges = plan_job_ranges(
-            options.job, committed, watermarks, options.starting, by_time, options.fail_on_data_loss
+            options.job, committed, watermarks, options.starting, by_time, options.fail_on_data_loss, resolved
         )
         return split_ranges(ranges, options.min_partitions)
     return _plan_read(options)
 
 
 def _plan_read(options: ReadOptions) -> list[OffsetRange]:
-    watermarks = fetch_watermarks(options.kafka_conf, options.topics)
+    watermarks = read_watermarks(options, read_topics(options))
     reported, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
     return plan_read_ranges(options, watermarks, start_times(options, [w.key for w in reported]))
 
@@ -625,6 +718,13 @@ def start_times(
     without ``startingTimestamp`` or ``startingOffsetsByTimestamp``)."""
     wanted = times_to_look_up(options.starting, new, started or set())
     return offsets_for_times(options.kafka_conf, wanted) if wanted else {}
+
+
+def read_topics(options: ReadOptions) -> tuple[str, ...]:
+    """A read's topics (without ``txstore.job``): ``subscribe``'s or ``assign``'s, or what the
+    pattern matches now."""
+    resolved = resolve_read_topics(options)
+    return options.topics if resolved is None else resolved.matched
 
 
 def check_explicit_offsets(options: ReadOptions) -> None:

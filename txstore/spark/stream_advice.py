@@ -64,8 +64,11 @@ _READ_LOSS = re.compile(
 _RESET = re.compile(r"txstore reset --job .*?--execute")
 
 
-def _after_reset(match: re.Match[str]) -> str:
+def _after_reset(match: re.Match[str], pattern: bool = False) -> str:
     command = match.group(0)
+    if "--forget" in command and "--partition" not in command and pattern:
+        # subscribePattern: a topic Kafka no longer has matches no more once forgotten
+        return f"{command}, then {NEW_CHECKPOINT}"
     if "--forget" in command and "--partition" not in command:
         return (
             f"{command}, then restart the query without that topic in subscribe and with a new "
@@ -108,9 +111,10 @@ _PHRASES: tuple[tuple[str, str], ...] = (
 _TABLE_FLAGS = re.compile(r"(?<![\w-])--(table|key|merge)\b")
 
 
-def restate(text: str, job: str | None = None) -> str:
+def restate(text: str, job: str | None = None, pattern: bool = False) -> str:
     """One line of the shared code, its advice restated for a streaming query (``job``: the
-    query's, for lines of a reading task, which do not name it)."""
+    query's, for lines of a reading task, which do not name it; ``pattern``: the query reads a
+    ``subscribePattern``, which need not be changed to drop a deleted topic)."""
     loss = _DATA_LOSS.search(text)
     read_loss = _READ_LOSS.match(text) if job is not None else None
     if read_loss is not None and job is not None:
@@ -124,18 +128,18 @@ def restate(text: str, job: str | None = None) -> str:
         advice = data_loss_advice(job, topic, int(loss.group("partition")))
         text = text[: loss.start("advice")] + advice + text[loss.end("advice") :]
     else:
-        text = _RESET.sub(_after_reset, text)
+        text = _RESET.sub(functools.partial(_after_reset, pattern=pattern), text)
     for batch, stream in _PHRASES:
         text = text.replace(batch, stream)
     return _TABLE_FLAGS.sub(r"txstore.\1", text)
 
 
-def for_stream(error: TxstoreError, job: str | None = None) -> TxstoreError:
+def for_stream(error: TxstoreError, job: str | None = None, pattern: bool = False) -> TxstoreError:
     """``error`` (same class where it can be) with its advice restated for a streaming query of
-    ``job``."""
+    ``job`` (``pattern``: one reading a ``subscribePattern``)."""
     if isinstance(error, ResultsTableInvalid):
         return ResultsTableInvalid([restate(p, job) for p in error.problems])
-    text = restate(str(error), job)
+    text = restate(str(error), job, pattern)
     if text == str(error):
         return error
     new = type(error).__new__(type(error), text)  # not __init__: some take the parts of their line
@@ -157,7 +161,8 @@ def restating(method: _Method) -> _Method:
             return method(self, *args, **kwargs)
         except TxstoreError as e:
             options = getattr(self, "options", None)  # a writer's __init__ may raise before it is set
-            raise for_stream(e, getattr(options, "job", None)) from None
+            pattern = getattr(getattr(options, "read", None), "pattern", None) is not None
+            raise for_stream(e, getattr(options, "job", None), pattern) from None
 
     return cast(_Method, restated)
 

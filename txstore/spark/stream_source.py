@@ -92,6 +92,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -116,6 +117,7 @@ from txstore.core.errors import (
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import RangeRead, Receipt, StreamPlan
+from txstore.core.patterns import PatternTopics, joining_starts, matching_topics, resolve_pattern
 from txstore.core.ranges import (
     OffsetRange,
     PartitionHistory,
@@ -526,6 +528,10 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
         self._assignment_checked = False  # assign: its partitions checked against Kafka's, once
+        # subscribePattern: the last resolution, and the topics the planning methods use (else subscribe's)
+        self._resolved: PatternTopics | None = None
+        self._topics: tuple[str, ...] = options.read.topics
+        self._told: tuple[str, ...] | None = None  # the matched topics last logged
 
     # -- the planning connection and its locks ------------------------------------------------------
 
@@ -638,14 +644,21 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         failed call)."""
         if self._kafka is None:
             self._kafka = Watermarks()
-        try:
-            reported = self._kafka(self.options.read.kafka_conf, self.options.read.topics)
-        except UnknownTopic as e:
-            # A topic the job stored offsets for existed: gone now, it is no typo (as count_topic).
-            stored = sum(1 for t, _ in store.committed_offsets(self._db(), self.options.job, [e.topic]))
-            if not stored:
-                raise
-            raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
+        topics = self._resolve_topics(self._kafka)
+        while True:
+            try:
+                reported = self._kafka(self.options.read.kafka_conf, topics)
+                break
+            except UnknownTopic as e:
+                # A topic the job stored offsets for existed: gone now, it is no typo (as count_topic).
+                stored = sum(1 for t, _ in store.committed_offsets(self._db(), self.options.job, [e.topic]))
+                if stored:
+                    raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
+                if self._resolved is None or e.topic not in topics:
+                    raise
+                # Matched a moment ago, deleted since, never started: it matches nothing now.
+                topics = tuple(t for t in topics if t != e.topic)
+                self._topics = topics
         assignment = self.options.read.assignment
         if assignment is None:
             return reported
@@ -656,10 +669,46 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         assigned = assigned_keys(assignment)
         return [w for w in reported if w.key in assigned]
 
+    def _resolve_topics(self, kafka: Watermarks) -> tuple[str, ...]:
+        """The topics to plan: ``subscribe``'s, or what ``subscribePattern`` matches on Kafka now
+        with the matching topics the job has offsets for (one that vanished is then found missing
+        and stops the query as a vanished topic does)."""
+        read = self.options.read
+        if read.pattern is None:
+            return read.topics
+        stored = store.job_topics(self._db(), self.options.job)  # the job's rows first, Kafka's after
+        self._resolved = resolve_pattern(re.compile(read.pattern), kafka.topic_names(read.kafka_conf), stored)
+        self._topics = self._resolved.topics
+        matched = self._resolved.matched
+        if matched != self._told:
+            name = read.name("subscribePattern")
+            if matched:
+                log.info(
+                    "job %s: option %s %r matches %s",
+                    self.options.job,
+                    name,
+                    read.pattern,
+                    ", ".join(matched),
+                )
+            else:
+                log.info(
+                    "job %s: option %s %r matches no topic on Kafka yet; nothing to read",
+                    self.options.job,
+                    name,
+                    read.pattern,
+                )
+            self._told = matched
+        return self._topics
+
     def _job_state(self, conn: psycopg.Connection) -> _State:
         """The job's rows for the query's topics: with ``assign``, of the assigned partitions only
-        (a row of a partition no longer assigned is kept, not planned)."""
-        committed, history = store.committed_state(conn, self.options.job, self.options.read.topics)
+        (a row of a partition no longer assigned is kept, not planned); with ``subscribePattern``,
+        of the job's topics the pattern matches."""
+        read = self.options.read
+        topics: Sequence[str] = read.topics
+        if read.pattern is not None:
+            topics = matching_topics(re.compile(read.pattern), store.job_topics(conn, self.options.job))
+        committed, history = store.committed_state(conn, self.options.job, topics)
         assignment = self.options.read.assignment
         if assignment is None:
             return committed, history
@@ -677,7 +726,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         rows that have none yet (``history``), so a later recreation is seen (as ``count_topic``)."""
         if self._ids is None:
             self._ids = TopicIds()
-        ids = self._ids(self.options.read.kafka_conf, self.options.read.topics)
+        ids = self._ids(self.options.read.kafka_conf, self._topics)
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in history.items())
         }
@@ -694,9 +743,15 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if not new:  # every micro-batch: no new partition, nothing to decide (nor to check)
             return []
         started = {t for t, _ in stored}
+        joining: list[StartDecision] = []
+        if self._resolved is not None:  # a topic that starts matching later joins at earliest
+            joining = joining_starts(self._resolved, new, self.options.read.name("subscribePattern"))
+            joined = {(d.topic, d.partition) for d in joining}
+            new = [w for w in new if w.key not in joined]
+            started |= {d.topic for d in joining}
         # startingTimestamp / startingOffsetsByTimestamp: Kafka's offsets-for-times, for a first start
         by_time = start_times(self.options.read, [w.key for w in new], started)
-        return resolve_starting_offsets(
+        return joining + resolve_starting_offsets(
             self.options.read.starting, new, [w.key for w in watermarks], started, by_time
         )
 
@@ -765,7 +820,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         decisions = self._start_decisions(stored, now)
         read = self.options.read
         check_checkpoint_assigned(job, read.assignment, begin, read.name("assign"))
-        check_checkpoint_starts(job, self.options.read.topics, begin, stored, would_start(decisions))
+        check_checkpoint_starts(job, self._topics, begin, stored, would_start(decisions))
         # A partition the start does not name enters where the job starts it, its row stored now.
         stored, history = self._start_rows(
             conn, [d for d in decisions if (d.topic, d.partition) not in begin], (stored, history)
@@ -799,9 +854,9 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         conn = self._db()
         begin, finish = offsets_map(start), offsets_map(end)
         planned = batch_ranges(begin, finish)
-        topics = self.options.read.topics
         committed, history = self._job_state(conn)
         now = self._watermarks()
+        topics = self._topics
         # A partition the job has no row for starts here only where the job would start it (a
         # checkpoint names no job: another's would be trusted); its row is stored then.
         decisions = self._start_decisions(committed, now)
