@@ -307,7 +307,9 @@ def _abandon_connect(abandoned: threading.Event, creating: threading.Event, deci
 def _connect_session(app_name: str, remote: str, ship_txstore: bool) -> object:
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
-    session: Any = RemoteSparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+    # A session of its own (create, not getOrCreate): the caller stops it when done, which must
+    # never close another session of this process (a notebook's, a test's) that getOrCreate returns.
+    session: Any = RemoteSparkSession.builder.remote(remote).appName(app_name).create()
     _ = session.version  # one round trip: the server answers now, while start_spark bounds the wait
     if ship_txstore:
         from txstore.spark.pyfiles import build_py_files
