@@ -129,6 +129,14 @@ def format_timestamp(timestamp_ms: int) -> str:
     return text.replace("+00:00", "Z")
 
 
+def _json(text: str, flag: str, hint: str) -> object:
+    """``text`` as JSON; :class:`ConfigError` in one line naming ``flag`` and where it broke."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+
+
 LATEST_STRATEGY = "latest"
 ERROR_STRATEGY = "error"
 
@@ -139,10 +147,7 @@ def parse_timestamps_json(
     """Spark's ``startingOffsetsByTimestamp``: ``{"topicA": {"0": 1767225600000, "1": ...}}``, epoch
     milliseconds per partition; :class:`ConfigError` in one line for anything else."""
     hint = 'give JSON like {"topicA": {"0": 1767225600000, "1": 1767225600000}} (epoch milliseconds)'
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{flag} is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+    parsed = _json(text, flag, hint)
     if not isinstance(parsed, dict) or not parsed:
         raise ConfigError(f"{flag} must be a non-empty JSON object; {hint}")
     times: dict[TopicPartition, int] = {}
@@ -200,10 +205,7 @@ def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> Start
     if value.lower() == "latest":
         return StartingOffsets(LATEST)
     hint = 'use earliest, latest or JSON like {"mytopic": {"0": 23, "1": -2}}'
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{flag} is not valid JSON ({e.msg} at char {e.pos}); {hint}") from None
+    parsed = _json(value, flag, hint)
     if not isinstance(parsed, dict) or not parsed:
         raise ConfigError(f"{flag} JSON must be a non-empty object; {hint}")
     specific: dict[TopicPartition, int] = {}
