@@ -21,16 +21,19 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
+from tests.fake_kafka import FakeLog, install, install_admin
 from tests.job_processes import count_topic_args, job_env, run_job
 from tests.private_postgres import SUPERUSER_PASSWORD, private_postgres, url
 from tests.test_bad_input import error_line, snapshot
 from tests.test_count_topic import job_for, log_ends
 from tests.test_schema import alembic
-from txstore.core.errors import BatchFailed
+from tests.test_stream_guards import age_out, grow, offsets, plan, read, source, total, writer
+from txstore.core.errors import STREAM_PRIVILEGE_HINT, BatchFailed, PermissionDenied
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
 from txstore.postgres import store
 from txstore.postgres.db import redact
 from txstore.postgres.migrate import SCHEMA_REVISION, upgrade
+from txstore.spark.stream_source import TxstoreStreamReader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -290,3 +293,69 @@ def test_kafka_tls_options_reach_the_client_and_a_plaintext_broker_is_one_line_i
         "); check --bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS, the network, and --kafka-option security settings"
     )
     assert elapsed < METADATA_TIMEOUT_SECONDS + 120
+
+
+def test_the_readme_job_role_runs_a_stream_through_the_txstore_sink_and_through_another_sink(
+    new_database: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream source and sink (tests/test_stream_guards.py's harness: Spark's calls made
+    directly, Kafka a fake) as the README's job role: a micro-batch the txstore sink commits,
+    one Spark's commit moves (another sink's query), and an aged-out range skipped
+    (failOnDataLoss false) all commit, each counted once."""
+    owner = new_database()
+    role, password = f"txstore_job_{next(_numbers)}", "str3am"
+    create_job_role(owner, role, password)
+    as_job = role_url(owner, role, password)
+    fake = install(monkeypatch)
+    install_admin(monkeypatch, fake)
+    fake_log = fake.add(FakeLog.of("t", 0, range(10)))
+    made: list[TxstoreStreamReader] = []
+    try:
+        reader = source(made, as_job, failOnDataLoss="false")
+        _, end, parts = plan(reader)
+        sink = writer(as_job)
+        sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+        reader.commit(end)
+        grow(fake_log, 15)
+        _, end, parts = plan(reader, end)
+        read(reader, parts)  # another sink wrote them; Spark's commit moves the offsets
+        reader.commit(end)
+        grow(fake_log, 20)
+        age_out(fake_log, 18)  # 15..18 aged out before they were read
+        _, end, parts = plan(reader, end)
+        sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 2)
+        reader.commit(end)
+    finally:
+        for r in made:
+            r.stop()
+    with psycopg.connect(owner) as conn:
+        assert offsets(conn) == {0: 20}
+        assert total(conn) == 12  # 10 by the txstore sink, then 18..20; 10..15 went to the other sink
+        lost = conn.execute("SELECT part, from_off, until_off FROM txn_lost_ranges").fetchall()
+        assert lost == [(0, 15, 18)]
+
+
+def test_a_stream_role_without_the_receipts_grant_stops_with_one_line_naming_the_grants(
+    new_database: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = new_database()
+    role, password = f"txstore_job_{next(_numbers)}", "str3am"
+    create_job_role(owner, role, password, drop=("GRANT SELECT, INSERT, UPDATE, DELETE ON txn_stream_reads",))
+    as_job = role_url(owner, role, password)
+    fake = install(monkeypatch)
+    install_admin(monkeypatch, fake)
+    fake.add(FakeLog.of("t", 0, range(4)))
+    made: list[TxstoreStreamReader] = []
+    try:
+        reader = source(made, as_job)
+        with pytest.raises(PermissionDenied) as denied:
+            plan(reader)  # a new plan deletes the last one's receipts
+    finally:
+        for r in made:
+            r.stop()
+    assert str(denied.value) == (
+        "job 'stream_guards': planning the stream (partitions): PostgreSQL said permission denied for "
+        f"table txn_stream_reads; {STREAM_PRIVILEGE_HINT}"
+    )
+    with psycopg.connect(owner) as conn:
+        assert offsets(conn) == {0: 0} and total(conn) == 0
