@@ -77,6 +77,12 @@ PRIVILEGE_HINT = (
     "txn_data and txn_lost_ranges (README: a role for jobs)"
 )
 
+STREAM_PRIVILEGE_HINT = (
+    "a streaming job's role needs SELECT on alembic_version, SELECT, INSERT, UPDATE on txn_offsets, "
+    "txn_data, txn_lost_ranges and txn_stream_plans, and SELECT, INSERT, UPDATE, DELETE on "
+    "txn_stream_reads (README: a role for jobs)"
+)
+
 
 class SchemaMissing(TxstoreError):
     """The txstore tables are missing or older than this code."""

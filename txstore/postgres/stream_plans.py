@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from txstore.core.errors import TxstoreError
+from txstore.core.errors import STREAM_PRIVILEGE_HINT, PermissionDenied, TxstoreError, first_line
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import Piece, RangeRead, Receipt, StreamPlan
 from txstore.core.ranges import OffsetRange
@@ -43,6 +44,18 @@ VALUES (%(job)s, %(plan_id)s, %(task)s, %(stage)s, %(spark_partition)s, %(query_
 ON CONFLICT (job, plan_id, task, stage, spark_partition) DO UPDATE SET query_id = EXCLUDED.query_id,
     run_id = EXCLUDED.run_id, batch_id = EXCLUDED.batch_id, ranges = EXCLUDED.ranges, read_at = now()
 """
+
+
+@contextmanager
+def stream_privileges(job: str, doing: str) -> Iterator[None]:
+    """A privilege the stream's role lacks, as one line naming the grants a stream needs
+    (:class:`PermissionDenied`: restarting cannot grant it) instead of psycopg's error."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise PermissionDenied(
+            f"job {job!r}: {doing}: PostgreSQL said {first_line(e)}; {STREAM_PRIVILEGE_HINT}"
+        ) from None
 
 
 def plan_identity(job: str, start: Mapping[str, Any], end: Mapping[str, Any]) -> str:

@@ -84,7 +84,7 @@ from txstore.postgres.results_merge import copy_and_merge, temp_table_types
 from txstore.postgres.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
-from txstore.postgres.stream_plans import load_plan, load_reads
+from txstore.postgres.stream_plans import load_plan, load_reads, stream_privileges
 from txstore.spark.range_task import task_run
 from txstore.spark.stream_advice import restating
 from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
@@ -555,7 +555,10 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
                 (OffsetRange(t, p, low, high), n) for m in delivered for t, p, low, high, n in m.counted or ()
             ]
         delivery = Delivery(frozenset(m.run for m in delivered), spans, counts)
-        with kept_connection(self.options.database_url, _reconnect) as conn:
+        with (
+            stream_privileges(job, f"committing micro-batch {batchId}"),
+            kept_connection(self.options.database_url, _reconnect) as conn,
+        ):
             plan = load_plan(conn, job)
             reads = verify_micro_batch(job, batchId, plan, load_reads(conn, job, plan.plan_id), delivery)
             ranges = list(plan.reading)
@@ -581,7 +584,10 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
             for key, (low, high) in m.seen.items():
                 old = seen.get(key, (low, high))
                 seen[key] = (min(low, old[0]), max(high, old[1]))
-        with kept_connection(self.options.database_url, _reconnect) as conn:
+        with (
+            stream_privileges(job, f"committing micro-batch {batch_id}"),
+            kept_connection(self.options.database_url, _reconnect) as conn,
+        ):
             plan = load_plan(conn, job)
             ranges = list(plan.reading)
             check_rows_in_batch(job, batch_id, ranges, seen)

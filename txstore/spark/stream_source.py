@@ -149,6 +149,7 @@ from txstore.postgres.stream_plans import (
     mark_committed,
     record_read,
     save_plan,
+    stream_privileges,
 )
 from txstore.spark.datasource import (
     RangesPartition,
@@ -220,6 +221,10 @@ def _again_on_a_new_session(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def planning(self: TxstoreStreamReader, *args: Any, **kwargs: Any) -> Any:
+        with stream_privileges(self.options.job, f"planning the stream ({method.__name__})"):
+            return again(self, *args, **kwargs)
+
+    def again(self: TxstoreStreamReader, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except psycopg.Error as e:
@@ -1035,8 +1040,12 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         receipt = Receipt(
             partition.index, run.stage, run.partition, run.query_id, run.batch_id, tuple(reads), run.run_id
         )
-        with kept_connection(self.options.database_url, _reconnect) as conn:
-            record_read(conn, self.options.job, partition.plan_id, receipt)
+        job = self.options.job
+        with (
+            stream_privileges(job, "recording a reading task's receipt"),
+            kept_connection(self.options.database_url, _reconnect) as conn,
+        ):
+            record_read(conn, job, partition.plan_id, receipt)
 
     def _messages(
         self, reader: TxstoreReader, partition: InputPartition, ranges: Sequence[OffsetRange]
