@@ -28,6 +28,7 @@ from txstore.core.errors import (
     OffsetOverlap,
     PermissionDenied,
     PublishFailed,
+    TopicRecreated,
     UnknownTopic,
 )
 from txstore.core.failpoints import FailPoints, InjectedFailure
@@ -209,6 +210,25 @@ def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
     assert planner(database_url, marks).plan(lambda: conn) != []  # no topic IDs asked: none compared
     assert planner(database_url, marks, {}).plan(lambda: conn) != []
     assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
+
+
+def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_plan_before_any_loss_is_recorded(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """A recreated topic whose new log is already trimmed past the stored offset is not an
+    aged-out range of the old one: nothing recorded as lost, the offset left, the topic ID stop."""
+    assert planner(database_url, [PartitionWatermarks("t", 0, 0, 3)], {"t": "T1"}).plan(lambda: conn)
+    db.execute("UPDATE txn_offsets SET off = 3")
+    # Not "aged out, rerun with --fail-on-data-loss false": that advice would record a loss.
+    with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
+        planner(database_url, [PartitionWatermarks("t", 0, 12, 20)], {"t": "T2"}).plan(lambda: conn)
+    recreated = planner(
+        database_url, [PartitionWatermarks("t", 0, 12, 20)], {"t": "T2"}, fail_on_data_loss=False
+    )
+    with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
+        recreated.plan(lambda: conn)
+    assert rows(db, "SELECT count(*) FROM txn_lost_ranges") == [(0,)]
+    assert offsets(db) == {("t", 0): 3}
 
 
 def test_a_starting_timestamp_is_looked_up_only_for_the_topics_first_partitions(

@@ -1569,6 +1569,27 @@ def test_with_fail_on_data_loss_false_a_stream_records_aged_out_offsets_and_coun
     assert total(db) == 5 and offsets(db) == {0: 10} and lost_rows(db) == [(0, 3, 8)]
 
 
+def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_stream_before_any_loss_is_recorded(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    """A topic deleted and recreated, its new log already trimmed past the stored offset, looks
+    like an aged-out range; it is another topic: the query stops on the topic ID with nothing
+    recorded as lost and the stored offset where it was (the reset then starts it over)."""
+    fake_kafka.topic_ids["t"] = "id-one"
+    partition = log(fake_kafka, 0, range(3))
+    reader = source(readers, database_url, failOnDataLoss="false")
+    sink = writer(database_url)
+    _, end, parts = plan(reader)
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    assert offsets(db) == {0: 3}
+    fake_kafka.topic_ids["t"] = "id-two"  # deleted and recreated, then written and trimmed
+    grow(partition, 20)
+    age_out(partition, 12)
+    with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
+        plan(reader, end)
+    assert lost_rows(db) == [] and offsets(db) == {0: 3}
+
+
 def test_a_replay_after_the_loss_was_recorded_reads_the_rest_and_records_what_aged_out_since(
     database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
 ) -> None:
