@@ -36,6 +36,7 @@ from txstore.core.ranges import (
     aged_out,
     limit_ranges,
     plan_ranges,
+    recreated_topics,
     topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
@@ -216,6 +217,10 @@ class Planner:
         """
         s = self.settings
         lost = [] if s.fail_on_data_loss else aged_out(committed, watermarks)
+        if lost and self.topic_ids_source is not None:
+            # A recreated topic's offsets are not the old one's: its topic ID stops the plan.
+            recreated = recreated_topics(self.history, self.topic_ids_source(s.kafka_conf, self.topics))
+            lost = [r for r in lost if r.topic not in recreated]
         if not lost:
             return False
         for r in store.record_lost_ranges(conn, s.job, lost):

@@ -109,11 +109,12 @@ def plan_ranges(
     Steps, per partition Kafka reports:
     1. take the committed offset (every reported partition must have one: the
        driver creates missing rows before planning);
-    2. refuse offsets Kafka no longer has (below ``low``: aged out) or never
-       had (above ``high``: the topic was recreated), never skipping silently;
-    3. refuse a partition whose stored topic ID differs from the one Kafka
+    2. refuse a partition whose stored topic ID differs from the one Kafka
        reports now (``topic_ids``; None where either is unknown):
-       :class:`~txstore.core.errors.TopicRecreated`;
+       :class:`~txstore.core.errors.TopicRecreated`, first: the new topic's
+       offsets say nothing of the old one's, so they are not judged as aged out;
+    3. refuse offsets Kafka no longer has (below ``low``: aged out) or never
+       had (above ``high``: the topic was recreated), never skipping silently;
     4. emit ``[committed, high)`` if it is not empty, with the partition's
        generation, and the last message counted to verify if Kafka can still
        hold it (its offset at or above ``low``; one compacted away is simply
@@ -138,6 +139,17 @@ def plan_ranges(
             raise KeyError(f"no committed or starting offset for {key[0]!r} partition {key[1]}")
         stored = committed[key]
         topic, partition = key
+        past = history.get(key, PartitionHistory())
+        now_id = topic_ids.get(topic)
+        if past.topic_id is not None and now_id is not None and past.topic_id != now_id:
+            raise recreated_error(
+                job,
+                topic,
+                partition,
+                f"topic ID {past.topic_id}",
+                f"topic ID {now_id}",
+                reset_command(job, topic, partition, "--to-earliest"),
+            )
         if stored > marks.high:
             raise OffsetOutOfLog(
                 f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
@@ -151,17 +163,6 @@ def plan_ranges(
                 f"below the log-start offset {marks.low}; {marks.low - stored} messages aged out "
                 "of Kafka before they were counted. To skip them and record the loss in "
                 "txn_lost_ranges, rerun with --fail-on-data-loss false"
-            )
-        past = history.get(key, PartitionHistory())
-        now_id = topic_ids.get(topic)
-        if past.topic_id is not None and now_id is not None and past.topic_id != now_id:
-            raise recreated_error(
-                job,
-                topic,
-                partition,
-                f"topic ID {past.topic_id}",
-                f"topic ID {now_id}",
-                reset_command(job, topic, partition, "--to-earliest"),
             )
         if stored < marks.high:
             last = past.last
@@ -205,6 +206,18 @@ def topic_missing_now(job: str, topic: str, servers: str, stored_partitions: int
         topic,
         servers,
     )
+
+
+def recreated_topics(
+    history: Mapping[TopicPartition, PartitionHistory], topic_ids: Mapping[str, str | None]
+) -> set[str]:
+    """The topics whose stored topic ID differs from the one Kafka reports now (deleted and
+    recreated): their offsets are the new topic's, never an aged-out range of the old one."""
+    return {
+        topic
+        for (topic, _), past in history.items()
+        if past.topic_id is not None and topic_ids.get(topic) not in (None, past.topic_id)
+    }
 
 
 def aged_out(
