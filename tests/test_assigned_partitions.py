@@ -19,6 +19,7 @@ import txstore
 from tests.conftest import produce
 from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import job_for, log_ends, offsets, totals
+from tests.test_operator_cli import txstore as txstore_cli
 from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
@@ -185,6 +186,16 @@ def test_two_jobs_splitting_a_topic_s_partitions_count_every_message_once_betwee
         assert counted == sum(produced.values())
         assert totals(db, topic, job="left") == {topic: produced[0] + produced[2]}
 
+    # Neither job is running, and each has counted all of its partitions: txstore status shows
+    # each job's own partitions only, and --check finds nothing to start (the other job's
+    # partitions are not this one's lag).
+    for job, mine in (("left", [0, 2]), ("right", [1, 3])):
+        shown = txstore_cli("status", "--job", job, "--json", url=database_url, kafka=any_kafka)
+        assert shown.returncode == 0, shown.stderr
+        assert [(r["partition"], r["lag"]) for r in json.loads(shown.stdout)] == [(p, 0) for p in mine]
+        check = txstore_cli("status", "--job", job, "--check", url=database_url, kafka=any_kafka)
+        assert (check.returncode, check.stdout.splitlines()[0]) == (0, f"OK: job {job!r}: 2 OK"), check.stdout
+
     # The batch source reads the same split: its two halves are every message, once.
     def read(assign: str) -> list[tuple[int, int]]:
         frame = (
@@ -235,3 +246,6 @@ def test_a_stream_with_assign_reads_and_commits_only_its_partitions(
     assert query.exception() is None
     assert offsets(db, topic, job="assigned") == {0: 4, 2: 6}
     assert totals(db, topic, job="assigned") == {topic: 10}
+    # Recorded for txstore status: partition 1 is not this job's to start.
+    shown = txstore_cli("status", "--job", "assigned", "--json", url=database_url, kafka=kafka)
+    assert [(r["partition"], r["lag"]) for r in json.loads(shown.stdout)] == [(0, 0), (2, 0)], shown.stderr

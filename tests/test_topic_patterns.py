@@ -37,6 +37,7 @@ from txstore.core.patterns import (
 )
 from txstore.core.ranges import PartitionWatermarks, topic_missing_now
 from txstore.core.starting import LATEST, StartingOffsets
+from txstore.core.subscription import Subscription
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.options import add_job_options, job_settings
@@ -410,6 +411,9 @@ def test_a_batch_read_with_subscribe_pattern_reads_every_matching_topic_and_noth
     }
     assert read(**job_read) == [(a, 1, 1), (b, 0, 0), (b, 0, 1), (b, 0, 2)]
     assert store.job_topics(db, "read_pattern_job") == [a]  # read-only: no row created
+    assert store.subscriptions(db, "read_pattern_job") == {  # the job's own record, not the read's
+        "read_pattern_job": Subscription("pattern", pattern=re.escape(base) + "-a")
+    }
 
 
 def txstore_register(spark: Any) -> None:
@@ -540,6 +544,22 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
         (r["topic"], r["partition"]): (r["offset"], r["log_end"], r["lag"]) for r in json.loads(status.stdout)
     }
     assert rows == {(a, 0): (5, 5, 0), (a, 1): (7, 7, 0), (b, 0): (3, 3, 0), (c, 0): (4, 4, 0)}
+
+    # A topic that starts matching while the job is down is the job's too: status shows it with
+    # no offset yet and its whole log as lag, and --check stops on it (no instance to start it).
+    d = f"{base}-d"
+    kafka.create_topic(d, 1)
+    produce(kafka.bootstrap_servers, d, {0: 2})
+    status = txstore("status", "--job", "shown_pattern_job", "--json", url=database_url, kafka=kafka)
+    assert status.returncode == 0, status.stderr
+    rows = {
+        (r["topic"], r["partition"]): (r["offset"], r["log_end"], r["lag"]) for r in json.loads(status.stdout)
+    }
+    assert rows[(d, 0)] == (None, 2, 2) and len(rows) == 5
+    check = txstore("status", "--job", "shown_pattern_job", "--check", url=database_url, kafka=kafka)
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert check.stdout.splitlines()[0] == "CRITICAL: job 'shown_pattern_job': 1 STOP, 4 OK", check.stdout
+    assert f"topic {d!r} partition 0: lag 2 and no instance of the job is running" in check.stdout
 
 
 def pattern_stream_available_now(
