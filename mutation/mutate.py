@@ -86,6 +86,7 @@ MODULES = (
             "OffsetRange",
             "PartitionHistory",
             "plan_ranges",
+            "recreated_topics",
             "aged_out",
             "limit_ranges",
             "group_ranges",
@@ -212,6 +213,36 @@ MODULES = (
         "txstore/postgres/kept.py",
         ("_answers", "_take", "kept_connection", "close_kept"),
         ("tests/test_kept_connection.py",),
+    ),
+    Module(
+        "patterns",
+        "txstore/core/patterns.py",
+        (
+            "compile_topic_pattern",
+            "matches",
+            "matching_topics",
+            "PatternTopics",
+            "resolve_pattern",
+            "joining_starts",
+        ),
+        ("tests/test_topic_patterns.py",),
+        "matches_whole or does_not_compile or flag_is_exclusive or first_run_and or one_of_subscribe "
+        "or asks_for_no_change",
+    ),
+    Module(
+        "assignment",
+        "txstore/core/assignment.py",
+        ("parse_assignment", "assigned_keys", "check_assigned_starts", "assigned_only", "_names"),
+        ("tests/test_assigned_partitions.py",),
+        "parsed_as_topics or bad_assignment or exactly_one_of or names_exactly_the_assigned "
+        "or plans_only_the_assigned or kafka_does_not_have or leaves_its_other_rows or flag_takes "
+        "or bad_assign_flag",
+    ),
+    Module(
+        "subscription",
+        "txstore/core/subscription.py",
+        ("Subscription", "subscription_of", "subscription_json", "subscription_from_json"),
+        ("tests/test_subscription.py",),
     ),
     Module(
         "bad_rows",

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.spark
 _numbers = itertools.count()
 PRIVILEGE_HINT = (
     "a job's role needs SELECT on alembic_version and SELECT, INSERT, UPDATE on txn_offsets, "
-    "txn_data and txn_lost_ranges (README: a role for jobs)"
+    "txn_data, txn_lost_ranges and txn_subscriptions (README: a role for jobs)"
 )
 
 
@@ -255,7 +255,9 @@ def test_a_role_that_may_not_move_offsets_refuses_the_range_and_commits_nothing(
     create_job_role(owner, role, password, drop=("GRANT SELECT, INSERT, UPDATE ON txn_offsets",))
     with psycopg.connect(owner, autocommit=True) as conn:  # all of it but the UPDATE that moves an offset
         conn.execute(f"GRANT SELECT, INSERT ON txn_offsets TO {role}")
-        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON txn_data, txn_lost_ranges TO {role}")
+        conn.execute(
+            f"GRANT SELECT, INSERT, UPDATE ON txn_data, txn_lost_ranges, txn_subscriptions TO {role}"
+        )
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 4})
     job = job_for(spark, kafka, role_url(owner, role, password), topic)
@@ -359,3 +361,34 @@ def test_a_stream_role_without_the_receipts_grant_stops_with_one_line_naming_the
     )
     with psycopg.connect(owner) as conn:
         assert offsets(conn) == {0: 0} and total(conn) == 0
+
+
+def test_upgrading_to_0009_grants_the_new_tables_to_the_roles_that_run_jobs_and_streams(
+    new_database: Callable[..., str],
+) -> None:
+    """A job role made as the README said before revision 0009 (no grant on txn_stream_reads,
+    which 0008 added, nor on txn_subscriptions) keeps its jobs and streams running after
+    ``txstore db upgrade``; a role that only reads gets nothing."""
+    owner = new_database(migrated=False)
+    upgrade(owner, "0008")
+    job, reader = f"txstore_job_{next(_numbers)}", f"txstore_reader_{next(_numbers)}"
+    with psycopg.connect(owner, autocommit=True) as conn:
+        for role in (job, reader):
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'x'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON txn_offsets, txn_data, txn_lost_ranges TO {job}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON txn_stream_plans TO {job}")
+        conn.execute(f"GRANT SELECT ON txn_offsets, txn_stream_plans TO {reader}")
+    upgrade(owner)
+
+    def may(role: str, table: str) -> list[str]:
+        with psycopg.connect(owner) as conn:
+            return [
+                p
+                for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
+                if conn.execute("SELECT has_table_privilege(%s, %s, %s)", (role, table, p)).fetchone()
+                == (True,)
+            ]
+
+    assert may(job, "txn_subscriptions") == ["SELECT", "INSERT", "UPDATE"]
+    assert may(job, "txn_stream_reads") == ["SELECT", "INSERT", "UPDATE", "DELETE"]
+    assert may(reader, "txn_subscriptions") == [] and may(reader, "txn_stream_reads") == []

@@ -520,7 +520,9 @@ def test_a_role_that_may_not_write_the_table_is_refused_in_one_line(
     db.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     try:
         db.execute(f"GRANT SELECT ON alembic_version TO {role}")
-        db.execute(f"GRANT SELECT, INSERT, UPDATE ON txn_offsets, txn_data, txn_lost_ranges TO {role}")
+        db.execute(
+            f"GRANT SELECT, INSERT, UPDATE ON txn_offsets, txn_data, txn_lost_ranges, txn_subscriptions TO {role}"
+        )
         db.execute(f"GRANT SELECT ON sales TO {role}")
         s = settings(kafka, pg_url(db.info.dbname, role, password), "checks", topic)
         assert refusal(spark, s, sales_table(), SALES_SQL) == [

@@ -40,6 +40,7 @@ from txstore.core.ranges import (
     topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
+from txstore.core.subscription import subscription_of
 from txstore.kafka.client import fetch_topic_names, offsets_for_times
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
@@ -72,6 +73,7 @@ class Planner:
         self.resolved: PatternTopics | None = None
         """A pattern's last resolution (None without a pattern)."""
         self._told: tuple[str, ...] | None = None  # the matched topics last logged
+        self._subscribed = False  # the job's subscription recorded (txn_subscriptions), once a run
         self.history: dict[TopicPartition, PartitionHistory] = {}
         self.backlog: dict[TopicPartition, int] = {}
         """Per partition, the last plan's log end minus committed offset (before any cap)."""
@@ -82,6 +84,11 @@ class Planner:
         s = self.settings
         try:
             conn = connection()
+            if not self._subscribed:
+                store.record_subscription(
+                    conn, s.job, subscription_of(s.topics, s.topic_pattern, s.assignment)
+                )
+                self._subscribed = True
             committed, watermarks = self._state(conn)
             # Both steps, always: a batch may start new partitions and skip aged-out offsets at once.
             started = self._start_new_partitions(conn, committed, watermarks)

@@ -74,12 +74,12 @@ class PermissionDenied(TxstoreError):
 
 PRIVILEGE_HINT = (
     "a job's role needs SELECT on alembic_version and SELECT, INSERT, UPDATE on txn_offsets, "
-    "txn_data and txn_lost_ranges (README: a role for jobs)"
+    "txn_data, txn_lost_ranges and txn_subscriptions (README: a role for jobs)"
 )
 
 STREAM_PRIVILEGE_HINT = (
     "a streaming job's role needs SELECT on alembic_version, SELECT, INSERT, UPDATE on txn_offsets, "
-    "txn_data, txn_lost_ranges and txn_stream_plans, and SELECT, INSERT, UPDATE, DELETE on "
+    "txn_data, txn_lost_ranges, txn_subscriptions and txn_stream_plans, and SELECT, INSERT, UPDATE, DELETE on "
     "txn_stream_reads (README: a role for jobs)"
 )
 

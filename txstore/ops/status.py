@@ -22,9 +22,11 @@ from txstore.core.fingerprint import Fingerprint
 from txstore.core.health import PartitionFacts
 from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
 from txstore.core.results import plain_number
-from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks
+from txstore.core.subscription import Subscription
+from txstore.kafka.client import BOOTSTRAP_ENV, fetch_topic_names, fetch_watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.topic_ids import fetch_topic_ids, message_at_last_counted
+from txstore.postgres import store
 from txstore.postgres.locks import job_running
 
 STATUS_KAFKA_TIMEOUT_SECONDS = 5.0
@@ -172,12 +174,16 @@ def status(
         {"job": job},
     ).fetchall()
     conn.commit()
+    subs = store.subscriptions(conn, job)
+    matched, unlisted = pattern_matches(kafka_conf, subs)
     marks: dict[tuple[str, int], PartitionWatermarks] = {}
     problem = None if kafka_conf else "Kafka not given (--bootstrap-servers): log offsets and lag unknown"
     gone: list[str] = []
     answered = False
-    if kafka_conf:
-        for topic in sorted({r[1] for r in rows}):
+    if unlisted:
+        problem = f"{unlisted} (log offsets and lag unknown)"
+    elif kafka_conf:
+        for topic in sorted({r[1] for r in rows} | {t for ts in matched.values() for t in ts}):
             try:
                 for found in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
                     marks[found.key] = found
@@ -189,7 +195,7 @@ def status(
         else:
             answered = True
             problem = gone_topics_problem(gone)
-    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows} | set(matched))}
     outbox = {o.job: o for o in outbox_status(conn, job)}
     result = []
     for j, topic, part, off, generation, updated, skipped in rows:
@@ -211,7 +217,7 @@ def status(
                 skipped,
             )
         )
-    new = not_started([(r[0], r[1], r[2]) for r in rows], marks) if answered else []
+    new = not_started([(r[0], r[1], r[2]) for r in rows], marks, subs, matched) if answered else []
     if new:
         bad = {
             (j, t, p): n
@@ -257,21 +263,47 @@ def gone_topics_problem(gone: Sequence[str]) -> str | None:
 
 
 def not_started(
-    stored: Iterable[tuple[str, str, int]], marks: Mapping[tuple[str, int], PartitionWatermarks]
+    stored: Iterable[tuple[str, str, int]],
+    marks: Mapping[tuple[str, int], PartitionWatermarks],
+    subs: Mapping[str, Subscription] | None = None,
+    matched: Mapping[str, Sequence[str]] | None = None,
 ) -> list[tuple[str, PartitionWatermarks]]:
-    """``(job, Kafka's partition)`` for each partition Kafka has (``marks``) in a topic a job
-    stores offsets for, that the job has no row for (``stored``: job, topic, partition)."""
+    """``(job, Kafka's partition)`` for each partition Kafka has (``marks``) that is a job's and
+    that the job has no row for (``stored``: job, topic, partition): a partition of a topic the
+    job stores offsets for, or of a topic its pattern matches now (``matched``: job -> topics).
+
+    A job with a recorded subscription (``subs``, :mod:`txstore.core.subscription`) owns only the
+    partitions it holds: a partition left out of its assignment is another job's, not one this
+    job has yet to start. A job without one owns every partition of its stored topics."""
     have = set(stored)
-    topics = {(j, t) for j, t, _ in have}
+    subs = subs or {}
+    topics = {(j, t) for j, t, _ in have} | {(j, t) for j, ts in (matched or {}).items() for t in ts}
     return sorted(
         (
             (j, w)
             for j, t in topics
             for w in marks.values()
-            if w.topic == t and (j, t, w.partition) not in have
+            if w.topic == t
+            and (j, t, w.partition) not in have
+            and (j not in subs or subs[j].holds(t, w.partition))
         ),
         key=lambda found: (found[0], found[1].topic, found[1].partition),
     )
+
+
+def pattern_matches(
+    conf: Mapping[str, Any] | None, subs: Mapping[str, Subscription]
+) -> tuple[dict[str, list[str]], str | None]:
+    """Per pattern job, the topics on Kafka its pattern matches now (one metadata request, only
+    when a job subscribes by pattern), and why there are none if Kafka did not answer."""
+    patterns = {j: sub for j, sub in subs.items() if sub.kind == "pattern"}
+    if not conf or not patterns:
+        return {}, None
+    try:
+        names = fetch_topic_names(conf, STATUS_KAFKA_TIMEOUT_SECONDS)
+    except KafkaUnavailable as e:
+        return {}, str(e)
+    return {j: [t for t in names if sub.holds(t, 0)] for j, sub in sorted(patterns.items())}, None
 
 
 def health_facts(
@@ -304,12 +336,15 @@ def health_facts(
     ).fetchall()
     now = rows[0][-1] if rows else datetime.now(UTC)
     conn.commit()
-    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows})}
+    subs = store.subscriptions(conn, job)
+    matched, unlisted = pattern_matches(kafka_conf, subs)
+    running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows} | set(matched))}
     marks: dict[tuple[str, int], PartitionWatermarks] = {}
     topic_ids: dict[str, str] = {}
     problem = None if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
-    if kafka_conf:
-        for topic in sorted({r[1] for r in rows}):
+    problem = unlisted or problem
+    if kafka_conf and problem is None:
+        for topic in sorted({r[1] for r in rows} | {t for ts in matched.values() for t in ts}):
             try:
                 for partition in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
                     marks[partition.key] = partition
@@ -347,7 +382,7 @@ def health_facts(
             )
         )
     if problem is None and kafka_conf:
-        for j, w in not_started([(r[0], r[1], r[2]) for r in rows], marks):
+        for j, w in not_started([(r[0], r[1], r[2]) for r in rows], marks, subs, matched):
             unread_since = (
                 first_unread_written(kafka_conf, w.topic, w.partition, w.low, w) if running[j] else None
             )

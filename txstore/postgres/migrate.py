@@ -25,7 +25,7 @@ from txstore.postgres.db import redact
 if TYPE_CHECKING:
     from alembic.config import Config
 
-SCHEMA_REVISION = "0008"
+SCHEMA_REVISION = "0009"
 """The Alembic head this code was written for; a test keeps it equal to the real head."""
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

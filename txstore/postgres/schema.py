@@ -216,3 +216,16 @@ txn_stream_reads = Table(
     comment="What each reading task of a streaming micro-batch read (readStream.format('txstore')): "
     "its sink commits a plan only when this query read all of it, once.",
 )
+
+txn_subscriptions = Table(
+    "txn_subscriptions",
+    metadata,
+    Column("job", Text, nullable=False),
+    # How the job names its partitions (txstore.core.subscription): {"topics": [...]},
+    # {"pattern": "..."} or {"assign": {"topic": [partitions]}}.
+    Column("subscription", JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("job"),
+    comment="How each job names what it reads (topics, a pattern, assigned partitions), recorded by its "
+    "planner: txstore status judges only the partitions that are the job's.",
+)

@@ -1,4 +1,4 @@
-"""Driver-side reads and writes of ``txn_offsets`` and ``txn_data``.
+"""Driver-side reads and writes of ``txn_offsets`` and ``txn_data`` (and ``txn_subscriptions``).
 
 Plain SQL over the tables of :mod:`txstore.postgres.schema`; one round trip per
 statement group.
@@ -10,11 +10,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange, PartitionHistory, TopicPartition
 from txstore.core.results import plain_number
 from txstore.core.starting import StartDecision
+from txstore.core.subscription import (
+    Subscription,
+    SubscriptionUnreadable,
+    subscription_from_json,
+    subscription_json,
+)
 
 LAG_SAMPLES = 5
 """How many lag samples ``txn_offsets.lag_samples`` keeps per partition (the newest)."""
@@ -42,6 +49,35 @@ def job_topics(conn: psycopg.Connection, job: str) -> list[str]:
         rows = cur.fetchall()
     conn.commit()
     return [topic for (topic,) in rows]
+
+
+def record_subscription(conn: psycopg.Connection, job: str, sub: Subscription) -> None:
+    """Record how ``job`` names its partitions (``txn_subscriptions``), in its own transaction;
+    a row that already says so is not written again."""
+    conn.execute(
+        "INSERT INTO txn_subscriptions (job, subscription) VALUES (%s, %s) "
+        "ON CONFLICT (job) DO UPDATE SET subscription = EXCLUDED.subscription, updated_at = now() "
+        "WHERE txn_subscriptions.subscription IS DISTINCT FROM EXCLUDED.subscription",
+        (job, Jsonb(subscription_json(sub))),
+    )
+    conn.commit()
+
+
+def subscriptions(conn: psycopg.Connection, job: str | None = None) -> dict[str, Subscription]:
+    """Each job's recorded subscription (of ``job``, or of all jobs); a row this txstore cannot
+    read is left out (the job is then judged as one without a record)."""
+    rows = conn.execute(
+        "SELECT job, subscription FROM txn_subscriptions WHERE %(job)s::text IS NULL OR job = %(job)s",
+        {"job": job},
+    ).fetchall()
+    conn.commit()
+    found = {}
+    for name, stored in rows:
+        try:
+            found[name] = subscription_from_json(stored)
+        except SubscriptionUnreadable:
+            continue
+    return found
 
 
 def committed_state(

@@ -131,6 +131,7 @@ from txstore.core.ranges import (
     topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
+from txstore.core.subscription import subscription_of
 from txstore.kafka.client import Watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.topic_ids import TopicIds
@@ -530,6 +531,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         # The planning methods' Kafka admin client, kept across micro-batches (as a job keeps its).
         self._kafka: Watermarks | None = None
         self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
+        self._subscribed = False  # the job's subscription recorded (txn_subscriptions), once a reader
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
         self._assignment_checked = False  # assign: its partitions checked against Kafka's, once
@@ -710,6 +712,11 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         (a row of a partition no longer assigned is kept, not planned); with ``subscribePattern``,
         of the job's topics the pattern matches."""
         read = self.options.read
+        if not self._subscribed:
+            store.record_subscription(
+                conn, self.options.job, subscription_of(read.topics, read.pattern, read.assignment)
+            )
+            self._subscribed = True
         topics: Sequence[str] = read.topics
         if read.pattern is not None:
             topics = matching_topics(re.compile(read.pattern), store.job_topics(conn, self.options.job))
