@@ -169,8 +169,10 @@ def test_the_job_lock_the_sinks_conflicts_and_starting_offsets_name_the_query() 
         assert "To plan from the stored offset, restart the query with a new checkpointLocation" in line
         assert type(for_stream(conflict)) is type(conflict)
         no_job_flags(line)
-    unknown = raised(
-        lambda: resolve_starting_offsets(StartingOffsets(specific={("t", 7): 3}), [], [("t", 0)], set())
+    unknown = raised(  # the stream source names the option it subscribes by (ReadOptions.subscribed_by)
+        lambda: resolve_starting_offsets(
+            StartingOffsets(specific={("t", 7): 3}), [], [("t", 0)], set(), subscribed="subscribe"
+        )
     )
     line = str(for_stream(unknown))
     assert line.startswith("option startingOffsets names 't' partition 7") and "(subscribe)" in line

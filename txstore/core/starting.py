@@ -234,6 +234,7 @@ def resolve_starting_offsets(
     known_partitions: Iterable[TopicPartition],
     started_topics: Collection[str] = (),
     timestamp_offsets: Mapping[TopicPartition, int] | None = None,
+    subscribed: str = "--topic",
 ) -> list[StartDecision]:
     """Decide a start offset for each partition that has no committed row.
 
@@ -251,6 +252,10 @@ def resolve_starting_offsets(
     offsets-for-times answer for the new partitions, placed by
     :func:`offset_for_time` (at most the last stable offset; -1: no message
     that late, so the partition starts at its end).
+
+    ``subscribed`` names the way the job subscribes, for the line refusing JSON that names a
+    partition Kafka does not report: ``--topic``, ``--topic-pattern`` or ``--assign`` for a job,
+    ``subscribe``, ``subscribePattern`` or ``assign`` for the data source.
     """
     known = set(known_partitions)
     unknown = sorted(k for k in starting.specific if k not in known)
@@ -258,7 +263,7 @@ def resolve_starting_offsets(
         names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
         raise ConfigError(
             f"--starting-offsets names {names}, which Kafka does not report for the job's topics; "
-            "check the topic names (--topic) and partition numbers"
+            f"check the topic names ({subscribed}) and partition numbers"
         )
     by_time = starting.timestamp_ms is None and bool(starting.timestamps)
     unknown = sorted(k for k in starting.timestamps if k not in known) if by_time else []
