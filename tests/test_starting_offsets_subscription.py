@@ -3,7 +3,8 @@ subscribes (``--topic``, ``--topic-pattern`` or ``--assign``; the data source's 
 ``subscribePattern`` or ``assign``), the setting the user should check.
 
 No Spark, no broker: the job's :class:`~txstore.planning.Planner` with Kafka's answers given, and
-the stream source called as Spark calls it over a fake of confluent-kafka (tests/fake_kafka.py);
+the data source's batch read of a ``txstore.job`` and its stream source called as Spark calls
+them over a fake of confluent-kafka (tests/fake_kafka.py);
 real PostgreSQL (one database for the module, emptied before each test, tests/fast_db.py).
 
 Kafka reports one partition of topic ``t`` (0); the JSON also names partition 7. With an
@@ -29,6 +30,7 @@ from txstore.core.starting import parse_starting_offsets
 from txstore.planning import Planner
 from txstore.postgres.db import connect
 from txstore.settings import JobSettings
+from txstore.spark.datasource import parse_read_options, plan
 from txstore.spark.stream_source import TxstoreStreamReader, stream_reader
 
 JOB = "unknown_start"
@@ -126,6 +128,34 @@ def test_a_stream_s_starting_offsets_naming_a_partition_kafka_lacks_say_to_check
     readers.append(reader)
     with pytest.raises(ConfigError) as e:
         reader.initialOffset()
+    assert str(e.value) == (
+        "option startingOffsets names 't' partition 7, which Kafka does not report for the job's topics; "
+        f"check the topic names ({option}) and partition numbers"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("subscribe", "t"), ("subscribePattern", "t"), ("assign", '{"t": [0, 7]}')]
+)
+def test_a_job_s_batch_read_refuses_starting_offsets_naming_a_partition_kafka_lacks_by_its_options(
+    fake_kafka: FakeKafka, database_url: str, db: psycopg.Connection, option: str, value: str
+) -> None:
+    """``read.format("txstore")`` with ``txstore.job`` plans as the job does: the line names the
+    read's options (startingOffsets and the one it subscribes by), not the job's flags."""
+    if option == "assign":
+        seed(db, JOB, "t", {7: 3})
+    options = parse_read_options(
+        {
+            "kafka.bootstrap.servers": "fake:9092",
+            option: value,
+            "startingOffsets": JSON,
+            "txstore.job": JOB,
+            "txstore.databaseUrl": database_url,
+        },
+        {},
+    )
+    with pytest.raises(ConfigError) as e:
+        plan(options)
     assert str(e.value) == (
         "option startingOffsets names 't' partition 7, which Kafka does not report for the job's topics; "
         f"check the topic names ({option}) and partition numbers"
