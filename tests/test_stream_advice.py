@@ -253,7 +253,7 @@ def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that
 @pytest.mark.spark
 @pytest.mark.real_kafka
 def test_a_stream_stopped_by_aged_out_messages_goes_on_with_fail_on_data_loss_false_and_records_them(
-    spark: Any,
+    any_spark: Any,
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
@@ -262,7 +262,9 @@ def test_a_stream_stopped_by_aged_out_messages_goes_on_with_fail_on_data_loss_fa
 ) -> None:
     """The first way the stop names: the same checkpoint, failOnDataLoss false. DeleteRecords on
     Apache Kafka takes offsets 3-7; the query records them in txn_lost_ranges, counts the rest once,
-    and goes on counting what comes after."""
+    and goes on counting what comes after. On classic Spark and through a Spark Connect client (the
+    source and sink on its server)."""
+    spark = any_spark
     txstore.register(spark)
     topic = new_real_topic(2, prefix="stream_skip")
     checkpoint = tmp_path / "chk"
