@@ -275,17 +275,22 @@ class FakeAdminClient:
         return 0
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        parts = {p: object() for (t, p) in self.logs if t == topic}
-        error = None if parts else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-        found = type("TopicMetadata", (), {"error": error, "partitions": parts})()
+        """One topic's metadata (an unknown one with the broker's error), or with ``topic`` None
+        every topic's (what a topic pattern is resolved against)."""
+        names = sorted({t for t, _ in self.logs}) if topic is None else [topic]
+        topics: dict[str, Any] = {}
+        for name in names:
+            parts = {p: object() for (t, p) in self.logs if t == name}
+            error = None if parts else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+            topics[name] = type("TopicMetadata", (), {"error": error, "partitions": parts})()
         if self.topic_ids:  # a controller among its brokers: DescribeTopics answers topic IDs
             return type(
                 "ClusterMetadata",
                 (),
-                {"topics": {topic: found}, "controller_id": 1, "brokers": {1: object()}},
+                {"topics": topics, "controller_id": 1, "brokers": {1: object()}},
             )()
         # No controller among its brokers: a broker that cannot answer DescribeTopics (no topic IDs).
-        return type("ClusterMetadata", (), {"topics": {topic: found}, "controller_id": -1, "brokers": {}})()
+        return type("ClusterMetadata", (), {"topics": topics, "controller_id": -1, "brokers": {}})()
 
     def describe_topics(self, topics: Any, request_timeout: float = -1) -> dict[str, Future[Any]]:
         out: dict[str, Future[Any]] = {}

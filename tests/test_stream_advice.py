@@ -169,8 +169,10 @@ def test_the_job_lock_the_sinks_conflicts_and_starting_offsets_name_the_query() 
         assert "To plan from the stored offset, restart the query with a new checkpointLocation" in line
         assert type(for_stream(conflict)) is type(conflict)
         no_job_flags(line)
-    unknown = raised(
-        lambda: resolve_starting_offsets(StartingOffsets(specific={("t", 7): 3}), [], [("t", 0)], set())
+    unknown = raised(  # the stream source names the option it subscribes by (ReadOptions.subscribed_by)
+        lambda: resolve_starting_offsets(
+            StartingOffsets(specific={("t", 7): 3}), [], [("t", 0)], set(), subscribed="subscribe"
+        )
     )
     line = str(for_stream(unknown))
     assert line.startswith("option startingOffsets names 't' partition 7") and "(subscribe)" in line
@@ -251,7 +253,7 @@ def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that
 @pytest.mark.spark
 @pytest.mark.real_kafka
 def test_a_stream_stopped_by_aged_out_messages_goes_on_with_fail_on_data_loss_false_and_records_them(
-    spark: Any,
+    any_spark: Any,
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
@@ -260,7 +262,9 @@ def test_a_stream_stopped_by_aged_out_messages_goes_on_with_fail_on_data_loss_fa
 ) -> None:
     """The first way the stop names: the same checkpoint, failOnDataLoss false. DeleteRecords on
     Apache Kafka takes offsets 3-7; the query records them in txn_lost_ranges, counts the rest once,
-    and goes on counting what comes after."""
+    and goes on counting what comes after. On classic Spark and through a Spark Connect client (the
+    source and sink on its server)."""
+    spark = any_spark
     txstore.register(spark)
     topic = new_real_topic(2, prefix="stream_skip")
     checkpoint = tmp_path / "chk"

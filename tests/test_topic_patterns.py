@@ -425,8 +425,10 @@ def txstore_register(spark: Any) -> None:
 @pytest.mark.spark
 @pytest.mark.real_kafka
 def test_a_stream_with_subscribe_pattern_counts_topics_created_while_it_runs_starting_with_none(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Any
+    any_spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Any
 ) -> None:
+    """On classic Spark and through a Spark Connect client (the source and sink on its server)."""
+    spark = any_spark
     txstore_register(spark)
     base, pattern = family("pat-stream")
     servers = real_kafka.bootstrap_servers

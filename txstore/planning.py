@@ -200,7 +200,7 @@ class Planner:
         wanted = times_to_look_up(s.starting_offsets, [w.key for w in new], started)
         by_time = offsets_for_times(s.kafka_conf, wanted) if wanted else None
         decisions = joining + resolve_starting_offsets(
-            s.starting_offsets, new, [w.key for w in watermarks], started, by_time
+            s.starting_offsets, new, [w.key for w in watermarks], started, by_time, s.subscribed_by
         )
         if not decisions:
             return False

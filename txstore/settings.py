@@ -110,6 +110,14 @@ class JobSettings:
             )
 
     @property
+    def subscribed_by(self) -> str:
+        """The flag the job subscribes by, for lines that ask to check it: ``--topic-pattern``,
+        ``--assign`` or ``--topic``."""
+        if self.topic_pattern is not None:
+            return "--topic-pattern"
+        return "--topic" if self.assignment is None else "--assign"
+
+    @property
     def pattern(self) -> re.Pattern[str] | None:
         """``topic_pattern`` compiled (None without one)."""
         return None if self.topic_pattern is None else re.compile(self.topic_pattern)

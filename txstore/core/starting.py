@@ -35,6 +35,8 @@ class StartingOffsets:
     # refuses (Spark's default for its sources' startingOffsetsByTimestampStrategy)
     no_message_at_time: str = "latest"
     time_setting: str = "--starting-timestamp"  # how the time was given, for the start lines and errors
+    # how the JSON was given (parse_starting_offsets' flag), for the line refusing a partition it names
+    setting: str = field(default="--starting-offsets", compare=False)
 
     def time_of(self, key: TopicPartition) -> int | None:
         """When ``key`` starts by time: the one time for all (``startingTimestamp``, the jobs'
@@ -201,9 +203,9 @@ def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> Start
     """
     value = text.strip()
     if value.lower() == "earliest":
-        return StartingOffsets(EARLIEST)
+        return StartingOffsets(EARLIEST, setting=flag)
     if value.lower() == "latest":
-        return StartingOffsets(LATEST)
+        return StartingOffsets(LATEST, setting=flag)
     hint = 'use earliest, latest or JSON like {"mytopic": {"0": 23, "1": -2}}'
     parsed = _json(value, flag, hint)
     if not isinstance(parsed, dict) or not parsed:
@@ -225,7 +227,7 @@ def parse_starting_offsets(text: str, flag: str = "--starting-offsets") -> Start
                     "an offset >= 0, -2 (earliest) or -1 (latest)"
                 )
             specific[(topic, partition)] = offset
-    return StartingOffsets(EARLIEST, specific)
+    return StartingOffsets(EARLIEST, specific, setting=flag)
 
 
 def resolve_starting_offsets(
@@ -234,6 +236,7 @@ def resolve_starting_offsets(
     known_partitions: Iterable[TopicPartition],
     started_topics: Collection[str] = (),
     timestamp_offsets: Mapping[TopicPartition, int] | None = None,
+    subscribed: str = "--topic",
 ) -> list[StartDecision]:
     """Decide a start offset for each partition that has no committed row.
 
@@ -251,14 +254,18 @@ def resolve_starting_offsets(
     offsets-for-times answer for the new partitions, placed by
     :func:`offset_for_time` (at most the last stable offset; -1: no message
     that late, so the partition starts at its end).
+
+    ``subscribed`` names the way the job subscribes, for the line refusing JSON that names a
+    partition Kafka does not report: ``--topic``, ``--topic-pattern`` or ``--assign`` for a job,
+    ``subscribe``, ``subscribePattern`` or ``assign`` for the data source.
     """
     known = set(known_partitions)
     unknown = sorted(k for k in starting.specific if k not in known)
     if unknown:
         names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
         raise ConfigError(
-            f"--starting-offsets names {names}, which Kafka does not report for the job's topics; "
-            "check the topic names (--topic) and partition numbers"
+            f"{starting.setting} names {names}, which Kafka does not report for the job's topics; "
+            f"check the topic names ({subscribed}) and partition numbers"
         )
     by_time = starting.timestamp_ms is None and bool(starting.timestamps)
     unknown = sorted(k for k in starting.timestamps if k not in known) if by_time else []

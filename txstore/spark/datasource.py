@@ -283,6 +283,14 @@ class ReadOptions:
         return shown(self.names, option)
 
     @property
+    def subscribed_by(self) -> str:
+        """The option the read subscribes by, as spelled (:meth:`name`), for lines that ask to
+        check it: ``subscribePattern``, ``assign`` or ``subscribe``."""
+        if self.pattern is not None:
+            return self.name("subscribePattern")
+        return self.name("subscribe" if self.assignment is None else "assign")
+
+    @property
     def kafka_conf(self) -> dict[str, Any]:
         return client_config(self.bootstrap_servers, self.kafka_options)
 
@@ -602,6 +610,7 @@ def plan_job_ranges(
     by_time: Mapping[TopicPartition, int] | None = None,
     fail_on_data_loss: bool = True,
     resolved: PatternTopics | None = None,
+    subscribed: str = "subscribe",
 ) -> list[OffsetRange]:
     """The ranges job ``job``'s next batch reads, without writing anything.
 
@@ -612,7 +621,9 @@ def plan_job_ranges(
     already reads at earliest); then :func:`~txstore.core.ranges.plan_ranges`,
     which refuses aged-out or out-of-log offsets exactly as the job does. With a pattern
     (``resolved``), a topic that started matching after the job's first run starts at earliest
-    (:func:`~txstore.core.patterns.joining_starts`).
+    (:func:`~txstore.core.patterns.joining_starts`). ``subscribed``: the option the read subscribes
+    by (:attr:`ReadOptions.subscribed_by`), named by the line refusing starting offsets JSON that
+    names a partition Kafka does not report.
     """
     new = [w for w in watermarks if w.key not in committed]
     started = {topic for topic, _ in committed}
@@ -620,7 +631,7 @@ def plan_job_ranges(
     joined = {(d.topic, d.partition) for d in joining}
     new = [w for w in new if w.key not in joined]
     decisions = joining + resolve_starting_offsets(
-        starting, new, [w.key for w in watermarks], started, by_time
+        starting, new, [w.key for w in watermarks], started, by_time, subscribed
     )
     planned = dict(committed)
     planned.update({(d.topic, d.partition): d.offset for d in decisions})
@@ -699,7 +710,14 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
         new = [w.key for w in watermarks if w.key not in committed]
         by_time = start_times(options, new, {t for t, _ in committed})
         ranges = plan_job_ranges(
-            options.job, committed, watermarks, options.starting, by_time, options.fail_on_data_loss, resolved
+            options.job,
+            committed,
+            watermarks,
+            options.starting,
+            by_time,
+            options.fail_on_data_loss,
+            resolved,
+            options.subscribed_by,
         )
         return split_ranges(ranges, options.min_partitions)
     return _plan_read(options)

@@ -102,8 +102,7 @@ _PHRASES: tuple[tuple[str, str], ...] = (
     ),
     ("check --kafka-option ssl.ca.location", "check .option('kafka.ssl.ca.location', ...)"),
     ("check --kafka-option", "check the kafka.* options"),
-    # starting offsets (txstore.core.starting)
-    ("check the topic names (--topic)", "check the topic names (subscribe)"),
+    # starting offsets (txstore.core.starting; the source names its subscribe, subscribePattern or assign)
     ("--starting-offsets JSON", "startingOffsets JSON"),
     ("--starting-offsets", "option startingOffsets"),
 )

@@ -763,8 +763,9 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             started |= {d.topic for d in joining}
         # startingTimestamp / startingOffsetsByTimestamp: Kafka's offsets-for-times, for a first start
         by_time = start_times(self.options.read, [w.key for w in new], started)
+        read = self.options.read
         return joining + resolve_starting_offsets(
-            self.options.read.starting, new, [w.key for w in watermarks], started, by_time
+            read.starting, new, [w.key for w in watermarks], started, by_time, read.subscribed_by
         )
 
     def _start_rows(
