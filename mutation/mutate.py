@@ -87,6 +87,7 @@ MODULES = (
             "PartitionHistory",
             "plan_ranges",
             "recreated_topics",
+            "topics_to_identify",
             "aged_out",
             "limit_ranges",
             "group_ranges",
@@ -225,9 +226,9 @@ MODULES = (
             "resolve_pattern",
             "joining_starts",
         ),
-        ("tests/test_topic_patterns.py",),
+        ("tests/test_topic_patterns.py", "tests/test_subscription.py"),
         "matches_whole or does_not_compile or flag_is_exclusive or first_run_and or one_of_subscribe "
-        "or asks_for_no_change",
+        "or asks_for_no_change or frozen_values",
     ),
     Module(
         "assignment",

@@ -22,7 +22,9 @@ from txstore.core.ranges import (
     aged_out,
     limit_ranges,
     plan_ranges,
+    recreated_topics,
     split_ranges,
+    topics_to_identify,
 )
 from txstore.core.starting import (
     EARLIEST,
@@ -321,3 +323,30 @@ def test_a_reset_to_a_datetime_never_moves_past_the_last_stable_offset() -> None
         "j", "t", None, {0: 0, 1: 5, 2: 10}, watermarks, ResetTarget("datetime", 1), {0: 42, 1: -1, 2: 3}
     )
     assert [(m.partition, m.new) for m in moves] == [(0, 30), (1, 40), (2, 10)]
+
+
+def test_a_topic_is_recreated_when_its_stored_id_and_kafka_s_differ_and_both_are_known() -> None:
+    history = {
+        ("a", 0): PartitionHistory(0, "A1"),
+        ("a", 1): PartitionHistory(0, "A1"),
+        ("b", 0): PartitionHistory(0, "B1"),
+        ("c", 0): PartitionHistory(0, None),
+        ("d", 0): PartitionHistory(0, "D1"),
+    }
+    assert recreated_topics(history, {"a": "A2", "b": "B1", "c": "C1", "d": None}) == {"a"}
+    assert recreated_topics(history, {}) == set()
+
+
+def test_topic_ids_are_needed_for_topics_with_a_partition_off_its_log_end_or_a_row_without_one() -> None:
+    marks = [
+        PartitionWatermarks("idle", 0, 0, 5),
+        PartitionWatermarks("busy", 0, 0, 5),
+        PartitionWatermarks("busy", 1, 0, 5),
+        PartitionWatermarks("past", 0, 0, 5),
+        PartitionWatermarks("new", 0, 0, 0),
+    ]
+    committed = {("idle", 0): 5, ("busy", 0): 5, ("busy", 1): 3, ("past", 0): 7, ("unlisted", 0): 2}
+    history = {k: PartitionHistory(0, "id") for k in committed} | {("unnamed", 0): PartitionHistory(0, None)}
+    # new: no row yet (committed None, not its end 0); unnamed: its row has no ID stored
+    assert topics_to_identify(committed, marks, history) == ("busy", "new", "past", "unnamed")
+    assert topics_to_identify({("idle", 0): 5}, marks[:1], {("idle", 0): PartitionHistory(0, "id")}) == ()

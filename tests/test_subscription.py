@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import FrozenInstanceError
+
 import psycopg
 import pytest
 
+from txstore.core.patterns import resolve_pattern
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.subscription import (
     Subscription,
@@ -35,6 +39,17 @@ def test_each_way_of_naming_partitions_holds_exactly_its_partitions() -> None:
     assert pattern.describe() == "pattern 'orders-\\\\d+'" and topics.describe() == "topics 'a', 'b'"
 
 
+def test_a_subscription_and_a_pattern_s_topics_are_frozen_values() -> None:
+    sub = subscription_of(("t",), None, {"t": (0,)})
+    with pytest.raises(FrozenInstanceError):
+        sub.kind = "topics"  # type: ignore[misc]
+    assert {sub, subscription_of(("t",), None, {"t": (0,)})} == {sub}  # hashable: equal values are one
+    resolved = resolve_pattern(re.compile("t.*"), ["t1"], [])
+    with pytest.raises(FrozenInstanceError):
+        resolved.matched = ()  # type: ignore[misc]
+    assert hash(resolved) == hash(resolve_pattern(re.compile("t.*"), ["t1"], []))
+
+
 def test_the_stored_form_reads_back_as_written_and_anything_else_is_refused() -> None:
     for sub in (
         subscription_of(("a",), None, None),
@@ -51,6 +66,9 @@ def test_the_stored_form_reads_back_as_written_and_anything_else_is_refused() ->
         {"topics": ["t"], "pattern": "t"},
         {"assign": {"t": [True]}},
         {"assign": {"t": ["0"]}},
+        {"assign": {"t": [0, "1"]}},
+        {"assign": {"t": [0], "u": "1"}},
+        {"topics": ["t", 1]},
         {"assign": [0]},
         {"queue": "t"},
         None,
