@@ -160,3 +160,54 @@ def test_a_job_s_batch_read_refuses_starting_offsets_naming_a_partition_kafka_la
         "option startingOffsets names 't' partition 7, which Kafka does not report for the job's topics; "
         f"check the topic names ({option}) and partition numbers"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("subscribe", "t"), ("subscribePattern", "t"), ("assign", '{"t": [0, 7]}')]
+)
+def test_a_stream_s_starting_times_naming_a_partition_kafka_lacks_say_to_check_the_option_it_subscribes_by(
+    fake_kafka: FakeKafka,
+    database_url: str,
+    db: psycopg.Connection,
+    readers: list[TxstoreStreamReader],
+    option: str,
+    value: str,
+) -> None:
+    if option == "assign":
+        seed(db, JOB, "t", {7: 3})
+    reader = stream_reader(
+        {
+            "kafka.bootstrap.servers": "fake:9092",
+            option: value,
+            "startingOffsetsByTimestamp": '{"t": {"0": 1000, "7": 1000}}',
+            "txstore.job": JOB,
+            "txstore.databaseUrl": database_url,
+        },
+        ROWS,
+    )
+    readers.append(reader)
+    with pytest.raises(ConfigError) as e:
+        reader.initialOffset()
+    assert str(e.value) == (
+        "option startingOffsetsByTimestamp names 't' partition 7, which Kafka does not report for the "
+        f"topics read; check the topic names ({option}) and partition numbers"
+    )
+
+
+def test_a_plain_batch_read_s_starting_times_naming_a_partition_kafka_lacks_name_its_option(
+    fake_kafka: FakeKafka,
+) -> None:
+    options = parse_read_options(
+        {
+            "kafka.bootstrap.servers": "fake:9092",
+            "subscribePattern": "t",
+            "startingOffsetsByTimestamp": '{"t": {"0": 1000, "7": 1000}}',
+        },
+        {},
+    )
+    with pytest.raises(ConfigError) as e:
+        plan(options)
+    assert str(e.value) == (
+        "option startingOffsetsByTimestamp names 't' partition 7, which Kafka does not report for the "
+        "topics read; check the topic names (subscribePattern) and partition numbers"
+    )
