@@ -273,7 +273,7 @@ def resolve_starting_offsets(
         names = ", ".join(f"{t!r} partition {p}" for t, p in unknown)
         raise ConfigError(
             f"{starting.time_setting} names {names}, which Kafka does not report for the topics read; "
-            "check the topic names and partition numbers"
+            f"check the topic names ({subscribed}) and partition numbers"
         )
     new_partitions = sorted(new_partitions, key=lambda m: m.key)
     left_out = [

@@ -582,7 +582,12 @@ def plan_read_ranges(
     if options.starting.timestamp_ms is not None or options.starting.timestamps:
         # Where the partitions start by time, as a job's first run would start them.
         decisions = resolve_starting_offsets(
-            replace(options.starting, specific={}), watermarks, known, (), by_time or {}
+            replace(options.starting, specific={}),
+            watermarks,
+            known,
+            (),
+            by_time or {},
+            options.subscribed_by,
         )
         timed = {(d.topic, d.partition): d.offset for d in decisions}
     ranges = []
