@@ -105,13 +105,23 @@ def readers() -> Iterator[list[TxstoreStreamReader]]:
 @pytest.mark.parametrize(
     ("option", "value"), [("subscribe", "t"), ("subscribePattern", "t"), ("assign", '{"t": [0, 7]}')]
 )
-def test_a_stream_s_starting_offsets_naming_a_partition_kafka_lacks_say_to_check_the_option_it_subscribes_by(
+@pytest.mark.parametrize(
+    ("setting", "given", "whose"),
+    [
+        ("startingOffsets", JSON, "the job's topics"),
+        ("startingOffsetsByTimestamp", '{"t": {"0": 1000, "7": 1000}}', "the topics read"),
+    ],
+)
+def test_a_stream_s_starting_offsets_or_times_naming_a_partition_kafka_lacks_say_to_check_the_option_it_subscribes_by(
     fake_kafka: FakeKafka,
     database_url: str,
     db: psycopg.Connection,
     readers: list[TxstoreStreamReader],
     option: str,
     value: str,
+    setting: str,
+    given: str,
+    whose: str,
 ) -> None:
     if option == "assign":
         seed(db, JOB, "t", {7: 3})
@@ -119,7 +129,7 @@ def test_a_stream_s_starting_offsets_naming_a_partition_kafka_lacks_say_to_check
         {
             "kafka.bootstrap.servers": "fake:9092",
             option: value,
-            "startingOffsets": JSON,
+            setting: given,
             "txstore.job": JOB,
             "txstore.databaseUrl": database_url,
         },
@@ -129,7 +139,7 @@ def test_a_stream_s_starting_offsets_naming_a_partition_kafka_lacks_say_to_check
     with pytest.raises(ConfigError) as e:
         reader.initialOffset()
     assert str(e.value) == (
-        "option startingOffsets names 't' partition 7, which Kafka does not report for the job's topics; "
+        f"option {setting} names 't' partition 7, which Kafka does not report for {whose}; "
         f"check the topic names ({option}) and partition numbers"
     )
 
@@ -159,38 +169,6 @@ def test_a_job_s_batch_read_refuses_starting_offsets_naming_a_partition_kafka_la
     assert str(e.value) == (
         "option startingOffsets names 't' partition 7, which Kafka does not report for the job's topics; "
         f"check the topic names ({option}) and partition numbers"
-    )
-
-
-@pytest.mark.parametrize(
-    ("option", "value"), [("subscribe", "t"), ("subscribePattern", "t"), ("assign", '{"t": [0, 7]}')]
-)
-def test_a_stream_s_starting_times_naming_a_partition_kafka_lacks_say_to_check_the_option_it_subscribes_by(
-    fake_kafka: FakeKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    readers: list[TxstoreStreamReader],
-    option: str,
-    value: str,
-) -> None:
-    if option == "assign":
-        seed(db, JOB, "t", {7: 3})
-    reader = stream_reader(
-        {
-            "kafka.bootstrap.servers": "fake:9092",
-            option: value,
-            "startingOffsetsByTimestamp": '{"t": {"0": 1000, "7": 1000}}',
-            "txstore.job": JOB,
-            "txstore.databaseUrl": database_url,
-        },
-        ROWS,
-    )
-    readers.append(reader)
-    with pytest.raises(ConfigError) as e:
-        reader.initialOffset()
-    assert str(e.value) == (
-        "option startingOffsetsByTimestamp names 't' partition 7, which Kafka does not report for the "
-        f"topics read; check the topic names ({option}) and partition numbers"
     )
 
 
