@@ -119,6 +119,7 @@ class FakeConsumer:
         self.watermark_timeouts: list[float] = []
         self.watermarks_cached: list[bool] = []
         self.consumed: list[int] = []  # num_messages of every consume()
+        self.paused: list[tuple[str, int]] = []  # every partition pause()d
         self.closed = False
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
@@ -136,6 +137,12 @@ class FakeConsumer:
 
     def unassign(self) -> None:
         self.position = {}
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Nothing more from these partitions (until the next assign)."""
+        self.paused += [(tp.topic, tp.partition) for tp in partitions]
+        for tp in partitions:
+            self.position.pop((tp.topic, tp.partition), None)
 
     def close(self) -> None:
         self.closed = True

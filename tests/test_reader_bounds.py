@@ -8,6 +8,7 @@ check the same against a Kafka-protocol broker."""
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -21,7 +22,7 @@ from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.core.results import TOPIC_TOTAL, ResultKey
 from txstore.kafka.bad_messages import aggregate_range
 from txstore.kafka.reader import LAST_MESSAGE_LOOKBACK, RangeReader, _out_of_range, last_messages
-from txstore.kafka.topic_ids import message_at_last_counted, read_message_at
+from txstore.kafka.topic_ids import message_at_last_counted, messages_at_last_counted, read_message_at
 
 CONF = {"bootstrap.servers": "fake:9092"}
 
@@ -350,6 +351,61 @@ def test_the_message_at_an_offset_or_none_for_a_hole(fake_kafka: FakeKafka) -> N
     assert message_at_last_counted(CONF, "t", 0, last, None) is None
     assert message_at_last_counted(CONF, "t", 0, Fingerprint(0, 0, "x"), marks) is None  # below the log start
     assert message_at_last_counted(CONF, "t", 0, Fingerprint(5, 0, "x"), marks) is None  # at the log end
+
+
+def test_the_messages_at_many_partitions_last_counted_offsets_are_read_by_one_consumer(
+    fake_kafka: FakeKafka,
+) -> None:
+    """What status --check and reset compare on a thousand partitions, in one consumer: the message
+    at each last-counted offset, None for a hole there, one the log no longer holds, none counted."""
+    logs = [fake_kafka.add(FakeLog.of("t", p, [0, 1, 3, 4], high=5)) for p in range(4)]
+    fake_kafka.add(FakeLog.of("u", 0, range(3)))
+    marks = {p: PartitionWatermarks("t", p, 1, 5) for p in range(4)}
+    wanted = [
+        ("t", 0, fingerprint(logs[0].messages[1]), marks[0]),  # there: compared
+        ("t", 1, Fingerprint(2, 0, "x"), marks[1]),  # a hole (a marker): the next message is not it
+        ("t", 2, Fingerprint(0, 0, "x"), marks[2]),  # below the log start: not read
+        ("t", 3, None, marks[3]),  # nothing counted yet
+        ("u", 0, Fingerprint(2, 0, "x"), PartitionWatermarks("u", 0, 0, 3)),
+        ("v", 0, Fingerprint(0, 0, "x"), None),  # no watermarks (a topic gone): not read
+    ]
+    found = messages_at_last_counted(CONF, wanted)
+    assert found == {
+        ("t", 0): fingerprint(logs[0].messages[1]),
+        ("t", 1): None,
+        ("t", 2): None,
+        ("t", 3): None,
+        ("u", 0): fingerprint(fake_kafka.logs[("u", 0)].messages[2]),
+        ("v", 0): None,
+    }
+    for t, p, last, m in wanted:  # the same answers as one read each
+        assert found[(t, p)] == message_at_last_counted(CONF, t, p, last, m)
+    consumer = fake_kafka.consumers[0]
+    assert sorted(consumer.assigned_at) == [("t", 0, 1), ("t", 1, 2), ("u", 0, 2)] and consumer.closed
+    assert messages_at_last_counted(CONF, []) == {}
+
+
+def test_a_partition_that_never_answers_the_many_partitions_read_is_one_line_in_bounded_time(
+    fake_kafka: FakeKafka,
+) -> None:
+    fake_kafka.add(FakeLog.of("t", 0, range(3)))
+    silent = fake_kafka.add(FakeLog.of("t", 1, range(5), visible_ends=[3] * 10_000))
+    silent.eof_never = True  # the message at offset 3 never comes, nor the end of the log
+    started = time.monotonic()
+    with pytest.raises(KafkaReadError) as e:
+        messages_at_last_counted(
+            CONF,
+            [
+                ("t", 0, Fingerprint(1, 0, "x"), PartitionWatermarks("t", 0, 0, 3)),
+                ("t", 1, Fingerprint(3, 0, "x"), PartitionWatermarks("t", 1, 0, 5)),
+            ],
+            timeout=0.3,
+        )
+    assert time.monotonic() - started < 5
+    assert str(e.value).endswith(
+        "for 0.3s while reading the last counted messages of 1 partitions (first: 't' partition 1 at "
+        "offset 3); is the broker up?"
+    )
 
 
 # Bad messages found by reading the range again.
