@@ -8,15 +8,19 @@ answers DescribeTopics), yields no ID, and a job asks such a broker only once.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 
+from txstore.core.errors import KafkaReadError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin
-from txstore.kafka.reader import RangeReader
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin, _servers, reader_config
+from txstore.kafka import reader as kafka_reader
+from txstore.kafka.reader import RangeReader, _out_of_range
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic
@@ -107,3 +111,67 @@ def message_at_last_counted(
     if last is None or marks is None or not marks.low <= last.offset < marks.high:
         return None
     return read_message_at(conf, topic, partition, last.offset, timeout)
+
+
+def messages_at_last_counted(
+    conf: Mapping[str, Any],
+    wanted: Sequence[tuple[str, int, Fingerprint | None, PartitionWatermarks | None]],
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+) -> dict[tuple[str, int], Fingerprint | None]:
+    """:func:`message_at_last_counted` of many partitions (topic, partition, last counted, watermarks)
+    at once, with one consumer: what ``status --check`` and ``reset`` compare on a thousand
+    partitions (one read each took about 55 ms: a minute at 1,024).
+
+    Steps: assign every partition whose log still holds its last-counted offset at that offset;
+    consume until each has given its first message (the one at the offset, or a later one when
+    that offset is a transaction marker or was compacted away: None), reached its end (None), or
+    said it is out of range (None); a partition that has answered is paused. No answer from a
+    partition for ``timeout`` seconds raises :class:`KafkaReadError` in one line."""
+    found: dict[tuple[str, int], Fingerprint | None] = {(t, p): None for t, p, _, _ in wanted}
+    pending = {
+        (t, p): last.offset
+        for t, p, last, marks in wanted
+        if last is not None and marks is not None and marks.low <= last.offset < marks.high
+    }
+    if not pending:
+        return found
+    settings = reader_config(conf)
+    consumer = kafka_reader.Consumer(settings)  # its own: paused partitions stay with it
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
+        progress = time.monotonic()
+        while pending:
+            batch = consumer.consume(min(len(pending) * 4, 10_000), min(1.0, timeout))
+            if not batch and time.monotonic() - progress > timeout:
+                (t, p), o = next(iter(sorted(pending.items())))
+                raise KafkaReadError(
+                    f"no data from Kafka at {_servers(settings)} for {timeout:g}s while reading the last "
+                    f"counted messages of {len(pending)} partitions (first: {t!r} partition {p} at offset "
+                    f"{o}); is the broker up?"
+                )
+            answered = []
+            for m in batch:
+                key = (str(m.topic()), int(m.partition() or 0))
+                if key not in pending:
+                    continue
+                error = m.error()
+                if (
+                    error is not None
+                    and error.code() != KafkaError._PARTITION_EOF
+                    and not _out_of_range(error)
+                ):
+                    raise KafkaReadError(
+                        f"reading the last counted message of {key[0]!r} partition {key[1]} at offset "
+                        f"{pending[key]} from Kafka at {_servers(settings)}: {error.str()}"
+                    )
+                if error is None and m.offset() == pending[key]:
+                    found[key] = fingerprint(m)
+                del pending[key]
+                answered.append(TopicPartition(*key))
+            if answered:
+                progress = time.monotonic()
+                consumer.pause(answered)
+    finally:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            consumer.close()
+    return found

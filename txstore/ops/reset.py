@@ -18,7 +18,7 @@ from txstore.core.errors import KafkaUnavailable, TxstoreError, UnknownTopic
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import PartitionWatermarks
 from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks, offsets_for_timestamp
-from txstore.kafka.topic_ids import fetch_topic_ids, message_at_last_counted
+from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
 from txstore.ops.reset_plan import ResetMove, ResetTarget, plan_forget, plan_reset
 from txstore.postgres import store
 from txstore.postgres.locks import lock_job_for_reset
@@ -54,9 +54,10 @@ def plan_job_reset(
         watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic])}
         topic_id = fetch_topic_ids(kafka_conf, [topic]).get(topic)
         chosen = partitions or sorted(watermarks)
-        for p in chosen:
-            last = past[p].last if p in past else None
-            found[p] = message_at_last_counted(kafka_conf, topic, p, last, watermarks.get(p))
+        at_last = messages_at_last_counted(
+            kafka_conf, [(topic, p, past[p].last if p in past else None, watermarks.get(p)) for p in chosen]
+        )
+        found.update({p: at_last[(topic, p)] for p in chosen})
         if target.kind == "datetime":
             assert target.value is not None
             result = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)

@@ -25,7 +25,7 @@ from txstore.core.results import plain_number
 from txstore.core.subscription import Subscription
 from txstore.kafka.client import BOOTSTRAP_ENV, fetch_topic_names, fetch_watermarks
 from txstore.kafka.reader import RangeReader
-from txstore.kafka.topic_ids import fetch_topic_ids, message_at_last_counted
+from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
 
@@ -355,15 +355,28 @@ def health_facts(
                 break
             topic_ids.update(fetch_topic_ids(kafka_conf, [topic]))
     facts = []
-    for j, topic, part, off, updated, generation, topic_id, last_off, last_ts, digest, samples, _ in rows:
-        last = Fingerprint(last_off, last_ts, digest) if last_off is not None and digest is not None else None
+    lasts = {
+        (r[0], r[1], r[2]): Fingerprint(r[7], r[8], r[9]) if r[7] is not None and r[9] is not None else None
+        for r in rows
+    }
+    at_last: dict[tuple[str, str, int], Fingerprint | None] = {}
+    if problem is None and kafka_conf:  # one consumer per job for all its partitions (a thousand)
+        for job_name in sorted({r[0] for r in rows}):
+            wanted = [(t, p, last, marks.get((t, p))) for (j, t, p), last in lasts.items() if j == job_name]
+            found_now = messages_at_last_counted(kafka_conf, wanted, STATUS_KAFKA_TIMEOUT_SECONDS)
+            at_last.update({(job_name, t, p): f for (t, p), f in found_now.items()})
+    for j, topic, part, off, updated, generation, topic_id, _, _, _, samples, _ in rows:
+        last = lasts[(j, topic, part)]
         w = marks.get((topic, part))
-        found = None
+        found = at_last.get((j, topic, part))
         unread_since = None
-        if problem is None and kafka_conf:
-            found = message_at_last_counted(kafka_conf, topic, part, last, w, STATUS_KAFKA_TIMEOUT_SECONDS)
-            if running[j] and (stall_after is None or now - updated > stall_after):
-                unread_since = first_unread_written(kafka_conf, topic, part, off, w)
+        if (
+            problem is None
+            and kafka_conf
+            and running[j]
+            and (stall_after is None or now - updated > stall_after)
+        ):
+            unread_since = first_unread_written(kafka_conf, topic, part, off, w)
         facts.append(
             PartitionFacts(
                 j,
