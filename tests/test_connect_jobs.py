@@ -44,7 +44,7 @@ from txstore.job import JobSettings, TransactionalJob
 from txstore.postgres.outbox import close_producers, pending_count
 from txstore.spark.deltas import dataframe_deltas
 from txstore.spark.range_task import COMMITTED
-from txstore.spark.sessions import is_connect
+from txstore.spark.runtime.sessions import is_connect
 from txstore.spark.tasks import default_parallelism, read_ranges, run_ranges, task_groups
 from txstore.testing.mock_kafka import MockKafkaCluster
 

@@ -28,7 +28,7 @@ from txstore.settings import PER_BATCH
 from txstore.spark.arrow import arrow_schema
 from txstore.spark.range_counts import MARKER, CountChannel, _PieceCounts, observations_merge, range_messages
 from txstore.spark.range_task import COMMITTED
-from txstore.spark.sessions import is_connect
+from txstore.spark.runtime.sessions import is_connect
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 # -- without servers ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ CHILD = """
 import gc, time
 import pyarrow, psycopg, confluent_kafka
 import txstore.spark.stream_sink, txstore.spark.stream_source
-from txstore.spark.worker_heap import freeze_once
+from txstore.spark.runtime.worker_heap import freeze_once
 
 assert gc.get_freeze_count() == 0
 before = len(gc.get_objects())

@@ -10,8 +10,8 @@ reading tasks (:mod:`~txstore.spark.pushdown`), finding the message a results ta
 (:mod:`~txstore.spark.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
 and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.datasource`,
 :mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) shipping txstore to executors
-(:mod:`~txstore.spark.pyfiles`), and a reused Python worker's heap frozen once
-(:mod:`~txstore.spark.worker_heap`).
+(:mod:`~txstore.spark.runtime.pyfiles`), and a reused Python worker's heap frozen once
+(:mod:`~txstore.spark.runtime.worker_heap`).
 
 Everything runs on classic Spark and Spark Connect alike (DataFrames and ``mapInArrow``,
 no RDD, no ``sparkContext`` except behind ``is_connect``).

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from txstore.core.ranges import OffsetRange, TopicPartition
-from txstore.spark.sessions import is_connect
+from txstore.spark.runtime.sessions import is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa

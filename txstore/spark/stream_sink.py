@@ -10,12 +10,12 @@ micro-batch:
 
 - creating the writer (a Python planner worker of the driver, when Spark plans each
   micro-batch's write before any task reads, and again for its commit; the first in a worker
-  freezes its heap, :mod:`~txstore.spark.worker_heap`): with a results table, :func:`check_table_query` refuses what could not be merged
+  freezes its heap, :mod:`~txstore.spark.runtime.worker_heap`): with a results table, :func:`check_table_query` refuses what could not be merged
   exactly once: a column that would round, a collation or time zone that would merge two keys
   (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
   rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
 - ``write(iterator)`` (each task; the first in a Python worker freezes its heap,
-  :mod:`~txstore.spark.worker_heap`): counts its rows per ``topic`` (``txn_data`` topic totals, as
+  :mod:`~txstore.spark.runtime.worker_heap`): counts its rows per ``topic`` (``txn_data`` topic totals, as
   ``count_topic``), or adds their ``txstore_messages`` when the source counted them
   (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
   columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
@@ -86,10 +86,10 @@ from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan, load_reads, stream_privileges
 from txstore.spark.range_task import task_run
+from txstore.spark.runtime.worker_heap import freeze_once
+from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.stream_advice import restating
 from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
-from txstore.spark.worker_heap import freeze_once
-from txstore.spark.worker_log import worker_info_to_stderr
 
 log = logging.getLogger("txstore")
 

@@ -63,7 +63,7 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
   per task when the source was registered otherwise);
 - ``read(partition)`` (the first in a Python worker freezes its heap,
-  :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried
+  :mod:`~txstore.spark.runtime.worker_heap`): the task's ranges in their planned order (a retried
   task gets the same pickled partition, so it reads the same messages), through the batch
   source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
   row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`): as the
@@ -158,14 +158,14 @@ from txstore.spark.datasource import (
     start_times,
 )
 from txstore.spark.range_task import task_attempt, task_run
+from txstore.spark.runtime.worker_heap import freeze_once
+from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.stream_advice import restated_rows, restating
 from txstore.spark.stream_options import (
     COUNT_SCHEMA,
     StreamOptions,
     parse_stream_options,
 )
-from txstore.spark.worker_heap import freeze_once
-from txstore.spark.worker_log import worker_info_to_stderr
 
 log = logging.getLogger("txstore")
 

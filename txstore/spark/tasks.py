@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange, TopicPartition, group_ranges
 from txstore.kafka.reader import RangeReader
-from txstore.spark.sessions import is_connect
+from txstore.spark.runtime.sessions import is_connect
+from txstore.spark.runtime.worker_heap import freeze_once
 from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
-from txstore.spark.worker_heap import freeze_once
 
 if TYPE_CHECKING:
     from txstore.spark.pushdown import PartialCount
