@@ -187,7 +187,7 @@ def test_a_dataframe_aggregate_commits_exact_counts(
         any_spark, s, dataframe_aggregate=per_key_and_minute, read_columns=read_columns
     ) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-        # None: the columns its optimized plan uses (txstore.spark.used_columns), in the source's order.
+        # None: the columns its optimized plan uses (txstore.spark.source.used_columns), in the source's order.
         assert job.read_columns == (read_columns or ("key", "topic", "timestamp"))
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total

@@ -25,10 +25,10 @@ from txstore import ResultsTable, TransactionalJob
 from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings
 from txstore.settings import PER_BATCH
-from txstore.spark.arrow import arrow_schema
 from txstore.spark.range_counts import MARKER, CountChannel, _PieceCounts, observations_merge, range_messages
 from txstore.spark.range_task import COMMITTED
 from txstore.spark.runtime.sessions import is_connect
+from txstore.spark.source.arrow import arrow_schema
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 # -- without servers ------------------------------------------------------------------------

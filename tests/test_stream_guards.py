@@ -68,7 +68,7 @@ from txstore.postgres.stream_plans import (
     save_plan,
     tasks_of,
 )
-from txstore.spark.datasource import plan_job_ranges, plan_read_ranges
+from txstore.spark.source.datasource import plan_job_ranges, plan_read_ranges
 from txstore.spark.stream_options import parse_count_messages, parse_stream_options, parse_tasks
 from txstore.spark.stream_sink import (
     TableRows,

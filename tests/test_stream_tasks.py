@@ -24,7 +24,7 @@ from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_streaming import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
-from txstore.spark.datasource import RangesPartition
+from txstore.spark.source.datasource import RangesPartition
 from txstore.spark.source_format import registered_source
 from txstore.spark.stream_options import parse_stream_options
 from txstore.spark.stream_sink import _count_topics

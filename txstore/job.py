@@ -84,8 +84,8 @@ from txstore.settings import (
     DataFrameAggregate,
     JobSettings,
 )
-from txstore.spark.pushdown import PartialCount
 from txstore.spark.range_task import REFUSED, Aggregate
+from txstore.spark.source.pushdown import PartialCount
 from txstore.spark.tasks import spark_failure_reason
 
 __all__ = [
@@ -144,13 +144,13 @@ class TransactionalJob:
         header. The query is checked against them before the first batch reads anything:
         a column left out is one line (:class:`ConfigError`). Default: the columns Spark's
         optimized plan of the query uses, found once before the first batch
-        (:mod:`txstore.spark.used_columns`; all of them when the plan cannot tell). Declare all
+        (:mod:`txstore.spark.source.used_columns`; all of them when the plan cannot tell). Declare all
         of them to read every column.
 
         ``push_down_counts``: a ``dataframe_aggregate`` that is only counts grouped by
         Kafka-source columns (``df.groupBy("topic", "key").count()``) is counted in part by
         the tasks that read the messages, with pyarrow, so Spark gets about one row per group and
-        task instead of one per message (:mod:`txstore.spark.pushdown`: found once before the
+        task instead of one per message (:mod:`txstore.spark.source.pushdown`: found once before the
         first batch and kept only if the result's columns are the same). False: run the
         aggregate as written.
 

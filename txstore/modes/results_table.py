@@ -62,10 +62,10 @@ from txstore.postgres.sink import classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.settings import JobSettings
 from txstore.spark.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure, without
-from txstore.spark.probing import QueryRefused, analysed_fields
-from txstore.spark.pushdown import PartialCount, batch_frame
 from txstore.spark.range_counts import RangeCounts
 from txstore.spark.range_task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
+from txstore.spark.source.probing import QueryRefused, analysed_fields
+from txstore.spark.source.pushdown import PartialCount, batch_frame
 from txstore.spark.tasks import job_description, read_ranges
 
 log = logging.getLogger("txstore")
@@ -83,7 +83,8 @@ class ResultsTableMode:
     connection: DriverConnection
     number: int  # the batch's, for error lines
     read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
-    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.spark.pushdown)
+    # counted in part by the reading tasks (txstore.spark.source.pushdown)
+    pushdown: PartialCount | None = None
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -268,7 +269,7 @@ def query_columns(
     spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str] | None = None
 ) -> list[tuple[str, str]]:
     """The aggregate's output columns as (name, Spark type), from its plan over an empty batch
-    (of ``read_columns`` only, if given; :func:`~txstore.spark.probing.analysed_fields`: nothing is
+    (of ``read_columns`` only, if given; :func:`~txstore.spark.source.probing.analysed_fields`: nothing is
     read). A query Spark refuses is one line."""
     try:
         fields = analysed_fields(spark, aggregate, read_columns)

@@ -1,5 +1,5 @@
 """``format("txstore")``: the one data source Spark registers, for batch reads
-(:mod:`txstore.spark.datasource`), stream reads (:mod:`txstore.spark.stream_source`) and the
+(:mod:`txstore.spark.source.datasource`), stream reads (:mod:`txstore.spark.stream_source`) and the
 exactly-once stream sink (:mod:`txstore.spark.stream_sink`).
 
 Apart from both so that the stream side can build on the batch side without either importing
@@ -18,7 +18,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
-from txstore.spark.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
+from txstore.spark.source.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
 from txstore.spark.stream_options import (
     COUNT_MESSAGES_OPTION,
     COUNT_SCHEMA,
@@ -42,7 +42,7 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         return FORMAT
 
     def schema(self) -> Any:
-        from txstore.spark.source_columns import kafka_source_schema
+        from txstore.spark.source.source_columns import kafka_source_schema
 
         # A bad option fails at load(), not at the action; the stream-only options are checked by
         # streamReader (txstore.spark.stream_source), and refused by reader() for a batch read.

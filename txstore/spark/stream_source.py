@@ -24,7 +24,7 @@ hands the ranges it planned to the sink through ``txn_stream_plans``
 (:mod:`txstore.postgres.stream_plans`); the sink commits them with the
 batch's results in one transaction.
 
-Source options: those of the batch source (:mod:`txstore.spark.datasource`) except
+Source options: those of the batch source (:mod:`txstore.spark.source.datasource`) except
 ``endingOffsets`` (``minPartitions`` cuts a micro-batch's big ranges into pieces, each read by
 its own task; the sink commits each range whole), plus ``maxOffsetsPerTrigger``,
 ``txstore.countMessages`` and ``txstore.tasks``; ``txstore.job`` is
@@ -56,7 +56,7 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   planned before a restart. The planned ranges are stored in
   ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
   where the sink finds them. They become Spark's input partitions
-  (:class:`~txstore.spark.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
+  (:class:`~txstore.spark.source.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
   each while there are no more ranges than ``txstore.tasks``, else ``txstore.tasks`` runs of
   neighbouring ranges. Each task of a Python source feeding a Python sink takes two Python
   workers, so a task per core, not per range, is what a micro-batch of many partitions pays.
@@ -151,15 +151,15 @@ from txstore.postgres.stream_plans import (
     save_plan,
     stream_privileges,
 )
-from txstore.spark.datasource import (
+from txstore.spark.range_task import task_attempt, task_run
+from txstore.spark.runtime.worker_heap import freeze_once
+from txstore.spark.runtime.worker_log import worker_info_to_stderr
+from txstore.spark.source.datasource import (
     RangesPartition,
     TxstoreReader,
     partition_ranges,
     start_times,
 )
-from txstore.spark.range_task import task_attempt, task_run
-from txstore.spark.runtime.worker_heap import freeze_once
-from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.stream_advice import restated_rows, restating
 from txstore.spark.stream_options import (
     COUNT_SCHEMA,

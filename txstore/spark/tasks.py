@@ -32,11 +32,11 @@ from txstore.core.ranges import OffsetRange, TopicPartition, group_ranges
 from txstore.kafka.reader import RangeReader
 from txstore.spark.runtime.sessions import is_connect
 from txstore.spark.runtime.worker_heap import freeze_once
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 
 if TYPE_CHECKING:
-    from txstore.spark.pushdown import PartialCount
     from txstore.spark.range_counts import CountChannel, RangeCounts
+    from txstore.spark.source.pushdown import PartialCount
 
 T = TypeVar("T")
 
@@ -192,11 +192,12 @@ class _RangeBatches:
     job: str = ""
     ends: Mapping[OffsetRange, Fingerprint] = field(default_factory=dict)  # a range's expected last
     columns: Sequence[str] = KAFKA_SOURCE_COLUMNS
-    partial: PartialCount | None = None  # the task's counts per group (txstore.spark.pushdown), not messages
+    # the task's counts per group (txstore.spark.source.pushdown), not messages
+    partial: PartialCount | None = None
     counts: CountChannel | None = None  # each range's messages handed back (txstore.spark.range_counts)
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from txstore.spark.arrow import arrow_schema, coalesce
+        from txstore.spark.source.arrow import arrow_schema, coalesce
 
         freeze_once()
         read = arrow_schema(self.columns)
@@ -207,7 +208,7 @@ class _RangeBatches:
         out: Iterable[Any] = joined
         handed = read
         if self.partial is not None:
-            from txstore.spark.pushdown import partial_arrow_schema, task_counts
+            from txstore.spark.source.pushdown import partial_arrow_schema, task_counts
 
             out, handed = task_counts(joined, self.partial), partial_arrow_schema(self.partial)
         if self.counts is None:
@@ -216,7 +217,7 @@ class _RangeBatches:
             yield from self.counts.handed_back(out, handed, counted)
 
     def _read(self, offset_range: OffsetRange, schema: Any, counted: dict[OffsetRange, int]) -> Iterator[Any]:
-        from txstore.spark.arrow import record_batches
+        from txstore.spark.source.arrow import record_batches
 
         # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
         reader = RangeReader(
@@ -259,7 +260,7 @@ def read_ranges(
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns (``columns``:
     only those, in that order; nothing else is built, nor sent to Spark). ``partial``: instead,
-    each task's counts per group (:mod:`txstore.spark.pushdown`; ``columns`` are ignored).
+    each task's counts per group (:mod:`txstore.spark.source.pushdown`; ``columns`` are ignored).
 
     One Spark partition per task of :func:`spark_tasks` (``mapInArrow`` over
     :func:`_one_task_per_group`, so classic and Spark Connect alike; each
@@ -278,7 +279,7 @@ def read_ranges(
     chosen = tuple(columns) if columns is not None else KAFKA_SOURCE_COLUMNS
     schema = kafka_source_schema(chosen)
     if partial is not None:
-        from txstore.spark.pushdown import partial_schema
+        from txstore.spark.source.pushdown import partial_schema
 
         chosen, schema = partial.read_columns(), partial_schema(partial)
     if not ranges:
