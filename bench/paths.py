@@ -45,7 +45,7 @@ from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.postgres import store
 from txstore.postgres.db import connect
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS
 
 PER_RANGE = "per-range"

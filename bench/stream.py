@@ -73,7 +73,7 @@ from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres import store
 from txstore.postgres.db import connect, redact
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.spark.source_format import register
 
 PER_RANGE = "per-range"

@@ -215,7 +215,7 @@ MODULES = (
     ),
     Module(
         "bad_rows",
-        "txstore/spark/bad_rows.py",
+        "txstore/spark/ranges/bad_rows.py",
         ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),
         ("tests/test_bad_rows.py",),
     ),

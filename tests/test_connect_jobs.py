@@ -42,10 +42,10 @@ from txstore.core.results import GRAIN_KEY, GRAIN_KEY_WINDOW, ResultKey
 from txstore.count_topic import CountMessages, count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.postgres.outbox import close_producers, pending_count
-from txstore.spark.deltas import dataframe_deltas
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.deltas import dataframe_deltas
+from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.ranges.tasks import default_parallelism, read_ranges, run_ranges, task_groups
 from txstore.spark.runtime.sessions import is_connect
-from txstore.spark.tasks import default_parallelism, read_ranges, run_ranges, task_groups
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

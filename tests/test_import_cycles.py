@@ -99,7 +99,7 @@ def test_the_graph_sees_imports_inside_functions_and_type_checking_blocks() -> N
     graph = import_graph()
     assert "txstore.spark.stream_source" in graph["txstore.spark.source_format"]  # module level
     # inside a function and TYPE_CHECKING:
-    assert "txstore.spark.source.pushdown" in graph["txstore.spark.tasks"]
+    assert "txstore.spark.source.pushdown" in graph["txstore.spark.ranges.tasks"]
 
 
 def test_txstore_has_no_import_cycles() -> None:

@@ -27,7 +27,7 @@ from txstore import ResultsTable
 from txstore.aggregate import SqlAggregate
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.spark.source import pushdown as pushdown_module
 from txstore.spark.source.arrow import arrow_schema
 from txstore.spark.source.pushdown import (

@@ -22,7 +22,7 @@ from tests.test_aggregates import keyed_messages, settings, stored
 from tests.test_count_topic import log_ends, offsets
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS
 from txstore.spark.source.used_columns import columns_in_plan, infer_read_columns, optimized_section
 from txstore.testing.mock_kafka import MockKafkaCluster

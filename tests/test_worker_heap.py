@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO
 from txstore.core.ranges import OffsetRange
-from txstore.spark.tasks import run_ranges
+from txstore.spark.ranges.tasks import run_ranges
 
 CHILD = """
 import gc, time

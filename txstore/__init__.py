@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from txstore.postgres.results_table import MERGE_RULES, ResultsTable
     from txstore.postgres.sink import TransactionalSink, classify_conflict
     from txstore.runner import run_job_main
-    from txstore.spark.range_task import Aggregate, RangeReport
-    from txstore.spark.tasks import read_ranges
+    from txstore.spark.ranges.range_task import Aggregate, RangeReport
+    from txstore.spark.ranges.tasks import read_ranges
 
 __version__ = "0.1.0"
 """The one place the version is written: the wheel's metadata (pyproject.toml reads it) and
@@ -101,9 +101,9 @@ _LAZY = {
     "TransactionalSink": "txstore.postgres.sink",
     "classify_conflict": "txstore.postgres.sink",
     "run_job_main": "txstore.runner",
-    "Aggregate": "txstore.spark.range_task",
-    "RangeReport": "txstore.spark.range_task",
-    "read_ranges": "txstore.spark.tasks",
+    "Aggregate": "txstore.spark.ranges.range_task",
+    "RangeReport": "txstore.spark.ranges.range_task",
+    "read_ranges": "txstore.spark.ranges.tasks",
 }
 """Each public name and the module it comes from, imported on first use (PEP 562): ``import
 txstore`` (and so every ``txstore`` command, ``--help`` and typos included) loads none of

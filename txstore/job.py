@@ -27,7 +27,7 @@ Where each part lives: settings in :mod:`txstore.settings` (re-exported
 here), what it runs checked before the first batch in :mod:`txstore.query`, steps 1-4 in
 :mod:`txstore.planning`, step 5 in one module per
 execution mode (:mod:`txstore.modes`), everything Spark-facing in
-:mod:`txstore.spark.tasks`, a batch's report and log lines in
+:mod:`txstore.spark.ranges.tasks`, a batch's report and log lines in
 :mod:`txstore.report.batch_report`; this module holds the driver's resources,
 mirrors offsets, publishes, and loops.
 """
@@ -84,9 +84,9 @@ from txstore.settings import (
     DataFrameAggregate,
     JobSettings,
 )
-from txstore.spark.range_task import REFUSED, Aggregate
+from txstore.spark.ranges.range_task import REFUSED, Aggregate
+from txstore.spark.ranges.tasks import spark_failure_reason
 from txstore.spark.source.pushdown import PartialCount
-from txstore.spark.tasks import spark_failure_reason
 
 __all__ = [
     "COMMIT_MODES",

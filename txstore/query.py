@@ -44,7 +44,7 @@ from txstore.modes.results_table import check_results_table
 from txstore.postgres.idempotent import MessageTransform
 from txstore.postgres.results_table import ResultsTable
 from txstore.settings import IDEMPOTENT, DataFrameAggregate, JobSettings
-from txstore.spark.range_task import Aggregate
+from txstore.spark.ranges.range_task import Aggregate
 from txstore.spark.source.pushdown import PartialCount, infer_pushdown
 from txstore.spark.source.source_columns import ColumnsInvalid, check_columns
 from txstore.spark.source.used_columns import infer_read_columns

@@ -45,7 +45,7 @@ from txstore.core.failpoints import FailPoints
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
 from txstore.options import CONNECT_TIMEOUT, SPARK_REMOTE_ENV, add_job_options, job_settings
 from txstore.report.logformat import TEXT, formatter
-from txstore.spark.range_task import Aggregate
+from txstore.spark.ranges.range_task import Aggregate
 from txstore.spark.runtime.quiet import quiet_driver_launch
 from txstore.spark.runtime.startup import (
     connect_address,

@@ -2,11 +2,11 @@
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
    DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
-   the job declared (:func:`~txstore.spark.tasks.read_ranges`;
+   the job declared (:func:`~txstore.spark.ranges.tasks.read_ranges`;
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
-   the driver (:func:`~txstore.spark.deltas.dataframe_deltas`); the tasks hand back how
-   many messages each range had (:mod:`txstore.spark.range_counts`), for the batch's
+   the driver (:func:`~txstore.spark.ranges.deltas.dataframe_deltas`); the tasks hand back how
+   many messages each range had (:mod:`txstore.spark.ranges.range_counts`), for the batch's
    report (offsets are not messages: transaction markers, aborted messages). A query that is only
    counts grouped by Kafka-source columns (found before the first batch,
    :mod:`txstore.spark.source.pushdown`) is instead counted per group by the reading
@@ -34,12 +34,12 @@ from txstore.kafka.reader import last_messages
 from txstore.modes.per_batch import commit_result
 from txstore.postgres.driverdb import DriverConnection
 from txstore.settings import JobSettings
-from txstore.spark.deltas import BatchResult, arrow_deltas, dataframe_deltas
-from txstore.spark.range_counts import RangeCounts
-from txstore.spark.range_task import RangeReport
+from txstore.spark.ranges.deltas import BatchResult, arrow_deltas, dataframe_deltas
+from txstore.spark.ranges.range_counts import RangeCounts
+from txstore.spark.ranges.range_task import RangeReport
+from txstore.spark.ranges.tasks import job_description, read_ranges
 from txstore.spark.source.probing import QueryRefused, analysed_fields
 from txstore.spark.source.pushdown import PartialCount, final_counts
-from txstore.spark.tasks import job_description, read_ranges
 
 
 @dataclass(frozen=True)

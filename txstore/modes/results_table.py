@@ -2,7 +2,7 @@
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
    DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
-   declared (:func:`~txstore.spark.tasks.read_ranges`);
+   declared (:func:`~txstore.spark.ranges.tasks.read_ranges`);
    the user's aggregate (or ``--sql`` over the view ``batch``) turns it into
    rows of the table's key and merged columns;
 2. the driver checks the offsets are still at the batch's start (a batch an
@@ -21,7 +21,7 @@
    (:func:`~txstore.modes.per_batch.commit_with_retries`);
 4. a batch that fails on one message's value (the query's, or PostgreSQL's
    refusing its row) is tried again piece by piece to find the message
-   (:mod:`txstore.spark.bad_rows`): the job stops naming it, or with
+   (:mod:`txstore.spark.ranges.bad_rows`): the job stops naming it, or with
    ``--on-bad-message skip`` the batch commits without it and records it in
    ``txn_bad_messages``, in the same transaction.
 
@@ -61,12 +61,18 @@ from txstore.postgres.results_table import ResultsTable
 from txstore.postgres.sink import classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.settings import JobSettings
-from txstore.spark.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure, without
-from txstore.spark.range_counts import RangeCounts
-from txstore.spark.range_task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
+from txstore.spark.ranges.bad_rows import (
+    MAX_BAD_MESSAGES,
+    failure_reason,
+    find_bad_offsets,
+    is_row_failure,
+    without,
+)
+from txstore.spark.ranges.range_counts import RangeCounts
+from txstore.spark.ranges.range_task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
+from txstore.spark.ranges.tasks import job_description, read_ranges
 from txstore.spark.source.probing import QueryRefused, analysed_fields
 from txstore.spark.source.pushdown import PartialCount, batch_frame
-from txstore.spark.tasks import job_description, read_ranges
 
 log = logging.getLogger("txstore")
 
@@ -92,7 +98,8 @@ class ResultsTableMode:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
         last: dict[TopicPartition, Fingerprint] = {}  # each range's last message, stored with its offset
-        counted: list[RangeCounts] = []  # the messages the last query run read (txstore.spark.range_counts)
+        # the messages the last query run read (txstore.spark.ranges.range_counts)
+        counted: list[RangeCounts] = []
         started = time.perf_counter()
         try:
             outcome = self._commit(ranges, pieces, last, counted, description)
@@ -105,7 +112,7 @@ class ResultsTableMode:
             return [RangeReport(r, outcome, messages[r.key]) for r in ranges], (
                 time.perf_counter() - started
             ) * 1000
-        # One message's value, every time: find it (txstore.spark.bad_rows), on this path only.
+        # One message's value, every time: find it (txstore.spark.ranges.bad_rows), on this path only.
         skip = s.on_bad_message == SKIP
         with job_description(self.spark, f"{description}: finding the message it fails on"):
             bad = find_bad_offsets(ranges, self._fails, not skip, MAX_BAD_MESSAGES)
@@ -191,7 +198,7 @@ class ResultsTableMode:
 
     def _fails(self, piece: OffsetRange) -> str | None:
         """The query over ``piece`` alone, its rows copied and merged, then rolled back: why that
-        failed (None: it did not). :data:`txstore.spark.bad_rows.Fails`.
+        failed (None: it did not). :data:`txstore.spark.ranges.bad_rows.Fails`.
 
         A data exception from the merge itself (not from copying the rows) is a sum past what
         the column holds, the stored value's doing as much as any message's: it is raised, not
@@ -215,7 +222,7 @@ def reported_messages(
     counted: Sequence[RangeCounts], ranges: Sequence[OffsetRange], skipped: Sequence[BadOffset] = ()
 ) -> dict[TopicPartition, int]:
     """Each range's messages for its report: as the last query run's tasks counted them
-    (:mod:`txstore.spark.range_counts`), plus the ``skipped`` ones of the range, which it did not
+    (:mod:`txstore.spark.ranges.range_counts`), plus the ``skipped`` ones of the range, which it did not
     read; a range no query read to its end (a batch found committed before, a query that stops
     early) reports its offset span."""
     found = counted[-1].messages(ranges) if counted else {}

@@ -104,7 +104,7 @@ def rows_refused(
     """Copy ``produced`` to the temporary table and merge it into ``table``, then roll back: the
     error a row caused (``row_failure``: PostgreSQL refusing a value, a query failing on one), or
     None if every row went in. Finding bad messages tries their pieces this way
-    (:data:`txstore.spark.bad_rows.Fails`), in the batch job and in the stream sink.
+    (:data:`txstore.spark.ranges.bad_rows.Fails`), in the batch job and in the stream sink.
 
     A data exception from the merge itself (not from copying the rows) is a sum past what the
     column holds, the stored value's doing as much as any message's: it is raised, not blamed on

@@ -1,13 +1,13 @@
 """The Spark side: ranges as Spark tasks, what a task does, DataFrames and the data source.
 
-Owns cutting ranges into task groups and running them (:mod:`~txstore.spark.tasks`), what a
-task does with each range: read, aggregate, commit (:mod:`~txstore.spark.range_task`),
-per-batch partial deltas summed on the driver (:mod:`~txstore.spark.deltas`), messages as
+Owns cutting ranges into task groups and running them (:mod:`~txstore.spark.ranges.tasks`), what a
+task does with each range: read, aggregate, commit (:mod:`~txstore.spark.ranges.range_task`),
+per-batch partial deltas summed on the driver (:mod:`~txstore.spark.ranges.deltas`), messages as
 Arrow batches (:mod:`~txstore.spark.source.arrow`), the Kafka-source columns
 (:mod:`~txstore.spark.source.source_columns`), asking Spark about a query without running it
 (:mod:`~txstore.spark.source.probing`, :mod:`~txstore.spark.source.used_columns`), counts pushed down to the
 reading tasks (:mod:`~txstore.spark.source.pushdown`), finding the message a results table refuses
-(:mod:`~txstore.spark.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
+(:mod:`~txstore.spark.ranges.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
 and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.source.datasource`,
 :mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) shipping txstore to executors
 (:mod:`~txstore.spark.runtime.pyfiles`), and a reused Python worker's heap frozen once

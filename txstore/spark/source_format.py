@@ -18,6 +18,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
+from txstore.spark.ranges.tasks import default_parallelism
 from txstore.spark.source.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
 from txstore.spark.stream_options import (
     COUNT_MESSAGES_OPTION,
@@ -27,7 +28,6 @@ from txstore.spark.stream_options import (
 )
 from txstore.spark.stream_sink import stream_writer
 from txstore.spark.stream_source import stream_reader
-from txstore.spark.tasks import default_parallelism
 
 
 class TxstoreDataSource(DataSource):  # type: ignore[misc]
@@ -89,6 +89,6 @@ def registered_source(tasks: int | None) -> type[TxstoreDataSource]:
 def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in this session (classic or Spark Connect),
     with the session's parallelism as the stream source's default ``txstore.tasks``
-    (:func:`~txstore.spark.tasks.default_parallelism`: ``sparkContext.defaultParallelism``, or
+    (:func:`~txstore.spark.ranges.tasks.default_parallelism`: ``sparkContext.defaultParallelism``, or
     under Spark Connect one tiny Spark job, once per session)."""
     spark.dataSource.register(registered_source(default_parallelism(spark)))

@@ -6,7 +6,7 @@ A results-table micro-batch (:mod:`txstore.spark.stream_sink`) reaches the sink'
 micro-batch's rows (a NULL key, a value out of its column's range, text that is not the
 column's type, a check constraint: a data exception or an integrity violation), the commit has
 rolled back and the batch job's search runs over those rows, on the failure path only:
-:func:`~txstore.spark.bad_rows.find_bad_offsets` bisects the micro-batch's ranges by offset, each
+:func:`~txstore.spark.ranges.bad_rows.find_bad_offsets` bisects the micro-batch's ranges by offset, each
 piece's rows copied and merged, then rolled back
 (:func:`~txstore.postgres.results_merge.rows_refused`, the batch job's test of a piece). Nothing is
 read again: the rows are the ones the tasks made.
@@ -18,7 +18,7 @@ read again: the rows are the ones the tasks made.
   recording it in ``txn_bad_messages`` in the same transaction as the offsets
   (:func:`~txstore.postgres.results_merge.copy_and_merge` with ``bad``, as the batch job). A
   replay of the micro-batch finds its offsets moved and records nothing again.
-- Bounded as the batch job is: past :data:`~txstore.spark.bad_rows.MAX_BAD_MESSAGES` in one
+- Bounded as the batch job is: past :data:`~txstore.spark.ranges.bad_rows.MAX_BAD_MESSAGES` in one
   micro-batch the search stops (:class:`~txstore.core.errors.TooManyBadMessages`), nothing
   committed or recorded: a table that refuses every row is not the messages' fault.
 
@@ -43,7 +43,7 @@ from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset, describe_skipped
 from txstore.postgres.results_merge import Chunk, rows_refused
 from txstore.postgres.results_table import ResultsTable, table_identifier
-from txstore.spark.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure
+from txstore.spark.ranges.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure
 
 log = logging.getLogger("txstore")
 

@@ -85,7 +85,7 @@ from txstore.postgres.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan, load_reads, stream_privileges
-from txstore.spark.range_task import task_run
+from txstore.spark.ranges.range_task import task_run
 from txstore.spark.runtime.worker_heap import freeze_once
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.stream_advice import restating
@@ -103,7 +103,7 @@ except ImportError:
 
 
 Run = tuple[str | None, int | None, str | None]
-"""The streaming query, micro-batch and run a writing task ran in (:func:`~txstore.spark.range_task.task_run`)."""
+"""The streaming query, micro-batch and run a writing task ran in (:func:`~txstore.spark.ranges.range_task.task_run`)."""
 
 
 def _run() -> Run:

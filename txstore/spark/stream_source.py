@@ -151,7 +151,7 @@ from txstore.postgres.stream_plans import (
     save_plan,
     stream_privileges,
 )
-from txstore.spark.range_task import task_attempt, task_run
+from txstore.spark.ranges.range_task import task_attempt, task_run
 from txstore.spark.runtime.worker_heap import freeze_once
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.source.datasource import (
@@ -285,7 +285,7 @@ def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[
     A task each while there are no more ranges than ``tasks`` (or ``tasks`` is None): the ranges
     are read side by side. More ranges share ``tasks`` runs of neighbours of about equal work
     (:func:`~txstore.core.ranges.group_ranges`), as the batch jobs share a task per core
-    (:func:`txstore.spark.tasks.task_groups`): each task of a Python source feeding a Python
+    (:func:`txstore.spark.ranges.tasks.task_groups`): each task of a Python source feeding a Python
     sink costs two Python workers, which a task per range would pay for every partition.
     """
     if tasks is None or len(ranges) <= tasks:

@@ -8,14 +8,14 @@ ranges share one task per core, so a batch pays Spark's per-task cost
 once per partition. Either way a task's ranges are fixed before it
 runs, so a retried task re-reads exactly the same ranges; a task's ranges
 commit in one transaction, or one by one if that is refused
-(:meth:`~txstore.spark.range_task.RangeTask.run_together`).
+(:meth:`~txstore.spark.ranges.range_task.RangeTask.run_together`).
 
 Everything here is DataFrame operations that classic PySpark and Spark
 Connect both run (no RDDs, no ``sparkContext`` except behind
 :func:`is_connect` where Connect lacks an equivalent): a task group is a
 partition of ``spark.range(n, numPartitions=n)`` and its work a
 ``mapInArrow`` function that picks its group by the id it receives.
-Per-batch aggregation over the same task groups is :mod:`txstore.spark.deltas`.
+Per-batch aggregation over the same task groups is :mod:`txstore.spark.ranges.deltas`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from txstore.spark.runtime.worker_heap import freeze_once
 from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 
 if TYPE_CHECKING:
-    from txstore.spark.range_counts import CountChannel, RangeCounts
+    from txstore.spark.ranges.range_counts import CountChannel, RangeCounts
     from txstore.spark.source.pushdown import PartialCount
 
 T = TypeVar("T")
@@ -194,7 +194,8 @@ class _RangeBatches:
     columns: Sequence[str] = KAFKA_SOURCE_COLUMNS
     # the task's counts per group (txstore.spark.source.pushdown), not messages
     partial: PartialCount | None = None
-    counts: CountChannel | None = None  # each range's messages handed back (txstore.spark.range_counts)
+    # each range's messages handed back (txstore.spark.ranges.range_counts)
+    counts: CountChannel | None = None
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
         from txstore.spark.source.arrow import arrow_schema, coalesce
@@ -273,7 +274,7 @@ def read_ranges(
     partition's read must end on it. ``min_partitions``: at least that many
     Spark partitions, one per range (cut them with
     :func:`~txstore.core.ranges.split_ranges` first). ``counts``: the tasks hand back each
-    range's messages through it (:mod:`txstore.spark.range_counts`), for the driver to ask
+    range's messages through it (:mod:`txstore.spark.ranges.range_counts`), for the driver to ask
     once the frame's action is done.
     """
     chosen = tuple(columns) if columns is not None else KAFKA_SOURCE_COLUMNS
