@@ -20,7 +20,7 @@ Structured Streaming's fixed steps. The paths:
   (the columns the sink needs to check each row against the micro-batch's plan);
 - ``stream-counted-by-source``: the same with ``.option("txstore.countMessages",
   "true")``: the source's tasks count their messages and hand Spark one row per range
-  (:mod:`txstore.spark.stream_source`), a micro-batch's ranges read in one Spark task per core
+  (:mod:`txstore.spark.stream.stream_source`), a micro-batch's ranges read in one Spark task per core
   (``txstore.tasks``' default, the parallelism ``register`` measured);
 - ``stream-counted-task-per-range``: the same with ``txstore.tasks`` set to the number of
   partitions, a Spark task per range (how the source planned before ``txstore.tasks``).

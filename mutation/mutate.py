@@ -259,14 +259,14 @@ MODULES = (
     ),
     Module(
         "stream_options",
-        "txstore/spark/stream_options.py",
+        "txstore/spark/stream/stream_options.py",
         ("parse_stream_options", "parse_count_messages", "parse_tasks"),
         (STREAM,),
         "option",
     ),
     Module(
         "stream_source",
-        "txstore/spark/stream_source.py",
+        "txstore/spark/stream/stream_source.py",
         (
             "micro_batch_tasks",
             "offsets_dict",
@@ -298,7 +298,7 @@ MODULES = (
     ),
     Module(
         "stream_sink",
-        "txstore/spark/stream_sink.py",
+        "txstore/spark/stream/stream_sink.py",
         (
             "_batch_spans",
             "_row_spans",

@@ -97,7 +97,7 @@ def test_the_cycle_finder_finds_a_cycle_through_a_deferred_import() -> None:
 
 def test_the_graph_sees_imports_inside_functions_and_type_checking_blocks() -> None:
     graph = import_graph()
-    assert "txstore.spark.stream_source" in graph["txstore.spark.source_format"]  # module level
+    assert "txstore.spark.stream.stream_source" in graph["txstore.spark.source_format"]  # module level
     # inside a function and TYPE_CHECKING:
     assert "txstore.spark.source.pushdown" in graph["txstore.spark.ranges.tasks"]
 

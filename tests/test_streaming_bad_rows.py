@@ -30,7 +30,7 @@ from tests.test_operator_cli import txstore as txstore_cli
 from tests.test_streaming import JOB, QueryFailed, run_available_now
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
-from txstore.spark.stream_bad_rows import RowsByMessage, origins_of
+from txstore.spark.stream.stream_bad_rows import RowsByMessage, origins_of
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -25,7 +25,7 @@ from txstore.spark.ranges.tasks import run_ranges
 CHILD = """
 import gc, time
 import pyarrow, psycopg, confluent_kafka
-import txstore.spark.stream_sink, txstore.spark.stream_source
+import txstore.spark.stream.stream_sink, txstore.spark.stream.stream_source
 from txstore.spark.runtime.worker_heap import freeze_once
 
 assert gc.get_freeze_count() == 0

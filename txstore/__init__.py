@@ -130,7 +130,7 @@ def register(spark: Any) -> None:
     Needs PySpark 4.0 or newer and pyarrow (from a clone: ``pip install -e '.[connect]'``);
     see :mod:`txstore.spark.source.datasource` for the options. The session's parallelism (under Spark
     Connect measured with one tiny Spark job) becomes ``readStream.format("txstore")``'s default
-    ``txstore.tasks`` (:mod:`txstore.spark.stream_source`).
+    ``txstore.tasks`` (:mod:`txstore.spark.stream.stream_source`).
     """
     from txstore.spark.source_format import register as register_data_source
 

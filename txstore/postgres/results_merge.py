@@ -1,7 +1,7 @@
 """A batch's rows merged into a results table with its offsets moved, in one transaction.
 
 Shared by the results-table jobs (:mod:`txstore.modes.results_table`, rows from a Spark
-query over the batch's ranges) and the stream sink (:mod:`txstore.spark.stream_sink`, a
+query over the batch's ranges) and the stream sink (:mod:`txstore.spark.stream.stream_sink`, a
 micro-batch's rows from its write tasks): the rows arrive as chunks of ``COPY`` text
 (:mod:`txstore.postgres.copy_text`), go into a temporary table typed like the results
 table's columns, collations included (:func:`temp_table_types`), and are merged by the

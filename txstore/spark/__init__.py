@@ -7,9 +7,9 @@ Arrow batches (:mod:`~txstore.spark.source.arrow`), the Kafka-source columns
 (:mod:`~txstore.spark.source.source_columns`), asking Spark about a query without running it
 (:mod:`~txstore.spark.source.probing`, :mod:`~txstore.spark.source.used_columns`), counts pushed down to the
 reading tasks (:mod:`~txstore.spark.source.pushdown`), finding the message a results table refuses
-(:mod:`~txstore.spark.ranges.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
+(:mod:`~txstore.spark.ranges.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
 and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.source.datasource`,
-:mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) shipping txstore to executors
+:mod:`~txstore.spark.stream.stream_source`, :mod:`~txstore.spark.stream.stream_sink`) shipping txstore to executors
 (:mod:`~txstore.spark.runtime.pyfiles`), and a reused Python worker's heap frozen once
 (:mod:`~txstore.spark.runtime.worker_heap`).
 

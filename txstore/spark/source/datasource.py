@@ -54,7 +54,7 @@ over lower-cased, so an error line names an option as documented, :func:`option_
 - ``failOnDataLoss``: ``true`` (default): an offset Kafka no longer has (aged out, deleted)
   raises :class:`DataLoss`; ``false``: a batch read starts such a partition at its log start
   instead (as Spark's source does), and a stream skips the lost offsets and records them in
-  ``txn_lost_ranges`` (:mod:`txstore.spark.stream_source`), as the jobs'
+  ``txn_lost_ranges`` (:mod:`txstore.spark.stream.stream_source`), as the jobs'
   ``--fail-on-data-loss false``. Any other option is refused.
 
 Columns: Spark's Kafka-source columns (``headers`` only with ``includeHeaders``), or only those a schema names

@@ -1,7 +1,7 @@
 """``spark.readStream.format("txstore")``: the exactly-once stream's source.
 
 A Python streaming data source (``DataSourceStreamReader``, PySpark 4.0 or
-newer) for one txstore job; its sink is :mod:`txstore.spark.stream_sink`, and
+newer) for one txstore job; its sink is :mod:`txstore.spark.stream.stream_sink`, and
 the two together keep txstore's guarantee whatever happens to the query's
 checkpoint::
 
@@ -66,7 +66,7 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   :mod:`~txstore.spark.runtime.worker_heap`): the task's ranges in their planned order (a retried
   task gets the same pickled partition, so it reads the same messages), through the batch
   source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
-  row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`): as the
+  row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream.stream_options.COUNT_SCHEMA`): as the
   per-range count path, no row per message crosses into Spark, and the sink adds the counts
   (Spark's ``numInputRows`` then counts ranges, not messages).
 
@@ -83,7 +83,7 @@ restart costs a pause, not the query. If another query of the job took the strea
 meanwhile, this one stops with :class:`StreamLocked`, before planning anything.
 
 The lines the planning methods and the reading tasks raise come from code shared with the jobs;
-their advice is restated for a streaming query (:mod:`~txstore.spark.stream_advice`: options and
+their advice is restated for a streaming query (:mod:`~txstore.spark.stream.stream_advice`: options and
 restarts, not a job's flags).
 """
 
@@ -160,8 +160,8 @@ from txstore.spark.source.datasource import (
     partition_ranges,
     start_times,
 )
-from txstore.spark.stream_advice import restated_rows, restating
-from txstore.spark.stream_options import (
+from txstore.spark.stream.stream_advice import restated_rows, restating
+from txstore.spark.stream.stream_options import (
     COUNT_SCHEMA,
     StreamOptions,
     parse_stream_options,
@@ -1063,7 +1063,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def _count(self, partition: InputPartition, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
         """``txstore.countMessages``: each range read whole and its messages counted; one row per
-        range (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`), all in one record batch.
+        range (:data:`~txstore.spark.stream.stream_options.COUNT_SCHEMA`), all in one record batch.
 
         As the per-range count path: no row per message is built or handed to Spark (the
         reader's checks of the planned log are the same); a retried task reads its ranges again

@@ -1,6 +1,6 @@
 """The stream sink's rows PostgreSQL refuses, named by their message; or skipped and recorded.
 
-A results-table micro-batch (:mod:`txstore.spark.stream_sink`) reaches the sink's commit as
+A results-table micro-batch (:mod:`txstore.spark.stream.stream_sink`) reaches the sink's commit as
 ``COPY`` text, a line per row, and beside each chunk the message of each of its rows (its
 ``topic``, ``partition`` and ``offset``, :func:`origins_of`). When PostgreSQL refuses the
 micro-batch's rows (a NULL key, a value out of its column's range, text that is not the

@@ -2,7 +2,7 @@
 
 A Python streaming data sink (``DataSourceStreamWriter``, PySpark 4.0 or newer;
 ``DataSourceStreamArrowWriter`` on 4.1+, handed Arrow batches) for the rows of a
-``readStream.format("txstore")`` query (:mod:`txstore.spark.stream_source`) of the same
+``readStream.format("txstore")`` query (:mod:`txstore.spark.stream.stream_source`) of the same
 ``txstore.job``. It keeps either txstore's own counts (the default) or a results table of the user's
 (``txstore.table``, ``txstore.key``, ``txstore.merge``: the options, checks and merge rules of
 ``jobs/aggregate.py --table/--key/--merge``, :mod:`txstore.postgres.results_table`). Steps of a
@@ -31,7 +31,7 @@ micro-batch:
   written (:func:`check_rows_in_batch`). Rows PostgreSQL refuses (a NULL key, a value out of
   range): their message is found and named, nothing committed, or with ``txstore.onBadMessage``
   ``skip`` left out and recorded in ``txn_bad_messages`` with the offsets
-  (:mod:`~txstore.spark.stream_bad_rows`). A batch already committed
+  (:mod:`~txstore.spark.stream.stream_bad_rows`). A batch already committed
   (:class:`~txstore.core.errors.AlreadyCommitted`, a replay after a crash between PostgreSQL's
   commit and Spark's commit log) is skipped; any other conflict stops the query;
 - ``abort``: nothing to undo, the tasks write nothing.
@@ -88,8 +88,8 @@ from txstore.postgres.stream_plans import load_plan, load_reads, stream_privileg
 from txstore.spark.ranges.range_task import task_run
 from txstore.spark.runtime.worker_heap import freeze_once
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
-from txstore.spark.stream_advice import restating
-from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
+from txstore.spark.stream.stream_advice import restating
+from txstore.spark.stream.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
 
 log = logging.getLogger("txstore")
 
@@ -130,7 +130,7 @@ class TableRows(WriterCommitMessage):  # type: ignore[misc]
     """One write task's rows for a results table: COPY text chunks (row count, text), and the
     lowest and highest offset of the messages they came from, per (topic, partition); for
     each chunk the message of each of its rows, to name one PostgreSQL refuses
-    (:func:`~txstore.spark.stream_bad_rows.origins_of`); and the query and micro-batch it ran in."""
+    (:func:`~txstore.spark.stream.stream_bad_rows.origins_of`); and the query and micro-batch it ran in."""
 
     chunks: list[tuple[int, bytes]]
     seen: dict[tuple[str, int], tuple[int, int]]
@@ -576,7 +576,7 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
         """The micro-batch's rows merged into the table and its ranges' offsets moved, in one
         transaction (:func:`~txstore.postgres.results_merge.copy_and_merge`, as aggregate.py).
         Rows PostgreSQL refuses: their message named, or skipped and recorded
-        (``txstore.onBadMessage``, :mod:`~txstore.spark.stream_bad_rows`)."""
+        (``txstore.onBadMessage``, :mod:`~txstore.spark.stream.stream_bad_rows`)."""
         job, table = self.options.job, self.options.table
         assert table is not None
         seen: dict[tuple[str, int], tuple[int, int]] = {}

@@ -3,7 +3,7 @@
 The batch source's options (:func:`~txstore.spark.source.datasource.parse_read_options`) without
 ``endingOffsets``, plus the stream's own: ``maxOffsetsPerTrigger``,
 ``txstore.countMessages``, ``txstore.tasks`` and (tests) ``txstore.failpoints``. The source
-itself is :mod:`txstore.spark.stream_source`.
+itself is :mod:`txstore.spark.stream.stream_source`.
 """
 
 from __future__ import annotations
