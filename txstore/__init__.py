@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from txstore.kafka.bad_messages import BadOffset
     from txstore.postgres.idempotent import IdempotentSink, MessageTransform
     from txstore.postgres.outbox import OutboxPublisher
-    from txstore.postgres.results_table import MERGE_RULES, ResultsTable
+    from txstore.postgres.results.results_table import MERGE_RULES, ResultsTable
     from txstore.postgres.sink import TransactionalSink, classify_conflict
     from txstore.runner import run_job_main
     from txstore.spark.ranges.range_task import Aggregate, RangeReport
@@ -96,8 +96,8 @@ _LAZY = {
     "IdempotentSink": "txstore.postgres.idempotent",
     "MessageTransform": "txstore.postgres.idempotent",
     "OutboxPublisher": "txstore.postgres.outbox",
-    "MERGE_RULES": "txstore.postgres.results_table",
-    "ResultsTable": "txstore.postgres.results_table",
+    "MERGE_RULES": "txstore.postgres.results.results_table",
+    "ResultsTable": "txstore.postgres.results.results_table",
     "TransactionalSink": "txstore.postgres.sink",
     "classify_conflict": "txstore.postgres.sink",
     "run_job_main": "txstore.runner",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from txstore.core.errors import ResultsTableInvalid
-from txstore.postgres.results_table import MERGE_RULES, parse_results_table
+from txstore.postgres.results.results_table import MERGE_RULES, parse_results_table
 from txstore.runner import run_job_main
 from txstore.spark.source.source_columns import ColumnsInvalid, check_columns
 

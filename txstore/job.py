@@ -69,7 +69,7 @@ from txstore.postgres import store
 from txstore.postgres.driverdb import DriverConnection
 from txstore.postgres.idempotent import MessageTransform
 from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.query import check_arguments, prepare_query
 from txstore.report.batch_report import BatchReport, log_batch
 from txstore.report.metrics import job_metrics
@@ -134,7 +134,7 @@ class TransactionalJob:
         "idempotent"`` give neither, or a ``transform`` choosing what to store per message.
 
         ``results_table``: merge the ``dataframe_aggregate``'s rows into a table of your own
-        (:class:`~txstore.postgres.results_table.ResultsTable`: its key and each column's merge rule),
+        (:class:`~txstore.postgres.results.results_table.ResultsTable`: its key and each column's merge rule),
         checked against the table and the query before the first batch reads anything.
 
         ``read_columns``: the Kafka-source columns the ``dataframe_aggregate`` uses (say

@@ -42,7 +42,7 @@ from txstore.kafka.bad_messages import SKIP
 from txstore.modes.dataframe import check_read_columns
 from txstore.modes.results_table import check_results_table
 from txstore.postgres.idempotent import MessageTransform
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.settings import IDEMPOTENT, DataFrameAggregate, JobSettings
 from txstore.spark.ranges.range_task import Aggregate
 from txstore.spark.source.pushdown import PartialCount, infer_pushdown

@@ -8,13 +8,13 @@
 2. the driver checks the offsets are still at the batch's start (a batch an
    earlier attempt or another instance committed is recognised without
    running the query), then runs the query: the Spark tasks turn its rows
-   into ``COPY`` text (:mod:`txstore.postgres.copy_text`), and the driver streams the
+   into ``COPY`` text (:mod:`txstore.postgres.results.copy_text`), and the driver streams the
    chunks (``toLocalIterator``, a partition at a time) into ``COPY`` to a
    temporary table, so it never holds the result;
 3. in the same transaction: every range's offset moves conditionally
    (:data:`~txstore.postgres.sink.MOVE_OFFSETS`), then one statement merges the rows
    into the table by their rules, in key order
-   (:func:`~txstore.postgres.results_table.merge_statement`), then COMMIT; a range
+   (:func:`~txstore.postgres.results.results_table.merge_statement`), then COMMIT; a range
    not at its start rolls everything back and is classified like every
    per-batch commit (already committed, gap, overlap), and a dropped
    connection commits again on a new one
@@ -48,16 +48,16 @@ from txstore.core.ranges import OffsetRange, TopicPartition, split_ranges
 from txstore.kafka.bad_messages import SKIP, BadOffset
 from txstore.kafka.reader import last_messages
 from txstore.modes.per_batch import commit_with_retries
-from txstore.postgres.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.postgres.driverdb import DriverConnection
-from txstore.postgres.results_check import describe_table, table_problems
-from txstore.postgres.results_merge import (
+from txstore.postgres.results.copy_text import CHUNK_SCHEMA, CopyChunks
+from txstore.postgres.results.results_check import describe_table, table_problems
+from txstore.postgres.results.results_merge import (
     Chunk,
     copy_and_merge,
     rows_refused,
     temp_table_types,
 )
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.postgres.sink import classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.settings import JobSettings
@@ -235,7 +235,7 @@ def reported_messages(
 
 
 def copy_chunks(frame: Any, ordered: bool) -> Generator[Chunk, None, None]:
-    """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.postgres.copy_text`),
+    """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.postgres.results.copy_text`),
     a partition at a time, the next one computed while this one is copied."""
     rows = frame.mapInArrow(CopyChunks(ordered), CHUNK_SCHEMA).toLocalIterator(prefetchPartitions=True)
     try:

@@ -107,7 +107,7 @@ _PHRASES: tuple[tuple[str, str], ...] = (
     ("--starting-offsets JSON", "startingOffsets JSON"),
     ("--starting-offsets", "option startingOffsets"),
 )
-# A results table's checks (txstore.postgres.results_check) name aggregate.py's flags.
+# A results table's checks (txstore.postgres.results.results_check) name aggregate.py's flags.
 _TABLE_FLAGS = re.compile(r"(?<![\w-])--(table|key|merge)\b")
 
 

@@ -8,7 +8,7 @@ column's type, a check constraint: a data exception or an integrity violation), 
 rolled back and the batch job's search runs over those rows, on the failure path only:
 :func:`~txstore.spark.ranges.bad_rows.find_bad_offsets` bisects the micro-batch's ranges by offset, each
 piece's rows copied and merged, then rolled back
-(:func:`~txstore.postgres.results_merge.rows_refused`, the batch job's test of a piece). Nothing is
+(:func:`~txstore.postgres.results.results_merge.rows_refused`, the batch job's test of a piece). Nothing is
 read again: the rows are the ones the tasks made.
 
 - ``txstore.onBadMessage`` ``fail`` (the default): the query stops at the first such message,
@@ -16,7 +16,7 @@ read again: the rows are the ones the tasks made.
   column and PostgreSQL's reason; nothing committed.
 - ``skip``: every such message is found, and the micro-batch commits without its rows,
   recording it in ``txn_bad_messages`` in the same transaction as the offsets
-  (:func:`~txstore.postgres.results_merge.copy_and_merge` with ``bad``, as the batch job). A
+  (:func:`~txstore.postgres.results.results_merge.copy_and_merge` with ``bad``, as the batch job). A
   replay of the micro-batch finds its offsets moved and records nothing again.
 - Bounded as the batch job is: past :data:`~txstore.spark.ranges.bad_rows.MAX_BAD_MESSAGES` in one
   micro-batch the search stops (:class:`~txstore.core.errors.TooManyBadMessages`), nothing
@@ -41,8 +41,8 @@ import psycopg
 from txstore.core.errors import BadMessage, TooManyBadMessages, TxstoreError
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset, describe_skipped
-from txstore.postgres.results_merge import Chunk, rows_refused
-from txstore.postgres.results_table import ResultsTable, table_identifier
+from txstore.postgres.results.results_merge import Chunk, rows_refused
+from txstore.postgres.results.results_table import ResultsTable, table_identifier
 from txstore.spark.ranges.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure
 
 log = logging.getLogger("txstore")
