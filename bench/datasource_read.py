@@ -7,7 +7,7 @@ alternating in each round so both see the same machine load:
 
 1. in this process, the reader's work per message: a range read with
    :class:`~txstore.kafka.reader.RangeReader` and converted to what a Python data
-   source hands Spark: Arrow batches (:func:`txstore.spark.arrow.messages_to_record_batch`)
+   source hands Spark: Arrow batches (:func:`txstore.spark.source.arrow.messages_to_record_batch`)
    or tuples (as ``read_ranges`` built them before it yielded Arrow batches) that PySpark's
    worker then turns into Arrow itself (``records_to_arrow_batches``);
 2. through Spark (classic ``local[2]``): ``spark.read.format(...).load().count()``
@@ -34,9 +34,9 @@ from bench.workload import Workload, produce
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config
 from txstore.kafka.reader import RangeReader
-from txstore.spark.arrow import messages_to_record_batch
-from txstore.spark.datasource import RangePartition, TxstoreReader, parse_read_options
-from txstore.spark.source_columns import kafka_source_schema
+from txstore.spark.source.arrow import messages_to_record_batch
+from txstore.spark.source.datasource import RangePartition, TxstoreReader, parse_read_options
+from txstore.spark.source.source_columns import kafka_source_schema
 from txstore.spark.source_format import TxstoreDataSource
 
 

@@ -9,11 +9,11 @@ rotates from round to round (so no path always runs first or last):
 - ``classic DataFrame``: the same totals as a DataFrame aggregate
   (``groupBy("topic").count()``, committed per batch), as a job runs it by
   default: a count grouped by a source column, so the reading tasks count
-  per topic and the driver sums their counts (:mod:`txstore.spark.pushdown`,
+  per topic and the driver sums their counts (:mod:`txstore.spark.source.pushdown`,
   found once per job, before the clock);
 - ``classic DataFrame, counted by Spark``: the same aggregate with
   ``push_down_counts=False``: Spark runs it over one row per message, of the
-  columns its optimized plan uses (``topic``; :mod:`txstore.spark.used_columns`),
+  columns its optimized plan uses (``topic``; :mod:`txstore.spark.source.used_columns`),
   as the default did before counts were pushed down;
 - ``classic DataFrame, all columns``: the same, declaring every
   Kafka-source column, so all of them are built and handed to Spark (what
@@ -45,8 +45,8 @@ from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.postgres import store
 from txstore.postgres.db import connect
-from txstore.spark.range_task import COMMITTED
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS
+from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS
 
 PER_RANGE = "per-range"
 DATAFRAME = "DataFrame"

@@ -57,7 +57,7 @@ from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import client_config
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect, redact
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.testing.real_kafka import RealKafkaCluster
 
 log = logging.getLogger("bench.race")

@@ -33,7 +33,7 @@ from txstore.kafka.client import client_config
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect, redact
 from txstore.postgres.migrate import upgrade
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 
 log = logging.getLogger("bench")
 
@@ -193,15 +193,15 @@ def start_spark(master: str, spark: Any = None) -> tuple[Any, dict[str, float]]:
 
 def warm_up(spark: Any) -> None:
     """Run what a job's first batch would run first: a ``mapInArrow`` over ``spark.range`` (as
-    :mod:`txstore.spark.tasks` runs every task group) that starts the Python workers and imports
+    :mod:`txstore.spark.ranges.tasks` runs every task group) that starts the Python workers and imports
     txstore there. Spark SQL's first such job also loads and compiles its own code: measured at
     35 s on the busy machine, which an RDD warm-up (what the job ran before) did not pay."""
-    from txstore.spark.tasks import default_parallelism
+    from txstore.spark.ranges.tasks import default_parallelism
 
     cores = default_parallelism(spark)
 
     def import_txstore(batches: Any) -> Any:  # nested: pickled by value, not by module name
-        __import__("txstore.spark.range_task")
+        __import__("txstore.spark.ranges.range_task")
         yield from batches
 
     spark.range(0, cores, 1, cores).mapInArrow(import_txstore, "id long").collect()

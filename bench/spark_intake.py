@@ -9,7 +9,7 @@ them by the column (``groupBy().count()``, what the benchmark's DataFrame path
 runs). Each is timed against the same job yielding 10 rows, so the difference
 is Spark's own work per row: the batches crossing from the Python worker,
 becoming rows, and being aggregated. Batches of 10,000 rows (what the reader
-fetches) and 100,000 (what ``txstore.spark.arrow.coalesce`` hands Spark); a string
+fetches) and 100,000 (what ``txstore.spark.source.arrow.coalesce`` hands Spark); a string
 column (``topic``) and an int one (``partition``).
 
 This is the part of the DataFrame aggregate path's cost that no change in

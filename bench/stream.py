@@ -20,7 +20,7 @@ Structured Streaming's fixed steps. The paths:
   (the columns the sink needs to check each row against the micro-batch's plan);
 - ``stream-counted-by-source``: the same with ``.option("txstore.countMessages",
   "true")``: the source's tasks count their messages and hand Spark one row per range
-  (:mod:`txstore.spark.stream_source`), a micro-batch's ranges read in one Spark task per core
+  (:mod:`txstore.spark.stream.stream_source`), a micro-batch's ranges read in one Spark task per core
   (``txstore.tasks``' default, the parallelism ``register`` measured);
 - ``stream-counted-task-per-range``: the same with ``txstore.tasks`` set to the number of
   partitions, a Spark task per range (how the source planned before ``txstore.tasks``).
@@ -73,7 +73,7 @@ from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres import store
 from txstore.postgres.db import connect, redact
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.spark.source_format import register
 
 PER_RANGE = "per-range"

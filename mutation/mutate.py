@@ -247,7 +247,7 @@ MODULES = (
     ),
     Module(
         "bad_rows",
-        "txstore/spark/bad_rows.py",
+        "txstore/spark/ranges/bad_rows.py",
         ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),
         ("tests/test_bad_rows.py",),
     ),
@@ -291,14 +291,14 @@ MODULES = (
     ),
     Module(
         "stream_options",
-        "txstore/spark/stream_options.py",
+        "txstore/spark/stream/stream_options.py",
         ("parse_stream_options", "parse_count_messages", "parse_tasks"),
         (STREAM,),
         "option",
     ),
     Module(
         "stream_source",
-        "txstore/spark/stream_source.py",
+        "txstore/spark/stream/stream_source.py",
         (
             "micro_batch_tasks",
             "offsets_dict",
@@ -330,7 +330,7 @@ MODULES = (
     ),
     Module(
         "stream_sink",
-        "txstore/spark/stream_sink.py",
+        "txstore/spark/stream/stream_sink.py",
         (
             "_batch_spans",
             "_row_spans",

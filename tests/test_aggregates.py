@@ -25,7 +25,7 @@ from txstore.core.results import decode_key
 from txstore.core.windows import window_start
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

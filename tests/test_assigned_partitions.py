@@ -25,7 +25,7 @@ from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.core.starting import StartingOffsets
 from txstore.options import add_job_options, job_settings
-from txstore.spark.datasource import parse_read_options, plan_job_ranges, plan_read_ranges
+from txstore.spark.source.datasource import parse_read_options, plan_job_ranges, plan_read_ranges
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 SERVERS = {"kafka.bootstrap.servers": "k:9092"}

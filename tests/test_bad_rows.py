@@ -11,7 +11,7 @@ from txstore.core.errors import TopicRecreated
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import REASON_CHARS, BadOffset
-from txstore.spark.bad_rows import failure_reason, find_bad_offsets, is_row_failure, without
+from txstore.spark.ranges.bad_rows import failure_reason, find_bad_offsets, is_row_failure, without
 
 
 def fails_on(bad: set[tuple[int, int]], tried: list[OffsetRange]):  # type: ignore[no-untyped-def]

@@ -33,7 +33,7 @@ from tests.job_processes import (
 )
 from tests.private_postgres import free_port
 from tests.test_count_topic import log_ends, offsets, totals
-from txstore.spark.pyfiles import build_py_files
+from txstore.spark.runtime.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]

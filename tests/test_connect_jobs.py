@@ -42,10 +42,10 @@ from txstore.core.results import GRAIN_KEY, GRAIN_KEY_WINDOW, ResultKey
 from txstore.count_topic import CountMessages, count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.postgres.outbox import close_producers, pending_count
-from txstore.spark.deltas import dataframe_deltas
-from txstore.spark.range_task import COMMITTED
-from txstore.spark.sessions import is_connect
-from txstore.spark.tasks import default_parallelism, read_ranges, run_ranges, task_groups
+from txstore.spark.ranges.deltas import dataframe_deltas
+from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.ranges.tasks import default_parallelism, read_ranges, run_ranges, task_groups
+from txstore.spark.runtime.sessions import is_connect
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -187,7 +187,7 @@ def test_a_dataframe_aggregate_commits_exact_counts(
         any_spark, s, dataframe_aggregate=per_key_and_minute, read_columns=read_columns
     ) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-        # None: the columns its optimized plan uses (txstore.spark.used_columns), in the source's order.
+        # None: the columns its optimized plan uses (txstore.spark.source.used_columns), in the source's order.
         assert job.read_columns == (read_columns or ("key", "topic", "timestamp"))
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total

@@ -1,4 +1,4 @@
-"""Arrow batches as COPY text (txstore.postgres.copy_text): every value arrives in PostgreSQL as it was."""
+"""Arrow batches as COPY text (txstore.postgres.results.copy_text): every value arrives in PostgreSQL as it was."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from decimal import Decimal
 import psycopg
 import pyarrow as pa
 
-from txstore.postgres.copy_text import copy_text
+from txstore.postgres.results.copy_text import copy_text
 
 
 def test_awkward_values_survive_copy_text_into_postgresql_exactly(db: psycopg.Connection) -> None:

@@ -18,7 +18,7 @@ from txstore.count_topic import count_messages
 from txstore.job import BatchReport, JobSettings, TransactionalJob
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.postgres import store
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

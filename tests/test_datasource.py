@@ -17,8 +17,8 @@ from tests.test_count_topic import job_for, log_ends, offsets
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.kafka.reader import RangeReader
-from txstore.spark.source_columns import WITHOUT_HEADERS, kafka_source_schema
-from txstore.spark.tasks import spark_failure_reason
+from txstore.spark.ranges.tasks import spark_failure_reason
+from txstore.spark.source.source_columns import WITHOUT_HEADERS, kafka_source_schema
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

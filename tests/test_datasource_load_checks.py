@@ -10,7 +10,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from txstore.spark.tasks import spark_failure_reason
+from txstore.spark.ranges.tasks import spark_failure_reason
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -11,7 +11,7 @@ from confluent_kafka import Message
 from txstore.core.errors import ConfigError, DataLoss, OffsetOutOfLog
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.core.starting import EARLIEST, LATEST, StartingOffsets, parse_starting_offsets
-from txstore.spark.arrow import (
+from txstore.spark.source.arrow import (
     KAFKA_ARROW_SCHEMA,
     ColumnsInvalid,
     arrow_schema,
@@ -19,7 +19,7 @@ from txstore.spark.arrow import (
     coalesce,
     messages_to_record_batch,
 )
-from txstore.spark.datasource import (
+from txstore.spark.source.datasource import (
     NOT_TAKEN,
     READER_FIXED_SETTINGS,
     SPARK_OPTION_NAMES,
@@ -29,7 +29,7 @@ from txstore.spark.datasource import (
     plan_read_ranges,
     schema_columns,
 )
-from txstore.spark.source_columns import kafka_source_schema
+from txstore.spark.source.source_columns import kafka_source_schema
 
 BASE = {"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b"}
 

@@ -17,8 +17,8 @@ from tests.conftest import REPO, pg_url
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config
 from txstore.postgres.db import redact
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS
-from txstore.spark.tasks import TASKS_PER_CORE, default_parallelism, read_ranges
+from txstore.spark.ranges.tasks import TASKS_PER_CORE, default_parallelism, read_ranges
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
 

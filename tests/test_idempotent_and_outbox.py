@@ -29,7 +29,7 @@ from txstore.postgres.db import connect
 from txstore.postgres.idempotent import IdempotentSink
 from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
 from txstore.postgres.sink import TransactionalSink
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED, RangeTask
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED, RangeTask
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 PRODUCE_API = 0

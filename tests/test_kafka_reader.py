@@ -215,7 +215,7 @@ def test_the_cyclic_gc_is_paused_while_a_range_is_read_and_restored_after(
 def test_record_batches_pause_the_gc_per_batch_only_so_a_read_left_suspended_leaves_it_on(
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
-    from txstore.spark.arrow import record_batches
+    from txstore.spark.source.arrow import record_batches
 
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 20})

@@ -33,7 +33,7 @@ from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
 from txstore.postgres import store
 from txstore.postgres.db import redact
 from txstore.postgres.migrate import SCHEMA_REVISION, upgrade
-from txstore.spark.stream_source import TxstoreStreamReader
+from txstore.spark.stream.stream_source import TxstoreStreamReader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

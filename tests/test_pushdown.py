@@ -27,9 +27,10 @@ from txstore import ResultsTable
 from txstore.aggregate import SqlAggregate
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
-from txstore.spark import pushdown as pushdown_module
-from txstore.spark.arrow import arrow_schema
-from txstore.spark.pushdown import (
+from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.source import pushdown as pushdown_module
+from txstore.spark.source.arrow import arrow_schema
+from txstore.spark.source.pushdown import (
     Count,
     PartialCount,
     final_counts,
@@ -37,7 +38,6 @@ from txstore.spark.pushdown import (
     partial_count_in_plan,
     task_counts,
 )
-from txstore.spark.range_task import COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 SOURCE = (
@@ -215,8 +215,8 @@ def test_a_task_with_mostly_distinct_groups_hands_them_on_in_bounded_pieces(
 WIDE_GROUPS = """
 import sys
 import pyarrow as pa
-from txstore.spark.arrow import arrow_schema
-from txstore.spark.pushdown import Count, PartialCount, task_counts
+from txstore.spark.source.arrow import arrow_schema
+from txstore.spark.source.pushdown import Count, PartialCount, task_counts
 
 width, per_batch, batches = (int(a) for a in sys.argv[1:])
 rows = Count(None)

@@ -2,7 +2,7 @@
 
 Offsets are not messages: each committed transaction leaves a marker that takes an offset
 (the mock broker writes them too), so a range's offset span overstates its messages. The
-tasks hand their counts back (``txstore.spark.range_counts``): through an accumulator on
+tasks hand their counts back (``txstore.spark.ranges.range_counts``): through an accumulator on
 classic Spark, as observed marker rows under Spark Connect. What could make that report
 wrong: a task retried after it counted, a query reading the frame twice, two jobs in one
 process sharing the accumulator, a query that stops reading early, a tuple of pieces in
@@ -25,10 +25,16 @@ from txstore import ResultsTable, TransactionalJob
 from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings
 from txstore.settings import PER_BATCH
-from txstore.spark.arrow import arrow_schema
-from txstore.spark.range_counts import MARKER, CountChannel, _PieceCounts, observations_merge, range_messages
-from txstore.spark.range_task import COMMITTED
-from txstore.spark.sessions import is_connect
+from txstore.spark.ranges.range_counts import (
+    MARKER,
+    CountChannel,
+    _PieceCounts,
+    observations_merge,
+    range_messages,
+)
+from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.runtime.sessions import is_connect
+from txstore.spark.source.arrow import arrow_schema
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 # -- without servers ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from txstore.ops.reset import apply_reset, plan_job_reset
 from txstore.ops.reset_plan import ResetTarget
 from txstore.ops.status import status
 from txstore.postgres.db import connect
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.settings import PER_BATCH
 from txstore.testing.real_kafka import (
     KafkaJarsUnavailable,

@@ -31,7 +31,7 @@ from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
 from txstore.aggregate import SqlAggregate
 from txstore.core.failpoints import FAILPOINTS_ENV
 from txstore.job import JobSettings
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

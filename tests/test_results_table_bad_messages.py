@@ -24,7 +24,7 @@ from tests.test_count_topic import log_ends, offsets
 from tests.test_results_table import run_once, settings
 from txstore import ResultsTable
 from txstore.core.errors import BadMessage, TooManyBadMessages
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

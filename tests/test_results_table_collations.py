@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import send
 from tests.test_results_table import run_once, settings
 from txstore import ResultsTable
-from txstore.spark.range_task import COMMITTED
+from txstore.spark.ranges.range_task import COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

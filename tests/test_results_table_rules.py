@@ -6,7 +6,12 @@ import pytest
 import sqlalchemy as sa
 
 from txstore import ResultsTable
-from txstore.postgres.results_table import merge_statement, parse_results_table, rule_problem, storable
+from txstore.postgres.results.results_table import (
+    merge_statement,
+    parse_results_table,
+    rule_problem,
+    storable,
+)
 
 
 def test_the_flags_parse_into_a_results_table() -> None:

@@ -1,6 +1,6 @@
 """Which results-table columns hold every value of the query's column exactly (issue 24).
 
-The start-up check (txstore.postgres.results_check) refuses, before anything is read, a column
+The start-up check (txstore.postgres.results.results_check) refuses, before anything is read, a column
 that would round a number, cut or pad a string, or put a time into a zone it does not
 have: one line naming the column, both types and the ``ALTER TABLE`` that fixes it.
 Pure checks over column facts, then the same over the catalog of a real PostgreSQL.
@@ -12,7 +12,13 @@ import psycopg
 import pytest
 
 from txstore import ResultsTable
-from txstore.postgres.results_check import Column, TableFacts, UniqueIndex, describe_table, table_problems
+from txstore.postgres.results.results_check import (
+    Column,
+    TableFacts,
+    UniqueIndex,
+    describe_table,
+    table_problems,
+)
 
 
 def facts(**columns: tuple[str, str, str]) -> TableFacts:

@@ -22,7 +22,7 @@ from py4j.protocol import Py4JJavaError
 from tests.conftest import REPO, produce
 from tests.job_processes import StderrLines, count_topic_args, job_env, kill_group, start_job
 from tests.test_count_topic import totals
-from txstore.spark.startup import java_cause
+from txstore.spark.runtime.startup import java_cause
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -154,7 +154,7 @@ def test_spans_merge_across_tasks_and_name_the_first_shared_offset() -> None:
 def test_a_write_task_turns_arrow_rows_into_spans_per_partition_with_repeats_kept() -> None:
     import pyarrow as pa
 
-    from txstore.spark.stream_sink import _batch_spans, _task_spans
+    from txstore.spark.stream.stream_sink import _batch_spans, _task_spans
 
     batch = pa.RecordBatch.from_pydict(
         {
@@ -410,7 +410,7 @@ def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_it
 
 
 def test_the_stream_lock_line_tells_a_second_source_in_this_application_from_a_query_elsewhere() -> None:
-    from txstore.spark.stream_source import driver_process, stream_locked_line
+    from txstore.spark.stream.stream_source import driver_process, stream_locked_line
 
     me = f"txstore stream {driver_process()}"
     here = stream_locked_line("j", (me, "127.0.0.1"), me)

@@ -2,7 +2,7 @@
 
 The shared planning, reading and committing code says "rerun with --fail-on-data-loss false",
 "check --topic", "Run the job again"; a streaming query has no flags and is not rerun
-(txstore/spark/stream_advice.py restates them). Each line here is made by the code that
+(txstore/spark/stream/stream_advice.py restates them). Each line here is made by the code that
 raises it; the data-loss one also on a query on real Apache Kafka (DeleteRecords), whose advice
 is then followed and works.
 """
@@ -44,8 +44,8 @@ from txstore.core.ranges import (
 from txstore.core.starting import StartingOffsets, resolve_starting_offsets
 from txstore.kafka.client import Watermarks, client_config
 from txstore.postgres.locks import START_WAIT_SECONDS, JobLocked
-from txstore.spark import stream_advice
-from txstore.spark.stream_advice import data_loss_advice, for_stream, restate
+from txstore.spark.stream import stream_advice
+from txstore.spark.stream.stream_advice import data_loss_advice, for_stream, restate
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
 

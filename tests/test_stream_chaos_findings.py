@@ -13,7 +13,7 @@ from collections.abc import Callable
 import psycopg
 
 from tests.conftest import produce
-from txstore.spark.stream_source import stream_reader
+from txstore.spark.stream.stream_source import stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 

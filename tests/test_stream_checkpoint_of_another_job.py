@@ -22,7 +22,7 @@ from tests.conftest import produce
 from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_streaming import QueryFailed, sink, stream
-from txstore.spark.stream_source import ForeignCheckpoint, check_checkpoint_starts, stream_reader
+from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts, stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -1,7 +1,7 @@
 """The stream source's and sink's guards of exactly-once, called as Spark calls them, without Spark.
 
-Every method of ``readStream.format("txstore")`` (:mod:`txstore.spark.stream_source`) and
-``writeStream.format("txstore")`` (:mod:`txstore.spark.stream_sink`) can be called directly:
+Every method of ``readStream.format("txstore")`` (:mod:`txstore.spark.stream.stream_source`) and
+``writeStream.format("txstore")`` (:mod:`txstore.spark.stream.stream_sink`) can be called directly:
 the source plans (``initialOffset``, ``latestOffset``, ``partitions``), its tasks ``read``, the
 sink's tasks ``write`` the record batches they were handed, and its ``commit`` verifies and
 commits them. Outside Spark a task has no query, micro-batch or run (``TaskContext.get()`` is
@@ -68,9 +68,9 @@ from txstore.postgres.stream_plans import (
     save_plan,
     tasks_of,
 )
-from txstore.spark.datasource import plan_job_ranges, plan_read_ranges
-from txstore.spark.stream_options import parse_count_messages, parse_stream_options, parse_tasks
-from txstore.spark.stream_sink import (
+from txstore.spark.source.datasource import plan_job_ranges, plan_read_ranges
+from txstore.spark.stream.stream_options import parse_count_messages, parse_stream_options, parse_tasks
+from txstore.spark.stream.stream_sink import (
     TableRows,
     TopicCounts,
     _batch_spans,
@@ -79,7 +79,7 @@ from txstore.spark.stream_sink import (
     parse_sink_options,
     stream_writer,
 )
-from txstore.spark.stream_source import (
+from txstore.spark.stream.stream_source import (
     CheckpointMismatch,
     ForeignCheckpoint,
     StreamLocked,

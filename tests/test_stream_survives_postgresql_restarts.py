@@ -28,7 +28,7 @@ from txstore.core.errors import DatabaseUnavailable
 from txstore.postgres.migrate import upgrade
 from txstore.postgres.reconnect import RECONNECT_ATTEMPTS, RECONNECT_SECONDS, connect_retrying
 from txstore.postgres.stream_plans import load_plan
-from txstore.spark.stream_source import TxstoreStreamReader, stream_reader
+from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -24,12 +24,12 @@ from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_streaming import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
-from txstore.spark.datasource import RangesPartition
+from txstore.spark.ranges.tasks import default_parallelism, is_connect
+from txstore.spark.source.datasource import RangesPartition
 from txstore.spark.source_format import registered_source
-from txstore.spark.stream_options import parse_stream_options
-from txstore.spark.stream_sink import _count_topics
-from txstore.spark.stream_source import micro_batch_tasks, stream_reader
-from txstore.spark.tasks import default_parallelism, is_connect
+from txstore.spark.stream.stream_options import parse_stream_options
+from txstore.spark.stream.stream_sink import _count_topics
+from txstore.spark.stream.stream_source import micro_batch_tasks, stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

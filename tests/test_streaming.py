@@ -22,8 +22,8 @@ import txstore
 from tests.conftest import produce, produce_in_transactions, send
 from tests.test_count_topic import log_ends, offsets, totals
 from tests.test_operator_cli import txstore as txstore_cli
-from txstore.spark.stream_sink import RowsOutsideBatch, check_rows_in_batch
-from txstore.spark.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
+from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
+from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

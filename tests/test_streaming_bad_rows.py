@@ -4,7 +4,7 @@
 key, a value out of range for its column or too long for it, text that is not the column's
 type, a check constraint) used to stop the query with a raw psycopg error naming no message.
 Now the sink finds the message among the micro-batch's rows (by bisection over its offsets, as
-``jobs/aggregate.py`` does, :mod:`txstore.spark.bad_rows`) and stops in one line naming job,
+``jobs/aggregate.py`` does, :mod:`txstore.spark.ranges.bad_rows`) and stops in one line naming job,
 micro-batch, topic, partition, offset, column and PostgreSQL's reason, nothing committed; or, with
 ``txstore.onBadMessage`` ``skip``, commits the rest with the offsets and records the message in
 ``txn_bad_messages`` in the same transaction, once, however often the micro-batch is replayed.
@@ -30,7 +30,7 @@ from tests.test_operator_cli import txstore as txstore_cli
 from tests.test_streaming import JOB, QueryFailed, run_available_now
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
-from txstore.spark.stream_bad_rows import RowsByMessage, origins_of
+from txstore.spark.stream.stream_bad_rows import RowsByMessage, origins_of
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

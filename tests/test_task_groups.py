@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import produce
 from tests.test_count_topic import job_for, log_ends, offsets, totals
 from txstore.core.ranges import OffsetRange, group_ranges
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED
-from txstore.spark.tasks import TASKS_PER_CORE, task_groups
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
+from txstore.spark.ranges.tasks import TASKS_PER_CORE, task_groups
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 

@@ -22,9 +22,9 @@ from tests.test_aggregates import keyed_messages, settings, stored
 from tests.test_count_topic import log_ends, offsets
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
-from txstore.spark.range_task import COMMITTED
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS
-from txstore.spark.used_columns import columns_in_plan, infer_read_columns, optimized_section
+from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS
+from txstore.spark.source.used_columns import columns_in_plan, infer_read_columns, optimized_section
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 SOURCE = (
@@ -197,8 +197,8 @@ def test_probing_a_query_that_does_not_analyse_prints_no_pyspark_json_dump(
     # stack trace; the probes expect such errors and report them in one line of their own.
     from pyspark.logger import PySparkLogger
 
-    from txstore.spark.probing import QueryRefused, analysed_fields
-    from txstore.spark.pushdown import infer_pushdown
+    from txstore.spark.source.probing import QueryRefused, analysed_fields
+    from txstore.spark.source.pushdown import infer_pushdown
 
     def broken(frame: Any) -> Any:
         return frame.groupBy("no_such_column").count()
@@ -227,7 +227,7 @@ def test_probes_in_two_threads_leave_pysparks_logging_as_it_was() -> None:
 
     from pyspark.logger import PySparkLogger
 
-    from txstore.spark.probing import quiet_analysis_errors
+    from txstore.spark.source.probing import quiet_analysis_errors
 
     logger = PySparkLogger.getLogger("DataFrameQueryContextLogger")
     was = logger.disabled
@@ -271,7 +271,7 @@ def test_two_jobs_probing_at_once_each_get_their_own_plan_and_stdout_is_left_alo
     import sys
     import threading
 
-    from txstore.spark.used_columns import explained_plan
+    from txstore.spark.source.used_columns import explained_plan
 
     spark = request.getfixturevalue("spark" if flavour == "classic" else "spark_connect")
     queries: dict[str, Callable[[Any], Any]] = {

@@ -20,13 +20,13 @@ import pytest
 
 from tests.conftest import REPO
 from txstore.core.ranges import OffsetRange
-from txstore.spark.tasks import run_ranges
+from txstore.spark.ranges.tasks import run_ranges
 
 CHILD = """
 import gc, time
 import pyarrow, psycopg, confluent_kafka
-import txstore.spark.stream_sink, txstore.spark.stream_source
-from txstore.spark.worker_heap import freeze_once
+import txstore.spark.stream.stream_sink, txstore.spark.stream.stream_source
+from txstore.spark.runtime.worker_heap import freeze_once
 
 assert gc.get_freeze_count() == 0
 before = len(gc.get_objects())

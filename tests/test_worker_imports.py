@@ -31,8 +31,8 @@ from txstore.core.ranges import OffsetRange
 from txstore.count_topic import count_messages
 from txstore.kafka.client import client_config
 from txstore.postgres import store
-from txstore.spark.range_task import RangeTask
-from txstore.spark.tasks import _EachGroup, _RangeBatches
+from txstore.spark.ranges.range_task import RangeTask
+from txstore.spark.ranges.tasks import _EachGroup, _RangeBatches
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 DRIVER_ONLY = ("sqlalchemy", "alembic", "prometheus_client")

@@ -9,11 +9,11 @@ import sys
 SAY = (
     "import logging\n"
     "{setup}"
-    "from txstore.spark.worker_log import worker_info_to_stderr\n"
+    "from txstore.spark.runtime.worker_log import worker_info_to_stderr\n"
     "worker_info_to_stderr()\n"
     "worker_info_to_stderr()\n"
-    "logging.getLogger('txstore.spark.stream_sink').info('job j: micro-batch 3 already committed; skipped')\n"
-    "logging.getLogger('txstore.spark.stream_sink').debug('not this one')\n"
+    "logging.getLogger('txstore.spark.stream.stream_sink').info('job j: micro-batch 3 already committed; skipped')\n"
+    "logging.getLogger('txstore.spark.stream.stream_sink').debug('not this one')\n"
 )
 
 

@@ -44,11 +44,11 @@ if TYPE_CHECKING:
     from txstore.kafka.bad_messages import BadOffset
     from txstore.postgres.idempotent import IdempotentSink, MessageTransform
     from txstore.postgres.outbox import OutboxPublisher
-    from txstore.postgres.results_table import MERGE_RULES, ResultsTable
+    from txstore.postgres.results.results_table import MERGE_RULES, ResultsTable
     from txstore.postgres.sink import TransactionalSink, classify_conflict
     from txstore.runner import run_job_main
-    from txstore.spark.range_task import Aggregate, RangeReport
-    from txstore.spark.tasks import read_ranges
+    from txstore.spark.ranges.range_task import Aggregate, RangeReport
+    from txstore.spark.ranges.tasks import read_ranges
 
 __version__ = "0.1.0"
 """The one place the version is written: the wheel's metadata (pyproject.toml reads it) and
@@ -96,14 +96,14 @@ _LAZY = {
     "IdempotentSink": "txstore.postgres.idempotent",
     "MessageTransform": "txstore.postgres.idempotent",
     "OutboxPublisher": "txstore.postgres.outbox",
-    "MERGE_RULES": "txstore.postgres.results_table",
-    "ResultsTable": "txstore.postgres.results_table",
+    "MERGE_RULES": "txstore.postgres.results.results_table",
+    "ResultsTable": "txstore.postgres.results.results_table",
     "TransactionalSink": "txstore.postgres.sink",
     "classify_conflict": "txstore.postgres.sink",
     "run_job_main": "txstore.runner",
-    "Aggregate": "txstore.spark.range_task",
-    "RangeReport": "txstore.spark.range_task",
-    "read_ranges": "txstore.spark.tasks",
+    "Aggregate": "txstore.spark.ranges.range_task",
+    "RangeReport": "txstore.spark.ranges.range_task",
+    "read_ranges": "txstore.spark.ranges.tasks",
 }
 """Each public name and the module it comes from, imported on first use (PEP 562): ``import
 txstore`` (and so every ``txstore`` command, ``--help`` and typos included) loads none of
@@ -128,9 +128,9 @@ def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in ``spark`` (classic or Spark Connect).
 
     Needs PySpark 4.0 or newer and pyarrow (from a clone: ``pip install -e '.[connect]'``);
-    see :mod:`txstore.spark.datasource` for the options. The session's parallelism (under Spark
+    see :mod:`txstore.spark.source.datasource` for the options. The session's parallelism (under Spark
     Connect measured with one tiny Spark job) becomes ``readStream.format("txstore")``'s default
-    ``txstore.tasks`` (:mod:`txstore.spark.stream_source`).
+    ``txstore.tasks`` (:mod:`txstore.spark.stream.stream_source`).
     """
     from txstore.spark.source_format import register as register_data_source
 

@@ -10,9 +10,9 @@ batch's messages with the columns of Spark's Kafka source (``key``,
 ``timestampType``, ``headers``), or only those ``--read-columns`` names
 (only they are built and handed to Spark: a query over keys and timestamps
 then never pays for values and headers); by default only those the
-query's optimized plan uses (:mod:`txstore.spark.used_columns`); a query that is only
+query's optimized plan uses (:mod:`txstore.spark.source.used_columns`); a query that is only
 counts grouped by Kafka-source columns is counted in part by the reading tasks
-(:mod:`txstore.spark.pushdown`; ``--no-push-down-counts``). Its output columns are the table's
+(:mod:`txstore.spark.source.pushdown`; ``--no-push-down-counts``). Its output columns are the table's
 ``--key`` columns and the columns named in ``--merge``, nothing else; each
 batch's rows are merged into the table by their rules in the transaction
 that moves the offsets (:mod:`txstore.modes.results_table`).
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from txstore.core.errors import ResultsTableInvalid
-from txstore.postgres.results_table import MERGE_RULES, parse_results_table
+from txstore.postgres.results.results_table import MERGE_RULES, parse_results_table
 from txstore.runner import run_job_main
-from txstore.spark.source_columns import ColumnsInvalid, check_columns
+from txstore.spark.source.source_columns import ColumnsInvalid, check_columns
 
 VIEW = "batch"
 """The temporary view the query reads: the batch's messages."""

@@ -30,7 +30,7 @@ from txstore.core.results import (
 )
 from txstore.core.windows import parse_duration_ms, window_start
 from txstore.runner import run_job_main
-from txstore.spark.range_task import Aggregate
+from txstore.spark.ranges.range_task import Aggregate
 
 _key = Message.key  # unbound: map() calls it without an attribute lookup per message
 _timestamp = Message.timestamp

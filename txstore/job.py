@@ -27,7 +27,7 @@ Where each part lives: settings in :mod:`txstore.settings` (re-exported
 here), what it runs checked before the first batch in :mod:`txstore.query`, steps 1-4 in
 :mod:`txstore.planning`, step 5 in one module per
 execution mode (:mod:`txstore.modes`), everything Spark-facing in
-:mod:`txstore.spark.tasks`, a batch's report and log lines in
+:mod:`txstore.spark.ranges.tasks`, a batch's report and log lines in
 :mod:`txstore.report.batch_report`; this module holds the driver's resources,
 mirrors offsets, publishes, and loops.
 """
@@ -69,7 +69,7 @@ from txstore.postgres import store
 from txstore.postgres.driverdb import DriverConnection
 from txstore.postgres.idempotent import MessageTransform
 from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.query import check_arguments, prepare_query
 from txstore.report.batch_report import BatchReport, log_batch
 from txstore.report.metrics import job_metrics
@@ -84,9 +84,9 @@ from txstore.settings import (
     DataFrameAggregate,
     JobSettings,
 )
-from txstore.spark.pushdown import PartialCount
-from txstore.spark.range_task import REFUSED, Aggregate
-from txstore.spark.tasks import spark_failure_reason
+from txstore.spark.ranges.range_task import REFUSED, Aggregate
+from txstore.spark.ranges.tasks import spark_failure_reason
+from txstore.spark.source.pushdown import PartialCount
 
 __all__ = [
     "COMMIT_MODES",
@@ -134,7 +134,7 @@ class TransactionalJob:
         "idempotent"`` give neither, or a ``transform`` choosing what to store per message.
 
         ``results_table``: merge the ``dataframe_aggregate``'s rows into a table of your own
-        (:class:`~txstore.postgres.results_table.ResultsTable`: its key and each column's merge rule),
+        (:class:`~txstore.postgres.results.results_table.ResultsTable`: its key and each column's merge rule),
         checked against the table and the query before the first batch reads anything.
 
         ``read_columns``: the Kafka-source columns the ``dataframe_aggregate`` uses (say
@@ -144,13 +144,13 @@ class TransactionalJob:
         header. The query is checked against them before the first batch reads anything:
         a column left out is one line (:class:`ConfigError`). Default: the columns Spark's
         optimized plan of the query uses, found once before the first batch
-        (:mod:`txstore.spark.used_columns`; all of them when the plan cannot tell). Declare all
+        (:mod:`txstore.spark.source.used_columns`; all of them when the plan cannot tell). Declare all
         of them to read every column.
 
         ``push_down_counts``: a ``dataframe_aggregate`` that is only counts grouped by
         Kafka-source columns (``df.groupBy("topic", "key").count()``) is counted in part by
         the tasks that read the messages, with pyarrow, so Spark gets about one row per group and
-        task instead of one per message (:mod:`txstore.spark.pushdown`: found once before the
+        task instead of one per message (:mod:`txstore.spark.source.pushdown`: found once before the
         first batch and kept only if the result's columns are the same). False: run the
         aggregate as written.
 

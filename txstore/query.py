@@ -13,7 +13,7 @@ or, with the idempotent sink, an optional ``transform``. Steps:
    runs: each step only asks Spark for a plan):
 
    a. without declared ``read_columns``: the columns Spark's optimized plan of
-      the query uses (:mod:`txstore.spark.used_columns`; all of them when the
+      the query uses (:mod:`txstore.spark.source.used_columns`; all of them when the
       plan cannot tell), so only those are built from Kafka's messages;
    b. with a results table: the table is checked against the query's rows
       (:func:`~txstore.modes.results_table.check_results_table`: columns that
@@ -21,7 +21,7 @@ or, with the idempotent sink, an optional ``transform``. Steps:
       with declared ``read_columns`` and no table, the query must not need a
       column they leave out;
    c. with ``push_down_counts``: counts grouped by Kafka-source columns are
-      counted in the reading tasks (:mod:`txstore.spark.pushdown`), kept only
+      counted in the reading tasks (:mod:`txstore.spark.source.pushdown`), kept only
       when the pushed query's columns equal the query's.
 
    Each choice is logged in one line, so an operator sees what is read and
@@ -42,12 +42,12 @@ from txstore.kafka.bad_messages import SKIP
 from txstore.modes.dataframe import check_read_columns
 from txstore.modes.results_table import check_results_table
 from txstore.postgres.idempotent import MessageTransform
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.settings import IDEMPOTENT, DataFrameAggregate, JobSettings
-from txstore.spark.pushdown import PartialCount, infer_pushdown
-from txstore.spark.range_task import Aggregate
-from txstore.spark.source_columns import ColumnsInvalid, check_columns
-from txstore.spark.used_columns import infer_read_columns
+from txstore.spark.ranges.range_task import Aggregate
+from txstore.spark.source.pushdown import PartialCount, infer_pushdown
+from txstore.spark.source.source_columns import ColumnsInvalid, check_columns
+from txstore.spark.source.used_columns import infer_read_columns
 
 log = logging.getLogger("txstore")
 

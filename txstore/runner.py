@@ -45,9 +45,9 @@ from txstore.core.failpoints import FailPoints
 from txstore.job import IDEMPOTENT, JobSettings, TransactionalJob, stop_on_signals
 from txstore.options import CONNECT_TIMEOUT, SPARK_REMOTE_ENV, add_job_options, job_settings
 from txstore.report.logformat import TEXT, formatter
-from txstore.spark.quiet import quiet_driver_launch
-from txstore.spark.range_task import Aggregate
-from txstore.spark.startup import (
+from txstore.spark.ranges.range_task import Aggregate
+from txstore.spark.runtime.quiet import quiet_driver_launch
+from txstore.spark.runtime.startup import (
     connect_address,
     java_cause,
     shown_address,
@@ -148,7 +148,7 @@ def spark_session(
     ``txstore py-files`` zip, built in a temporary directory) are added to
     the session as an artifact instead, unless ``ship_txstore`` is False.
 
-    ``quiet``: a driver JVM started here logs Spark's errors only (:mod:`txstore.spark.quiet`),
+    ``quiet``: a driver JVM started here logs Spark's errors only (:mod:`txstore.spark.runtime.quiet`),
     and the session's log level is ERROR; else Spark's defaults, and WARN (``--verbose``).
     """
     if remote:
@@ -312,7 +312,7 @@ def _connect_session(app_name: str, remote: str, ship_txstore: bool) -> object:
     session: Any = RemoteSparkSession.builder.remote(remote).appName(app_name).create()
     _ = session.version  # one round trip: the server answers now, while start_spark bounds the wait
     if ship_txstore:
-        from txstore.spark.pyfiles import build_py_files
+        from txstore.spark.runtime.pyfiles import build_py_files
 
         with tempfile.TemporaryDirectory(prefix="txstore-artifact-") as tmp:
             session.addArtifacts(str(build_py_files(Path(tmp) / "txstore.zip")), pyfile=True)

@@ -256,7 +256,7 @@ class BadMessage(TxstoreError):
 
 class TooManyBadMessages(TxstoreError):
     """More messages of one batch fail than a search for bad messages takes
-    (:data:`txstore.spark.bad_rows.MAX_BAD_MESSAGES`): nothing was committed, nothing recorded."""
+    (:data:`txstore.spark.ranges.bad_rows.MAX_BAD_MESSAGES`): nothing was committed, nothing recorded."""
 
     def __init__(self, job: str, limit: int, first: str) -> None:
         self.job = job

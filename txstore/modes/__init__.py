@@ -1,7 +1,7 @@
 """How a batch runs: one module per execution mode, each behind the same small interface.
 
 A mode gets the planned ranges and the batch's Spark job description, runs
-them, and returns a :class:`~txstore.spark.range_task.RangeReport` per range plus the
+them, and returns a :class:`~txstore.spark.ranges.range_task.RangeReport` per range plus the
 milliseconds the driver spent committing (0 when tasks commit):
 
 * :mod:`~txstore.modes.per_range`: each task reads, aggregates and commits
@@ -28,7 +28,7 @@ from txstore.core.errors import BadMessage
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
 from txstore.settings import IDEMPOTENT, JobSettings
-from txstore.spark.range_task import RangeReport
+from txstore.spark.ranges.range_task import RangeReport
 
 
 class Mode(Protocol):

@@ -2,16 +2,16 @@
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
    DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
-   the job declared (:func:`~txstore.spark.tasks.read_ranges`;
+   the job declared (:func:`~txstore.spark.ranges.tasks.read_ranges`;
    each range is verified, a recreated topic fails the Spark job);
 2. the user's function turns it into a DataFrame of deltas, collected to
-   the driver (:func:`~txstore.spark.deltas.dataframe_deltas`); the tasks hand back how
-   many messages each range had (:mod:`txstore.spark.range_counts`), for the batch's
+   the driver (:func:`~txstore.spark.ranges.deltas.dataframe_deltas`); the tasks hand back how
+   many messages each range had (:mod:`txstore.spark.ranges.range_counts`), for the batch's
    report (offsets are not messages: transaction markers, aborted messages). A query that is only
    counts grouped by Kafka-source columns (found before the first batch,
-   :mod:`txstore.spark.pushdown`) is instead counted per group by the reading
+   :mod:`txstore.spark.source.pushdown`) is instead counted per group by the reading
    tasks, and those counts are collected and summed on the driver
-   (:func:`~txstore.spark.pushdown.final_counts`): the same rows, without one
+   (:func:`~txstore.spark.source.pushdown.final_counts`): the same rows, without one
    Spark row per message or a shuffle;
 3. the driver commits it like :mod:`txstore.modes.per_batch`, with each
    range's last message as the driver read it before the Spark job
@@ -34,12 +34,12 @@ from txstore.kafka.reader import last_messages
 from txstore.modes.per_batch import commit_result
 from txstore.postgres.driverdb import DriverConnection
 from txstore.settings import JobSettings
-from txstore.spark.deltas import BatchResult, arrow_deltas, dataframe_deltas
-from txstore.spark.probing import QueryRefused, analysed_fields
-from txstore.spark.pushdown import PartialCount, final_counts
-from txstore.spark.range_counts import RangeCounts
-from txstore.spark.range_task import RangeReport
-from txstore.spark.tasks import job_description, read_ranges
+from txstore.spark.ranges.deltas import BatchResult, arrow_deltas, dataframe_deltas
+from txstore.spark.ranges.range_counts import RangeCounts
+from txstore.spark.ranges.range_task import RangeReport
+from txstore.spark.ranges.tasks import job_description, read_ranges
+from txstore.spark.source.probing import QueryRefused, analysed_fields
+from txstore.spark.source.pushdown import PartialCount, final_counts
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ class DataFrameMode:
     connection: DriverConnection
     number: int  # the batch's, for error lines
     read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
-    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.spark.pushdown)
+    # counted in part by the reading tasks (txstore.spark.source.pushdown)
+    pushdown: PartialCount | None = None
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -77,7 +78,7 @@ class DataFrameMode:
 
 def check_read_columns(spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str]) -> None:
     """Refuse, in one line, an aggregate that needs a Kafka-source column ``read_columns`` leaves
-    out (:func:`~txstore.spark.probing.analysed_fields`: nothing is read)."""
+    out (:func:`~txstore.spark.source.probing.analysed_fields`: nothing is read)."""
     try:
         analysed_fields(spark, aggregate, read_columns)
     except QueryRefused as e:

@@ -2,7 +2,7 @@
 
 Insert-or-ignore by ``(job, topic, partition, generation, offset)`` in
 ``txn_messages``, in the same transaction as the range's offset move
-(:class:`~txstore.spark.range_task.MessageTask`).
+(:class:`~txstore.spark.ranges.range_task.MessageTask`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
 from txstore.postgres.idempotent import MessageTransform
 from txstore.settings import JobSettings
-from txstore.spark.range_task import MessageTask, RangeReport
-from txstore.spark.tasks import run_ranges
+from txstore.spark.ranges.range_task import MessageTask, RangeReport
+from txstore.spark.ranges.tasks import run_ranges
 
 
 @dataclass(frozen=True)

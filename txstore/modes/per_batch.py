@@ -3,7 +3,7 @@
 1. cut big ranges into pieces (``min_partitions``), one Spark task each;
 2. the tasks aggregate and send back partial deltas, message counts, bad
    messages, the fingerprint of each piece's last message, or a refusal
-   (:func:`~txstore.spark.deltas.aggregate_batch`); the driver sums the deltas
+   (:func:`~txstore.spark.ranges.deltas.aggregate_batch`); the driver sums the deltas
    exactly;
 3. a refusal (recreated topic) commits nothing; a bad message stops the job
    unless ``on_bad_message`` is ``skip``;
@@ -41,8 +41,8 @@ from txstore.modes import bad_message
 from txstore.postgres.driverdb import DriverConnection
 from txstore.postgres.sink import TransactionalSink
 from txstore.settings import JobSettings
-from txstore.spark.deltas import BatchResult, aggregate_batch
-from txstore.spark.range_task import (
+from txstore.spark.ranges.deltas import BatchResult, aggregate_batch
+from txstore.spark.ranges.range_task import (
     ALREADY_COMMITTED,
     COMMITTED,
     REFUSED,

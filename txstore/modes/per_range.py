@@ -1,7 +1,7 @@
 """Per-range commits (the default): each Spark task reads, aggregates and commits its ranges.
 
 A task's ranges commit in one transaction, or one by one if that is
-refused (:meth:`~txstore.spark.range_task.RangeTask.run_together`); the driver only
+refused (:meth:`~txstore.spark.ranges.range_task.RangeTask.run_together`); the driver only
 collects the reports.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
 from txstore.settings import JobSettings
-from txstore.spark.range_task import Aggregate, RangeReport, RangeTask
-from txstore.spark.tasks import run_ranges
+from txstore.spark.ranges.range_task import Aggregate, RangeReport, RangeTask
+from txstore.spark.ranges.tasks import run_ranges
 
 
 @dataclass(frozen=True)

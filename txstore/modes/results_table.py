@@ -2,26 +2,26 @@
 
 1. the batch's ranges, cut into pieces like per-batch commits, become one
    DataFrame with Spark's Kafka-source columns, or only the ``read_columns``
-   declared (:func:`~txstore.spark.tasks.read_ranges`);
+   declared (:func:`~txstore.spark.ranges.tasks.read_ranges`);
    the user's aggregate (or ``--sql`` over the view ``batch``) turns it into
    rows of the table's key and merged columns;
 2. the driver checks the offsets are still at the batch's start (a batch an
    earlier attempt or another instance committed is recognised without
    running the query), then runs the query: the Spark tasks turn its rows
-   into ``COPY`` text (:mod:`txstore.postgres.copy_text`), and the driver streams the
+   into ``COPY`` text (:mod:`txstore.postgres.results.copy_text`), and the driver streams the
    chunks (``toLocalIterator``, a partition at a time) into ``COPY`` to a
    temporary table, so it never holds the result;
 3. in the same transaction: every range's offset moves conditionally
    (:data:`~txstore.postgres.sink.MOVE_OFFSETS`), then one statement merges the rows
    into the table by their rules, in key order
-   (:func:`~txstore.postgres.results_table.merge_statement`), then COMMIT; a range
+   (:func:`~txstore.postgres.results.results_table.merge_statement`), then COMMIT; a range
    not at its start rolls everything back and is classified like every
    per-batch commit (already committed, gap, overlap), and a dropped
    connection commits again on a new one
    (:func:`~txstore.modes.per_batch.commit_with_retries`);
 4. a batch that fails on one message's value (the query's, or PostgreSQL's
    refusing its row) is tried again piece by piece to find the message
-   (:mod:`txstore.spark.bad_rows`): the job stops naming it, or with
+   (:mod:`txstore.spark.ranges.bad_rows`): the job stops naming it, or with
    ``--on-bad-message skip`` the batch commits without it and records it in
    ``txn_bad_messages``, in the same transaction.
 
@@ -48,25 +48,31 @@ from txstore.core.ranges import OffsetRange, TopicPartition, split_ranges
 from txstore.kafka.bad_messages import SKIP, BadOffset
 from txstore.kafka.reader import last_messages
 from txstore.modes.per_batch import commit_with_retries
-from txstore.postgres.copy_text import CHUNK_SCHEMA, CopyChunks
 from txstore.postgres.driverdb import DriverConnection
-from txstore.postgres.results_check import describe_table, table_problems
-from txstore.postgres.results_merge import (
+from txstore.postgres.results.copy_text import CHUNK_SCHEMA, CopyChunks
+from txstore.postgres.results.results_check import describe_table, table_problems
+from txstore.postgres.results.results_merge import (
     Chunk,
     copy_and_merge,
     rows_refused,
     temp_table_types,
 )
-from txstore.postgres.results_table import ResultsTable
+from txstore.postgres.results.results_table import ResultsTable
 from txstore.postgres.sink import classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.settings import JobSettings
-from txstore.spark.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure, without
-from txstore.spark.probing import QueryRefused, analysed_fields
-from txstore.spark.pushdown import PartialCount, batch_frame
-from txstore.spark.range_counts import RangeCounts
-from txstore.spark.range_task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
-from txstore.spark.tasks import job_description, read_ranges
+from txstore.spark.ranges.bad_rows import (
+    MAX_BAD_MESSAGES,
+    failure_reason,
+    find_bad_offsets,
+    is_row_failure,
+    without,
+)
+from txstore.spark.ranges.range_counts import RangeCounts
+from txstore.spark.ranges.range_task import COMMITTED, REPORTED_BAD_MESSAGES, RangeReport
+from txstore.spark.ranges.tasks import job_description, read_ranges
+from txstore.spark.source.probing import QueryRefused, analysed_fields
+from txstore.spark.source.pushdown import PartialCount, batch_frame
 
 log = logging.getLogger("txstore")
 
@@ -83,7 +89,8 @@ class ResultsTableMode:
     connection: DriverConnection
     number: int  # the batch's, for error lines
     read_columns: Sequence[str] | None = None  # the Kafka-source columns the aggregate uses; None: all
-    pushdown: PartialCount | None = None  # counted in part by the reading tasks (txstore.spark.pushdown)
+    # counted in part by the reading tasks (txstore.spark.source.pushdown)
+    pushdown: PartialCount | None = None
 
     def run(self, ranges: list[OffsetRange], description: str) -> tuple[list[RangeReport], float]:
         s = self.settings
@@ -91,7 +98,8 @@ class ResultsTableMode:
             return [], 0.0
         pieces = split_ranges(ranges, s.min_partitions)
         last: dict[TopicPartition, Fingerprint] = {}  # each range's last message, stored with its offset
-        counted: list[RangeCounts] = []  # the messages the last query run read (txstore.spark.range_counts)
+        # the messages the last query run read (txstore.spark.ranges.range_counts)
+        counted: list[RangeCounts] = []
         started = time.perf_counter()
         try:
             outcome = self._commit(ranges, pieces, last, counted, description)
@@ -104,7 +112,7 @@ class ResultsTableMode:
             return [RangeReport(r, outcome, messages[r.key]) for r in ranges], (
                 time.perf_counter() - started
             ) * 1000
-        # One message's value, every time: find it (txstore.spark.bad_rows), on this path only.
+        # One message's value, every time: find it (txstore.spark.ranges.bad_rows), on this path only.
         skip = s.on_bad_message == SKIP
         with job_description(self.spark, f"{description}: finding the message it fails on"):
             bad = find_bad_offsets(ranges, self._fails, not skip, MAX_BAD_MESSAGES)
@@ -190,7 +198,7 @@ class ResultsTableMode:
 
     def _fails(self, piece: OffsetRange) -> str | None:
         """The query over ``piece`` alone, its rows copied and merged, then rolled back: why that
-        failed (None: it did not). :data:`txstore.spark.bad_rows.Fails`.
+        failed (None: it did not). :data:`txstore.spark.ranges.bad_rows.Fails`.
 
         A data exception from the merge itself (not from copying the rows) is a sum past what
         the column holds, the stored value's doing as much as any message's: it is raised, not
@@ -214,7 +222,7 @@ def reported_messages(
     counted: Sequence[RangeCounts], ranges: Sequence[OffsetRange], skipped: Sequence[BadOffset] = ()
 ) -> dict[TopicPartition, int]:
     """Each range's messages for its report: as the last query run's tasks counted them
-    (:mod:`txstore.spark.range_counts`), plus the ``skipped`` ones of the range, which it did not
+    (:mod:`txstore.spark.ranges.range_counts`), plus the ``skipped`` ones of the range, which it did not
     read; a range no query read to its end (a batch found committed before, a query that stops
     early) reports its offset span."""
     found = counted[-1].messages(ranges) if counted else {}
@@ -227,7 +235,7 @@ def reported_messages(
 
 
 def copy_chunks(frame: Any, ordered: bool) -> Generator[Chunk, None, None]:
-    """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.postgres.copy_text`),
+    """The frame's rows as COPY text made by the Spark tasks (:mod:`txstore.postgres.results.copy_text`),
     a partition at a time, the next one computed while this one is copied."""
     rows = frame.mapInArrow(CopyChunks(ordered), CHUNK_SCHEMA).toLocalIterator(prefetchPartitions=True)
     try:
@@ -268,7 +276,7 @@ def query_columns(
     spark: Any, aggregate: Callable[[Any], Any], read_columns: Sequence[str] | None = None
 ) -> list[tuple[str, str]]:
     """The aggregate's output columns as (name, Spark type), from its plan over an empty batch
-    (of ``read_columns`` only, if given; :func:`~txstore.spark.probing.analysed_fields`: nothing is
+    (of ``read_columns`` only, if given; :func:`~txstore.spark.source.probing.analysed_fields`: nothing is
     read). A query Spark refuses is one line."""
     try:
         fields = analysed_fields(spark, aggregate, read_columns)

@@ -172,7 +172,7 @@ def _main(argv: list[str] | None = None) -> int:
         return mock_kafka(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "py-files":
-        from txstore.spark.pyfiles import build_py_files
+        from txstore.spark.runtime.pyfiles import build_py_files
 
         print(build_py_files(args.output))
         return 0

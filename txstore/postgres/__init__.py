@@ -7,9 +7,9 @@ Alembic runs them: :mod:`~txstore.postgres.migrate`), the job lock
 (:mod:`~txstore.postgres.store`), the commits themselves: the transactional sink with its
 conditional offset update (:mod:`~txstore.postgres.sink`), the idempotent sink
 (:mod:`~txstore.postgres.idempotent`) and the outbox (:mod:`~txstore.postgres.outbox`);
-results tables: their flags, type rules and merge SQL (:mod:`~txstore.postgres.results_table`),
-the catalog checks (:mod:`~txstore.postgres.results_check`) and rows as ``COPY`` text
-(:mod:`~txstore.postgres.copy_text`).
+and in a folder above the rest, which never imports it, results tables: their flags, type
+rules and merge SQL, the catalog checks, rows as ``COPY`` text and the merge
+(:mod:`txstore.postgres.results`).
 
 May import: ``txstore.core``, ``txstore.kafka`` (the idempotent sink finds a bad message by
 re-reading its range), psycopg and SQLAlchemy; never Spark or the driver.

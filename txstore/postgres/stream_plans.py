@@ -1,12 +1,12 @@
 """``txn_stream_plans`` and ``txn_stream_reads``: a streaming job's planned micro-batch, handed
 from its source to its sink, and what its reading tasks read.
 
-The stream source (:mod:`txstore.spark.stream_source`) plans each micro-batch's ranges and
+The stream source (:mod:`txstore.spark.stream.stream_source`) plans each micro-batch's ranges and
 stores them here (:func:`save_plan`, one row per job, replaced by the next plan, with an
 identity and the reading task of each range); each reading task, once it has read its ranges
 to their end, records a receipt (:func:`record_read`: the streaming query and micro-batch it
 ran in, its Spark stage and partition, and per range the messages delivered and the last one's
-fingerprint). The sink (:mod:`txstore.spark.stream_sink`) commits exactly the planned ranges
+fingerprint). The sink (:mod:`txstore.spark.stream.stream_sink`) commits exactly the planned ranges
 (:func:`load_plan`), never offsets derived from the rows it received (``max(offset) + 1``
 would skip a partition's aborted transactions' offsets and never see an empty partition), and
 only once the receipts (:func:`load_reads`) prove that its own query's micro-batch read them

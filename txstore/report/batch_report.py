@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from txstore.kafka.bad_messages import describe_skipped
 from txstore.report.logformat import fields
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED, REFUSED, RangeReport
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED, REFUSED, RangeReport
 
 log = logging.getLogger("txstore")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from txstore.core.errors import MetricsPortInUse
 from txstore.core.ranges import TopicPartition
-from txstore.spark.range_task import ALREADY_COMMITTED, COMMITTED, REFUSED, RangeReport
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED, REFUSED, RangeReport
 
 OK = "ok"
 FAILED = "failed"

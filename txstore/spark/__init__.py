@@ -1,17 +1,16 @@
-"""The Spark side: ranges as Spark tasks, what a task does, DataFrames and the data source.
+"""The Spark side: ranges as Spark tasks, DataFrames, and the ``txstore`` data source and sink.
 
-Owns cutting ranges into task groups and running them (:mod:`~txstore.spark.tasks`), what a
-task does with each range: read, aggregate, commit (:mod:`~txstore.spark.range_task`),
-per-batch partial deltas summed on the driver (:mod:`~txstore.spark.deltas`), messages as
-Arrow batches (:mod:`~txstore.spark.arrow`), the Kafka-source columns
-(:mod:`~txstore.spark.source_columns`), asking Spark about a query without running it
-(:mod:`~txstore.spark.probing`, :mod:`~txstore.spark.used_columns`), counts pushed down to the
-reading tasks (:mod:`~txstore.spark.pushdown`), finding the message a results table refuses
-(:mod:`~txstore.spark.bad_rows`; in a streaming query's rows, :mod:`~txstore.spark.stream_bad_rows`), the ``txstore`` data source for batch and streaming reads
-and the streaming sink (:mod:`~txstore.spark.source_format`, :mod:`~txstore.spark.datasource`,
-:mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`) shipping txstore to executors
-(:mod:`~txstore.spark.pyfiles`), and a reused Python worker's heap frozen once
-(:mod:`~txstore.spark.worker_heap`).
+Owns, in folders that each import only the ones below them (import-linter checks it):
+``format("txstore")`` registered once for batch reads, stream reads and the stream sink
+(:mod:`~txstore.spark.source_format`); the stream: its source, sink, options, refused rows and
+advice (:mod:`txstore.spark.stream`); offset ranges as Spark tasks, for the batch jobs and the
+stream alike: task groups, what a task does with each range, each range's messages handed back,
+per-batch deltas, the search for a message a results table refuses (:mod:`txstore.spark.ranges`);
+Kafka as Spark sees it: the Kafka-source columns, messages as Arrow batches, the batch data
+source, and a query asked about without running it: its fields, the columns it uses, counts
+pushed down to the reading tasks (:mod:`txstore.spark.source`); and the processes: the session's
+kind, a quiet driver, start-up failures, the ``--py-files`` zip, a reused Python worker's heap
+and log lines (:mod:`txstore.spark.runtime`).
 
 Everything runs on classic Spark and Spark Connect alike (DataFrames and ``mapInArrow``,
 no RDD, no ``sparkContext`` except behind ``is_connect``).

@@ -1,6 +1,6 @@
 """``format("txstore")``: the one data source Spark registers, for batch reads
-(:mod:`txstore.spark.datasource`), stream reads (:mod:`txstore.spark.stream_source`) and the
-exactly-once stream sink (:mod:`txstore.spark.stream_sink`).
+(:mod:`txstore.spark.source.datasource`), stream reads (:mod:`txstore.spark.stream.stream_source`) and the
+exactly-once stream sink (:mod:`txstore.spark.stream.stream_sink`).
 
 Apart from both so that the stream side can build on the batch side without either importing
 the other's entry point.
@@ -18,16 +18,16 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
-from txstore.spark.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
-from txstore.spark.stream_options import (
+from txstore.spark.ranges.tasks import default_parallelism
+from txstore.spark.source.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
+from txstore.spark.stream.stream_options import (
     COUNT_MESSAGES_OPTION,
     COUNT_SCHEMA,
     STREAM_ONLY_OPTIONS,
     parse_count_messages,
 )
-from txstore.spark.stream_sink import stream_writer
-from txstore.spark.stream_source import stream_reader
-from txstore.spark.tasks import default_parallelism
+from txstore.spark.stream.stream_sink import stream_writer
+from txstore.spark.stream.stream_source import stream_reader
 
 
 class TxstoreDataSource(DataSource):  # type: ignore[misc]
@@ -42,10 +42,10 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         return FORMAT
 
     def schema(self) -> Any:
-        from txstore.spark.source_columns import kafka_source_schema
+        from txstore.spark.source.source_columns import kafka_source_schema
 
         # A bad option fails at load(), not at the action; the stream-only options are checked by
-        # streamReader (txstore.spark.stream_source), and refused by reader() for a batch read.
+        # streamReader (txstore.spark.stream.stream_source), and refused by reader() for a batch read.
         given = {k: v for k, v in self.options.items() if str(k).lower() not in STREAM_ONLY_OPTIONS}
         options = parse_read_options(given, os.environ)
         check_explicit_offsets(options)
@@ -58,11 +58,11 @@ class TxstoreDataSource(DataSource):  # type: ignore[misc]
         return TxstoreReader(parse_read_options(self.options, os.environ), schema)
 
     def streamReader(self, schema: Any) -> Any:
-        """``spark.readStream.format("txstore")``: see :mod:`txstore.spark.stream_source`."""
+        """``spark.readStream.format("txstore")``: see :mod:`txstore.spark.stream.stream_source`."""
         return stream_reader(self.options, schema, self.default_tasks)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-        """``writeStream.format("txstore")``: see :mod:`txstore.spark.stream_sink`."""
+        """``writeStream.format("txstore")``: see :mod:`txstore.spark.stream.stream_sink`."""
         return stream_writer(self.options, schema, overwrite)
 
 
@@ -89,6 +89,6 @@ def registered_source(tasks: int | None) -> type[TxstoreDataSource]:
 def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in this session (classic or Spark Connect),
     with the session's parallelism as the stream source's default ``txstore.tasks``
-    (:func:`~txstore.spark.tasks.default_parallelism`: ``sparkContext.defaultParallelism``, or
+    (:func:`~txstore.spark.ranges.tasks.default_parallelism`: ``sparkContext.defaultParallelism``, or
     under Spark Connect one tiny Spark job, once per session)."""
     spark.dataSource.register(registered_source(default_parallelism(spark)))

@@ -6,7 +6,7 @@ adaptive-execution warning and DAGScheduler's cancel warnings on stop. A driver 
 :data:`QUIET_LOG4J2` (a log4j2 configuration shipped in the package) logs Spark's errors only.
 The jobs and the demo start it so unless ``--verbose``; your own session can too:
 
-    from txstore.spark.quiet import java_options
+    from txstore.spark.runtime.quiet import java_options
 
     SparkSession.builder.config("spark.driver.extraJavaOptions", java_options())
 

@@ -4,7 +4,7 @@ A ``dataframe_aggregate`` that declares no ``read_columns`` would have every
 Kafka-source column built in Python and handed to Spark, although most
 aggregates use two or three of them: a Python reader is opaque to Spark, so
 Spark cannot prune its columns itself. Building keys, values, timestamps and
-headers costs about 1 us a message (``txstore.spark.arrow``), and a count per topic
+headers costs about 1 us a message (``txstore.spark.source.arrow``), and a count per topic
 needs none of them. So, once per job, before the first batch:
 
 1. the aggregate is applied to a frame of the same shape as a batch's (a
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from txstore.core.errors import first_line
-from txstore.spark.probing import quiet_analysis_errors
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
+from txstore.spark.source.probing import quiet_analysis_errors
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 
 OPTIMIZED_SECTION = "== Optimized Logical Plan =="
 _SHORTENED = ("more fields", "more characters", "[truncated]")

@@ -8,7 +8,7 @@ aborted messages; a compacted topic has holes. The report (its log line,
 ``txstore_messages``) needs what the tasks read. Steps:
 
 1. the driver makes a :class:`RangeCounts` for one Spark action and passes it to
-   :func:`~txstore.spark.tasks.read_ranges`, which notes the pieces to read
+   :func:`~txstore.spark.ranges.tasks.read_ranges`, which notes the pieces to read
    (:meth:`RangeCounts.reading`) and hands the reading tasks its :class:`CountChannel`;
 2. each task counts the messages of every piece it reads *to its end*, and hands the
    counts back once its reading is done (:meth:`CountChannel.handed_back`):
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from txstore.core.ranges import OffsetRange, TopicPartition
-from txstore.spark.sessions import is_connect
+from txstore.spark.runtime.sessions import is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -16,7 +16,7 @@ Instants (Spark's ``timestamp``, Arrow timestamps with a zone, which Spark hands
 over in its session's time zone) are written in UTC, ``2026-10-25
 00:30:00.000000+00``, whatever the session's zone: the text never depends on it,
 and even a ``timestamp`` column without time zone (which drops the offset; the
-start-up check refuses it, :mod:`txstore.postgres.results_check`) would hold UTC wall
+start-up check refuses it, :mod:`txstore.postgres.results.results_check`) would hold UTC wall
 times, so the two 02:30 of a daylight-saving fold never become one value. Wall
 times (``timestamp_ntz``) and dates have no zone and are written as they are.
 """

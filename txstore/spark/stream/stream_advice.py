@@ -1,6 +1,6 @@
 """What a streaming query's lines tell its user to do: a stream's options and steps, not a job's flags.
 
-The stream source and sink (:mod:`~txstore.spark.stream_source`, :mod:`~txstore.spark.stream_sink`)
+The stream source and sink (:mod:`~txstore.spark.stream.stream_source`, :mod:`~txstore.spark.stream.stream_sink`)
 raise the lines of the shared planning, reading and committing code, written for ``count_topic``
 and ``txstore`` commands: "rerun with --fail-on-data-loss false", "check --topic", "Run the job
 again". A streaming query has no flags and is not rerun: :func:`for_stream` restates each such
@@ -106,7 +106,7 @@ _PHRASES: tuple[tuple[str, str], ...] = (
     ("--starting-offsets JSON", "startingOffsets JSON"),
     ("--starting-offsets", "option startingOffsets"),
 )
-# A results table's checks (txstore.postgres.results_check) name aggregate.py's flags.
+# A results table's checks (txstore.postgres.results.results_check) name aggregate.py's flags.
 _TABLE_FLAGS = re.compile(r"(?<![\w-])--(table|key|merge)\b")
 
 

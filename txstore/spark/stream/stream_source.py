@@ -1,7 +1,7 @@
 """``spark.readStream.format("txstore")``: the exactly-once stream's source.
 
 A Python streaming data source (``DataSourceStreamReader``, PySpark 4.0 or
-newer) for one txstore job; its sink is :mod:`txstore.spark.stream_sink`, and
+newer) for one txstore job; its sink is :mod:`txstore.spark.stream.stream_sink`, and
 the two together keep txstore's guarantee whatever happens to the query's
 checkpoint::
 
@@ -24,7 +24,7 @@ hands the ranges it planned to the sink through ``txn_stream_plans``
 (:mod:`txstore.postgres.stream_plans`); the sink commits them with the
 batch's results in one transaction.
 
-Source options: those of the batch source (:mod:`txstore.spark.datasource`) except
+Source options: those of the batch source (:mod:`txstore.spark.source.datasource`) except
 ``endingOffsets`` (``minPartitions`` cuts a micro-batch's big ranges into pieces, each read by
 its own task; the sink commits each range whole), plus ``maxOffsetsPerTrigger``,
 ``txstore.countMessages`` and ``txstore.tasks``; ``txstore.job`` is
@@ -56,17 +56,17 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   planned before a restart. The planned ranges are stored in
   ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
   where the sink finds them. They become Spark's input partitions
-  (:class:`~txstore.spark.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
+  (:class:`~txstore.spark.source.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
   each while there are no more ranges than ``txstore.tasks``, else ``txstore.tasks`` runs of
   neighbouring ranges. Each task of a Python source feeding a Python sink takes two Python
   workers, so a task per core, not per range, is what a micro-batch of many partitions pays.
   ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
   per task when the source was registered otherwise);
 - ``read(partition)`` (the first in a Python worker freezes its heap,
-  :mod:`~txstore.spark.worker_heap`): the task's ranges in their planned order (a retried
+  :mod:`~txstore.spark.runtime.worker_heap`): the task's ranges in their planned order (a retried
   task gets the same pickled partition, so it reads the same messages), through the batch
   source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
-  row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`): as the
+  row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream.stream_options.COUNT_SCHEMA`): as the
   per-range count path, no row per message crosses into Spark, and the sink adds the counts
   (Spark's ``numInputRows`` then counts ranges, not messages).
 
@@ -83,7 +83,7 @@ restart costs a pause, not the query. If another query of the job took the strea
 meanwhile, this one stops with :class:`StreamLocked`, before planning anything.
 
 The lines the planning methods and the reading tasks raise come from code shared with the jobs;
-their advice is restated for a streaming query (:mod:`~txstore.spark.stream_advice`: options and
+their advice is restated for a streaming query (:mod:`~txstore.spark.stream.stream_advice`: options and
 restarts, not a job's flags).
 """
 
@@ -153,21 +153,21 @@ from txstore.postgres.stream_plans import (
     save_plan,
     stream_privileges,
 )
-from txstore.spark.datasource import (
+from txstore.spark.ranges.range_task import task_attempt, task_run
+from txstore.spark.runtime.worker_heap import freeze_once
+from txstore.spark.runtime.worker_log import worker_info_to_stderr
+from txstore.spark.source.datasource import (
     RangesPartition,
     TxstoreReader,
     partition_ranges,
     start_times,
 )
-from txstore.spark.range_task import task_attempt, task_run
-from txstore.spark.stream_advice import restated_rows, restating
-from txstore.spark.stream_options import (
+from txstore.spark.stream.stream_advice import restated_rows, restating
+from txstore.spark.stream.stream_options import (
     COUNT_SCHEMA,
     StreamOptions,
     parse_stream_options,
 )
-from txstore.spark.worker_heap import freeze_once
-from txstore.spark.worker_log import worker_info_to_stderr
 
 log = logging.getLogger("txstore")
 
@@ -287,7 +287,7 @@ def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[
     A task each while there are no more ranges than ``tasks`` (or ``tasks`` is None): the ranges
     are read side by side. More ranges share ``tasks`` runs of neighbours of about equal work
     (:func:`~txstore.core.ranges.group_ranges`), as the batch jobs share a task per core
-    (:func:`txstore.spark.tasks.task_groups`): each task of a Python source feeding a Python
+    (:func:`txstore.spark.ranges.tasks.task_groups`): each task of a Python source feeding a Python
     sink costs two Python workers, which a task per range would pay for every partition.
     """
     if tasks is None or len(ranges) <= tasks:
@@ -1085,7 +1085,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
 
     def _count(self, partition: InputPartition, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
         """``txstore.countMessages``: each range read whole and its messages counted; one row per
-        range (:data:`~txstore.spark.stream_options.COUNT_SCHEMA`), all in one record batch.
+        range (:data:`~txstore.spark.stream.stream_options.COUNT_SCHEMA`), all in one record batch.
 
         As the per-range count path: no row per message is built or handed to Spark (the
         reader's checks of the planned log are the same); a retried task reads its ranges again

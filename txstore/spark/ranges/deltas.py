@@ -1,7 +1,7 @@
 """Per-batch aggregation in Spark: each task's partial deltas, summed exactly on the driver.
 
 For per-batch commits the tasks only aggregate (in the task groups of
-:func:`~txstore.spark.tasks.spark_tasks`): their partial deltas are collected
+:func:`~txstore.spark.ranges.tasks.spark_tasks`): their partial deltas are collected
 to the driver and summed there exactly (:func:`aggregate_batch`), or the
 user's DataFrame aggregation runs and its rows are collected as deltas
 (:func:`dataframe_deltas`, :func:`arrow_deltas`). Only a task's successful
@@ -34,7 +34,7 @@ from txstore.core.results import (
 )
 from txstore.kafka.bad_messages import BadOffset, aggregate_range
 from txstore.kafka.reader import RangeReader
-from txstore.spark.tasks import _map_groups, spark_tasks
+from txstore.spark.ranges.tasks import _map_groups, spark_tasks
 
 
 @dataclass(frozen=True)

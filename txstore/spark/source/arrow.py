@@ -5,7 +5,7 @@ messages (a :class:`~txstore.kafka.reader.RangeReader` batch, or any list of
 ``confluent_kafka.Message``) into a ``pyarrow.RecordBatch`` whose schema is
 exactly :data:`KAFKA_ARROW_SCHEMA`, or the columns of it a reader asks for
 (:func:`arrow_schema`): what PySpark derives from
-:func:`txstore.spark.source_columns.kafka_source_schema` with the session time zone UTC, so
+:func:`txstore.spark.source.source_columns.kafka_source_schema` with the session time zone UTC, so
 Spark takes the batch as it is (a Python data source's ``read``, or
 ``mapInArrow``) without converting a row.
 
@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Message
 
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, check_columns
-from txstore.spark.source_columns import ColumnsInvalid as ColumnsInvalid  # re-exported
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, check_columns
+from txstore.spark.source.source_columns import ColumnsInvalid as ColumnsInvalid  # re-exported
 
 KAFKA_ARROW_SCHEMA = pa.schema(
     [

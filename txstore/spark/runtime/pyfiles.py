@@ -5,7 +5,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # txstore/
+PACKAGE_DIR = Path(__file__).resolve().parent.parent.parent  # txstore/
 
 
 def build_py_files(output: Path) -> Path:

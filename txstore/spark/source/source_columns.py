@@ -2,7 +2,7 @@
 
 The one list every part of txstore reads columns by (the range readers' Arrow batches, the
 data source, read-column inference, pushdown), kept apart so that each can import it without
-importing the Spark glue (:mod:`txstore.spark.tasks`) that uses them all.
+importing the Spark glue (:mod:`txstore.spark.ranges.tasks`) that uses them all.
 """
 
 from __future__ import annotations

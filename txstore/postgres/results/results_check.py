@@ -2,12 +2,12 @@
 
 :func:`describe_table` reads what PostgreSQL knows of the table (one
 round trip per catalog question); :func:`table_problems` compares it with
-the :class:`~txstore.postgres.results_table.ResultsTable` and the query's output
+the :class:`~txstore.postgres.results.results_table.ResultsTable` and the query's output
 columns, and returns every problem as one line naming its column. The job
 refuses to start on any (:class:`~txstore.core.errors.ResultsTableInvalid`,
 exit 2), so nothing is read from Kafka or written.
 
-Exact columns (issue 24). Beyond :func:`~txstore.postgres.results_table.storable` (which
+Exact columns (issue 24). Beyond :func:`~txstore.postgres.results.results_table.storable` (which
 kinds of column a Spark type can go into at all), :func:`inexact` refuses a
 column that cannot hold every value of the query's type *as it is*: whatever
 PostgreSQL would round, cut, pad or put into a time zone it guessed, because
@@ -49,7 +49,7 @@ changed is as wrong as two keys merged):
 - times: txstore never picks a time zone. Spark's ``timestamp`` (an instant)
   only into ``timestamptz``: ``timestamp`` without time zone drops the offset,
   so the two 02:30 of a daylight-saving fold would be one key (the instants are
-  written as UTC text, :mod:`txstore.postgres.copy_text`). ``timestamp_ntz`` (a wall
+  written as UTC text, :mod:`txstore.postgres.results.copy_text`). ``timestamp_ntz`` (a wall
   time) only into ``timestamp``, and ``date`` into ``date`` or ``timestamp``:
   into ``timestamptz`` PostgreSQL would place them in the connection's
   ``TimeZone``, where a daylight-saving gap makes two wall times one instant
@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from txstore.postgres.results_table import ResultsTable, rule_problem, storable, table_identifier
+from txstore.postgres.results.results_table import ResultsTable, rule_problem, storable, table_identifier
 
 PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 """What the job's role needs on the table: INSERT ... ON CONFLICT DO UPDATE reads the stored values."""
@@ -282,7 +282,7 @@ _MAX_NUMERIC_PRECISION = 1000
 def inexact(spark_type: str, column: Column) -> tuple[str, str] | None:
     """Why ``column`` cannot hold every value of ``spark_type`` (Spark's ``simpleString``) exactly,
     and the column type that would: ``(why, type)``; None when it can. Only asked of columns
-    :func:`~txstore.postgres.results_table.storable` lets the type into; the rules are the module's."""
+    :func:`~txstore.postgres.results.results_table.storable` lets the type into; the rules are the module's."""
     typname, declared = column.typname, column.declared
     if spark_type in _SPARK_INTEGERS:
         return _inexact_integer(typname, declared, _SPARK_INTEGERS[spark_type])

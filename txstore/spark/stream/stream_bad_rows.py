@@ -1,14 +1,14 @@
 """The stream sink's rows PostgreSQL refuses, named by their message; or skipped and recorded.
 
-A results-table micro-batch (:mod:`txstore.spark.stream_sink`) reaches the sink's commit as
+A results-table micro-batch (:mod:`txstore.spark.stream.stream_sink`) reaches the sink's commit as
 ``COPY`` text, a line per row, and beside each chunk the message of each of its rows (its
 ``topic``, ``partition`` and ``offset``, :func:`origins_of`). When PostgreSQL refuses the
 micro-batch's rows (a NULL key, a value out of its column's range, text that is not the
 column's type, a check constraint: a data exception or an integrity violation), the commit has
 rolled back and the batch job's search runs over those rows, on the failure path only:
-:func:`~txstore.spark.bad_rows.find_bad_offsets` bisects the micro-batch's ranges by offset, each
+:func:`~txstore.spark.ranges.bad_rows.find_bad_offsets` bisects the micro-batch's ranges by offset, each
 piece's rows copied and merged, then rolled back
-(:func:`~txstore.postgres.results_merge.rows_refused`, the batch job's test of a piece). Nothing is
+(:func:`~txstore.postgres.results.results_merge.rows_refused`, the batch job's test of a piece). Nothing is
 read again: the rows are the ones the tasks made.
 
 - ``txstore.onBadMessage`` ``fail`` (the default): the query stops at the first such message,
@@ -16,9 +16,9 @@ read again: the rows are the ones the tasks made.
   column and PostgreSQL's reason; nothing committed.
 - ``skip``: every such message is found, and the micro-batch commits without its rows,
   recording it in ``txn_bad_messages`` in the same transaction as the offsets
-  (:func:`~txstore.postgres.results_merge.copy_and_merge` with ``bad``, as the batch job). A
+  (:func:`~txstore.postgres.results.results_merge.copy_and_merge` with ``bad``, as the batch job). A
   replay of the micro-batch finds its offsets moved and records nothing again.
-- Bounded as the batch job is: past :data:`~txstore.spark.bad_rows.MAX_BAD_MESSAGES` in one
+- Bounded as the batch job is: past :data:`~txstore.spark.ranges.bad_rows.MAX_BAD_MESSAGES` in one
   micro-batch the search stops (:class:`~txstore.core.errors.TooManyBadMessages`), nothing
   committed or recorded: a table that refuses every row is not the messages' fault.
 
@@ -41,9 +41,9 @@ import psycopg
 from txstore.core.errors import BadMessage, TooManyBadMessages, TxstoreError
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset, describe_skipped
-from txstore.postgres.results_merge import Chunk, rows_refused
-from txstore.postgres.results_table import ResultsTable, table_identifier
-from txstore.spark.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure
+from txstore.postgres.results.results_merge import Chunk, rows_refused
+from txstore.postgres.results.results_table import ResultsTable, table_identifier
+from txstore.spark.ranges.bad_rows import MAX_BAD_MESSAGES, failure_reason, find_bad_offsets, is_row_failure
 
 log = logging.getLogger("txstore")
 

@@ -8,14 +8,14 @@ ranges share one task per core, so a batch pays Spark's per-task cost
 once per partition. Either way a task's ranges are fixed before it
 runs, so a retried task re-reads exactly the same ranges; a task's ranges
 commit in one transaction, or one by one if that is refused
-(:meth:`~txstore.spark.range_task.RangeTask.run_together`).
+(:meth:`~txstore.spark.ranges.range_task.RangeTask.run_together`).
 
 Everything here is DataFrame operations that classic PySpark and Spark
 Connect both run (no RDDs, no ``sparkContext`` except behind
 :func:`is_connect` where Connect lacks an equivalent): a task group is a
 partition of ``spark.range(n, numPartitions=n)`` and its work a
 ``mapInArrow`` function that picks its group by the id it receives.
-Per-batch aggregation over the same task groups is :mod:`txstore.spark.deltas`.
+Per-batch aggregation over the same task groups is :mod:`txstore.spark.ranges.deltas`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange, TopicPartition, group_ranges
 from txstore.kafka.reader import RangeReader
-from txstore.spark.sessions import is_connect
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
-from txstore.spark.worker_heap import freeze_once
+from txstore.spark.runtime.sessions import is_connect
+from txstore.spark.runtime.worker_heap import freeze_once
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
 
 if TYPE_CHECKING:
-    from txstore.spark.pushdown import PartialCount
-    from txstore.spark.range_counts import CountChannel, RangeCounts
+    from txstore.spark.ranges.range_counts import CountChannel, RangeCounts
+    from txstore.spark.source.pushdown import PartialCount
 
 T = TypeVar("T")
 
@@ -192,11 +192,13 @@ class _RangeBatches:
     job: str = ""
     ends: Mapping[OffsetRange, Fingerprint] = field(default_factory=dict)  # a range's expected last
     columns: Sequence[str] = KAFKA_SOURCE_COLUMNS
-    partial: PartialCount | None = None  # the task's counts per group (txstore.spark.pushdown), not messages
-    counts: CountChannel | None = None  # each range's messages handed back (txstore.spark.range_counts)
+    # the task's counts per group (txstore.spark.source.pushdown), not messages
+    partial: PartialCount | None = None
+    # each range's messages handed back (txstore.spark.ranges.range_counts)
+    counts: CountChannel | None = None
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from txstore.spark.arrow import arrow_schema, coalesce
+        from txstore.spark.source.arrow import arrow_schema, coalesce
 
         freeze_once()
         read = arrow_schema(self.columns)
@@ -207,7 +209,7 @@ class _RangeBatches:
         out: Iterable[Any] = joined
         handed = read
         if self.partial is not None:
-            from txstore.spark.pushdown import partial_arrow_schema, task_counts
+            from txstore.spark.source.pushdown import partial_arrow_schema, task_counts
 
             out, handed = task_counts(joined, self.partial), partial_arrow_schema(self.partial)
         if self.counts is None:
@@ -216,7 +218,7 @@ class _RangeBatches:
             yield from self.counts.handed_back(out, handed, counted)
 
     def _read(self, offset_range: OffsetRange, schema: Any, counted: dict[OffsetRange, int]) -> Iterator[Any]:
-        from txstore.spark.arrow import record_batches
+        from txstore.spark.source.arrow import record_batches
 
         # Spark may stop pulling rows early (limit, take): the GC is paused per batch only.
         reader = RangeReader(
@@ -259,7 +261,7 @@ def read_ranges(
 ) -> Any:
     """The messages of ``ranges`` as a DataFrame with Spark's Kafka-source columns (``columns``:
     only those, in that order; nothing else is built, nor sent to Spark). ``partial``: instead,
-    each task's counts per group (:mod:`txstore.spark.pushdown`; ``columns`` are ignored).
+    each task's counts per group (:mod:`txstore.spark.source.pushdown`; ``columns`` are ignored).
 
     One Spark partition per task of :func:`spark_tasks` (``mapInArrow`` over
     :func:`_one_task_per_group`, so classic and Spark Connect alike; each
@@ -272,13 +274,13 @@ def read_ranges(
     partition's read must end on it. ``min_partitions``: at least that many
     Spark partitions, one per range (cut them with
     :func:`~txstore.core.ranges.split_ranges` first). ``counts``: the tasks hand back each
-    range's messages through it (:mod:`txstore.spark.range_counts`), for the driver to ask
+    range's messages through it (:mod:`txstore.spark.ranges.range_counts`), for the driver to ask
     once the frame's action is done.
     """
     chosen = tuple(columns) if columns is not None else KAFKA_SOURCE_COLUMNS
     schema = kafka_source_schema(chosen)
     if partial is not None:
-        from txstore.spark.pushdown import partial_schema
+        from txstore.spark.source.pushdown import partial_schema
 
         chosen, schema = partial.read_columns(), partial_schema(partial)
     if not ranges:

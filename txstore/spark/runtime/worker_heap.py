@@ -19,7 +19,7 @@ the sink's writer in a planner worker, also a daemon's, also collected after eac
 a micro-batch, for its writer factory and for its commit, so the collections ran on the
 cores the tasks and the commit needed: alternating runs of the counted stream, load 2-3, a
 micro-batch 465 ms median with those planner workers' heaps unfrozen, 385 ms frozen, faster
-in 7 of 8 pairs), and so do the batch jobs' tasks (:mod:`txstore.spark.tasks`: a per-range
+in 7 of 8 pairs), and so do the batch jobs' tasks (:mod:`txstore.spark.ranges.tasks`: a per-range
 batch of 400,000 messages in 4 partitions 0.25-0.27 s against 0.33-0.38 s, of 2,000,000 in 32
 partitions 0.59 s against 0.68 s; A/B runs of 3-5 batches, load 3-5).
 """

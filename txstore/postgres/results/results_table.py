@@ -3,7 +3,7 @@
 Pure: parsing the ``--table``/``--key``/``--merge`` flags (or a SQLAlchemy
 ``Table``) into a :class:`ResultsTable`, which Spark types a PostgreSQL
 column can hold, and the SQL of a batch's commit
-(:mod:`txstore.modes.results_table` runs it, :mod:`txstore.postgres.results_check`
+(:mod:`txstore.modes.results_table` runs it, :mod:`txstore.postgres.results.results_check`
 checks the table before the first batch).
 
 A batch's rows are copied into a temporary table, then merged by one
@@ -195,7 +195,7 @@ def table_identifier(table: ResultsTable) -> sql.Identifier:
 
 def create_temp_table(table: ResultsTable, types: Mapping[str, str]) -> sql.Composed:
     """The batch's rows' table (``types``: each column's type and collation, as
-    :func:`txstore.postgres.results_merge.temp_table_types` gives them), dropped at commit."""
+    :func:`txstore.postgres.results.results_merge.temp_table_types` gives them), dropped at commit."""
     columns = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(types[c])) for c in table.columns]
     if table.ordered:
         columns.append(sql.SQL("{} bigint").format(sql.Identifier(ROW_ORDER)))

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from txstore.core.errors import first_line
-from txstore.spark.source_columns import kafka_source_schema
+from txstore.spark.source.source_columns import kafka_source_schema
 
 
 class QueryRefused(ValueError):

@@ -74,7 +74,7 @@ def is_row_failure(error: BaseException) -> bool:
         return False  # the query itself is wrong, whatever the messages
     if not isinstance(error, PySparkException) and type(error).__name__ not in SPARK_FAILURES:
         return False
-    from txstore.spark.tasks import spark_failure_reason
+    from txstore.spark.ranges.tasks import spark_failure_reason
 
     return spark_failure_reason(error).split(":", 1)[0] not in _txstore_errors()
 
@@ -88,7 +88,7 @@ def failure_reason(error: BaseException) -> str:
     (for a Spark job, Spark's error with its error class, or the error raised in the task)."""
     if isinstance(error, psycopg.Error):
         return reason_of(error)
-    from txstore.spark.tasks import spark_failure_reason
+    from txstore.spark.ranges.tasks import spark_failure_reason
 
     classified = _SPARK_ERROR_CLASS.search(str(error))
     if classified:

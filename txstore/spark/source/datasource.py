@@ -4,7 +4,7 @@ A PySpark Python data source (``pyspark.sql.datasource``, PySpark 4.0 or
 newer), registered with :func:`register` (``spark.dataSource.register``, so
 it works under Spark Connect too, where there is no ``sparkContext`` and no
 RDD). It reads like Spark's own Kafka batch source and has its columns
-(:func:`txstore.spark.source_columns.kafka_source_schema`)::
+(:func:`txstore.spark.source.source_columns.kafka_source_schema`)::
 
     txstore.register(spark)
     df = (spark.read.format("txstore")
@@ -54,7 +54,7 @@ over lower-cased, so an error line names an option as documented, :func:`option_
 - ``failOnDataLoss``: ``true`` (default): an offset Kafka no longer has (aged out, deleted)
   raises :class:`DataLoss`; ``false``: a batch read starts such a partition at its log start
   instead (as Spark's source does), and a stream skips the lost offsets and records them in
-  ``txn_lost_ranges`` (:mod:`txstore.spark.stream_source`), as the jobs'
+  ``txn_lost_ranges`` (:mod:`txstore.spark.stream.stream_source`), as the jobs'
   ``--fail-on-data-loss false``. Any other option is refused.
 
 Columns: Spark's Kafka-source columns (``headers`` only with ``includeHeaders``), or only those a schema names
@@ -72,7 +72,7 @@ Python worker of the driver (the Connect server under Connect): it asks
 Kafka for the watermarks (and the database for the job's offsets) and plans
 one :class:`~txstore.core.ranges.OffsetRange` per partition with data, each in
 its own :class:`RangePartition`; ``read(partition)`` runs in a task and
-yields one Arrow record batch (:func:`txstore.spark.arrow.messages_to_record_batch`)
+yields one Arrow record batch (:func:`txstore.spark.source.arrow.messages_to_record_batch`)
 per batch of messages the :class:`~txstore.kafka.reader.RangeReader` delivers, so
 no row ever becomes a Python tuple. A task retried by Spark reads the same
 range again.
@@ -132,7 +132,7 @@ from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.postgres.migrate import check_schema
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, WITHOUT_HEADERS
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, WITHOUT_HEADERS
 
 log = logging.getLogger("txstore")
 
@@ -772,7 +772,7 @@ def schema_columns(schema: Any, include_headers: bool = True) -> tuple[str, ...]
     with ``include_headers`` (option ``includeHeaders``). Anything else is
     :class:`ConfigError`, one line naming the column.
     """
-    from txstore.spark.source_columns import kafka_source_schema
+    from txstore.spark.source.source_columns import kafka_source_schema
 
     ours = kafka_source_schema()
     names: list[str] = []
@@ -842,7 +842,7 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
         return [RangePartition(r) for r in plan(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from txstore.spark.arrow import arrow_schema
+        from txstore.spark.source.arrow import arrow_schema
 
         # Nothing to read for Spark's InputPartition(None) (it stands for an empty partitions()).
         ranges = partition_ranges(partition)
@@ -860,7 +860,7 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
     def read_range(self, reader: RangeReader, built: Any = None, cast: Any = None) -> Iterator[Any]:
         """One range's messages as record batches of the read's columns (``reader.messages`` and
         ``reader.last`` tell what was read, once they are all yielded)."""
-        from txstore.spark.arrow import arrow_schema, coalesce, record_batches
+        from txstore.spark.source.arrow import arrow_schema, coalesce, record_batches
 
         if built is None:
             built = arrow_schema(self.columns)

@@ -9,7 +9,7 @@ key. For those, once per job, before the first batch (Spark's own sources
 push such aggregates down, DSv2's ``SupportsPushDownAggregates``):
 
 1. the aggregate is explained over a batch-shaped frame of the columns the
-   job reads (:func:`~txstore.spark.used_columns.explained_plan`; no Spark job);
+   job reads (:func:`~txstore.spark.source.used_columns.explained_plan`; no Spark job);
 2. :func:`partial_count_in_plan` matches the whole optimized plan against
    one shape: an ``Aggregate`` grouped by Kafka-source columns whose outputs
    are those columns (renamed or not) and ``count(1)`` / ``count(column)``,
@@ -47,9 +47,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstore.core.errors import first_line
-from txstore.spark.probing import QueryRefused, analysed_fields, quiet_analysis_errors
-from txstore.spark.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
-from txstore.spark.used_columns import explained_plan, optimized_section, probe_frame
+from txstore.spark.source.probing import QueryRefused, analysed_fields, quiet_analysis_errors
+from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS, kafka_source_schema
+from txstore.spark.source.used_columns import explained_plan, optimized_section, probe_frame
 
 GROUPABLE = tuple(c for c in KAFKA_SOURCE_COLUMNS if c != "headers")
 """Source columns a partial count can group by (pyarrow cannot group by a list)."""
@@ -216,7 +216,7 @@ def partial_schema(partial: PartialCount) -> Any:
 
 
 def partial_arrow_schema(partial: PartialCount) -> pa.Schema:
-    from txstore.spark.arrow import arrow_schema
+    from txstore.spark.source.arrow import arrow_schema
 
     fields = list(arrow_schema(partial.group))
     return pa.schema(fields + [pa.field(c.partial, pa.int64(), nullable=False) for c in partial.counts])

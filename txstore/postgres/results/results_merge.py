@@ -1,11 +1,11 @@
 """A batch's rows merged into a results table with its offsets moved, in one transaction.
 
 Shared by the results-table jobs (:mod:`txstore.modes.results_table`, rows from a Spark
-query over the batch's ranges) and the stream sink (:mod:`txstore.spark.stream_sink`, a
+query over the batch's ranges) and the stream sink (:mod:`txstore.spark.stream.stream_sink`, a
 micro-batch's rows from its write tasks): the rows arrive as chunks of ``COPY`` text
-(:mod:`txstore.postgres.copy_text`), go into a temporary table typed like the results
+(:mod:`txstore.postgres.results.copy_text`), go into a temporary table typed like the results
 table's columns, collations included (:func:`temp_table_types`), and are merged by the
-table's rules in one statement (:func:`~txstore.postgres.results_table.merge_statement`)
+table's rules in one statement (:func:`~txstore.postgres.results.results_table.merge_statement`)
 after every range's offset moved conditionally (:func:`copy_and_merge`).
 """
 
@@ -21,7 +21,7 @@ import psycopg
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange, TopicPartition
-from txstore.postgres.results_table import (
+from txstore.postgres.results.results_table import (
     ResultsTable,
     copy_rows,
     create_temp_table,
@@ -104,7 +104,7 @@ def rows_refused(
     """Copy ``produced`` to the temporary table and merge it into ``table``, then roll back: the
     error a row caused (``row_failure``: PostgreSQL refusing a value, a query failing on one), or
     None if every row went in. Finding bad messages tries their pieces this way
-    (:data:`txstore.spark.bad_rows.Fails`), in the batch job and in the stream sink.
+    (:data:`txstore.spark.ranges.bad_rows.Fails`), in the batch job and in the stream sink.
 
     A data exception from the merge itself (not from copying the rows) is a sum past what the
     column holds, the stored value's doing as much as any message's: it is raised, not blamed on

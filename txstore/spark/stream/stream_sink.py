@@ -2,23 +2,23 @@
 
 A Python streaming data sink (``DataSourceStreamWriter``, PySpark 4.0 or newer;
 ``DataSourceStreamArrowWriter`` on 4.1+, handed Arrow batches) for the rows of a
-``readStream.format("txstore")`` query (:mod:`txstore.spark.stream_source`) of the same
+``readStream.format("txstore")`` query (:mod:`txstore.spark.stream.stream_source`) of the same
 ``txstore.job``. It keeps either txstore's own counts (the default) or a results table of the user's
 (``txstore.table``, ``txstore.key``, ``txstore.merge``: the options, checks and merge rules of
-``jobs/aggregate.py --table/--key/--merge``, :mod:`txstore.postgres.results_table`). Steps of a
+``jobs/aggregate.py --table/--key/--merge``, :mod:`txstore.postgres.results.results_table`). Steps of a
 micro-batch:
 
 - creating the writer (a Python planner worker of the driver, when Spark plans each
   micro-batch's write before any task reads, and again for its commit; the first in a worker
-  freezes its heap, :mod:`~txstore.spark.worker_heap`): with a results table, :func:`check_table_query` refuses what could not be merged
+  freezes its heap, :mod:`~txstore.spark.runtime.worker_heap`): with a results table, :func:`check_table_query` refuses what could not be merged
   exactly once: a column that would round, a collation or time zone that would merge two keys
-  (:func:`~txstore.postgres.results_check.table_problems`), complete mode's running totals, and
+  (:func:`~txstore.postgres.results.results_check.table_problems`), complete mode's running totals, and
   rows without the ``topic``/``partition``/``offset`` of their message (an aggregation's);
 - ``write(iterator)`` (each task; the first in a Python worker freezes its heap,
-  :mod:`~txstore.spark.worker_heap`): counts its rows per ``topic`` (``txn_data`` topic totals, as
+  :mod:`~txstore.spark.runtime.worker_heap`): counts its rows per ``topic`` (``txn_data`` topic totals, as
   ``count_topic``), or adds their ``txstore_messages`` when the source counted them
   (``txstore.countMessages``); or, for a table, turns its Arrow batches into ``COPY`` text of the table's
-  columns (:mod:`txstore.postgres.copy_text`) and notes the lowest and highest offset per
+  columns (:mod:`txstore.postgres.results.copy_text`) and notes the lowest and highest offset per
   partition its rows came from;
 - ``commit(messages, batchId)`` (the driver, a planner worker again, through a connection kept
   for the worker's next commit, :mod:`~txstore.postgres.kept`): loads the ranges the source planned for this
@@ -26,12 +26,12 @@ micro-batch:
   the conditional offset update adds the counts
   (:class:`~txstore.postgres.sink.TransactionalSink`) or copies the rows into a temporary table
   and merges them, grouped by key under the rules
-  (:func:`~txstore.postgres.results_merge.copy_and_merge`). A row whose message is outside the
+  (:func:`~txstore.postgres.results.results_merge.copy_and_merge`). A row whose message is outside the
   planned ranges (state kept in the checkpoint, re-emitted) stops the query before anything is
   written (:func:`check_rows_in_batch`). Rows PostgreSQL refuses (a NULL key, a value out of
   range): their message is found and named, nothing committed, or with ``txstore.onBadMessage``
   ``skip`` left out and recorded in ``txn_bad_messages`` with the offsets
-  (:mod:`~txstore.spark.stream_bad_rows`). A batch already committed
+  (:mod:`~txstore.spark.stream.stream_bad_rows`). A batch already committed
   (:class:`~txstore.core.errors.AlreadyCommitted`, a replay after a crash between PostgreSQL's
   commit and Spark's commit log) is skipped; any other conflict stops the query;
 - ``abort``: nothing to undo, the tasks write nothing.
@@ -75,21 +75,21 @@ from txstore.core.micro_batch import (
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE, SKIP
-from txstore.postgres.copy_text import ORDER_BITS, copy_text
 from txstore.postgres.db import DATABASE_URL_ENV, resolve_database_url
 from txstore.postgres.kept import kept_connection
 from txstore.postgres.reconnect import connect_retrying
-from txstore.postgres.results_check import describe_table, table_problems
-from txstore.postgres.results_merge import copy_and_merge, temp_table_types
-from txstore.postgres.results_table import ResultsTable, parse_results_table
+from txstore.postgres.results.copy_text import ORDER_BITS, copy_text
+from txstore.postgres.results.results_check import describe_table, table_problems
+from txstore.postgres.results.results_merge import copy_and_merge, temp_table_types
+from txstore.postgres.results.results_table import ResultsTable, parse_results_table
 from txstore.postgres.sink import TransactionalSink, classify_batch_conflict
 from txstore.postgres.store import stored_offsets
 from txstore.postgres.stream_plans import load_plan, load_reads, stream_privileges
-from txstore.spark.range_task import task_run
-from txstore.spark.stream_advice import restating
-from txstore.spark.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
-from txstore.spark.worker_heap import freeze_once
-from txstore.spark.worker_log import worker_info_to_stderr
+from txstore.spark.ranges.range_task import task_run
+from txstore.spark.runtime.worker_heap import freeze_once
+from txstore.spark.runtime.worker_log import worker_info_to_stderr
+from txstore.spark.stream.stream_advice import restating
+from txstore.spark.stream.stream_bad_rows import RowsByMessage, find_refused, log_skipped, origins_of
 
 log = logging.getLogger("txstore")
 
@@ -103,7 +103,7 @@ except ImportError:
 
 
 Run = tuple[str | None, int | None, str | None]
-"""The streaming query, micro-batch and run a writing task ran in (:func:`~txstore.spark.range_task.task_run`)."""
+"""The streaming query, micro-batch and run a writing task ran in (:func:`~txstore.spark.ranges.range_task.task_run`)."""
 
 
 def _run() -> Run:
@@ -130,7 +130,7 @@ class TableRows(WriterCommitMessage):  # type: ignore[misc]
     """One write task's rows for a results table: COPY text chunks (row count, text), and the
     lowest and highest offset of the messages they came from, per (topic, partition); for
     each chunk the message of each of its rows, to name one PostgreSQL refuses
-    (:func:`~txstore.spark.stream_bad_rows.origins_of`); and the query and micro-batch it ran in."""
+    (:func:`~txstore.spark.stream.stream_bad_rows.origins_of`); and the query and micro-batch it ran in."""
 
     chunks: list[tuple[int, bytes]]
     seen: dict[tuple[str, int], tuple[int, int]]
@@ -398,7 +398,7 @@ def check_table_query(options: SinkOptions, schema: Any, overwrite: bool) -> dic
     ``partition`` and ``offset``: a streaming aggregation's output (running totals in update or
     complete mode, re-emitted every batch) would be merged again and again, and any state kept
     in the checkpoint would be lost with it. The rest is aggregate.py's check
-    (:func:`~txstore.postgres.results_check.table_problems`): columns that would round,
+    (:func:`~txstore.postgres.results.results_check.table_problems`): columns that would round,
     collations, time zones, keys, privileges.
     """
     table = options.table
@@ -574,9 +574,9 @@ class TxstoreStreamWriter(_WriterBase):  # type: ignore[misc]
 
     def _commit_table(self, messages: Sequence[TableRows], batch_id: int) -> None:
         """The micro-batch's rows merged into the table and its ranges' offsets moved, in one
-        transaction (:func:`~txstore.postgres.results_merge.copy_and_merge`, as aggregate.py).
+        transaction (:func:`~txstore.postgres.results.results_merge.copy_and_merge`, as aggregate.py).
         Rows PostgreSQL refuses: their message named, or skipped and recorded
-        (``txstore.onBadMessage``, :mod:`~txstore.spark.stream_bad_rows`)."""
+        (``txstore.onBadMessage``, :mod:`~txstore.spark.stream.stream_bad_rows`)."""
         job, table = self.options.job, self.options.table
         assert table is not None
         seen: dict[tuple[str, int], tuple[int, int]] = {}
