@@ -30,8 +30,8 @@ from txstore.core.starting import parse_starting_offsets
 from txstore.planning import Planner
 from txstore.postgres.db import connect
 from txstore.settings import JobSettings
-from txstore.spark.datasource import parse_read_options, plan
-from txstore.spark.stream_source import TxstoreStreamReader, stream_reader
+from txstore.spark.source.datasource import parse_read_options, plan
+from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reader
 
 JOB = "unknown_start"
 JSON = '{"t": {"0": -2, "7": 3}}'

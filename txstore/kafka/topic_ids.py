@@ -18,8 +18,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPa
 from txstore.core.errors import KafkaReadError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin, _servers, reader_config
 from txstore.kafka import reader as kafka_reader
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin, _servers, reader_config
 from txstore.kafka.reader import RangeReader, _out_of_range
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
