@@ -115,6 +115,12 @@ class _ConsumerPool:
             _close_quietly(consumer)
 
 
+def own_consumer(settings: Mapping[str, Any]) -> Consumer:
+    """A consumer not taken from the pool, for a read that changes its state beyond an
+    assignment (pauses): closed by its caller."""
+    return Consumer(dict(settings))
+
+
 def _close_quietly(consumer: Consumer) -> None:
     with contextlib.suppress(Exception):
         consumer.close()

@@ -18,9 +18,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPa
 from txstore.core.errors import KafkaReadError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
-from txstore.kafka import reader as kafka_reader
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin, _servers, reader_config
-from txstore.kafka.reader import RangeReader, _out_of_range
+from txstore.kafka.reader import RangeReader, _out_of_range, own_consumer
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic
@@ -136,7 +135,7 @@ def messages_at_last_counted(
     if not pending:
         return found
     settings = reader_config(conf)
-    consumer = kafka_reader.Consumer(settings)  # its own: paused partitions stay with it
+    consumer = own_consumer(settings)  # not the pool's: paused partitions stay with it
     try:
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
         progress = time.monotonic()
