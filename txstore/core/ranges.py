@@ -109,13 +109,16 @@ def plan_ranges(
     Steps, per partition Kafka reports:
     1. take the committed offset (every reported partition must have one: the
        driver creates missing rows before planning);
-    2. refuse a partition whose stored topic ID differs from the one Kafka
+    2. refuse offsets Kafka never had (above ``high``: the topic was recreated,
+       or an unclean leader election), with the reset to run;
+    3. refuse a partition whose stored topic ID differs from the one Kafka
        reports now (``topic_ids``; None where either is unknown):
-       :class:`~txstore.core.errors.TopicRecreated`, first: the new topic's
-       offsets say nothing of the old one's, so they are not judged as aged out;
-    3. refuse offsets Kafka no longer has (below ``low``: aged out) or never
-       had (above ``high``: the topic was recreated), never skipping silently;
-    4. emit ``[committed, high)`` if it is not empty, with the partition's
+       :class:`~txstore.core.errors.TopicRecreated`, before step 4: the new
+       topic's offsets say nothing of the old one's, so they are never judged
+       as aged out (whose advice, skipping them, would record a bogus loss);
+    4. refuse offsets Kafka no longer has (below ``low``: aged out), never
+       skipping silently;
+    5. emit ``[committed, high)`` if it is not empty, with the partition's
        generation, and the last message counted to verify if Kafka can still
        hold it (its offset at or above ``low``; one compacted away is simply
        not found, which is not an error).
@@ -139,6 +142,13 @@ def plan_ranges(
             raise KeyError(f"no committed or starting offset for {key[0]!r} partition {key[1]}")
         stored = committed[key]
         topic, partition = key
+        if stored > marks.high:
+            raise OffsetOutOfLog(
+                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
+                f"beyond the log-end offset {marks.high} (topic deleted and recreated, or an unclean "
+                f"leader election); to start over from its earliest offset: "
+                f"{reset_command(job, topic, partition, '--to-earliest')}"
+            )
         past = history.get(key, PartitionHistory())
         now_id = topic_ids.get(topic)
         if past.topic_id is not None and now_id is not None and past.topic_id != now_id:
@@ -149,13 +159,6 @@ def plan_ranges(
                 f"topic ID {past.topic_id}",
                 f"topic ID {now_id}",
                 reset_command(job, topic, partition, "--to-earliest"),
-            )
-        if stored > marks.high:
-            raise OffsetOutOfLog(
-                f"job {job!r} topic {topic!r} partition {partition}: stored offset {stored} is "
-                f"beyond the log-end offset {marks.high} (topic deleted and recreated, or an unclean "
-                f"leader election); to start over from its earliest offset: "
-                f"{reset_command(job, topic, partition, '--to-earliest')}"
             )
         if stored < marks.low:
             raise DataLoss(
