@@ -25,7 +25,6 @@ from txstore.core.errors import (
     DatabaseUnavailable,
     DataLoss,
     OffsetGap,
-    OffsetOutOfLog,
     OffsetOverlap,
     PermissionDenied,
     PublishFailed,
@@ -211,34 +210,6 @@ def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
     assert planner(database_url, marks).plan(lambda: conn) != []  # no topic IDs asked: none compared
     assert planner(database_url, marks, {}).plan(lambda: conn) != []
     assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
-
-
-def test_topic_ids_are_asked_only_for_topics_with_something_to_read_or_a_row_without_one(
-    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
-) -> None:
-    asked: list[tuple[str, ...]] = []
-
-    def ids(conf: Any, topics: Sequence[str]) -> dict[str, str]:
-        asked.append(tuple(topics))
-        return {t: f"id-{t}" for t in topics}
-
-    marks = [PartitionWatermarks("t", 0, 0, 3), PartitionWatermarks("u", 0, 0, 0)]
-    s = JobSettings("j", ("t", "u"), "fake:9092", database_url)
-    p = Planner(s, lambda conf, topics: [m for m in marks if m.topic in topics], ids)  # type: ignore[arg-type]
-    assert p.plan(lambda: conn) == [OffsetRange("t", 0, 0, 3)]
-    assert asked == [("t", "u")]  # u's row has no ID yet: asked once, to store it
-    db.execute("UPDATE txn_offsets SET off = 3 WHERE topic = 't'")
-    assert p.plan(lambda: conn) == [] and asked[1:] == []  # idle: nothing to read, nothing asked
-    marks[1] = PartitionWatermarks("u", 0, 0, 2)
-    assert p.plan(lambda: conn) == [OffsetRange("u", 0, 0, 2)] and asked[1:] == [("u",)]
-    db.execute("UPDATE txn_offsets SET off = 5 WHERE topic = 't'")  # beyond the log end: asked, judged
-    with pytest.raises(OffsetOutOfLog):
-        p.plan(lambda: conn)
-    assert asked[2:] == [("t", "u")]
-    db.execute("UPDATE txn_offsets SET off = 3, topic_id = 'old' WHERE topic = 't'")
-    marks[0] = PartitionWatermarks("t", 0, 0, 4)  # recreated, refilled past the stored offset
-    with pytest.raises(TopicRecreated):
-        p.plan(lambda: conn)
 
 
 def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_plan_before_any_loss_is_recorded(

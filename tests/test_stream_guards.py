@@ -26,7 +26,7 @@ import pytest
 from pyspark.sql import Row
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from tests.fake_kafka import FakeAdminClient, FakeKafka, FakeLog, install, install_admin, message
+from tests.fake_kafka import FakeKafka, FakeLog, install, install_admin, message
 from tests.fast_db import emptied, shared_database
 from tests.test_sink import seed
 from txstore.core.errors import (
@@ -639,42 +639,6 @@ def test_a_replayed_micro_batch_is_checked_against_a_recreated_topic_s_id_before
         restarted.partitions(begin, end)  # the restart replays the batch: no latestOffset() first
     with pytest.raises(TxstoreError, match="no planned micro-batch"):
         load_plan(db, JOB)
-
-
-def test_an_idle_micro_batch_asks_kafka_for_no_topic_id_and_one_with_messages_for_its_topic(
-    database_url: str,
-    db: psycopg.Connection,
-    fake_kafka: FakeKafka,
-    readers: list[TxstoreStreamReader],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    described: list[tuple[str, ...]] = []
-    original = FakeAdminClient.describe_topics
-
-    def describe(self: FakeAdminClient, topics: Any, request_timeout: float = -1) -> Any:
-        described.append(tuple(topics.topic_names))
-        return original(self, topics, request_timeout)
-
-    monkeypatch.setattr(FakeAdminClient, "describe_topics", describe)
-    fake_kafka.topic_ids["t"] = "id-one"
-    partition = log(fake_kafka, 0, range(4))
-    reader = source(readers, database_url)
-    sink = writer(database_url)
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
-    reader.commit(end)
-    assert described and set(described) == {("t",)}
-    described.clear()
-    for _ in range(3):  # nothing new: Spark plans no batch, and Kafka is asked for no topic ID
-        assert reader.latestOffset(end, None) == end
-    assert described == []
-    grow(partition, 6)
-    _, end, parts = plan(reader, end)
-    assert described == [("t",), ("t",)]  # the next batch's end, then its read: the same log
-    fake_kafka.topic_ids["t"] = "id-two"  # recreated, refilled past the stored offsets
-    grow(partition, 9)
-    with pytest.raises(TopicRecreated):
-        reader.latestOffset(end, None)
 
 
 def test_alignment_is_commit_replay_or_a_mismatch_naming_the_first_partition_off() -> None:

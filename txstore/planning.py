@@ -38,7 +38,6 @@ from txstore.core.ranges import (
     plan_ranges,
     recreated_topics,
     topic_missing_now,
-    topics_to_identify,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
 from txstore.core.subscription import subscription_of
@@ -97,7 +96,7 @@ class Planner:
             if started or skipped:  # the same topics: one that starts matching meanwhile waits
                 committed, watermarks = self._state(conn, resolve=False)
             self.backlog = {w.key: max(0, w.high - committed.get(w.key, w.high)) for w in watermarks}
-            topic_ids = self._topic_ids(conn, topics_to_identify(committed, watermarks, self.history))
+            topic_ids = self._topic_ids(conn)
             ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
             return limit_ranges(ranges, s.max_offsets_per_batch)
         except psycopg.errors.InsufficientPrivilege as e:
@@ -167,14 +166,13 @@ class Planner:
             self._told = matched
         return self.topics
 
-    def _topic_ids(self, conn: psycopg.Connection, topics: Sequence[str]) -> dict[str, str]:
-        """Kafka's topic IDs of ``topics`` where it reports them (asked with the job's own admin
-        client only, and not at all for no topic), stored in the rows that have none yet, so a
-        later recreation is seen."""
-        if self.topic_ids_source is None or not topics:
+    def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
+        """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
+        stored in the rows that have none yet, so a later recreation is seen."""
+        if self.topic_ids_source is None:
             return {}
         s = self.settings
-        ids = self.topic_ids_source(s.kafka_conf, topics)
+        ids = self.topic_ids_source(s.kafka_conf, self.topics)
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in self.history.items())
         }

@@ -223,23 +223,6 @@ def recreated_topics(
     }
 
 
-def topics_to_identify(
-    committed: Mapping[TopicPartition, int],
-    watermarks: Iterable[PartitionWatermarks],
-    history: Mapping[TopicPartition, PartitionHistory],
-) -> tuple[str, ...]:
-    """The topics whose Kafka topic IDs a plan needs, sorted: those with a partition that has
-    something to read or is out of its log (stored offset not at the log end: the ID tells a
-    recreated topic before anything is read), and those with a row that has no ID stored yet.
-
-    A topic all of whose partitions are at their log end plans no range, reads and commits
-    nothing, so its ID can wait for the batch that has something to read: an idle job on a
-    thousand partitions does not describe them every batch."""
-    need = {w.topic for w in watermarks if committed.get(w.key) != w.high}
-    need |= {topic for (topic, _), past in history.items() if past.topic_id is None}
-    return tuple(sorted(need))
-
-
 def aged_out(
     committed: Mapping[TopicPartition, int], watermarks: Iterable[PartitionWatermarks]
 ) -> list[OffsetRange]:

@@ -129,7 +129,6 @@ from txstore.core.ranges import (
     plan_ranges,
     split_ranges,
     topic_missing_now,
-    topics_to_identify,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.core.subscription import subscription_of
@@ -732,21 +731,14 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         )
 
     def _topic_ids(
-        self,
-        conn: psycopg.Connection,
-        history: Mapping[TopicPartition, PartitionHistory],
-        topics: Sequence[str] | None = None,
+        self, conn: psycopg.Connection, history: Mapping[TopicPartition, PartitionHistory]
     ) -> dict[str, str]:
-        """Kafka's topic IDs of ``topics`` (default: the query's) where it reports them, through one
-        client for the query's life (a broker without them is asked once:
-        :class:`~txstore.kafka.topic_ids.TopicIds`), stored in the job's rows that have none yet
-        (``history``), so a later recreation is seen (as ``count_topic``)."""
-        topics = self._topics if topics is None else topics
-        if not topics:
-            return {}
+        """Kafka's topic IDs where it reports them, through one client for the query's life (a broker
+        without them is asked once: :class:`~txstore.kafka.topic_ids.TopicIds`), stored in the job's
+        rows that have none yet (``history``), so a later recreation is seen (as ``count_topic``)."""
         if self._ids is None:
             self._ids = TopicIds()
-        ids = self._ids(self.options.read.kafka_conf, topics)
+        ids = self._ids(self.options.read.kafka_conf, self._topics)
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in history.items())
         }
@@ -857,9 +849,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         committed.update(entering)
         if not self.options.read.fail_on_data_loss:  # aged-out starts: the batch reads from the log start
             committed.update({r.key: r.until_offset for r in aged_out(committed, watermarks)})
-        # Only the topics with something to read (or a row without an ID): an idle micro-batch
-        # on a thousand partitions describes none (txstore.core.ranges.topics_to_identify).
-        topic_ids = self._topic_ids(conn, history, topics_to_identify(committed, watermarks, history))
+        topic_ids = self._topic_ids(conn, history)
         try:  # aged out, out of log, gone, another topic ID: one line
             ranges = plan_ranges(job, committed, watermarks, history, topic_ids)
         except (OffsetOutOfLog, TopicRecreated) as e:
@@ -901,12 +891,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 raise
             committed, history = self._job_state(conn)
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
-        # The log is still the one the batch was planned on (a restart replays a batch planned before):
-        # the topics the batch reads.
-        reads = {r.topic for r in planned if r.size > 0} | {
-            t for (t, _), h in history.items() if not h.topic_id
-        }
-        topic_ids = self._topic_ids(conn, history, sorted(reads))
+        # The log is still the one the batch was planned on (a restart replays a batch planned before).
+        topic_ids = self._topic_ids(conn, history)
         starts = {r.key: r.from_offset for r in planned}
         if not self.options.read.fail_on_data_loss:  # a range wholly aged out since: recorded, empty
             starts.update({r.key: r.until_offset for r in aged_out(starts, now)})
