@@ -87,7 +87,6 @@ MODULES = (
             "PartitionHistory",
             "plan_ranges",
             "recreated_topics",
-            "topics_to_identify",
             "aged_out",
             "limit_ranges",
             "group_ranges",

@@ -212,6 +212,17 @@ def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
     assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
 
 
+def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_plan(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    marks = [PartitionWatermarks("t", 0, 0, 3)]
+    assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn)
+    db.execute("UPDATE txn_offsets SET off = 3")
+    assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn) == []  # idle
+    with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
+        planner(database_url, marks, {"t": "T2"}).plan(lambda: conn)
+
+
 def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_plan_before_any_loss_is_recorded(
     database_url: str, conn: psycopg.Connection, db: psycopg.Connection
 ) -> None:

@@ -24,7 +24,6 @@ from txstore.core.ranges import (
     plan_ranges,
     recreated_topics,
     split_ranges,
-    topics_to_identify,
 )
 from txstore.core.starting import (
     EARLIEST,
@@ -335,18 +334,3 @@ def test_a_topic_is_recreated_when_its_stored_id_and_kafka_s_differ_and_both_are
     }
     assert recreated_topics(history, {"a": "A2", "b": "B1", "c": "C1", "d": None}) == {"a"}
     assert recreated_topics(history, {}) == set()
-
-
-def test_topic_ids_are_needed_for_topics_with_a_partition_off_its_log_end_or_a_row_without_one() -> None:
-    marks = [
-        PartitionWatermarks("idle", 0, 0, 5),
-        PartitionWatermarks("busy", 0, 0, 5),
-        PartitionWatermarks("busy", 1, 0, 5),
-        PartitionWatermarks("past", 0, 0, 5),
-        PartitionWatermarks("new", 0, 0, 0),
-    ]
-    committed = {("idle", 0): 5, ("busy", 0): 5, ("busy", 1): 3, ("past", 0): 7, ("unlisted", 0): 2}
-    history = {k: PartitionHistory(0, "id") for k in committed} | {("unnamed", 0): PartitionHistory(0, None)}
-    # new: no row yet (committed None, not its end 0); unnamed: its row has no ID stored
-    assert topics_to_identify(committed, marks, history) == ("busy", "new", "past", "unnamed")
-    assert topics_to_identify({("idle", 0): 5}, marks[:1], {("idle", 0): PartitionHistory(0, "id")}) == ()

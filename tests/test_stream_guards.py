@@ -641,6 +641,24 @@ def test_a_replayed_micro_batch_is_checked_against_a_recreated_topic_s_id_before
         load_plan(db, JOB)
 
 
+def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_query(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    """Refilled to exactly the stored offsets, the new log has nothing past them to read; only its
+    topic ID tells, and its messages would never be counted: the query stops at once."""
+    fake_kafka.topic_ids["t"] = "id-one"
+    log(fake_kafka, 0, range(4))
+    reader = source(readers, database_url)
+    sink = writer(database_url)
+    _, end, parts = plan(reader)
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    reader.commit(end)
+    assert reader.latestOffset(end, None) == end  # idle
+    fake_kafka.topic_ids["t"] = "id-two"  # deleted and recreated, refilled to the same offsets
+    with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
+        reader.latestOffset(end, None)
+
+
 def test_alignment_is_commit_replay_or_a_mismatch_naming_the_first_partition_off() -> None:
     ranges = batch_ranges(offsets_map({"t": {"0": 5, "1": 7}}), offsets_map({"t": {"0": 9, "1": 8}}))
     assert [(r.partition, r.from_offset, r.until_offset) for r in ranges] == [(0, 5, 9), (1, 7, 8)]
