@@ -53,14 +53,6 @@ class Subscription:
             return partition in dict(self.assignment).get(topic, ())
         return topic in self.topics
 
-    def describe(self) -> str:
-        """One phrase for status lines: ``topics 'a', 'b'``, ``pattern 'x.*'``, ``assigned 't' 0, 1``."""
-        if self.kind == "pattern":
-            return f"pattern {self.pattern!r}"
-        if self.kind == "assign":
-            return "assigned " + "; ".join(f"{t!r} {', '.join(map(str, ps))}" for t, ps in self.assignment)
-        return "topics " + ", ".join(map(repr, self.topics))
-
 
 def subscription_of(
     topics: tuple[str, ...], pattern: str | None, assignment: Mapping[str, tuple[int, ...]] | None
