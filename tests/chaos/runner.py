@@ -146,6 +146,8 @@ SPECULATION_ALLOWANCE = 20.0  # more time with stragglers, for Spark to speculat
 # took 42 s beside two other instances, a Spark Connect client's 50-65 s), then this much longer.
 MAKE_UP_FIRST_BATCH_SECONDS = 180.0
 MAKE_UP_AFTER_FIRST_BATCH_SECONDS = 15.0
+# A speculation make-up instance stalls tasks this long after its first batch, at most.
+MAKE_UP_SPECULATION_SECONDS = 60.0
 NEEDS_SLOW_TASKS = {
     "kill-python-worker",
     "kill-driver",
@@ -576,6 +578,7 @@ class Trial:
                 self._supervise()
                 time.sleep(0.1)
             self._make_up_missed_fail_points()
+            self._make_up_missed_speculation()
             self.window_over.set()
             self.stop_producing.set()
             producer.join(timeout=90)
@@ -641,6 +644,43 @@ class Trial:
             if inst.alive():  # SIGTERM: a task point's batch finishes on the retry, then it exits
                 self._stop(inst)
             self._supervise()
+
+    def _make_up_missed_speculation(self) -> None:
+        """Stall tasks in a fresh instance until Spark speculates on one, where the window saw
+        no speculative copy.
+
+        The trial's stalls are switched off at ``until``, counted from the instance's launch;
+        on a loaded machine a standalone job can spend most of that waiting for its two
+        executors (a CI run's seed 106 stalled 2 tasks in its window and Spark copied
+        neither). The make-up instance runs the trial's own sleep point beside the others,
+        with its clock counted from its own first batch, and is stopped as soon as Spark's
+        event log shows a speculative copy, or :data:`MAKE_UP_SPECULATION_SECONDS` after
+        that first batch (then the trial fails its every-fault-kind check, as before).
+        """
+        if (
+            "speculation" not in self.plan.faults
+            or _event_counts(self.event_logs)["speculative-task-attempts"]
+        ):
+            return
+        sleeps = [p for p in self.plan.failpoints.split(",") if ":sleep=" in p]
+        if not sleeps:
+            return
+        self.say("  speculation had not happened in the window; making it up")
+        deadline = time.monotonic() + MAKE_UP_FIRST_BATCH_SECONDS
+        until = time.time() + MAKE_UP_FIRST_BATCH_SECONDS + MAKE_UP_SPECULATION_SECONDS
+        inst = self.start_instance(sleeps[0], primary=False, until=until)
+        first_batch = False
+        while time.monotonic() < deadline and inst.alive():
+            if _event_counts(self.event_logs)["speculative-task-attempts"]:
+                break
+            if not first_batch and _FIRST_BATCH.search(inst.log()):
+                first_batch = True
+                deadline = time.monotonic() + MAKE_UP_SPECULATION_SECONDS
+            self._supervise()
+            time.sleep(0.5)
+        if inst.alive():
+            self._stop(inst)
+        self._supervise()
 
     def _logs(self, events: _EventCounts | None = None) -> str:
         """The jobs' own output so far, with the executors' on a standalone cluster and the
@@ -1338,18 +1378,24 @@ _LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 class _EventCounts(collections.Counter[str]):
     app_ids: list[str]
+    hosts: set[str]  # the executors' hosts: Spark copies a task only onto another host
 
 
 def _event_counts(directory: Path) -> _EventCounts:
     """From Spark's event logs: speculative task launches and failed task attempts."""
     counts = _EventCounts()
     counts.app_ids = []
+    counts.hosts = set()
     for path in sorted(directory.glob("*")):
         app = path.name.removesuffix(".inprogress")
         if app not in counts.app_ids:
             counts.app_ids.append(app)
         with open(path, errors="replace") as f:
             for line in f:
+                if line.startswith('{"Event":"SparkListenerExecutorAdded"'):
+                    with contextlib.suppress(ValueError, KeyError):
+                        counts.hosts.add(json.loads(line)["Executor Info"]["Host"])
+                    continue
                 if '"SparkListenerTask' not in line[:40]:
                     continue
                 with contextlib.suppress(ValueError):
