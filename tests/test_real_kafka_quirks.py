@@ -17,13 +17,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, TopicPartition
 
 from tests.conftest import produce
 from txstore.core.errors import KafkaUnavailable
 from txstore.kafka.client import (
+    _EARLIEST,
     _LATEST,
     _list_offsets,
+    _list_offsets_together,
+    _OffsetsQuestion,
     client_config,
     fetch_watermarks,
     offsets_for_timestamp,
@@ -129,3 +132,54 @@ def test_a_time_lookups_minus_one_stays_an_answer() -> None:
     admin = _AnsweringAdmin([{("t", 0): -1}])
     assert _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0) == {("t", 0): -1}
     assert admin.calls == 1
+
+
+class _RecordingAdmin(_AnsweringAdmin):
+    """Records when each question is sent and when an answer is first waited for."""
+
+    def __init__(self, answers: list[dict[tuple[str, int], int]]) -> None:
+        super().__init__(answers)
+        self.events: list[str] = []
+
+    def list_offsets(self, requests: Any, isolation_level: Any = None, request_timeout: float = 0) -> Any:
+        self.events.append(f"ask {sorted(tp.partition for tp in requests)} {isolation_level}")
+        futures = super().list_offsets(requests, isolation_level, request_timeout)
+        events = self.events
+
+        return {tp: _WaitedFor(inner, events) for tp, inner in futures.items()}
+
+
+class _WaitedFor:
+    """A future that records in ``events`` each time its answer is waited for."""
+
+    def __init__(self, inner: Future[Any], events: list[str]) -> None:
+        self.inner = inner
+        self.events = events
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.events.append("wait")
+        return self.inner.result(timeout)
+
+
+def test_the_log_start_and_end_are_asked_at_once_and_only_a_questions_unsettled_partitions_again() -> None:
+    partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    admin = _RecordingAdmin(
+        [
+            {("t", 0): 0, ("t", 1): 0},  # log start
+            {("t", 0): -1001, ("t", 1): 9},  # log end, partition 0 still loading
+            {("t", 0): 12, ("t", 1): 99},  # partition 0 asked again
+        ]
+    )
+    low, high = _list_offsets_together(
+        admin,
+        (
+            _OffsetsQuestion(partitions, _EARLIEST, log_offsets=True),
+            _OffsetsQuestion(partitions, _LATEST, committed=True, log_offsets=True),
+        ),
+        timeout=5.0,
+    )
+    assert low == {("t", 0): 0, ("t", 1): 0}
+    assert high == {("t", 0): 12, ("t", 1): 9}
+    read_uncommitted, read_committed = IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED
+    assert admin.events[:2] == [f"ask [0, 1] {read_uncommitted}", f"ask [0, 1] {read_committed}"]
+    assert admin.events[2:] == ["wait"] * 4 + [f"ask [0] {read_committed}", "wait"]

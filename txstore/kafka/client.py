@@ -9,6 +9,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
@@ -418,9 +419,17 @@ def _watermarks(
                     "check that its partitions have leaders"
                 )
             partitions.extend(TopicPartition(topic, p) for p in sorted(found.partitions))
-        low = _list_offsets(admin.client, partitions, _EARLIEST, timeout, log_offsets=True)
+        # Both questions in flight at once (a partition is asked once per request, so the log
+        # start and end are two requests): the planning round trip is one wait, not two.
         # Read-committed end (the last stable offset): reading never waits on open transactions.
-        high = _list_offsets(admin.client, partitions, _LATEST, timeout, committed=True, log_offsets=True)
+        low, high = _list_offsets_together(
+            admin.client,
+            (
+                _OffsetsQuestion(partitions, _EARLIEST, log_offsets=True),
+                _OffsetsQuestion(partitions, _LATEST, committed=True, log_offsets=True),
+            ),
+            timeout,
+        )
     except (KafkaException, TimeoutError) as e:
         raise admin.unavailable(servers, "a metadata request", timeout, e) from None
     return [
@@ -491,6 +500,21 @@ _LEADERSHIP_MOVING = frozenset(
 LIST_OFFSETS_RETRY_SECONDS = 0.1
 
 
+@dataclass(frozen=True)
+class _OffsetsQuestion:
+    """One ListOffsets question: these partitions at ``spec`` (earliest, latest or a time).
+
+    ``committed``: the read-committed answer (the last stable offset for latest).
+    ``log_offsets``: the answer is a log start or end, never a time lookup (whose -1 means
+    "no message that late"), so an answer below 0 is no offset of any log.
+    """
+
+    partitions: Sequence[TopicPartition]
+    spec: Any
+    committed: bool = False
+    log_offsets: bool = False
+
+
 def _list_offsets(
     admin: AdminClient,
     partitions: list[TopicPartition],
@@ -499,46 +523,69 @@ def _list_offsets(
     committed: bool = False,
     log_offsets: bool = False,
 ) -> dict[tuple[str, int], int]:
-    """One ListOffsets answer per partition; partitions whose leadership is moving are asked
-    again until ``timeout`` (then the last error is raised).
+    """One ListOffsets answer per partition (:func:`_list_offsets_together` with one question)."""
+    question = _OffsetsQuestion(partitions, spec, committed, log_offsets)
+    return _list_offsets_together(admin, (question,), timeout)[0]
 
-    ``log_offsets`` (a log start or end, never a time lookup, whose -1 means "no message that
-    late"): an answer below 0 is no offset of any log. A restarted Apache Kafka gave -1001
-    (librdkafka's OFFSET_INVALID) without an error while a partition's log was loading; taken as
-    the log end, it stopped the job as a recreated topic. It is asked again like a moving
-    leadership, then raised as :class:`TimeoutError` (the caller's "did not answer").
+
+def _list_offsets_together(
+    admin: AdminClient, questions: Sequence[_OffsetsQuestion], timeout: float
+) -> list[dict[tuple[str, int], int]]:
+    """The answers to several ListOffsets questions, asked at once: one answer per partition
+    per question, in the questions' order.
+
+    Each round sends every question's pending partitions before waiting for any answer, so
+    two questions cost one round trip. Partitions whose leadership is moving are asked again
+    until ``timeout`` (then the last error is raised). A log offset below 0 is no offset of
+    any log: a restarted Apache Kafka gave -1001 (librdkafka's OFFSET_INVALID) without an
+    error while a partition's log was loading; taken as the log end, it stopped the job as a
+    recreated topic. It is asked again like a moving leadership, then raised as
+    :class:`TimeoutError` (the caller's "did not answer").
     """
-    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     deadline = time.monotonic() + timeout
-    found: dict[tuple[str, int], int] = {}
-    pending = partitions
-    while pending:
+    found: list[dict[tuple[str, int], int]] = [{} for _ in questions]
+    pending: list[Sequence[TopicPartition]] = [q.partitions for q in questions]
+    while any(pending):
         left = max(deadline - time.monotonic(), 0.001)
-        futures = admin.list_offsets(
-            {tp: spec for tp in pending}, isolation_level=level, request_timeout=left
-        )
-        again: list[TopicPartition] = []
-        for tp, future in futures.items():
-            try:
-                offset = int(future.result(timeout=left).offset)
-                if log_offsets and offset < 0:
-                    if not _ask_again(deadline):
-                        raise TimeoutError(
-                            f"ListOffsets answered {tp.topic}/{tp.partition} with offset {offset}, "
-                            "no log offset, until the timeout"
-                        )
+        asked = [
+            (
+                i,
+                admin.list_offsets(
+                    {tp: questions[i].spec for tp in pending[i]},
+                    isolation_level=(
+                        IsolationLevel.READ_COMMITTED
+                        if questions[i].committed
+                        else IsolationLevel.READ_UNCOMMITTED
+                    ),
+                    request_timeout=left,
+                ),
+            )
+            for i in range(len(questions))
+            if pending[i]
+        ]
+        for i, futures in asked:
+            again: list[TopicPartition] = []
+            for tp, future in futures.items():
+                try:
+                    offset = int(future.result(timeout=left).offset)
+                    if questions[i].log_offsets and offset < 0:
+                        if not _ask_again(deadline):
+                            raise TimeoutError(
+                                f"ListOffsets answered {tp.topic}/{tp.partition} with offset "
+                                f"{offset}, no log offset, until the timeout"
+                            )
+                        again.append(tp)
+                        continue
+                    found[i][(tp.topic, tp.partition)] = offset
+                except KafkaException as e:
+                    error = e.args[0] if e.args else None
+                    moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
+                    if not moving or not _ask_again(deadline):
+                        raise
                     again.append(tp)
-                    continue
-                found[(tp.topic, tp.partition)] = offset
-            except KafkaException as e:
-                error = e.args[0] if e.args else None
-                moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
-                if not moving or not _ask_again(deadline):
-                    raise
-                again.append(tp)
-        if again:
+            pending[i] = again
+        if any(pending):
             time.sleep(LIST_OFFSETS_RETRY_SECONDS)
-        pending = again
     return found
 
 
