@@ -16,8 +16,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tests.conftest import produce_in_transactions, send, send_one_by_one
+from tests.real_kafka_fixture import AnyKafka
 from tests.test_count_topic import job_for, offsets, totals
+from tests.test_datasource import read as read_frame
 from tests.test_operator_cli import txstore
+from txstore import register
 from txstore.core.errors import BatchFailed, TopicRecreated, UnknownTopic
 from txstore.core.fingerprint import Fingerprint, digest
 from txstore.core.ranges import OffsetRange, PartitionHistory
@@ -33,7 +36,9 @@ from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.idempotent import IdempotentSink
 from txstore.postgres.sink import TransactionalSink
+from txstore.spark.ranges.tasks import spark_failure_reason
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -41,7 +46,7 @@ OLD_TS = 1_700_000_000_000
 NEW_TS = 1_800_000_000_000
 
 
-def fill(kafka: MockKafkaCluster, topic: str, n: int, partitions: int, tag: bytes, ts: int) -> None:
+def fill(kafka: AnyKafka, topic: str, n: int, partitions: int, tag: bytes, ts: int) -> None:
     """``n`` messages per partition, value ``tag-<partition>-<i>``, timestamp ``ts + i``."""
     send(
         kafka.bootstrap_servers,
@@ -566,3 +571,42 @@ def test_dataframe_and_results_table_jobs_record_their_last_message_and_stop_at_
         job().run()
     assert f"TopicRecreated: {mismatch_line('frames', topic, 0, 4)}" in str(raised.value)
     assert db.execute("SELECT off FROM txn_offsets").fetchall() == [(5,)]
+
+
+def test_a_txstore_job_read_of_a_recreated_topic_refuses_like_the_job_never_reads_the_new_log(
+    spark: Any,
+    any_kafka: AnyKafka,
+    database_url: str,
+    db: psycopg.Connection,
+    new_any_topic: Callable[..., str],
+) -> None:
+    """``spark.read.format("txstore").option("txstore.job", J)`` previews J's next batch: on a topic
+    deleted and recreated, refilled past J's offsets, it read the new log from the old offsets
+    (J's own next batch stops). On Apache Kafka the new log holds byte-identical messages, so only
+    the topic ID tells; on the mock cluster (no topic IDs) the last counted message does."""
+    real = isinstance(any_kafka, RealKafkaCluster)
+    register(spark)
+    topic = new_any_topic(2)
+    fill(any_kafka, topic, 5, 2, b"old", OLD_TS)
+    job_for(spark, any_kafka, database_url, topic).run()
+    assert totals(db, topic) == {topic: 10}
+    any_kafka.recreate_topic(topic, 2)
+    fill(any_kafka, topic, 8, 2, b"old" if real else b"new", OLD_TS if real else NEW_TS)
+    before = snapshot(db)
+    frame = read_frame(
+        spark, topic, any_kafka, **{"txstore.job": "count_topic", "txstore.databaseUrl": database_url}
+    )
+    with pytest.raises(Exception) as caught:
+        frame.collect()
+    reason = spark_failure_reason(caught.value)
+    advice = f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
+    if real:
+        ids = fetch_topic_ids(client_config(any_kafka.bootstrap_servers), [topic])
+        assert (
+            f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated " in reason
+        )
+        assert f"; found topic ID {ids[topic]}); nothing was counted." in reason
+        assert reason.endswith(advice)
+    else:
+        assert reason.endswith(mismatch_line("count_topic", topic, 0, 4))
+    assert snapshot(db) == before
