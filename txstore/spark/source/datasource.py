@@ -102,6 +102,7 @@ from txstore.core.patterns import (
 )
 from txstore.core.ranges import (
     OffsetRange,
+    PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
     aged_out,
@@ -129,6 +130,7 @@ from txstore.kafka.client import (
     topic_name_problem,
 )
 from txstore.kafka.reader import RangeReader
+from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, resolve_database_url
 from txstore.postgres.migrate import check_schema
@@ -616,6 +618,8 @@ def plan_job_ranges(
     fail_on_data_loss: bool = True,
     resolved: PatternTopics | None = None,
     subscribed: str = "subscribe",
+    history: Mapping[TopicPartition, PartitionHistory] | None = None,
+    topic_ids: Mapping[str, str] | None = None,
 ) -> list[OffsetRange]:
     """The ranges job ``job``'s next batch reads, without writing anything.
 
@@ -628,7 +632,10 @@ def plan_job_ranges(
     (``resolved``), a topic that started matching after the job's first run starts at earliest
     (:func:`~txstore.core.patterns.joining_starts`). ``subscribed``: the option the read subscribes
     by (:attr:`ReadOptions.subscribed_by`), named by the line refusing starting offsets JSON that
-    names a partition Kafka does not report.
+    names a partition Kafka does not report. ``history`` (the job's last counted messages and
+    stored topic IDs) and ``topic_ids`` (Kafka's now): a topic deleted and recreated is refused
+    as the job's own batch refuses it, by its topic ID at planning or by its last counted
+    message when the range is read, never read on from the old log's offsets.
     """
     new = [w for w in watermarks if w.key not in committed]
     started = {topic for topic, _ in committed}
@@ -642,15 +649,18 @@ def plan_job_ranges(
     planned.update({(d.topic, d.partition): d.offset for d in decisions})
     if not fail_on_data_loss:  # read-only: the aged-out offsets are passed over, not recorded
         planned.update({r.key: r.until_offset for r in aged_out(planned, watermarks)})
-    return plan_ranges(job, planned, watermarks)
+    return plan_ranges(job, planned, watermarks, history, topic_ids)
 
 
-def job_committed_offsets(database_url: str, job: str, topics: Sequence[str]) -> dict[TopicPartition, int]:
-    """The job's committed offsets, read in a read-only transaction (nothing can be written)."""
+def job_committed_state(
+    database_url: str, job: str, topics: Sequence[str]
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]:
+    """The job's committed offsets and each partition's history (last counted message, topic
+    ID), read in a read-only transaction (nothing can be written)."""
     with connect(database_url) as conn:
         conn.read_only = True
         check_schema(conn, database_url)
-        return store.committed_offsets(conn, job, topics)
+        return store.committed_state(conn, job, topics)
 
 
 def job_topics(database_url: str, job: str) -> list[str]:
@@ -707,7 +717,7 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
             resolved = resolve_read_topics(options, job_topics(options.database_url, options.job))
             assert resolved is not None
             topics = resolved.topics
-        stored = job_committed_offsets(options.database_url, options.job, topics)
+        stored, history = job_committed_state(options.database_url, options.job, topics)
         where = f"option {options.name('assign')}"
         watermarks, committed = assigned_only(
             options.assignment, read_watermarks(options, topics, stored), stored, where
@@ -723,6 +733,8 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
             options.fail_on_data_loss,
             resolved,
             options.subscribed_by,
+            history,
+            fetch_topic_ids(options.kafka_conf, topics),
         )
         return split_ranges(ranges, options.min_partitions)
     return _plan_read(options)
@@ -855,7 +867,8 @@ class TxstoreReader(DataSourceReader):  # type: ignore[misc]
         conf = self.options.kafka_conf
         for offset_range in ranges:  # in the planned order
             # Spark may stop pulling early (limit): the garbage collector is paused per batch only.
-            yield from self.read_range(RangeReader(conf, offset_range, pause_gc=False), built, cast)
+            reader = RangeReader(conf, offset_range, job=self.options.job or "", pause_gc=False)
+            yield from self.read_range(reader, built, cast)
 
     def read_range(self, reader: RangeReader, built: Any = None, cast: Any = None) -> Iterator[Any]:
         """One range's messages as record batches of the read's columns (``reader.messages`` and
