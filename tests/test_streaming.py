@@ -99,7 +99,9 @@ def session(request: pytest.FixtureRequest) -> Any:
     return spark
 
 
-CLASSIC_AND_CONNECT = pytest.mark.parametrize("session", ["classic", "connect"], indirect=True)
+CLASSIC_AND_CONNECT = pytest.mark.parametrize(
+    "session", ["classic", pytest.param("connect", marks=pytest.mark.connect)], indirect=True
+)
 """The checkpoint accidents hold through a Spark Connect client as on classic Spark."""
 
 
