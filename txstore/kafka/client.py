@@ -567,7 +567,8 @@ def _list_offsets_together(
             again: list[TopicPartition] = []
             for tp, future in futures.items():
                 try:
-                    offset = int(future.result(timeout=left).offset)
+                    wait = max(deadline - time.monotonic(), 0.001)  # one deadline for all answers
+                    offset = int(future.result(timeout=wait).offset)
                     if questions[i].log_offsets and offset < 0:
                         if not _ask_again(deadline):
                             raise TimeoutError(
