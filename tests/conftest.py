@@ -2,7 +2,7 @@
 
 PostgreSQL is the server the environment names (PGHOST, PGPORT, PGUSER,
 PGPASSWORD; default 127.0.0.1:5432 as postgres) or, if none is named and nothing
-answers there, a throwaway one for the run (tests/pg_server.py decides, once, when
+answers there, a throwaway one for the run (tests/helpers/pg_server.py decides, once, when
 the session starts). It is used through pytest-postgresql's no-process fixture.
 Alembic migrates a template database once per session and every test gets a fresh
 copy of it.
@@ -25,16 +25,18 @@ import pytest
 from confluent_kafka import Producer
 from pytest_postgresql import factories
 
-from tests import pg_server
-from tests.kafka_transactions import transactional
-from tests.topics import topic_name
+from tests.helpers import pg_server
+from tests.helpers.kafka_transactions import transactional
+from tests.helpers.topics import topic_name
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
 from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent
-pytest_plugins = ["tests.real_kafka_fixture"]  # real_kafka, new_real_topic: Apache Kafka for the session
+pytest_plugins = [
+    "tests.helpers.real_kafka_fixture"
+]  # real_kafka, new_real_topic: Apache Kafka for the session
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -289,8 +291,8 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local Spark Connect server (one per session; tests/spark_connect.py): ``.url`` is its sc:// URL."""
-    from tests.spark_connect import SparkConnectServer
+    """A local Spark Connect server (one per session; tests/helpers/spark_connect.py): ``.url`` is its sc:// URL."""
+    from tests.helpers.spark_connect import SparkConnectServer
 
     with SparkConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
         yield server
@@ -299,7 +301,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
 @pytest.fixture(scope="session")
 def spark_connect(spark_connect_server: Any) -> Iterator[Any]:
     """A Spark Connect client on the local Connect server."""
-    from tests.spark_connect import connect_session
+    from tests.helpers.spark_connect import connect_session
 
     session: Any = connect_session(spark_connect_server.url)
     yield session
