@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from tests.helpers.fake_kafka import FakeKafka, FakeLog, install, install_admin
-from tests.helpers.fast_db import emptied, shared_database
+from tests.helpers.fake_kafka import FakeKafka, FakeLog, install_with_admin
+from tests.helpers.fast_db import module_database
+from tests.helpers.streams import ROWS_SCHEMA
 from tests.postgres.test_sink import seed
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import PartitionWatermarks
@@ -36,30 +36,14 @@ from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reade
 JOB = "unknown_start"
 JSON = '{"t": {"0": -2, "7": 3}}'
 MARKS = [PartitionWatermarks("t", 0, 0, 4)]
-ROWS = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-    ]
-)
 
 
-@pytest.fixture(scope="module")
-def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from shared_database(request, "unknown_start")
-
-
-@pytest.fixture
-def database_url(shared_database_url: str) -> str:
-    """An empty migrated database (tests/helpers/fast_db.py: shared by the module, emptied per test)."""
-    return emptied(shared_database_url)
+shared_database_url, database_url = module_database("unknown_start")
 
 
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
-    fake = install(monkeypatch)
-    install_admin(monkeypatch, fake)
+    fake = install_with_admin(monkeypatch)
     fake.add(FakeLog.of("t", 0, range(4)))
     return fake
 
@@ -133,7 +117,7 @@ def test_a_stream_s_starting_offsets_or_times_naming_a_partition_kafka_lacks_say
             "txstore.job": JOB,
             "txstore.databaseUrl": database_url,
         },
-        ROWS,
+        ROWS_SCHEMA,
     )
     readers.append(reader)
     with pytest.raises(ConfigError) as e:

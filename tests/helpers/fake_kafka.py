@@ -335,3 +335,11 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
     monkeypatch.setattr(reader, "Consumer", fake.consumer)
     monkeypatch.setattr(reader, "_consumers", reader._ConsumerPool())
     return fake
+
+
+def install_with_admin(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
+    """:func:`install` and :func:`install_admin`: the readers' consumers and the planner's admin
+    clients answer from one fake's logs."""
+    fake = install(monkeypatch)
+    install_admin(monkeypatch, fake)
+    return fake

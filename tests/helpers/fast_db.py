@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -43,6 +44,23 @@ def shared_database(request: pytest.FixtureRequest, name: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_url("postgres"), autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+
+
+def module_database(name: str) -> tuple[Any, Any]:
+    """The module's ``shared_database_url`` and ``database_url`` fixtures: one migrated database
+    for the module (``name`` makes it unique), emptied before each test. A module takes them as
+    ``shared_database_url, database_url = module_database("name")``."""
+
+    @pytest.fixture(scope="module")
+    def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
+        yield from shared_database(request, name)
+
+    @pytest.fixture
+    def database_url(shared_database_url: str) -> str:
+        """An empty migrated database (tests/helpers/fast_db.py: shared by the module, emptied per test)."""
+        return emptied(shared_database_url)
+
+    return shared_database_url, database_url
 
 
 def emptied(url: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from tests.helpers.fake_kafka import FakeProducer
-from tests.helpers.fast_db import emptied, shared_database
+from tests.helpers.fast_db import module_database
 from tests.postgres.test_sink import seed
 from txstore import planning as planning_module
 from txstore.core.errors import (
@@ -60,15 +60,7 @@ from txstore.settings import JobSettings
 CONF = {"bootstrap.servers": "fake:9092"}
 
 
-@pytest.fixture(scope="module")
-def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from shared_database(request, "core")
-
-
-@pytest.fixture
-def database_url(shared_database_url: str) -> str:
-    """An empty migrated database (tests/helpers/fast_db.py: shared by the module, truncated per test)."""
-    return emptied(shared_database_url)
+shared_database_url, database_url = module_database("core")
 
 
 WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)

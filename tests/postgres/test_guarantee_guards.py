@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from tests.helpers.fake_kafka import FakeKafka, FakeLog, FakeProducer, install
-from tests.helpers.fast_db import emptied, shared_database
+from tests.helpers.fast_db import module_database
 from tests.postgres.test_sink import seed, snapshot
 from txstore.core.errors import OffsetOverlap, PublishFailed, TopicRecreated
 from txstore.core.fingerprint import fingerprint
@@ -36,15 +36,7 @@ from txstore.settings import JobSettings
 CONF = {"bootstrap.servers": "fake:9092"}
 
 
-@pytest.fixture(scope="module")
-def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from shared_database(request, "guards")
-
-
-@pytest.fixture
-def database_url(shared_database_url: str) -> str:
-    """An empty migrated database (tests/helpers/fast_db.py: shared by the module, truncated per test)."""
-    return emptied(shared_database_url)
+shared_database_url, database_url = module_database("guards")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import REPO, produce
 from tests.e2e.test_bad_input import error_line, snapshot
 from tests.e2e.test_count_topic import job_for, log_ends
-from tests.helpers.fake_kafka import FakeLog, install, install_admin
+from tests.helpers.fake_kafka import FakeLog, install_with_admin
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
 from tests.helpers.private_postgres import SUPERUSER_PASSWORD, private_postgres, url
 from tests.postgres.test_schema import alembic
@@ -308,8 +308,7 @@ def test_the_readme_job_role_runs_a_stream_through_the_txstore_sink_and_through_
     role, password = f"txstore_job_{next(_numbers)}", "str3am"
     create_job_role(owner, role, password)
     as_job = role_url(owner, role, password)
-    fake = install(monkeypatch)
-    install_admin(monkeypatch, fake)
+    fake = install_with_admin(monkeypatch)
     fake_log = fake.add(FakeLog.of("t", 0, range(10)))
     made: list[TxstoreStreamReader] = []
     try:
@@ -344,8 +343,7 @@ def test_a_stream_role_without_the_receipts_grant_stops_with_one_line_naming_the
     role, password = f"txstore_job_{next(_numbers)}", "str3am"
     create_job_role(owner, role, password, drop=("GRANT SELECT, INSERT, UPDATE, DELETE ON txn_stream_reads",))
     as_job = role_url(owner, role, password)
-    fake = install(monkeypatch)
-    install_admin(monkeypatch, fake)
+    fake = install_with_admin(monkeypatch)
     fake.add(FakeLog.of("t", 0, range(4)))
     made: list[TxstoreStreamReader] = []
     try:

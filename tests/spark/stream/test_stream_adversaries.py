@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import produce
 from tests.e2e.test_count_topic import log_ends, offsets, totals
-from tests.spark.stream.test_streaming import JOB, QueryFailed, run_available_now, sink, stream
+from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink, stream
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import (
     Delivery,

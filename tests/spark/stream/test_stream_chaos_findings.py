@@ -13,7 +13,7 @@ from collections.abc import Callable
 import psycopg
 
 from tests.conftest import produce
-from txstore.spark.stream.stream_source import stream_reader
+from tests.helpers.streams import counting_planner
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
@@ -33,25 +33,7 @@ def test_the_sources_planning_goes_on_after_its_session_is_terminated(
     """The source as Spark calls it, without Spark: plan, terminate its session, plan again."""
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
-    options = {
-        "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "subscribe": topic,
-        "txstore.job": "planning_terminated",
-        "txstore.databaseUrl": database_url,
-        "txstore.countMessages": "true",
-    }
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-    schema = StructType(
-        [
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("txstore_from", LongType()),
-            StructField("txstore_until", LongType()),
-            StructField("txstore_messages", LongType()),
-        ]
-    )
-    reader = stream_reader(options, schema)
+    reader = counting_planner(kafka, database_url, topic, "planning_terminated")
     try:
         start = reader.initialOffset()
         assert reader.latestOffset(start, None) == {topic: {"0": 3, "1": 4}}

@@ -21,8 +21,8 @@ import txstore
 from tests.conftest import produce
 from tests.e2e.test_count_topic import log_ends, offsets, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.spark.stream.test_streaming import QueryFailed, sink, stream
-from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts, stream_reader
+from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
+from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -89,17 +89,6 @@ def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
     assert "new checkpointLocation" in line
 
 
-def reader_options(kafka: AnyKafka, url: str, topic: str, job: str, **more: str) -> dict[str, str]:
-    return {
-        "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "subscribe": topic,
-        "txstore.job": job,
-        "txstore.databaseUrl": url,
-        "txstore.countMessages": "true",
-        **more,
-    }
-
-
 def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_and_another_start_is_not(
     kafka: MockKafkaCluster,
     database_url: str,
@@ -110,20 +99,9 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
     is the log end when the query takes its initial offset, stored then (as count_topic stores
     its start); the first micro-batch, planned after more messages came, starts there and is the
     job's. A start that is not where a job would start is refused before its rows are made."""
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-    schema = StructType(
-        [
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("txstore_from", LongType()),
-            StructField("txstore_until", LongType()),
-            StructField("txstore_messages", LongType()),
-        ]
-    )
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 5, 1: 2})
-    reader = stream_reader(reader_options(kafka, database_url, topic, A, startingOffsets="latest"), schema)
+    reader = counting_planner(kafka, database_url, topic, A, startingOffsets="latest")
     try:
         start = reader.initialOffset()
         assert start == {topic: {"0": 5, "1": 2}}
@@ -140,7 +118,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
     finally:
         reader.stop()
 
-    other = stream_reader(reader_options(kafka, database_url, topic, B, startingOffsets="latest"), schema)
+    other = counting_planner(kafka, database_url, topic, B, startingOffsets="latest")
     try:
         with pytest.raises(
             ForeignCheckpoint,

@@ -24,10 +24,11 @@ import psycopg
 import pyarrow as pa
 import pytest
 from pyspark.sql import Row
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from tests.helpers.fake_kafka import FakeKafka, FakeLog, install, install_admin, message
-from tests.helpers.fast_db import emptied, shared_database
+from tests.helpers.fake_kafka import FakeKafka, FakeLog, install_with_admin, message
+from tests.helpers.fast_db import module_database
+from tests.helpers.streams import COUNT_SCHEMA, ROWS_SCHEMA, source_options
 from tests.postgres.test_sink import seed
 from txstore.core.errors import (
     ConfigError,
@@ -94,40 +95,14 @@ from txstore.spark.stream.stream_source import (
 )
 
 JOB = "stream_guards"
-ROWS = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-    ]
-)
-COUNTS = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("txstore_from", LongType()),
-        StructField("txstore_until", LongType()),
-        StructField("txstore_messages", LongType()),
-    ]
-)
 
 
-@pytest.fixture(scope="module")
-def shared_database_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from shared_database(request, "stream")
-
-
-@pytest.fixture
-def database_url(shared_database_url: str) -> str:
-    """An empty migrated database (tests/helpers/fast_db.py: shared by the module, emptied per test)."""
-    return emptied(shared_database_url)
+shared_database_url, database_url = module_database("stream")
 
 
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
-    fake = install(monkeypatch)
-    install_admin(monkeypatch, fake)
-    return fake
+    return install_with_admin(monkeypatch)
 
 
 @pytest.fixture
@@ -153,23 +128,14 @@ def grow(fake_log: FakeLog, until: int) -> None:
 
 
 def source(
-    readers: list[TxstoreStreamReader], url: str, schema: StructType = ROWS, **options: str
+    readers: list[TxstoreStreamReader], url: str, schema: StructType = ROWS_SCHEMA, **options: str
 ) -> TxstoreStreamReader:
-    reader = stream_reader(
-        {
-            "kafka.bootstrap.servers": "fake:9092",
-            "subscribe": "t",
-            "txstore.job": JOB,
-            "txstore.databaseUrl": url,
-            **options,
-        },
-        schema,
-    )
+    reader = stream_reader(source_options("fake:9092", url, "t", JOB, **options), schema)
     readers.append(reader)
     return reader
 
 
-def writer(url: str, schema: StructType = ROWS, overwrite: bool = False, **options: str) -> Any:
+def writer(url: str, schema: StructType = ROWS_SCHEMA, overwrite: bool = False, **options: str) -> Any:
     return stream_writer({"txstore.job": JOB, "txstore.databaseUrl": url, **options}, schema, overwrite)
 
 
@@ -289,13 +255,13 @@ def test_the_counting_sink_needs_the_columns_that_name_each_row_s_message(databa
     topic_only = StructType([StructField("topic", StringType())])
     with pytest.raises(ConfigError, match="the query's rows have no partition, offset column"):
         writer(database_url, topic_only)
-    no_until = StructType([f for f in COUNTS.fields if f.name != "txstore_until"])
+    no_until = StructType([f for f in COUNT_SCHEMA.fields if f.name != "txstore_until"])
     with pytest.raises(ConfigError, match="the query's rows have no txstore_until column"):
         writer(database_url, no_until)
     with pytest.raises(ConfigError, match="does not take outputMode\\('complete'\\)"):
-        writer(database_url, ROWS, overwrite=True)
-    assert writer(database_url, COUNTS).counted is True
-    assert writer(database_url, ROWS).counted is False
+        writer(database_url, ROWS_SCHEMA, overwrite=True)
+    assert writer(database_url, COUNT_SCHEMA).counted is True
+    assert writer(database_url, ROWS_SCHEMA).counted is False
 
 
 def test_rows_outside_the_micro_batch_are_refused_by_the_table_sink_in_one_line() -> None:
@@ -334,7 +300,7 @@ def test_a_task_s_spans_are_exact_whatever_the_order_of_partitions_offsets_and_m
     assert two.unplaced == 2
     mixed = sink.write(iter([rows((None, 0, 2)), Row(topic="t", partition=None, offset=3)]))
     assert mixed.unplaced == 2
-    counting = writer(database_url, COUNTS)
+    counting = writer(database_url, COUNT_SCHEMA)
     counted = counting.write(
         iter([Row(topic=None, partition=0, txstore_from=0, txstore_until=1, txstore_messages=1)] * 2)
     )
@@ -452,7 +418,9 @@ def test_the_counting_source_s_row_carries_its_range_and_the_sink_adds_what_its_
     log(fake_kafka, 0, range(7))
     log(fake_kafka, 1, [0, 2, 3], high=4)
     log(fake_kafka, 2, [], high=0)
-    reader = source(readers, database_url, COUNTS, **{"txstore.countMessages": "true", "txstore.tasks": "1"})
+    reader = source(
+        readers, database_url, COUNT_SCHEMA, **{"txstore.countMessages": "true", "txstore.tasks": "1"}
+    )
     _, end, parts = plan(reader)
     assert len(parts) == 1
     (task,) = read(reader, parts)
@@ -461,7 +429,7 @@ def test_the_counting_source_s_row_carries_its_range_and_the_sink_adds_what_its_
         {"topic": "t", "partition": 0, "txstore_from": 0, "txstore_until": 7, "txstore_messages": 7},
         {"topic": "t", "partition": 1, "txstore_from": 0, "txstore_until": 4, "txstore_messages": 3},
     ]
-    sink = writer(database_url, COUNTS)
+    sink = writer(database_url, COUNT_SCHEMA)
     message = sink.write(iter(task))
     assert isinstance(message, TopicCounts) and message.counts == {"t": 10}
     with pytest.raises(RowsOutsideBatch, match="says 6 messages, but its reading task read 7"):
@@ -489,11 +457,11 @@ def test_a_source_of_no_messages_plans_nothing_to_read_and_its_sink_commits_noth
     database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
 ) -> None:
     log(fake_kafka, 0, [], high=0)
-    reader = source(readers, database_url, COUNTS, **{"txstore.countMessages": "true"})
+    reader = source(readers, database_url, COUNT_SCHEMA, **{"txstore.countMessages": "true"})
     _, end, parts = plan(reader)
     assert parts == [] and end == {"t": {"0": 0}}
     assert list(reader.read(StreamPartition([], "none", 0))) == []
-    sink = writer(database_url, COUNTS)
+    sink = writer(database_url, COUNT_SCHEMA)
     sink.commit([], 0)
     reader.commit(end)
     assert committed_by(db) is None and offsets(db) == {0: 0}
@@ -760,7 +728,7 @@ def test_the_counting_source_takes_only_its_own_columns(database_url: str) -> No
                 "txstore.databaseUrl": database_url,
                 "txstore.countMessages": "true",
             },
-            ROWS,
+            ROWS_SCHEMA,
         )
 
 
@@ -789,7 +757,7 @@ def test_a_task_that_fails_after_its_first_range_leaves_no_receipt_and_its_plan_
     assert offsets(db) == {0: 0, 1: 0}
     reader.stop()
     readers.clear()
-    counting = source(readers, database_url, COUNTS, **{"txstore.countMessages": "true", **failing})
+    counting = source(readers, database_url, COUNT_SCHEMA, **{"txstore.countMessages": "true", **failing})
     (single,) = counting.partitions({"t": {"0": 0}}, {"t": {"0": 3}})
     with pytest.raises(InjectedFailure):
         list(counting.read(single))  # a task of one range: it fails once that range is read
@@ -956,7 +924,9 @@ def test_a_batch_the_txstore_sink_committed_is_noted_so_and_never_moved_again(
 # -- the results-table sink ---------------------------------------------------------------------------
 
 SALES = {"txstore.table": "stream_guard_sales", "txstore.key": "country", "txstore.merge": "items=sum"}
-SALE_ROWS = StructType([*ROWS.fields, StructField("country", StringType()), StructField("items", LongType())])
+SALE_ROWS = StructType(
+    [*ROWS_SCHEMA.fields, StructField("country", StringType()), StructField("items", LongType())]
+)
 
 
 def sales_table(db: psycopg.Connection) -> None:
@@ -1029,7 +999,7 @@ def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
     with pytest.raises(ConfigError, match="the query's rows have no offset column"):
         writer(database_url, no_offset, **SALES)
     rounding = StructType(
-        [*ROWS.fields, StructField("country", StringType()), StructField("items", StringType())]
+        [*ROWS_SCHEMA.fields, StructField("country", StringType()), StructField("items", StringType())]
     )
     with pytest.raises(ResultsTableInvalid):
         writer(database_url, rounding, **SALES)
@@ -1098,7 +1068,7 @@ def test_a_sink_s_replayed_or_skipped_micro_batch_says_so_and_a_fail_point_befor
     _, end, parts = plan(reader)
     (task,) = read(reader, parts)
     for options, batches in (({}, task), (SALES, [sale_batch(b) for b in task])):
-        schema = SALE_ROWS if options else ROWS
+        schema = SALE_ROWS if options else ROWS_SCHEMA
         failing = writer(database_url, schema, **options, **{"txstore.failpoints": "before-commit@first"})
         with pytest.raises(InjectedFailure):
             failing.commit([failing.write(iter(batches))], 0)
@@ -1733,12 +1703,14 @@ def test_a_piece_unread_or_read_twice_stops_the_commit_of_the_whole_range(
     database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
 ) -> None:
     log(fake_kafka, 0, range(9))
-    reader = source(readers, database_url, COUNTS, minPartitions="3", **{"txstore.countMessages": "true"})
+    reader = source(
+        readers, database_url, COUNT_SCHEMA, minPartitions="3", **{"txstore.countMessages": "true"}
+    )
     _, _, parts = plan(reader)
     assert piece_bounds(parts) == [[(0, 0, 3)], [(0, 3, 6)], [(0, 6, 9)]]
     tasks = read(reader, parts)
     assert [b.to_pylist()[0]["txstore_messages"] for task in tasks for b in task] == [3, 3, 3]
-    sink = writer(database_url, COUNTS)
+    sink = writer(database_url, COUNT_SCHEMA)
     with pytest.raises(MicroBatchNotRead, match="the sink received no count row for range t/0 6 -> 9"):
         sink.commit([sink.write(iter(task)) for task in tasks[:2]], 0)  # a filter dropped a piece's row
     with pytest.raises(RowsRepeated, match="count row twice"):
@@ -1819,7 +1791,7 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
                 "txstore.job": JOB,
                 "txstore.databaseUrl": database_url,
             },
-            ROWS,
+            ROWS_SCHEMA,
         )
         readers.append(reader)
         return reader

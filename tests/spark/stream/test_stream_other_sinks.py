@@ -16,7 +16,7 @@ import psycopg
 
 from tests.conftest import produce
 from tests.e2e.test_count_topic import log_ends, offsets, totals
-from tests.spark.stream.test_streaming import JOB, stream
+from tests.helpers.streams import JOB, stream
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 

@@ -17,18 +17,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import txstore
 from tests.conftest import produce
 from tests.e2e.test_count_topic import log_ends, offsets, totals
 from tests.helpers.private_postgres import free_port, restartable_postgres, url
-from tests.spark.stream.test_streaming import JOB, sink, stream
+from tests.helpers.streams import JOB, counting_planner, sink, stream
 from txstore.core.errors import DatabaseUnavailable
 from txstore.postgres.migrate import upgrade
 from txstore.postgres.reconnect import RECONNECT_ATTEMPTS, RECONNECT_SECONDS, connect_retrying
 from txstore.postgres.stream_plans import load_plan
-from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -93,27 +91,6 @@ def test_connecting_again_gives_up_within_its_bounds_in_one_line_without_the_pas
     assert f"did not answer {len(waits) + 1} connection attempts" in str(e.value)
 
 
-def planner(kafka: MockKafkaCluster, database_url: str, topic: str) -> TxstoreStreamReader:
-    """The stream's planning methods, called as Spark calls them (without Spark)."""
-    options = {
-        "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "subscribe": topic,
-        "txstore.job": JOB,
-        "txstore.databaseUrl": database_url,
-        "txstore.countMessages": "true",
-    }
-    schema = StructType(
-        [
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("txstore_from", LongType()),
-            StructField("txstore_until", LongType()),
-            StructField("txstore_messages", LongType()),
-        ]
-    )
-    return stream_reader(options, schema)  # COUNT_SCHEMA
-
-
 def end_planning_session(db: psycopg.Connection) -> int:
     (pid,) = stream_lock_holders(db)
     db.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -132,7 +109,7 @@ def test_each_planning_method_survives_its_session_ended_before_it(
     stream lock again."""
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 4, 1: 2})
-    reader = planner(kafka, database_url, topic)
+    reader = counting_planner(kafka, database_url, topic, JOB)
     try:
         start = reader.initialOffset()
         ended = [end_planning_session(db)]
@@ -167,7 +144,7 @@ def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_
     it waits: the call is run once more on a new session and stores the plan."""
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 3})
-    reader = planner(kafka, database_url, topic)
+    reader = counting_planner(kafka, database_url, topic, JOB)
     try:
         start = reader.initialOffset()
         end = reader.latestOffset(start, None)

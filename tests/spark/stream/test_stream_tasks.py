@@ -16,12 +16,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import txstore
 from tests.conftest import produce
 from tests.e2e.test_count_topic import log_ends, offsets, totals
-from tests.spark.stream.test_streaming import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now
+from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.ranges.tasks import default_parallelism, is_connect
@@ -29,23 +28,12 @@ from txstore.spark.source.datasource import RangesPartition
 from txstore.spark.source_format import registered_source
 from txstore.spark.stream.stream_options import parse_stream_options
 from txstore.spark.stream.stream_sink import _count_topics
-from txstore.spark.stream.stream_source import micro_batch_tasks, stream_reader
+from txstore.spark.stream.stream_source import micro_batch_tasks
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
 COUNT = {"txstore.countMessages": "true"}
-
-
-@pytest.fixture
-def session(request: pytest.FixtureRequest) -> Any:
-    """As tests/spark/stream/test_streaming.py's: the classic session, or (``@CLASSIC_AND_CONNECT``) also a
-    Spark Connect client; registered, so the source's default txstore.tasks is its parallelism."""
-    spark = request.getfixturevalue(
-        "spark_connect" if getattr(request, "param", "") == "connect" else "spark"
-    )
-    txstore.register(spark)
-    return spark
 
 
 def ranges(*sizes: int) -> list[OffsetRange]:
@@ -141,24 +129,7 @@ def test_the_planned_micro_batch_is_one_partition_per_task_holding_its_ranges_in
     """The source's own planning (as Spark calls it, without Spark): five ranges, two tasks."""
     topic = new_topic(5)
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4, 2: 5, 3: 6, 4: 7})
-    options = {
-        "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "subscribe": topic,
-        "txstore.job": "planned_tasks",
-        "txstore.databaseUrl": database_url,
-        "txstore.tasks": "2",
-        **COUNT,
-    }
-    schema = StructType(
-        [
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("txstore_from", LongType()),
-            StructField("txstore_until", LongType()),
-            StructField("txstore_messages", LongType()),
-        ]
-    )
-    reader = stream_reader(options, schema)
+    reader = counting_planner(kafka, database_url, topic, "planned_tasks", **{"txstore.tasks": "2"})
     try:
         start = reader.initialOffset()
         end = reader.latestOffset(start, None)

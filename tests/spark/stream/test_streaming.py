@@ -21,6 +21,7 @@ import pytest
 import txstore
 from tests.conftest import produce, produce_in_transactions, send
 from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink, stream
 from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
@@ -28,79 +29,8 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
-JOB = "stream_job"
 ADMISSION_CONTROL = importlib.util.find_spec("pyspark.sql.streaming.datasource") is not None
 """PySpark 4.2+: latestOffset(start, limit), ReadMaxRows, SupportsTriggerAvailableNow."""
-
-
-def stream(spark: Any, kafka: MockKafkaCluster, url: str, topic: str, job: str = JOB, **options: str) -> Any:
-    reader = (
-        spark.readStream.format("txstore")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", topic)
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", url)
-    )
-    for name, value in options.items():
-        reader = reader.option(name, value)
-    return reader.load()
-
-
-def sink(df: Any, url: str, checkpoint: Path, job: str = JOB) -> Any:
-    return (
-        df.writeStream.format("txstore")
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", url)
-        .option("checkpointLocation", str(checkpoint))
-    )
-
-
-def run_available_now(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    url: str,
-    topic: str,
-    checkpoint: Path,
-    failpoints: str = "",
-    rows: Callable[[Any], Any] | None = None,
-    sink_options: dict[str, str] | None = None,
-    output_mode: str = "append",
-    **options: str,
-) -> Any:
-    """One Trigger.AvailableNow run of the stream -> sink query; ``rows`` shapes the source's
-    DataFrame before the sink, ``sink_options`` are the sink's extra options."""
-    df = stream(spark, kafka, url, topic, **options)
-    writer = sink(df if rows is None else rows(df), url, checkpoint).outputMode(output_mode)
-    if failpoints:
-        writer = writer.option("txstore.failpoints", failpoints)
-    for name, value in (sink_options or {}).items():
-        writer = writer.option(name, value)
-    query = writer.trigger(availableNow=True).start()
-    try:
-        query.awaitTermination(120)
-    except Exception as e:  # the query failed: StreamingQueryException with the source's line
-        raise QueryFailed(str(e)) from None
-    assert not query.isActive
-    return query
-
-
-class QueryFailed(Exception):
-    pass
-
-
-@pytest.fixture
-def session(request: pytest.FixtureRequest) -> Any:
-    """The classic session, or (``@CLASSIC_AND_CONNECT``) also a Spark Connect client, whose
-    source and sink run on the server."""
-    spark = request.getfixturevalue(
-        "spark_connect" if getattr(request, "param", "") == "connect" else "spark"
-    )
-    txstore.register(spark)
-    return spark
-
-
-CLASSIC_AND_CONNECT = pytest.mark.parametrize("session", ["classic", "connect"], indirect=True)
-"""The checkpoint accidents hold through a Spark Connect client as on classic Spark."""
 
 
 # -- pure ----------------------------------------------------------------------------------------
