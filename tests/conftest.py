@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -32,6 +32,9 @@ from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
 from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
+
+if TYPE_CHECKING:
+    from tests.helpers.standalone import Standalone
 
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = [
@@ -312,3 +315,12 @@ def spark_connect(spark_connect_server: Any) -> Iterator[Any]:
 def any_spark(request: pytest.FixtureRequest) -> Any:
     """The classic ``spark`` session, then a Spark Connect client: a test taking it runs on both."""
     return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[Standalone]:
+    """A Spark standalone master and one worker (2 cores) on 127.0.0.1, killed by process group at
+    the end (tests/helpers/standalone.py)."""
+    from tests.helpers.standalone import standalone_cluster
+
+    yield from standalone_cluster(tmp_path)

@@ -8,18 +8,13 @@ Everything started here is stopped by process id, also when the test fails.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-import pyspark
 import pytest
 
 from tests.conftest import REPO, produce
@@ -28,102 +23,16 @@ from tests.helpers.job_processes import (
     children,
     command_line,
     count_topic_args,
-    job_env,
     kill_group,
     python_without_txstore,
 )
-from tests.helpers.private_postgres import free_port
+from tests.helpers.standalone import Standalone
 from txstore.spark.runtime.pyfiles import build_py_files
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
-SPARK_HOME = Path(pyspark.__file__).parent
 START_TIMEOUT = 120.0
-
-
-@dataclass(frozen=True)
-class Standalone:
-    master_url: str
-    worker_pid: int
-    env: dict[str, str]
-
-
-def _wait_for_worker(webui_port: int, processes: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in processes):
-            break
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{webui_port}/json/", timeout=5) as answer:
-                if json.load(answer).get("aliveworkers", 0) >= 1:
-                    return
-        except (OSError, ValueError):  # not listening yet, or a page still being set up
-            pass
-        time.sleep(0.5)
-    tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
-    raise RuntimeError(f"the standalone worker did not register with the master in time\n{tails}")
-
-
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[Standalone]:
-    """A standalone master and one worker (2 cores) on 127.0.0.1, killed by process group at the end."""
-    work = tmp_path / "spark-work"
-    work.mkdir()
-    env = job_env(
-        SPARK_HOME=str(SPARK_HOME),
-        SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_DAEMON_MEMORY="256m",
-        SPARK_WORKER_DIR=str(work),
-        SPARK_LOCAL_DIRS=str(work),
-    )
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    port, master_ui, worker_ui = free_port(), free_port(), free_port()
-    commands = {
-        "master": [
-            spark_class,
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(master_ui),
-        ],
-        "worker": [
-            spark_class,
-            "org.apache.spark.deploy.worker.Worker",
-            f"spark://127.0.0.1:{port}",
-            "--host",
-            "127.0.0.1",
-            "--webui-port",
-            str(worker_ui),
-            "--cores",
-            "2",
-            "--memory",
-            "1g",
-            "--work-dir",
-            str(work),
-        ],
-    }
-    processes: list[subprocess.Popen[bytes]] = []
-    logs: list[Path] = []
-    try:
-        for name, command in commands.items():
-            log = tmp_path / f"{name}.log"
-            logs.append(log)
-            with log.open("wb") as out:
-                # spark-class execs the JVM, so each pid is its JVM, leading its own process group.
-                processes.append(
-                    subprocess.Popen(
-                        command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
-        _wait_for_worker(master_ui, processes, logs)
-        yield Standalone(f"spark://127.0.0.1:{port}", processes[1].pid, env)
-    finally:
-        for p in reversed(processes):  # the worker's group holds its executors
-            kill_group(p)
 
 
 def blocked_commits(db: psycopg.Connection) -> int:
@@ -158,32 +67,16 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
         holder.execute("LOCK TABLE txn_data IN SHARE ROW EXCLUSIVE MODE")
         out = tmp_path / "job.log"
         with out.open("w") as log:
-            job = subprocess.Popen(
-                [
-                    str(SPARK_HOME / "bin" / "spark-submit"),
-                    "--master",
-                    standalone.master_url,
-                    "--conf",
-                    "spark.ui.enabled=false",
-                    "--conf",
-                    "spark.driver.host=127.0.0.1",
-                    "--conf",
-                    "spark.driver.bindAddress=127.0.0.1",
-                    "--conf",
-                    "spark.executor.memory=512m",
-                    "--py-files",
-                    str(zip_path),
-                    str(job_dir / "count_topic.py"),
-                    # --verbose: Spark's WARN lines (the lost task's ExecutorLostFailure) are the
-                    # evidence that the batch was in flight; quiet runs print Spark's errors only.
-                    *count_topic_args(kafka, database_url, topic, "--once", "--verbose"),
-                ],
-                env={**standalone.env, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
+            job = standalone.submit(
+                "--py-files",
+                str(zip_path),
+                str(job_dir / "count_topic.py"),
+                # --verbose: Spark's WARN lines (the lost task's ExecutorLostFailure) are the
+                # evidence that the batch was in flight; quiet runs print Spark's errors only.
+                *count_topic_args(kafka, database_url, topic, "--once", "--verbose"),
+                env={"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
                 cwd=tmp_path,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
+                log=log,
             )
         try:
             deadline = time.monotonic() + START_TIMEOUT

@@ -26,9 +26,9 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_cluster import SPARK_HOME, Standalone, standalone  # noqa: F401  (the fixture)
 from tests.e2e.test_count_topic import log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, kill_group, python_without_txstore
+from tests.helpers.standalone import Standalone
 from txstore import __version__
 from txstore.postgres.migrate import SCHEMA_REVISION
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -264,28 +264,7 @@ def submit_to(cluster: Standalone, *args: str, env: dict[str, str], cwd: Path) -
     """spark-submit to the standalone master (client mode); the run's output, after it exited 0."""
     out = cwd / "submit.log"
     with out.open("w") as log:
-        job = subprocess.Popen(
-            [
-                str(SPARK_HOME / "bin" / "spark-submit"),
-                "--master",
-                cluster.master_url,
-                "--conf",
-                "spark.ui.enabled=false",
-                "--conf",
-                "spark.driver.host=127.0.0.1",
-                "--conf",
-                "spark.driver.bindAddress=127.0.0.1",
-                "--conf",
-                "spark.executor.memory=512m",
-                *args,
-            ],
-            env={**cluster.env, **env},
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        job = cluster.submit(*args, env=env, cwd=cwd, log=log)
     try:
         code: int | None = job.wait(timeout=CLUSTER_JOB_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -303,7 +282,7 @@ def submit_to(cluster: Standalone, *args: str, env: dict[str, str], cwd: Path) -
 @pytest.mark.cluster
 def test_the_wheel_itself_on_py_files_ships_txstore_to_a_cluster_whose_python_lacks_it(
     installed: Installed,
-    standalone: Standalone,  # noqa: F811
+    standalone: Standalone,
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
@@ -339,7 +318,7 @@ def test_the_wheel_itself_on_py_files_ships_txstore_to_a_cluster_whose_python_la
 def test_a_packed_environment_on_archives_is_the_python_of_the_executors(
     installed: Installed,
     packed: Path,
-    standalone: Standalone,  # noqa: F811
+    standalone: Standalone,
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,

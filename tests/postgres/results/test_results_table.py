@@ -139,6 +139,23 @@ def sales_table(name: str = "sales", schema: str | None = None) -> ResultsTable:
     return ResultsTable.of(table, SALES_KEYS, SALES_MERGE)
 
 
+@pytest.fixture
+def sales_topic(
+    kafka: MockKafkaCluster, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> Callable[..., tuple[str, list[Sale]]]:
+    """``make(seed, n, partitions=2)``: the ``sales`` table created, and a new topic holding ``n``
+    random orders (``random.Random(seed)``) spread over its partitions; the topic and the orders."""
+
+    def make(seed: int, n: int, partitions: int = 2) -> tuple[str, list[Sale]]:
+        db.execute(SALES.format(name="sales"))
+        topic = new_topic(partitions)
+        orders = sales(random.Random(seed), n, 0)
+        send(kafka.bootstrap_servers, topic, to_messages(orders, partitions))
+        return topic, orders
+
+    return make
+
+
 def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
     return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
 
@@ -186,12 +203,9 @@ def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    sales_topic: Callable[..., tuple[str, list[Sale]]],
 ) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(2)
-    orders = sales(random.Random(3), 300, 0)
-    send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+    topic, orders = sales_topic(3, 300)
     s = settings(kafka, database_url, "sales", topic, metrics_port=0)
     aggregate = SqlAggregate(SALES_SQL)
     with TransactionalJob(spark, s, dataframe_aggregate=aggregate, results_table=sales_table()) as job:
@@ -215,14 +229,11 @@ def test_a_schema_qualified_table_takes_the_rows(
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    sales_topic: Callable[..., tuple[str, list[Sale]]],
 ) -> None:
     db.execute("CREATE SCHEMA reporting")
     db.execute(SALES.format(name="reporting.sales"))
-    db.execute(SALES.format(name="sales"))  # the same name on the search path stays empty
-    topic = new_topic(2)
-    orders = sales(random.Random(4), 200, 0)
-    send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+    topic, orders = sales_topic(4, 200)  # makes "sales": the same name on the search path stays empty
     assert run_once(spark, settings(kafka, database_url, "r", topic), sales_table(schema="reporting")) == {
         COMMITTED
     }
@@ -350,13 +361,10 @@ def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    sales_topic: Callable[..., tuple[str, list[Sale]]],
     tmp_path: Path,
 ) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(3)
-    orders = sales(random.Random(12), 900, 0)
-    send(kafka.bootstrap_servers, topic, to_messages(orders, 3))
+    topic, orders = sales_topic(12, 900, partitions=3)
     query = tmp_path / "sales.sql"
     query.write_text(SALES_SQL + ";\n")
     processes = [
@@ -625,12 +633,9 @@ def test_read_columns_give_the_query_only_those_columns_and_the_same_rows(
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    sales_topic: Callable[..., tuple[str, list[Sale]]],
 ) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(2)
-    orders = sales(random.Random(23), 200, 0)
-    send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+    topic, orders = sales_topic(23, 200)
     options = aggregate_flags("--read-columns", "value, timestamp")
     assert options["read_columns"] == ("value", "timestamp")
 
@@ -646,11 +651,9 @@ def test_read_columns_that_leave_out_what_the_query_uses_are_refused_in_one_line
     kafka: MockKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    sales_topic: Callable[..., tuple[str, list[Sale]]],
 ) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, to_messages(sales(random.Random(24), 5, 0), 1))
+    topic, _ = sales_topic(24, 5, partitions=1)
     with pytest.raises(ResultsTableInvalid) as raised:
         aggregate_flags("--read-columns", "value,payload")
     assert list(raised.value.problems) == [
