@@ -25,7 +25,7 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 from tests.conftest import REPO, produce, send
 from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
 from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
-from tests.kafka.test_recreated_topic import snapshot
+from tests.kafka.test_recreated_topic import snapshot, topic_id_changed_line
 from tests.ops.test_operator_cli import txstore
 from txstore.core.errors import TopicRecreated
 from txstore.core.starting import StartingOffsets, parse_starting_offsets, parse_timestamp
@@ -576,12 +576,7 @@ def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
     before = snapshot(db)
     with pytest.raises(TopicRecreated) as raised:
         job_for(spark, real_kafka, database_url, topic).run()
-    assert str(raised.value) == (
-        f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
-        f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
-        "topic from its start as a new generation: "
-        f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
-    )
+    assert str(raised.value) == topic_id_changed_line(topic, old_id, new_id)
     assert snapshot(db) == before
 
     with connect(database_url) as conn:

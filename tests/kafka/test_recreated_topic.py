@@ -72,6 +72,16 @@ def mismatch_line(job: str, topic: str, partition: int, last: int) -> str:
     )
 
 
+def topic_id_changed_line(topic: str, old_id: str, new_id: str) -> str:
+    """count_topic's line for partition 0 of a topic recreated under another topic ID."""
+    return (
+        f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
+        f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
+        "topic from its start as a new generation: "
+        f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
+    )
+
+
 @pytest.mark.parametrize(
     "settings",
     [{}, {"commit": "per-batch"}, {"commit": "per-batch", "min_partitions": 4}],
@@ -273,12 +283,7 @@ def test_a_recreated_topic_is_known_by_its_topic_id_even_with_the_same_messages(
     before = snapshot(db)
     with pytest.raises(TopicRecreated) as raised:
         TransactionalJob(spark, settings, count_messages).run()
-    assert str(raised.value) == (
-        f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
-        f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
-        "topic from its start as a new generation: "
-        f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
-    )
+    assert str(raised.value) == topic_id_changed_line(topic, old_id, new_id)
     assert snapshot(db) == before
 
     with connect(database_url) as conn:
