@@ -29,6 +29,7 @@ import pyspark
 
 from tests.conftest import REPO
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.testing.real_kafka import RealKafkaCluster
 
 JOB = str(REPO / "jobs" / "count_topic.py")
 
@@ -40,7 +41,10 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def count_topic_args(kafka: MockKafkaCluster, database_url: str, topic: str, *more: str) -> list[str]:
+def count_topic_args(
+    kafka: MockKafkaCluster | RealKafkaCluster, database_url: str, topic: str, *more: str
+) -> list[str]:
+    """A job's servers and topic as its command line takes them (count_topic's and the other jobs')."""
     return [
         "--bootstrap-servers",
         kafka.bootstrap_servers,

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
 from tests.e2e.test_count_topic import log_ends, offsets
-from tests.helpers.job_processes import job_env
+from tests.helpers.job_processes import count_topic_args, job_env
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
 from txstore.aggregate import SqlAggregate
@@ -339,12 +339,7 @@ def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_a
 
 def aggregate_args(kafka: AnyKafka, database_url: str, topic: str, *more: str) -> list[str]:
     return [
-        "--bootstrap-servers",
-        kafka.bootstrap_servers,
-        "--database-url",
-        database_url,
-        "--topic",
-        topic,
+        *count_topic_args(kafka, database_url, topic),  # the servers and the topic, as count_topic takes them
         "--job",
         "sales",
         "--table",
