@@ -184,15 +184,8 @@ def send_one_by_one(bootstrap: str, topic: str, messages: Iterable[Outgoing]) ->
     """Produce each message in its own batch, acknowledged before the next (Tansu's watermark)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     failed: list[Any] = []
-    for partition, key, value, timestamp in messages:
-        producer.produce(
-            topic,
-            value=value,
-            key=key,
-            partition=partition,
-            timestamp=timestamp or 0,
-            on_delivery=lambda err, _: failed.append(err) if err else None,
-        )
+    for message in messages:
+        produce_one(producer, topic, message, lambda err, _: failed.append(err) if err else None)
         assert producer.flush(10) == 0
     assert not failed, failed
 
@@ -224,6 +217,16 @@ Outgoing = tuple[int, "bytes | None", "bytes | None", "int | None"]
 """``(partition, key, value, timestamp_ms or None for now)``."""
 
 
+def produce_one(
+    producer: Producer, topic: str, message: Outgoing, on_delivery: Callable[[Any, Any], Any]
+) -> None:
+    """Hand ``message`` to ``producer`` (a timestamp of None: now); ``on_delivery(err, msg)`` hears the outcome."""
+    partition, key, value, timestamp = message
+    producer.produce(
+        topic, value=value, key=key, partition=partition, timestamp=timestamp or 0, on_delivery=on_delivery
+    )
+
+
 def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> int:
     """Produce each message as given; fail unless all are acknowledged. Returns how many."""
     delivered: list[Any] = []
@@ -241,15 +244,8 @@ def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> int:
         (failed if err else delivered).append(err or msg)
 
     sent = 0
-    for partition, key, value, timestamp in messages:
-        producer.produce(
-            topic,
-            value=value,
-            key=key,
-            partition=partition,
-            timestamp=timestamp or 0,
-            on_delivery=on_delivery,
-        )
+    for message in messages:
+        produce_one(producer, topic, message, on_delivery)
         sent += 1
         if sent % 5000 == 0:
             producer.poll(0)
