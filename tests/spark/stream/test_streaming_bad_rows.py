@@ -137,6 +137,13 @@ def produce(
     send(kafka.bootstrap_servers, topic, [(p, k, v, None) for p, kvs in messages.items() for k, v in kvs])
 
 
+def assert_nothing_committed(db: psycopg.Connection, topic: str) -> None:
+    """No offset moved, no row merged, nothing recorded."""
+    assert set(offsets(db, topic, job=JOB).values()) <= {0}
+    assert orders(db) == {}
+    assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (0,)
+
+
 def test_each_copy_line_keeps_its_message_so_a_piece_of_offsets_selects_exactly_its_rows() -> None:
     """The rows the search tries for a piece of offsets (RowsByMessage.of) and the rows committed
     without the bad messages (without): by each row's own message, in the tasks' order."""
@@ -188,10 +195,7 @@ def test_a_row_the_table_refuses_stops_the_query_in_one_line_naming_its_message_
     assert "fix the table or the query, or set .option('txstore.onBadMessage', 'skip')" in line, line
     assert line.endswith("record them in txn_bad_messages; then restart the query"), line
     assert "Traceback" not in line and "psycopg" not in line
-    # Nothing committed: no offset moved, no row merged, nothing recorded.
-    assert set(offsets(db, topic, job=JOB).values()) <= {0}
-    assert orders(db) == {}
-    assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (0,)
+    assert_nothing_committed(db, topic)
 
 
 def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_rest(
@@ -296,9 +300,7 @@ def test_skip_stops_in_one_line_past_the_batch_jobs_bound_and_records_nothing(
     line = next((x for x in str(e.value).splitlines() if start in x), None)
     assert line is not None, str(e.value)
     assert "NumericValueOutOfRange" in line and "check the query and the table" in line
-    assert set(offsets(db, topic, job=JOB).values()) <= {0}
-    assert orders(db) == {}
-    assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (0,)
+    assert_nothing_committed(db, topic)
 
 
 def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
