@@ -2,7 +2,7 @@
 
 The suite's ``database_url`` (tests/conftest.py) creates and drops a database per test,
 about a second each on a busy machine. The fast tests of the exactly-once core
-(test_guarantee_guards.py, test_guarantee_db.py), which ``./dev mutate`` runs hundreds of
+(postgres/test_guarantee_guards.py, postgres/test_guarantee_db.py), which ``./dev mutate`` runs hundreds of
 times, override it in their module with :func:`emptied`: one database per module, copied once
 from the session's migrated template, every table emptied before each test, so each test
 still starts from an empty schema.
