@@ -72,7 +72,7 @@ def connect_session(master: str, url: str | None) -> Iterator[tuple[Any, dict[st
         server_seconds = 0.0
         if url is None:
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-            from tests.spark_connect import SparkConnectServer
+            from tests.helpers.spark_connect import SparkConnectServer
 
             directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="txstore-bench-")))
             server = stack.enter_context(SparkConnectServer(directory, master=master))

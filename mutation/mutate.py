@@ -6,7 +6,7 @@ arithmetic, the idempotent sink, the outbox, the offset store, bad messages, and
 verification, plans, options, source and sink), every mutant of its curated scope
 (:mod:`mutation.operators`) is run against the module's fast test selection: no Spark, no
 broker process; PostgreSQL where the guard is SQL (the stream's source and sink are called as
-Spark calls them, tests/test_stream_guards.py). A mutant is
+Spark calls them, tests/spark/stream/test_stream_guards.py). A mutant is
 *killed* when a test fails (or the run times out), and *survives* when every test passes.
 
 It runs in private copies of the repository (one per worker, under a temporary directory),
@@ -50,12 +50,12 @@ REPO = Path(__file__).resolve().parent.parent
 EQUIVALENT = REPO / "mutation" / "EQUIVALENT.md"
 
 # Fast tests first: a mutant is usually killed by the first failing test (pytest -x).
-CORE = "tests/test_guarantee_core.py"
-GUARDS = "tests/test_guarantee_guards.py"
-SPLIT = "tests/test_split_uneven.py"
-READER = "tests/test_reader_bounds.py"
-DB = "tests/test_guarantee_db.py"
-STREAM = "tests/test_stream_guards.py"
+CORE = "tests/core/test_guarantee_core.py"
+GUARDS = "tests/postgres/test_guarantee_guards.py"
+SPLIT = "tests/core/test_split_uneven.py"
+READER = "tests/kafka/test_reader_bounds.py"
+DB = "tests/postgres/test_guarantee_db.py"
+STREAM = "tests/spark/stream/test_stream_guards.py"
 # Tests named by what they exercise, for pytest -k.
 PLANNER = (
     "first_plan or plan_is_capped or plan_carries or stop_the_plan or changed_one_stops or starting_timestamp "
@@ -92,7 +92,7 @@ MODULES = (
             "group_ranges",
             "split_ranges",
         ),
-        (SPLIT, CORE, "tests/test_planning.py", "tests/test_task_groups.py"),
+        (SPLIT, CORE, "tests/core/test_planning.py", "tests/spark/ranges/test_task_groups.py"),
     ),
     Module(
         "sink",
@@ -144,7 +144,7 @@ MODULES = (
         "fingerprint",
         "txstore/core/fingerprint.py",
         ("_ABSENT", "Fingerprint", "digest", "fingerprint"),
-        (CORE, READER, "tests/test_planning.py"),
+        (CORE, READER, "tests/core/test_planning.py"),
     ),
     Module(
         "topic_ids",
@@ -156,7 +156,7 @@ MODULES = (
         "results",
         "txstore/core/results.py",
         ("metric_text", "_EXACT", "exact_decimal", "add_metrics", "row_order", "decode_key", "encode_key"),
-        (CORE, "tests/test_exact_sums.py", DB),
+        (CORE, "tests/core/test_exact_sums.py", DB),
         f"not ({PLANNER} or {PUBLISHER} or idempotent)",
     ),
     Module(
@@ -212,7 +212,7 @@ MODULES = (
         "kept",
         "txstore/postgres/kept.py",
         ("_answers", "_take", "kept_connection", "close_kept"),
-        ("tests/test_kept_connection.py",),
+        ("tests/postgres/test_kept_connection.py",),
     ),
     Module(
         "patterns",
@@ -225,7 +225,7 @@ MODULES = (
             "resolve_pattern",
             "joining_starts",
         ),
-        ("tests/test_topic_patterns.py", "tests/test_subscription.py"),
+        ("tests/core/test_topic_patterns.py", "tests/core/test_subscription.py"),
         "matches_whole or does_not_compile or flag_is_exclusive or first_run_and or one_of_subscribe "
         "or asks_for_no_change or frozen_values",
     ),
@@ -233,7 +233,7 @@ MODULES = (
         "assignment",
         "txstore/core/assignment.py",
         ("parse_assignment", "assigned_keys", "check_assigned_starts", "assigned_only", "_names"),
-        ("tests/test_assigned_partitions.py",),
+        ("tests/core/test_assigned_partitions.py",),
         "parsed_as_topics or bad_assignment or exactly_one_of or names_exactly_the_assigned "
         "or plans_only_the_assigned or kafka_does_not_have or leaves_its_other_rows or flag_takes "
         "or bad_assign_flag",
@@ -242,13 +242,13 @@ MODULES = (
         "subscription",
         "txstore/core/subscription.py",
         ("Subscription", "subscription_of", "subscription_json", "subscription_from_json"),
-        ("tests/test_subscription.py",),
+        ("tests/core/test_subscription.py",),
     ),
     Module(
         "bad_rows",
         "txstore/spark/ranges/bad_rows.py",
         ("is_row_failure", "failure_reason", "find_bad_offsets", "_bisect", "without"),
-        ("tests/test_bad_rows.py",),
+        ("tests/spark/ranges/test_bad_rows.py",),
     ),
     Module(
         "micro_batch",
@@ -456,7 +456,7 @@ def pg_url(name: str) -> str:
 
 def make_databases(copy: Path, template: str, workers: int) -> list[str | None]:
     """One migrated template (the copy's migrations), and a database copied from it for each
-    worker's fast tests (tests/fast_db.py). None each without PGHOST: the tests then find or
+    worker's fast tests (tests/helpers/fast_db.py). None each without PGHOST: the tests then find or
     start their own server and make their own databases."""
     if not os.environ.get("PGHOST"):
         return [None] * workers

@@ -2,7 +2,7 @@
 
 PostgreSQL is the server the environment names (PGHOST, PGPORT, PGUSER,
 PGPASSWORD; default 127.0.0.1:5432 as postgres) or, if none is named and nothing
-answers there, a throwaway one for the run (tests/pg_server.py decides, once, when
+answers there, a throwaway one for the run (tests/helpers/pg_server.py decides, once, when
 the session starts). It is used through pytest-postgresql's no-process fixture.
 Alembic migrates a template database once per session and every test gets a fresh
 copy of it.
@@ -18,23 +18,28 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 from confluent_kafka import Producer
 from pytest_postgresql import factories
 
-from tests import pg_server
-from tests.kafka_transactions import transactional
-from tests.topics import topic_name
+from tests.helpers import pg_server
+from tests.helpers.kafka_transactions import transactional
+from tests.helpers.topics import topic_name
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
 from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
+if TYPE_CHECKING:
+    from tests.helpers.standalone import Standalone
+
 REPO = Path(__file__).resolve().parent.parent
-pytest_plugins = ["tests.real_kafka_fixture"]  # real_kafka, new_real_topic: Apache Kafka for the session
+pytest_plugins = [
+    "tests.helpers.real_kafka_fixture"
+]  # real_kafka, new_real_topic: Apache Kafka for the session
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -179,15 +184,8 @@ def send_one_by_one(bootstrap: str, topic: str, messages: Iterable[Outgoing]) ->
     """Produce each message in its own batch, acknowledged before the next (Tansu's watermark)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     failed: list[Any] = []
-    for partition, key, value, timestamp in messages:
-        producer.produce(
-            topic,
-            value=value,
-            key=key,
-            partition=partition,
-            timestamp=timestamp or 0,
-            on_delivery=lambda err, _: failed.append(err) if err else None,
-        )
+    for message in messages:
+        produce_one(producer, topic, message, lambda err, _: failed.append(err) if err else None)
         assert producer.flush(10) == 0
     assert not failed, failed
 
@@ -219,6 +217,16 @@ Outgoing = tuple[int, "bytes | None", "bytes | None", "int | None"]
 """``(partition, key, value, timestamp_ms or None for now)``."""
 
 
+def produce_one(
+    producer: Producer, topic: str, message: Outgoing, on_delivery: Callable[[Any, Any], Any]
+) -> None:
+    """Hand ``message`` to ``producer`` (a timestamp of None: now); ``on_delivery(err, msg)`` hears the outcome."""
+    partition, key, value, timestamp = message
+    producer.produce(
+        topic, value=value, key=key, partition=partition, timestamp=timestamp or 0, on_delivery=on_delivery
+    )
+
+
 def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> int:
     """Produce each message as given; fail unless all are acknowledged. Returns how many."""
     delivered: list[Any] = []
@@ -236,15 +244,8 @@ def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> int:
         (failed if err else delivered).append(err or msg)
 
     sent = 0
-    for partition, key, value, timestamp in messages:
-        producer.produce(
-            topic,
-            value=value,
-            key=key,
-            partition=partition,
-            timestamp=timestamp or 0,
-            on_delivery=on_delivery,
-        )
+    for message in messages:
+        produce_one(producer, topic, message, on_delivery)
         sent += 1
         if sent % 5000 == 0:
             producer.poll(0)
@@ -289,8 +290,8 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local Spark Connect server (one per session; tests/spark_connect.py): ``.url`` is its sc:// URL."""
-    from tests.spark_connect import SparkConnectServer
+    """A local Spark Connect server (one per session; tests/helpers/spark_connect.py): ``.url`` is its sc:// URL."""
+    from tests.helpers.spark_connect import SparkConnectServer
 
     with SparkConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
         yield server
@@ -299,7 +300,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
 @pytest.fixture(scope="session")
 def spark_connect(spark_connect_server: Any) -> Iterator[Any]:
     """A Spark Connect client on the local Connect server."""
-    from tests.spark_connect import connect_session
+    from tests.helpers.spark_connect import connect_session
 
     session: Any = connect_session(spark_connect_server.url)
     yield session
@@ -310,3 +311,12 @@ def spark_connect(spark_connect_server: Any) -> Iterator[Any]:
 def any_spark(request: pytest.FixtureRequest) -> Any:
     """The classic ``spark`` session, then a Spark Connect client: a test taking it runs on both."""
     return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[Standalone]:
+    """A Spark standalone master and one worker (2 cores) on 127.0.0.1, killed by process group at
+    the end (tests/helpers/standalone.py)."""
+    from tests.helpers.standalone import standalone_cluster
+
+    yield from standalone_cluster(tmp_path)

@@ -11,8 +11,9 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tests.chaos.runner import (
     FAULT_KINDS,
@@ -120,6 +121,24 @@ def main(argv: list[str] | None = None) -> int:
         for s in seeds
     ]
     summary = Summary(seed=seeds[0], kafka=args.kafka)
+    return _run(args, plans, summary, run_trials, "txstore-chaos-")
+
+
+def _main_stream(args: argparse.Namespace, seeds: list[int], faults: tuple[str, ...] | None) -> int:
+    plans = [StreamPlan.generate_stream(s, faults, kafka=args.kafka, mode=args.mode) for s in seeds]
+    summary = StreamSummary(seed=seeds[0], kafka=args.kafka)
+    return _run(args, plans, summary, run_stream_trials, "txstore-chaos-stream-")
+
+
+def _run(
+    args: argparse.Namespace,
+    plans: Sequence[Any],
+    summary: Any,
+    run: Callable[[Any, Any, Callable[[str], None], Any], Any],
+    prefix: str,
+) -> int:
+    """``run(env, plans, log, summary)`` in a fresh environment, then the summary line; 0 when every
+    trial ran and passed (its folder then removed unless --keep)."""
     started = time.monotonic()
 
     def log(line: str) -> None:
@@ -128,33 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C or SIGTERM: finish with the summary of the trials done (and clean up).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    directory = args.keep or Path(tempfile.mkdtemp(prefix="txstore-chaos-"))
+    directory = args.keep or Path(tempfile.mkdtemp(prefix=prefix))
     try:
         with environment(args.database_url, directory, kafka=args.kafka) as env:
-            run_trials(env, plans, log, summary)
-    except KeyboardInterrupt:
-        log("interrupted; summary of the trials that finished:")
-    log(f"{summary.line()}; {time.monotonic() - started:.0f}s")
-    passed = not summary.failed and len(summary.results) == len(plans)
-    if passed and args.keep is None:
-        shutil.rmtree(directory, ignore_errors=True)
-    return 0 if passed else 1
-
-
-def _main_stream(args: argparse.Namespace, seeds: list[int], faults: tuple[str, ...] | None) -> int:
-    plans = [StreamPlan.generate_stream(s, faults, kafka=args.kafka, mode=args.mode) for s in seeds]
-    summary = StreamSummary(seed=seeds[0], kafka=args.kafka)
-    started = time.monotonic()
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    directory = args.keep or Path(tempfile.mkdtemp(prefix="txstore-chaos-stream-"))
-    try:
-        with environment(args.database_url, directory, kafka=args.kafka) as env:
-            run_stream_trials(env, plans, log, summary)
+            run(env, plans, log, summary)
     except KeyboardInterrupt:
         log("interrupted; summary of the trials that finished:")
     log(f"{summary.line()}; {time.monotonic() - started:.0f}s")

@@ -64,7 +64,7 @@ from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.chaos.real_broker import ChaosRealKafka
 from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
 from tests.chaos.transactions import TransactionalTraffic
-from tests.spark_connect import SparkConnectServer
+from tests.helpers.spark_connect import SparkConnectServer
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.kafka.reader import RangeReader, close_idle_consumers

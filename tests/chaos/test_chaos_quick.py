@@ -25,8 +25,8 @@ from tests.chaos.runner import (
     run_trials,
 )
 from tests.conftest import pg_url
-from tests.real_kafka_fixture import _in_ci
-from tests.spark_connect import SparkConnectServer
+from tests.helpers.real_kafka_fixture import _in_ci
+from tests.helpers.spark_connect import SparkConnectServer
 from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
@@ -69,7 +69,7 @@ QUICK: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
 # server. The database, Kafka and driver-loop kinds behave as on classic (the job's
 # plan and commits are the same code) and stay in the classic trials above; speculation
 # does not run under Connect (runner.CONNECT_EXCLUDED). One trial, because the CI suite's
-# budget is minutes: it shares the session's Connect server with tests/test_connect_jobs.py.
+# budget is minutes: it shares the session's Connect server with tests/e2e/test_connect_jobs.py.
 QUICK_CONNECT: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = (
     (121, ("kill-driver", "kill-python-worker", "fp-before-commit", "second-instance"), ("--by", "key")),
 )

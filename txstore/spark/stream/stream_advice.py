@@ -18,7 +18,7 @@ keeps the rest of the line (the job, topic, partition and offset) as it is:
   ``--table``/``--key``/``--merge``: the options ``subscribe``, ``kafka.bootstrap.servers``,
   ``kafka.X``, ``startingOffsets``, ``txstore.table``/``key``/``merge``.
 
-``tests/test_stream_advice.py`` makes the lines with the code that raises them where it can,
+``tests/spark/stream/test_stream_advice.py`` makes the lines with the code that raises them where it can,
 checks that each phrase restated here is still the shared code's (a phrase reworded there would
 slip through), and that no flag of a job's is left in what the stream prints.
 """

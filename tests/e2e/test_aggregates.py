@@ -1,0 +1,251 @@
+"""Per-key and per-window counts, per-batch commits and DataFrame aggregates, end to end.
+
+Real Spark (local[2,4]), real PostgreSQL, the Kafka-protocol test broker.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import Outgoing, send
+from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.real_kafka_fixture import AnyKafka
+from txstore.core.errors import ConfigError
+from txstore.core.failpoints import FAILPOINTS_ENV
+from txstore.core.ranges import split_ranges
+from txstore.core.results import decode_key
+from txstore.core.windows import window_start
+from txstore.count_topic import CountMessages
+from txstore.job import JobSettings, TransactionalJob
+from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+MINUTE = 60_000
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+KEYS: list[bytes | None] = [b"alice", b"bob", None, b"\xff\xfe", "ключ".encode()]
+
+Address = tuple[str, str | None, datetime | None]
+
+
+def expected(messages: Sequence[Outgoing], by_key: bool, window_ms: int | None) -> dict[Address, int]:
+    """What count_topic must have stored for ``messages``, computed independently."""
+    rows: Counter[Address] = Counter({("topic", None, None): len(messages)})
+    for _, key, _, ts in messages:
+        assert ts is not None
+        window = window_start(ts, window_ms) if window_ms else None
+        if by_key and window_ms:
+            rows[("key+window", decode_key(key), window)] += 1
+        elif by_key:
+            rows[("key", decode_key(key), None)] += 1
+        elif window_ms:
+            rows[("window", None, window)] += 1
+    return dict(rows)
+
+
+def stored(db: psycopg.Connection, job: str, topic: str) -> dict[Address, Decimal]:
+    rows = db.execute(
+        "SELECT grain, key, window_start, metric FROM txn_data WHERE job = %s AND topic = %s", (job, topic)
+    ).fetchall()
+    return {(g, k, w): m for g, k, w, m in rows}
+
+
+def keyed_messages(rng: random.Random, n: int, partitions: int) -> list[Outgoing]:
+    # Timestamps jump back and forth over ten minutes: event time, not arrival order.
+    return [
+        (
+            rng.randrange(partitions),
+            rng.choice(KEYS),
+            b"v",
+            BASE_MS + rng.randrange(-5, 5) * MINUTE + rng.randrange(MINUTE),
+        )
+        for _ in range(n)
+    ]
+
+
+def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
+    return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
+
+
+def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_order_timestamps(
+    spark: Any,
+    any_kafka: AnyKafka,
+    database_url: str,
+    db: psycopg.Connection,
+    new_any_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = new_any_topic(3)
+    rng = random.Random(20261122)
+    variants = {"by-key": (True, None), "by-window": (False, MINUTE), "by-both": (True, MINUTE)}
+    produced: list[Outgoing] = []
+    for run in range(3):
+        batch = keyed_messages(rng, 300, 3)
+        send(any_kafka.bootstrap_servers, topic, batch)
+        produced += batch
+        if run == 1:
+            # Every task's first attempt commits, then dies before Spark hears of it:
+            # the retries replay the ranges and must find them committed.
+            monkeypatch.setenv(FAILPOINTS_ENV, "after-commit@first")
+        else:
+            monkeypatch.delenv(FAILPOINTS_ENV, raising=False)
+        for job, (by_key, window_ms) in variants.items():
+            # A new job object per run: a restart that knows only what the database says.
+            with TransactionalJob(
+                spark, settings(any_kafka, database_url, job, topic), CountMessages(by_key, window_ms)
+            ) as runner:
+                report = runner.run_batch()
+            outcomes = {r.outcome for r in report.ranges}
+            assert outcomes == ({ALREADY_COMMITTED} if run == 1 else {COMMITTED}), (job, run)
+            assert stored(db, job, topic) == expected(produced, by_key, window_ms), (job, run)
+            assert offsets(db, topic, job) == log_ends(any_kafka, topic)
+
+
+def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions(
+    spark: Any,
+    any_kafka: AnyKafka,
+    database_url: str,
+    db: psycopg.Connection,
+    new_any_topic: Callable[..., str],
+) -> None:
+    topic = new_any_topic(2)
+    messages = keyed_messages(random.Random(5), 2_000, 2)
+    send(any_kafka.bootstrap_servers, topic, messages)
+    s = settings(any_kafka, database_url, "batch", topic, commit="per-batch", min_partitions=6)
+    with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+        report = job.run_batch()
+    assert [r.outcome for r in report.ranges] == [COMMITTED, COMMITTED]
+    assert report.messages == 2_000
+    tracker = spark.sparkContext.statusTracker()
+    last_job = max(tracker.getJobIdsForGroup(None))
+    map_stage = min(tracker.getJobInfo(last_job).stageIds)
+    assert tracker.getStageInfo(map_stage).numTasks == len(split_ranges([r.range for r in report.ranges], 6))
+    assert tracker.getStageInfo(map_stage).numTasks >= 6
+    assert stored(db, "batch", topic) == expected(messages, True, None)
+    assert offsets(db, topic, "batch") == log_ends(any_kafka, topic)
+
+
+def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_committed(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = new_topic(3)
+    messages = keyed_messages(random.Random(6), 600, 3)
+    send(kafka.bootstrap_servers, topic, messages)
+    # The driver's first COMMIT lands, then it fails before learning so; it commits again.
+    monkeypatch.setenv(FAILPOINTS_ENV, "after-commit@first")
+    s = settings(kafka, database_url, "batch", topic, commit="per-batch")
+    with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+        report = job.run_batch()
+        assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
+        assert stored(db, "batch", topic) == expected(messages, True, None)
+        monkeypatch.delenv(FAILPOINTS_ENV)
+        more = keyed_messages(random.Random(7), 100, 3)
+        send(kafka.bootstrap_servers, topic, more)
+        job.failpoints = type(job.failpoints)()
+        assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
+    assert stored(db, "batch", topic) == expected(messages + more, True, None)
+    assert offsets(db, topic, "batch") == log_ends(kafka, topic)
+
+
+def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    from pyspark.sql import functions as F
+
+    topic = new_topic(3)
+    messages = keyed_messages(random.Random(8), 900, 3)
+    send(kafka.bootstrap_servers, topic, messages)
+
+    def per_key_and_minute(frame: Any) -> Any:
+        return frame.groupBy(
+            "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
+        ).agg(F.count("*").alias("metric"))
+
+    s = settings(kafka, database_url, "frames", topic)
+    with TransactionalJob(spark, s, dataframe_aggregate=per_key_and_minute) as job:
+        report = job.run_batch()
+        assert {r.outcome for r in report.ranges} == {COMMITTED}
+        assert job.run_batch().ranges == ()  # nothing new: no Spark job, nothing committed
+    want = expected(messages, True, MINUTE)
+    del want[("topic", None, None)]  # this aggregate keeps no topic total
+    assert stored(db, "frames", topic) == want
+    assert offsets(db, topic, "frames") == log_ends(kafka, topic)
+
+
+def test_a_dataframe_aggregate_given_only_its_read_columns_counts_exactly_the_same(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    from pyspark.sql import functions as F
+
+    topic = new_topic(3)
+    messages = keyed_messages(random.Random(9), 900, 3)
+    send(kafka.bootstrap_servers, topic, messages)
+    seen: list[list[str]] = []
+
+    def per_key_and_minute(frame: Any) -> Any:
+        seen.append(frame.columns)
+        return frame.groupBy(
+            "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
+        ).agg(F.count("*").alias("metric"))
+
+    s = settings(kafka, database_url, "frames-columns", topic)
+    columns = ("key", "timestamp", "topic")
+    with TransactionalJob(spark, s, dataframe_aggregate=per_key_and_minute, read_columns=columns) as job:
+        assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
+    assert seen and all(c == list(columns) for c in seen)  # the check's frame and the batch's
+    want = expected(messages, True, MINUTE)
+    del want[("topic", None, None)]
+    assert stored(db, "frames-columns", topic) == want
+    assert offsets(db, topic, "frames-columns") == log_ends(kafka, topic)
+
+
+def test_a_dataframe_aggregate_using_a_column_its_read_columns_leave_out_stops_before_reading(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(1)
+    send(kafka.bootstrap_servers, topic, keyed_messages(random.Random(10), 20, 1))
+
+    def per_key(frame: Any) -> Any:
+        return frame.groupBy("topic", "key").count().withColumnRenamed("count", "metric")
+
+    s = settings(kafka, database_url, "frames-missing", topic)
+    with (
+        TransactionalJob(spark, s, dataframe_aggregate=per_key, read_columns=("topic",)) as job,
+        pytest.raises(ConfigError) as caught,
+    ):
+        job.run_batch()
+    line = str(caught.value)
+    assert line.startswith("the dataframe_aggregate cannot run over read_columns topic: ")
+    assert "`key`" in line and line.endswith("SQLSTATE: 42703; add the columns it uses to read_columns")
+    assert "\n" not in line
+    assert offsets(db, topic, "frames-missing") == {}  # nothing planned, read or committed
+    with pytest.raises(ConfigError, match="read_columns names what a dataframe_aggregate reads"):
+        TransactionalJob(spark, s, CountMessages(), read_columns=("topic",))
+    with pytest.raises(ConfigError, match="'payload' is not a Kafka-source column"):
+        TransactionalJob(spark, s, dataframe_aggregate=per_key, read_columns=("payload",))

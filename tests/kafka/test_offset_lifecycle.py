@@ -1,0 +1,261 @@
+"""Offsets Kafka no longer has: retention loss, recreated topics, vanished partitions, two jobs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import produce
+from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
+from tests.helpers.real_kafka_fixture import AnyKafka
+from txstore.core.errors import DataLoss, OffsetOutOfLog
+from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+
+def fall_behind_retention(kafka: AnyKafka, topic: str) -> tuple[int, int]:
+    """Produce ~8 MiB to partition 0: the test broker keeps ~5 MiB, so the oldest age out."""
+    produce(kafka.bootstrap_servers, topic, {0: 80}, value=b"x" * 100_000)
+    marks = fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])[0]
+    assert marks.low > 3
+    return marks.low, marks.high
+
+
+def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
+    return (
+        db.execute("SELECT * FROM txn_offsets ORDER BY topic, part").fetchall(),
+        db.execute("SELECT * FROM txn_data ORDER BY topic").fetchall(),
+    )
+
+
+def test_retention_loss_stops_the_job_by_default_with_how_many_were_lost(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
+    job_for(spark, kafka, database_url, topic).run_batch()
+    low, _ = fall_behind_retention(kafka, topic)
+    before = snapshot(db)
+    with pytest.raises(DataLoss) as raised:
+        job_for(spark, kafka, database_url, topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset {low}; "
+        f"{low - 3} messages aged out of Kafka before they were counted. To skip them and record the loss "
+        "in txn_lost_ranges, rerun with --fail-on-data-loss false"
+    )
+    assert snapshot(db) == before
+
+
+def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lost_range(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
+    job_for(spark, kafka, database_url, topic).run_batch()
+    low, high = fall_behind_retention(kafka, topic)
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        job_for(spark, kafka, database_url, topic, fail_on_data_loss=False).run_batch()
+    assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
+    lost = db.execute(
+        "SELECT job, topic, part, from_off, until_off, detected_at FROM txn_lost_ranges"
+    ).fetchall()
+    assert [row[:5] for row in lost] == [("count_topic", topic, 0, 3, low)]
+    assert lost[0][5] is not None
+    # Everything still in Kafka was counted, exactly once.
+    assert totals(db, topic) == {topic: 3 + (high - low)}
+    assert offsets(db, topic) == {0: high}
+
+
+def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_appears_in_the_same_batch(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic, added = new_topic(1), new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
+    job_for(spark, kafka, database_url, topic).run_batch()
+    low, high = fall_behind_retention(kafka, topic)
+    produce(kafka.bootstrap_servers, added, {0: 5, 1: 7})
+    # The next batch both starts the new topic's partitions and meets the aged-out offsets.
+    with caplog.at_level(logging.WARNING, logger="txstore"):
+        job_for(spark, kafka, database_url, topic, added, fail_on_data_loss=False).run_batch()
+    assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
+    lost = db.execute("SELECT topic, part, from_off, until_off FROM txn_lost_ranges").fetchall()
+    assert lost == [(topic, 0, 3, low)]
+    assert totals(db, topic, added) == {topic: 3 + (high - low), added: 12}
+    assert offsets(db, topic) == {0: high}
+    assert offsets(db, added) == {0: 5, 1: 7}
+
+
+def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+    job_for(spark, kafka, database_url, topic).run_batch()
+    db.execute("UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1", (topic,))  # as if recreated
+    before = snapshot(db)
+    with pytest.raises(OffsetOutOfLog) as raised:
+        job_for(spark, kafka, database_url, topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 1: stored offset 900 is beyond the log-end offset 5 "
+        "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
+        f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute"
+    )
+    assert snapshot(db) == before
+
+
+def test_a_vanished_partition_stops_the_job_with_the_reset_command(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5})
+    job_for(spark, kafka, database_url, topic).run_batch()
+    db.execute("INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)", (topic,))
+    with pytest.raises(OffsetOutOfLog) as raised:
+        job_for(spark, kafka, database_url, topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 7: stored offset 12 but Kafka no longer has this "
+        "partition (topic deleted, or recreated with fewer partitions); to drop its offset: "
+        f"txstore reset --job count_topic --topic {topic} --partition 7 --forget --execute"
+    )
+
+
+def test_two_jobs_counting_the_same_topic_keep_independent_exact_results(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic(3)
+    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 20, 2: 30})
+    job_for(spark, kafka, database_url, topic, job="a").run_batch()
+    produce(kafka.bootstrap_servers, topic, {1: 5})
+    job_for(spark, kafka, database_url, topic, job="b").run_batch()
+    job_for(spark, kafka, database_url, topic, job="b").run_batch()
+    assert totals(db, topic, job="a") == {topic: 60}
+    assert totals(db, topic, job="b") == {topic: 65}
+    job_for(spark, kafka, database_url, topic, job="a").run_batch()
+    assert totals(db, topic, job="a") == {topic: 65}
+    assert offsets(db, topic, job="a") == offsets(db, topic, job="b") == log_ends(kafka, topic)
+
+
+def test_the_test_broker_cannot_answer_offsets_for_times(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Why --starting-timestamp is tested without the broker: librdkafka's mock answers -1
+    (no such offset) to every offsets-for-times lookup. If a future mock answers, this fails
+    as a reminder to add the end-to-end test."""
+    from confluent_kafka import Producer
+
+    from txstore.kafka.client import offsets_for_timestamp
+
+    topic = new_topic(1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for i in range(5):
+        producer.produce(topic, value=b"x", partition=0, timestamp=1_767_225_600_000 + i)
+    assert producer.flush(10) == 0
+    found = offsets_for_timestamp(client_config(kafka.bootstrap_servers), [(topic, 0)], 1_767_225_600_002)
+    assert found == {(topic, 0): -1}
+
+
+def group_offsets(kafka: AnyKafka, group: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(
+    spark: Any,
+    any_kafka: AnyKafka,
+    database_url: str,
+    db: psycopg.Connection,
+    new_any_topic: Callable[..., str],
+) -> None:
+    topic = new_any_topic(3)
+    produce(any_kafka.bootstrap_servers, topic, {0: 4, 1: 6})
+    group = f"mirror-{topic}"
+    with job_for(spark, any_kafka, database_url, topic, commit_to_kafka_group=group) as job:
+        job.run_batch()
+        produce(any_kafka.bootstrap_servers, topic, {2: 9})
+        job.run_batch()
+    assert group_offsets(any_kafka, group, topic, 3) == {0: 4, 1: 6, 2: 9} == offsets(db, topic)
+
+
+def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+    group = f"mirror-{topic}"
+    offset_commit_api = 8
+    kafka.push_request_errors(offset_commit_api, *[25] * 50)  # UNKNOWN_MEMBER_ID: not retriable
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="txstore"),
+            job_for(spark, kafka, database_url, topic, commit_to_kafka_group=group) as job,
+        ):
+            job.run_batch()
+    finally:
+        kafka.clear_request_errors(offset_commit_api)
+    assert f"could not mirror offsets to Kafka group '{group}'" in caplog.text
+    assert "(the database stays correct)" in caplog.text
+    assert totals(db, topic) == {topic: 10}
+    assert offsets(db, topic) == {0: 5, 1: 5}
+
+
+def test_the_test_broker_has_no_last_stable_offset_below_an_open_transaction(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """Why capping offsets-for-times answers at the last stable offset is tested without the
+    broker (tests/core/test_planning.py): librdkafka's mock answers a read-committed ListOffsets with
+    the high watermark even while a producer transaction is open. If a future mock keeps the
+    last stable offset below the open transaction, this fails as a reminder to add the
+    end-to-end test (--starting-timestamp on a topic with an open transaction)."""
+    topic = new_topic(1)
+    produce(kafka.bootstrap_servers, topic, {0: 3})
+    producer = transactional(kafka, f"open-{topic}")
+    producer.begin_transaction()
+    in_transaction(producer, topic, {0: 4}, b"open")
+    try:
+        assert log_ends(kafka, topic) == {0: 7}  # read-committed end, yet past the open transaction
+    finally:
+        producer.abort_transaction(TX_TIMEOUT)

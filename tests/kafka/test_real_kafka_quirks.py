@@ -1,0 +1,185 @@
+"""What real Apache Kafka showed (tests/kafka/test_real_kafka.py), pinned down on the mock broker.
+
+Right after a broker restarts, its metadata already names each partition's new
+leader epoch while the partition has not taken it up: ListOffsets answers
+UNKNOWN_LEADER_EPOCH for a moment (about half of the real restarts tried, for
+under a second). librdkafka's admin client fails the partition at once where
+Kafka's own retries, so planning failed a ``--once`` job saying Kafka "did not
+answer within 15s". The mock answers the same errors on demand, every time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import IsolationLevel, KafkaError, TopicPartition
+
+from tests.conftest import produce
+from txstore.core.errors import KafkaUnavailable
+from txstore.kafka.client import (
+    _EARLIEST,
+    _LATEST,
+    _list_offsets,
+    _list_offsets_together,
+    _OffsetsQuestion,
+    client_config,
+    fetch_watermarks,
+    offsets_for_timestamp,
+)
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+LIST_OFFSETS_API = 2
+
+
+def test_list_offsets_during_a_leadership_move_is_asked_again_within_the_timeout(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 2})
+    moving = [
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+    ]
+    conf = client_config(kafka.bootstrap_servers)
+    kafka.push_request_errors(LIST_OFFSETS_API, *moving)
+    try:
+        marks = fetch_watermarks(conf, [topic])
+        kafka.push_request_errors(LIST_OFFSETS_API, KafkaError.UNKNOWN_LEADER_EPOCH)
+        found = offsets_for_timestamp(conf, [(topic, 0)], 0)
+    finally:
+        kafka.clear_request_errors(LIST_OFFSETS_API)
+    assert {m.partition: (m.low, m.high) for m in marks} == {0: (0, 3), 1: (0, 2)}
+    assert found == {(topic, 0): -1}  # answered (the mock answers -1 to every time lookup)
+
+
+def test_other_list_offsets_errors_still_fail_at_once(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    kafka.push_request_errors(LIST_OFFSETS_API, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaUnavailable, match="Topic authorization failed"):
+            fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])
+    finally:
+        kafka.clear_request_errors(LIST_OFFSETS_API)
+    assert time.monotonic() - started < 5
+
+
+def test_a_leadership_that_never_settles_fails_once_the_timeout_is_spent(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    kafka.push_request_errors(LIST_OFFSETS_API, *[KafkaError.UNKNOWN_LEADER_EPOCH] * 500)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaUnavailable, match="Leader epoch is newer than broker epoch"):
+            fetch_watermarks(client_config(kafka.bootstrap_servers), [topic], timeout=1.0)
+    finally:
+        kafka.clear_request_errors(LIST_OFFSETS_API)
+    assert 0.8 < time.monotonic() - started < 6
+
+
+class _AnsweringAdmin:
+    """confluent-kafka's AdminClient.list_offsets as a restarted Apache Kafka answered it in a
+    chaos trial (seed 131, broker killed mid-read): no error, offset -1001 (librdkafka's
+    OFFSET_INVALID) for a partition whose log was still loading; then the real offsets."""
+
+    def __init__(self, answers: list[dict[tuple[str, int], int]]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def list_offsets(self, requests: Any, isolation_level: Any = None, request_timeout: float = 0) -> Any:
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        futures = {}
+        for tp in requests:
+            future: Future[Any] = Future()
+            future.set_result(SimpleNamespace(offset=answer[(tp.topic, tp.partition)]))
+            futures[tp] = future
+        return futures
+
+
+def test_an_invalid_offset_in_a_log_offsets_answer_is_asked_again_never_taken_as_the_log() -> None:
+    # Taken as the log end, -1001 stopped the job: "stored offset 0 is beyond the log-end offset
+    # -1001 (topic deleted and recreated ...)".
+    partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    admin = _AnsweringAdmin([{("t", 0): -1001, ("t", 1): 7}, {("t", 0): 12, ("t", 1): 7}])
+    assert _list_offsets(admin, partitions, _LATEST, timeout=5.0, log_offsets=True) == {
+        ("t", 0): 12,
+        ("t", 1): 7,
+    }
+    assert admin.calls == 2
+
+
+def test_an_invalid_log_offset_that_stays_fails_as_kafka_unavailable_once_the_timeout_is_spent() -> None:
+    admin = _AnsweringAdmin([{("t", 0): -1001}])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
+        _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0, log_offsets=True)
+    assert 0.8 < time.monotonic() - started < 5
+
+
+def test_a_time_lookups_minus_one_stays_an_answer() -> None:
+    admin = _AnsweringAdmin([{("t", 0): -1}])
+    assert _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0) == {("t", 0): -1}
+    assert admin.calls == 1
+
+
+class _RecordingAdmin(_AnsweringAdmin):
+    """Records when each question is sent and when an answer is first waited for."""
+
+    def __init__(self, answers: list[dict[tuple[str, int], int]]) -> None:
+        super().__init__(answers)
+        self.events: list[str] = []
+
+    def list_offsets(self, requests: Any, isolation_level: Any = None, request_timeout: float = 0) -> Any:
+        self.events.append(f"ask {sorted(tp.partition for tp in requests)} {isolation_level}")
+        futures = super().list_offsets(requests, isolation_level, request_timeout)
+        events = self.events
+
+        return {tp: _WaitedFor(inner, events) for tp, inner in futures.items()}
+
+
+class _WaitedFor:
+    """A future that records in ``events`` each time its answer is waited for."""
+
+    def __init__(self, inner: Future[Any], events: list[str]) -> None:
+        self.inner = inner
+        self.events = events
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.events.append("wait")
+        return self.inner.result(timeout)
+
+
+def test_the_log_start_and_end_are_asked_at_once_and_only_a_questions_unsettled_partitions_again() -> None:
+    partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    admin = _RecordingAdmin(
+        [
+            {("t", 0): 0, ("t", 1): 0},  # log start
+            {("t", 0): -1001, ("t", 1): 9},  # log end, partition 0 still loading
+            {("t", 0): 12, ("t", 1): 99},  # partition 0 asked again
+        ]
+    )
+    low, high = _list_offsets_together(
+        admin,
+        (
+            _OffsetsQuestion(partitions, _EARLIEST, log_offsets=True),
+            _OffsetsQuestion(partitions, _LATEST, committed=True, log_offsets=True),
+        ),
+        timeout=5.0,
+    )
+    assert low == {("t", 0): 0, ("t", 1): 0}
+    assert high == {("t", 0): 12, ("t", 1): 9}
+    read_uncommitted, read_committed = IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED
+    assert admin.events[:2] == [f"ask [0, 1] {read_uncommitted}", f"ask [0, 1] {read_committed}"]
+    assert admin.events[2:] == ["wait"] * 4 + [f"ask [0] {read_committed}", "wait"]

@@ -1,0 +1,69 @@
+"""``python -m bench race`` keeps working: a tiny race on the real broker checks and times every side.
+
+It runs in its own process: Spark's Kafka connector must be on ``spark.jars`` when the JVM
+starts, which a shared test session cannot give (about a minute: Kafka, a SparkSession, 8 small
+runs). Skips in one line when Kafka's or the connector's jars cannot be fetched; under
+``CI=true`` it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.race import GRAINS, SIDES
+from bench.spark_kafka_jars import spark_kafka_jars
+from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_tiny_race_checks_and_times_every_side(database_url: str, tmp_path: Path) -> None:
+    try:
+        kafka_jars(), spark_kafka_jars()
+        problem = ""
+    except KafkaJarsUnavailable as e:
+        problem = str(e)
+    if problem:
+        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+            pytest.fail(f"bench race (CI must run it): {problem}", pytrace=False)
+        pytest.skip(f"bench race: jars not available: {problem}")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "race",
+            "--messages=3000",
+            "--partitions=3",
+            "--keys=7",
+            "--rounds=1",
+            "--warm-up-messages=0",
+            "--name=race-smoke",
+            f"--output-dir={tmp_path}",
+            f"--database-url={database_url}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads((tmp_path / "race-smoke.json").read_text())
+    assert doc["spark_kafka_connector"]["jars"]
+    for grain in GRAINS:
+        for side in SIDES:
+            [run] = doc["runs"][grain][side]
+            assert run["messages_per_second"] > 0
+        assert set(doc["ratios"][grain]) == {
+            f"{ours} / {theirs}" for ours in SIDES[2:] for theirs in SIDES[:2]
+        }
+    assert set(doc["guarantees"]) == set(SIDES)

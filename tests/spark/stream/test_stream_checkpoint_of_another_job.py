@@ -1,0 +1,229 @@
+"""A checkpoint that is not the job's is refused before anything is read, never trusted.
+
+``readStream.format("txstore")``'s offsets are ``{topic: {partition: offset}}``: nothing in
+them says which job or query wrote them. So a partition the job has no ``txn_offsets`` row for
+must start where this job would start it (its ``startingOffsets`` for a topic it never
+started, the log's earliest offset for a partition that enters later), and a topic the query
+does not read must not be in the checkpoint. Real Spark, real PostgreSQL, the mock broker.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import txstore
+from tests.conftest import produce
+from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.real_kafka_fixture import AnyKafka
+from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
+from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
+from txstore.testing.mock_kafka import MockKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+A, B = "job_a", "job_b"
+
+
+def rows(db: psycopg.Connection, job: str) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT topic, part, off, generation FROM txn_offsets WHERE job = %s ORDER BY 1, 2", (job,)
+    ).fetchall()
+
+
+def run_as(
+    job: str, spark: Any, kafka: AnyKafka, url: str, topic: str, checkpoint: Path, **options: str
+) -> Any:
+    """One Trigger.AvailableNow run of ``job``'s query (source and sink) on ``checkpoint``."""
+    query = (
+        sink(stream(spark, kafka, url, topic, job=job, **options), url, checkpoint, job=job)
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination(120)
+    except Exception as e:  # the query failed: StreamingQueryException with the source's line
+        raise QueryFailed(str(e)) from None
+    assert not query.isActive
+    return query
+
+
+# -- pure ----------------------------------------------------------------------------------------
+
+
+def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
+    would = {
+        ("t", 0): (0, "earliest offset 0 (startingOffsets)"),
+        ("t", 1): (0, "earliest offset 0 (startingOffsets)"),
+    }
+    # Rows for both: nothing to say here (check_alignment compares them).
+    check_checkpoint_starts("j", ["t"], {("t", 0): 8, ("t", 1): 3}, {("t", 0): 8, ("t", 1): 5}, would)
+    # No rows, the start the job would pick: accepted.
+    check_checkpoint_starts("j", ["t"], {("t", 0): 0, ("t", 1): 0}, {}, would)
+    with pytest.raises(ForeignCheckpoint) as e:
+        check_checkpoint_starts("j", ["t"], {("t", 0): 0, ("t", 1): 3}, {("t", 0): 0}, would)
+    line = str(e.value)
+    assert "\n" not in line
+    assert line.startswith(
+        "job 'j' topic 't' partition 1: the checkpoint starts this micro-batch at offset 3, but the job "
+        "has no offset stored for this partition and would start it at earliest offset 0 (startingOffsets)"
+    ), line
+    assert "nothing was read" in line and "new checkpointLocation" in line
+    # A partition Kafka does not report (the checkpoint's topic had more partitions).
+    with pytest.raises(
+        ForeignCheckpoint, match=r"partition 5: the checkpoint starts .* Kafka reports no such"
+    ):
+        check_checkpoint_starts("j", ["t"], {("t", 5): 2}, {}, would)
+    # A topic the query does not read.
+    with pytest.raises(ForeignCheckpoint) as e:
+        check_checkpoint_starts("j", ["t"], {("other", 0): 4, ("t", 0): 0}, {}, would)
+    line = str(e.value)
+    assert line.startswith(
+        "job 'j': the checkpoint names topic 'other', which this query does not read (it reads 't')"
+    ), line
+    assert "new checkpointLocation" in line
+
+
+def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_and_another_start_is_not(
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> None:
+    """The source's planning as Spark calls it, without Spark. startingOffsets latest: the start
+    is the log end when the query takes its initial offset, stored then (as count_topic stores
+    its start); the first micro-batch, planned after more messages came, starts there and is the
+    job's. A start that is not where a job would start is refused before its rows are made."""
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 2})
+    reader = counting_planner(kafka, database_url, topic, A, startingOffsets="latest")
+    try:
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 5, "1": 2}}
+        assert rows(db, A) == [(topic, 0, 5, 0), (topic, 1, 2, 0)]
+        produce(kafka.bootstrap_servers, topic, {0: 3})
+        end = reader.latestOffset(start, None)
+        assert end == {topic: {"0": 8, "1": 2}}
+        ranges = [
+            (r.partition, r.from_offset, r.until_offset)
+            for p in reader.partitions(start, end)
+            for r in p.ranges
+        ]
+        assert ranges == [(0, 5, 8)]
+    finally:
+        reader.stop()
+
+    other = counting_planner(kafka, database_url, topic, B, startingOffsets="latest")
+    try:
+        with pytest.raises(
+            ForeignCheckpoint,
+            match=r"partition 0: the checkpoint starts this micro-batch at offset 5, .* would start it at latest offset 8 \(startingOffsets\)",
+        ):
+            other.partitions(start, end)
+        with pytest.raises(
+            ForeignCheckpoint, match="partition 0: the checkpoint starts this micro-batch at offset 5"
+        ):
+            other.latestOffset(start, None)
+    finally:
+        other.stop()
+    assert rows(db, B) == []
+
+
+# -- real queries --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count_messages", [False, True], ids=["per-message", "counted"])
+def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+    count_messages: bool,
+) -> None:
+    """Job A's checkpoint copied for new job B (no rows, startingOffsets earliest), then pointed at
+    directly: B stops in one line naming the offsets, writes nothing, and leaves A alone. B with a
+    checkpoint of its own then counts the topic from its start. A checkpoint of A given to B once
+    B has rows is the older-copy case: B's rows decide, and it stops too."""
+    txstore.register(spark)
+    options = {"txstore.countMessages": "true"} if count_messages else {}
+    topic = new_topic(2)
+    chk_a, chk_b = tmp_path / "a", tmp_path / "b"
+    produce(kafka.bootstrap_servers, topic, {0: 8, 1: 3})
+    run_as(A, spark, kafka, database_url, topic, chk_a, **options)
+    produce(kafka.bootstrap_servers, topic, {0: 2, 1: 1})
+    a_rows, a_totals = rows(db, A), totals(db, topic, job=A)
+    assert a_totals == {topic: 11}
+
+    shutil.copytree(chk_a, chk_b)
+    for checkpoint in (chk_b, chk_a):  # a copy, and A's own directory
+        with pytest.raises(QueryFailed) as e:
+            run_as(B, spark, kafka, database_url, topic, checkpoint, **options)
+        message = str(e.value)
+        expected = (
+            f"job '{B}' topic '{topic}' partition 0: the checkpoint starts this micro-batch at offset 8, "
+            "but the job has no offset stored for this partition and would start it at earliest offset 0 "
+            "(startingOffsets): the checkpoint is not this job's"
+        )
+        assert expected in message, message
+        assert "nothing was read" in message and "new checkpointLocation" in message
+        assert rows(db, B) == []
+        assert totals(db, topic, job=B) == {topic: 0}
+        assert rows(db, A) == a_rows and totals(db, topic, job=A) == a_totals
+
+    shutil.rmtree(chk_b)
+    run_as(B, spark, kafka, database_url, topic, chk_b, **options)  # its own: from the start
+    assert totals(db, topic, job=B) == {topic: 14}
+    assert offsets(db, topic, job=B) == log_ends(kafka, topic)
+
+    # B has rows now: A's checkpoint is an older copy. (Had the log not grown, its next batch
+    # would end where B's rows are: taken as B's own batch replayed, and not counted again.)
+    produce(kafka.bootstrap_servers, topic, {0: 1})
+    with pytest.raises(QueryFailed) as e:
+        run_as(B, spark, kafka, database_url, topic, chk_a, **options)
+    assert f"job '{B}' topic '{topic}' partition 0: txn_offsets stores offset 10 but the checkpoint" in str(
+        e.value
+    )
+    assert totals(db, topic, job=B) == {topic: 14}
+    assert rows(db, A) == a_rows and totals(db, topic, job=A) == a_totals
+
+
+def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """A's checkpoint (topic X) for B reading topic Y, and for B reading X and Y: refused, one
+    line each, before anything is read (not as a partition Kafka "no longer has")."""
+    txstore.register(spark)
+    x, y = new_topic(1), new_topic(1)
+    produce(kafka.bootstrap_servers, x, {0: 5})
+    produce(kafka.bootstrap_servers, y, {0: 4})
+    checkpoint = tmp_path / "a"
+    run_as(A, spark, kafka, database_url, x, checkpoint)
+    with pytest.raises(QueryFailed) as e:
+        run_as(B, spark, kafka, database_url, y, checkpoint)
+    message = str(e.value)
+    assert (
+        f"job '{B}': the checkpoint names topic '{x}', which this query does not read (it reads '{y}')"
+        in (message)
+    ), message
+    assert "new checkpointLocation" in message
+    with pytest.raises(QueryFailed) as e:
+        run_as(B, spark, kafka, database_url, f"{x},{y}", checkpoint)
+    assert (
+        f"job '{B}' topic '{x}' partition 0: the checkpoint starts this micro-batch at offset 5, but the job "
+        "has no offset stored for this partition and would start it at earliest offset 0"
+    ) in str(e.value)
+    assert rows(db, B) == []
+    assert totals(db, x, y, job=B) == {x: 0, y: 0}
+    assert totals(db, x, job=A) == {x: 5}
