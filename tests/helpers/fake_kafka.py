@@ -155,6 +155,19 @@ class FakeConsumer:
         log = self.logs[(partition.topic, partition.partition)]
         return log.low, log.high
 
+    def offsets_for_times(
+        self, partitions: list[TopicPartition], timeout: float = -1
+    ) -> list[TopicPartition]:
+        """The log start (timestamp -2) or end (-1) of each partition, as Kafka's ListOffsets
+        reads those two timestamps (the planner's kept consumer asks nothing else)."""
+        out = []
+        for tp in partitions:
+            log = self.logs[(tp.topic, tp.partition)]
+            if tp.offset not in (-2, -1):
+                raise NotImplementedError(f"offsets_for_times at a time ({tp.offset}) in the fake")
+            out.append(TopicPartition(tp.topic, tp.partition, log.low if tp.offset == -2 else log.high))
+        return out
+
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         self.consumed.append(num_messages)
         out: list[Message] = []
@@ -321,10 +334,14 @@ class FakeAdminClient:
 
 
 def install_admin(monkeypatch: pytest.MonkeyPatch, fake: FakeKafka) -> None:
-    """The planner's admin clients (``txstore.kafka.client``) answer from ``fake``'s logs."""
+    """The planner's admin clients and kept consumer (``txstore.kafka.client``) answer from
+    ``fake``'s logs."""
     from txstore.kafka import client
 
     monkeypatch.setattr(client, "AdminClient", lambda conf: FakeAdminClient(fake.logs, conf, fake.topic_ids))
+    # A running planner's kept consumer (Watermarks) asks the log offsets; not one of the readers
+    # that FakeKafka.consumers counts.
+    monkeypatch.setattr(client, "Consumer", lambda conf: FakeConsumer(fake.logs, conf))
 
 
 def install(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:

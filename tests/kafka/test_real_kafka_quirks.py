@@ -24,6 +24,8 @@ from txstore.core.errors import KafkaUnavailable
 from txstore.kafka.client import (
     _EARLIEST,
     _LATEST,
+    Watermarks,
+    _consumer_log_offsets,
     _list_offsets,
     _list_offsets_together,
     _OffsetsQuestion,
@@ -60,15 +62,77 @@ def test_list_offsets_during_a_leadership_move_is_asked_again_within_the_timeout
     assert found == {(topic, 0): -1}  # answered (the mock answers -1 to every time lookup)
 
 
-def test_other_list_offsets_errors_still_fail_at_once(
+def test_a_kept_watermarks_consumer_asks_a_moving_leadership_again_and_reads_the_same_offsets(
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
+    """A running job's :class:`Watermarks` asks the log offsets with its kept consumer: the same
+    answers as a one-off call, and the same patience with a leadership that is moving."""
+    topic = new_topic(2)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 2})
+    conf = client_config(kafka.bootstrap_servers)
+    kept = Watermarks()
+    try:
+        first = kept(conf, [topic])
+        kafka.push_request_errors(
+            LIST_OFFSETS_API,
+            KafkaError.UNKNOWN_LEADER_EPOCH,
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+        )
+        moving = kept(conf, [topic])
+    finally:
+        kafka.clear_request_errors(LIST_OFFSETS_API)
+        kept.close()
+    assert first == moving == fetch_watermarks(conf, [topic])
+    assert {m.partition: (m.low, m.high) for m in moving} == {0: (0, 3), 1: (0, 2)}
+
+
+class _AnsweringConsumer:
+    """confluent-kafka's Consumer.offsets_for_times answering from a list of answers, as the
+    restarted Apache Kafka of :class:`_AnsweringAdmin` did (-1001 while a log was loading)."""
+
+    def __init__(self, answers: list[dict[tuple[str, int], int]]) -> None:
+        self.answers = answers
+        self.asked: list[list[tuple[str, int, int]]] = []
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
+        self.asked.append([(tp.topic, tp.partition, tp.offset) for tp in partitions])
+        answer = self.answers[min(len(self.asked) - 1, len(self.answers) - 1)]
+        return [TopicPartition(tp.topic, tp.partition, answer[(tp.topic, tp.partition)]) for tp in partitions]
+
+
+def test_the_kept_consumer_asks_a_log_offset_below_zero_again_and_never_takes_it_as_the_log() -> None:
+    partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    consumer = _AnsweringConsumer(
+        [
+            {("t", 0): 0, ("t", 1): 0},  # log start
+            {("t", 0): -1001, ("t", 1): 7},  # log end, partition 0 still loading
+            {("t", 0): 12, ("t", 1): 99},  # partition 0 asked again
+        ]
+    )
+    low, high = _consumer_log_offsets(consumer, partitions, timeout=5.0)  # type: ignore[arg-type]
+    assert low == {("t", 0): 0, ("t", 1): 0}
+    assert high == {("t", 0): 12, ("t", 1): 7}
+    # The log start is timestamp -2 and the end -1 in Kafka's ListOffsets; only partition 0 again.
+    assert consumer.asked == [[("t", 0, -2), ("t", 1, -2)], [("t", 0, -1), ("t", 1, -1)], [("t", 0, -1)]]
+    stuck = _AnsweringConsumer([{("t", 0): -1001}])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
+        _consumer_log_offsets(stuck, [TopicPartition("t", 0)], timeout=1.0)  # type: ignore[arg-type]
+    assert 0.8 < time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("client", ["one-off", "kept"])
+def test_other_list_offsets_errors_still_fail_at_once(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str], client: str
+) -> None:
     topic = new_topic(1)
+    watermarks = fetch_watermarks if client == "one-off" else Watermarks()
     kafka.push_request_errors(LIST_OFFSETS_API, KafkaError.TOPIC_AUTHORIZATION_FAILED)
     started = time.monotonic()
     try:
         with pytest.raises(KafkaUnavailable, match="Topic authorization failed"):
-            fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])
+            watermarks(client_config(kafka.bootstrap_servers), [topic])
     finally:
         kafka.clear_request_errors(LIST_OFFSETS_API)
     assert time.monotonic() - started < 5
