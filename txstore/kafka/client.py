@@ -354,7 +354,12 @@ class Watermarks:
             self._conf = dict(conf)
             self._admin = _Admin(self._conf)
         if self._consumer is None:
-            self._consumer = Consumer(reader_config(self._conf))
+            try:
+                self._consumer = Consumer(reader_config(self._conf))
+            except (KafkaException, ValueError, TypeError) as e:
+                raise ConfigError(
+                    f"Kafka client settings refused: {_error_text(e)}; check --kafka-option"
+                ) from None
         self._admin.errors.clear()  # only this call's errors explain its failure
         try:
             return _watermarks(self._admin, conf, topics, timeout, self._consumer)
