@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import IsolationLevel, KafkaError, TopicPartition
 
 from tests.conftest import produce
+from tests.helpers.fake_kafka import FakeLog, install_with_admin
 from txstore.core.errors import KafkaUnavailable
 from txstore.kafka.client import (
     _EARLIEST,
@@ -247,3 +248,22 @@ def test_the_log_start_and_end_are_asked_at_once_and_only_a_questions_unsettled_
     read_uncommitted, read_committed = IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED
     assert admin.events[:2] == [f"ask [0, 1] {read_uncommitted}", f"ask [0, 1] {read_committed}"]
     assert admin.events[2:] == ["wait"] * 4 + [f"ask [0] {read_committed}", "wait"]
+
+
+def test_kept_watermarks_given_other_settings_ask_with_a_consumer_made_with_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer made with the old settings (another broker, other credentials) is never
+    asked again, whichever of the kept client's calls saw the new settings first."""
+    fake = install_with_admin(monkeypatch)
+    fake.add(FakeLog.of("t", 0, range(3)))
+    kept = Watermarks()
+    first = {"bootstrap.servers": "one:9092"}
+    second = {"bootstrap.servers": "two:9092"}
+    assert [(w.low, w.high) for w in kept(first, ["t"])] == [(0, 3)]
+    made_first = kept._consumer
+    kept.topic_names(second)
+    assert made_first is not None and made_first.closed  # type: ignore[attr-defined]
+    assert [(w.low, w.high) for w in kept(second, ["t"])] == [(0, 3)]
+    assert kept._consumer is not None and kept._consumer.conf["bootstrap.servers"] == "two:9092"  # type: ignore[attr-defined]
+    kept.close()
