@@ -370,6 +370,7 @@ class Watermarks:
     def topic_names(self, conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
         """:func:`fetch_topic_names` with the kept client."""
         if self._admin is None or self._conf != dict(conf):
+            self.close()  # the kept consumer too: it was made with the other settings
             self._conf = dict(conf)
             self._admin = _Admin(self._conf)
         self._admin.errors.clear()
