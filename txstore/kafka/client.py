@@ -362,7 +362,14 @@ class Watermarks:
                 ) from None
         self._admin.errors.clear()  # only this call's errors explain its failure
         try:
-            return _watermarks(self._admin, conf, topics, timeout, self._consumer)
+            try:
+                return _watermarks(self._admin, conf, topics, timeout, self._consumer)
+            except _ConsumerMetadataBehind:
+                # Partitions added (or a topic created) since the kept consumer last learned the
+                # topics: the admin client, whose metadata named them just now, answers this
+                # call; a new consumer learns them for the next.
+                self._close_consumer()
+                return _watermarks(self._admin, conf, topics, timeout)
         except BaseException:
             self.close()
             raise
@@ -382,6 +389,9 @@ class Watermarks:
 
     def close(self) -> None:
         self._admin = None  # librdkafka destroys the client with the last reference
+        self._close_consumer()
+
+    def _close_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             with contextlib.suppress(Exception):
@@ -621,6 +631,14 @@ def _list_offsets_together(
     return found
 
 
+class _ConsumerMetadataBehind(Exception):
+    """The kept consumer does not know a partition (or topic) the admin client's metadata has
+    just named: its own metadata is older than the partitions' creation."""
+
+
+# What librdkafka's lookup answers for a partition or topic its cached metadata does not have.
+_UNKNOWN_TO_CONSUMER = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
+
 # Kafka's ListOffsets reads these timestamps as the log start and the log end (for a
 # read-committed client, the last stable offset).
 _LOG_START_TIMESTAMP = -2
@@ -639,7 +657,9 @@ def _consumer_log_offsets(
     leadership is moving, or answered with an offset below 0 (no log offset: a restarted
     broker loading its log), is asked again until ``timeout``; then the error is raised
     (:class:`TimeoutError` for the offset). librdkafka fails the whole lookup on one
-    partition's moving leadership: then every pending partition is asked again.
+    partition's moving leadership: then every pending partition is asked again. A partition
+    or topic the consumer's cached metadata does not have yet raises
+    :class:`_ConsumerMetadataBehind` (the caller asks the admin client instead).
     """
     deadline = time.monotonic() + timeout
     answers: list[dict[tuple[str, int], int]] = []
@@ -653,6 +673,8 @@ def _consumer_log_offsets(
                 answered = consumer.offsets_for_times(asked, timeout=left)
             except KafkaException as e:  # librdkafka fails the whole lookup on a partition's error
                 error = e.args[0] if e.args else None
+                if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
+                    raise _ConsumerMetadataBehind(str(error.str())) from None
                 moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
                 if not moving or not _ask_again(deadline):
                     raise
@@ -662,6 +684,8 @@ def _consumer_log_offsets(
             for answer in answered:
                 key = (answer.topic, answer.partition)
                 error = answer.error
+                if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
+                    raise _ConsumerMetadataBehind(str(error.str()))
                 if error is not None:
                     if error.code() not in _LEADERSHIP_MOVING or not _ask_again(deadline):
                         raise KafkaException(error)
