@@ -613,5 +613,8 @@ def test_a_txstore_job_read_of_a_recreated_topic_refuses_like_the_job_never_read
         assert f"; found topic ID {ids[topic]}); nothing was counted." in reason
         assert reason.endswith(advice)
     else:
-        assert reason.endswith(mismatch_line("count_topic", topic, 0, 4))
+        # Each partition's task meets its own recreated log; which one Spark stops the read on
+        # first (local[2,4]: two at once, each tried up to four times) is Spark's scheduling.
+        lines = [mismatch_line("count_topic", topic, p, 4) for p in (0, 1)]
+        assert any(reason.endswith(line) for line in lines), reason
     assert snapshot(db) == before
