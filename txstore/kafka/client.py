@@ -349,10 +349,7 @@ class Watermarks:
     def __call__(
         self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
     ) -> list[PartitionWatermarks]:
-        if self._admin is None or self._conf != dict(conf):
-            self.close()
-            self._conf = dict(conf)
-            self._admin = _Admin(self._conf)
+        admin = self._admin_for(conf)
         if self._consumer is None:
             try:
                 self._consumer = Consumer(reader_config(self._conf))
@@ -360,32 +357,37 @@ class Watermarks:
                 raise ConfigError(
                     f"Kafka client settings refused: {_error_text(e)}; check --kafka-option"
                 ) from None
-        self._admin.errors.clear()  # only this call's errors explain its failure
         try:
             try:
-                return _watermarks(self._admin, conf, topics, timeout, self._consumer)
+                return _watermarks(admin, conf, topics, timeout, self._consumer)
             except _ConsumerMetadataBehind:
                 # Partitions added (or a topic created) since the kept consumer last learned the
                 # topics: the admin client, whose metadata named them just now, answers this
                 # call; a new consumer learns them for the next.
                 self._close_consumer()
-                return _watermarks(self._admin, conf, topics, timeout)
+                return _watermarks(admin, conf, topics, timeout)
         except BaseException:
             self.close()
             raise
 
     def topic_names(self, conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
         """:func:`fetch_topic_names` with the kept client."""
+        admin = self._admin_for(conf)
+        try:
+            return _topic_names(admin, conf, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _admin_for(self, conf: Mapping[str, Any]) -> _Admin:
+        """The kept admin client, made anew (with the consumer) when the settings changed; its
+        errors cleared, since only this call's errors explain its failure."""
         if self._admin is None or self._conf != dict(conf):
             self.close()  # the kept consumer too: it was made with the other settings
             self._conf = dict(conf)
             self._admin = _Admin(self._conf)
         self._admin.errors.clear()
-        try:
-            return _topic_names(self._admin, conf, timeout)
-        except BaseException:
-            self.close()
-            raise
+        return self._admin
 
     def close(self) -> None:
         self._admin = None  # librdkafka destroys the client with the last reference
@@ -610,20 +612,14 @@ def _list_offsets_together(
                 try:
                     wait = max(deadline - time.monotonic(), 0.001)  # one deadline for all answers
                     offset = int(future.result(timeout=wait).offset)
-                    if questions[i].log_offsets and offset < 0:
-                        if not _ask_again(deadline):
-                            raise TimeoutError(
-                                f"ListOffsets answered {tp.topic}/{tp.partition} with offset "
-                                f"{offset}, no log offset, until the timeout"
-                            )
-                        again.append(tp)
-                        continue
-                    found[i][(tp.topic, tp.partition)] = offset
                 except KafkaException as e:
-                    error = e.args[0] if e.args else None
-                    moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
-                    if not moving or not _ask_again(deadline):
+                    if not _moving_within(e, deadline):
                         raise
+                    again.append(tp)
+                    continue
+                if _settled(tp.topic, tp.partition, offset, questions[i].log_offsets, deadline):
+                    found[i][(tp.topic, tp.partition)] = offset
+                else:
                     again.append(tp)
             pending[i] = again
         if any(pending):
@@ -675,8 +671,7 @@ def _consumer_log_offsets(
                 error = e.args[0] if e.args else None
                 if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
                     raise _ConsumerMetadataBehind(str(error.str())) from None
-                moving = isinstance(error, KafkaError) and error.code() in _LEADERSHIP_MOVING
-                if not moving or not _ask_again(deadline):
+                if not _moving_within(e, deadline):
                     raise
                 time.sleep(LIST_OFFSETS_RETRY_SECONDS)
                 continue
@@ -687,23 +682,38 @@ def _consumer_log_offsets(
                 if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
                     raise _ConsumerMetadataBehind(str(error.str()))
                 if error is not None:
-                    if error.code() not in _LEADERSHIP_MOVING or not _ask_again(deadline):
+                    if not _moving_within(KafkaException(error), deadline):
                         raise KafkaException(error)
                     again.append(key)
-                elif answer.offset < 0:
-                    if not _ask_again(deadline):
-                        raise TimeoutError(
-                            f"ListOffsets answered {answer.topic}/{answer.partition} with offset "
-                            f"{answer.offset}, no log offset, until the timeout"
-                        )
-                    again.append(key)
-                else:
+                elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
                     found[key] = int(answer.offset)
+                else:
+                    again.append(key)
             if again:
                 time.sleep(LIST_OFFSETS_RETRY_SECONDS)
             pending = again
         answers.append(found)
     return answers[0], answers[1]
+
+
+def _moving_within(error: KafkaException, deadline: float) -> bool:
+    """Whether ``error`` is a partition's leadership moving, and may be asked again before
+    ``deadline`` (else the caller raises it)."""
+    first = error.args[0] if error.args else None
+    return isinstance(first, KafkaError) and first.code() in _LEADERSHIP_MOVING and _ask_again(deadline)
+
+
+def _settled(topic: str, partition: int, offset: int, log_offset: bool, deadline: float) -> bool:
+    """Whether a partition's answer ``offset`` is taken: False to ask again, where a log offset
+    (``log_offset``; a time lookup's -1 is an answer) is below 0, no offset of any log;
+    :class:`TimeoutError` once it may not be asked again before ``deadline``."""
+    if not log_offset or offset >= 0:
+        return True
+    if not _ask_again(deadline):
+        raise TimeoutError(
+            f"ListOffsets answered {topic}/{partition} with offset {offset}, no log offset, until the timeout"
+        )
+    return False
 
 
 def _ask_again(deadline: float) -> bool:
