@@ -17,9 +17,9 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import job_for, log_ends, offsets, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, send
 from tests.e2e.test_aggregates import stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from txstore import JobSettings, TransactionalJob
 from txstore.core.results import add_metrics, metric_text
 from txstore.testing.mock_kafka import MockKafkaCluster

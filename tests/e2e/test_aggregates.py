@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Outgoing, send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FAILPOINTS_ENV

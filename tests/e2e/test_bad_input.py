@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.counting import job_for, log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
 from tests.helpers.private_postgres import free_port
 from tests.postgres.test_schema import tables

@@ -31,9 +31,9 @@ import pytest
 
 from tests.conftest import produce, send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.job_processes import JOB, count_topic_args, job_env, run_job
-from tests.kafka.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
+from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.postgres.test_idempotent_and_outbox import read_topic, stored_messages
 from tests.postgres.test_sink import snapshot
 from txstore.core.errors import BatchFailed

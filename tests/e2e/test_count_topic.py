@@ -10,46 +10,18 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
+from tests.helpers.counting import job_for, log_ends, offsets, spark_job_count, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
 from txstore.count_topic import count_messages
 from txstore.job import BatchReport, JobSettings, TransactionalJob
-from txstore.kafka.client import client_config, fetch_watermarks
-from txstore.postgres import store
+from txstore.kafka.client import fetch_watermarks
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
-
-
-def job_for(
-    spark: Any, kafka: AnyKafka, database_url: str, *topics: str, **settings: Any
-) -> TransactionalJob:
-    return TransactionalJob(
-        spark,
-        JobSettings(
-            settings.pop("job", "count_topic"), topics, kafka.bootstrap_servers, database_url, **settings
-        ),
-        count_messages,
-    )
-
-
-def totals(db: psycopg.Connection, *topics: str, job: str = "count_topic") -> dict[str, int]:
-    return store.topic_totals(db, job, list(topics))
-
-
-def offsets(db: psycopg.Connection, topic: str, job: str = "count_topic") -> dict[int, int]:
-    return {p: o for (t, p), o in store.committed_offsets(db, job, [topic]).items() if t == topic}
-
-
-def log_ends(kafka: AnyKafka, topic: str) -> dict[int, int]:
-    return {m.partition: m.high for m in fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])}
-
-
-def spark_job_count(spark: Any) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
 
 
 def test_counts_equal_messages_produced_over_several_runs(

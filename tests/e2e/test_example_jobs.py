@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO, send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from tests.helpers.job_processes import count_topic_args, job_env, operator_cli, run_job, spark_submit
 from tests.postgres.test_idempotent_and_outbox import published, read_topic, stored_messages
 from txstore.testing.mock_kafka import MockKafkaCluster

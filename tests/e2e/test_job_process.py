@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.job_processes import (
     JOB,
     StderrLines,

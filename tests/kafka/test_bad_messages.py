@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, operator_cli, run_job
 from tests.postgres.test_idempotent_and_outbox import stored_messages
 from txstore.core.errors import BadMessage

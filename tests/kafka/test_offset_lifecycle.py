@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.counting import job_for, log_ends, offsets, totals
 from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import DataLoss, OffsetOutOfLog

@@ -25,8 +25,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from tests.conftest import produce, send
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
-from tests.kafka.test_recreated_topic import snapshot
+from tests.helpers.counting import job_for, log_ends, offsets, totals
+from tests.helpers.recreated import snapshot
 from txstore.core.errors import BatchFailed, DataLoss, OffsetOutOfLog, TopicRecreated
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets

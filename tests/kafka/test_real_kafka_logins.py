@@ -22,10 +22,10 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.cli import txstore
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.real_kafka_fixture import SCRAM_PASSWORD, SCRAM_USER
-from tests.kafka.test_recreated_topic import snapshot
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.recreated import snapshot
 from tests.postgres.test_idempotent_and_outbox import read_topic
 from tests.postgres.test_sink import seed
 from txstore.core.errors import KafkaUnavailable

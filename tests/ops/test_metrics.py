@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import produce, send
-from tests.e2e.test_count_topic import job_for
+from tests.helpers.counting import job_for
 from tests.helpers.job_processes import count_topic_args, run_job
 from tests.kafka.test_bad_messages import MINUTE_MS, messages_with_bad_timestamps
 from txstore.core.errors import BatchFailed, DatabaseUnavailable, PublishFailed

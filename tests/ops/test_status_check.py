@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, send
-from tests.e2e.test_count_topic import job_for
-from tests.kafka.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.cli import txstore
+from tests.helpers.counting import job_for
+from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from txstore.core import health
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFacts, evaluate, exit_code

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, kill_group, python_without_txstore
 from tests.helpers.standalone import Standalone
 from txstore import __version__

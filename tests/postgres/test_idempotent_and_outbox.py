@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.postgres.test_sink import seed, snapshot
 from txstore.core.errors import AlreadyCommitted, OffsetGap, PublishFailed

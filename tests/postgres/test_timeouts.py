@@ -22,11 +22,12 @@ import pytest
 
 from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.conftest import produce
-from tests.e2e.test_count_topic import count_messages, job_for, log_ends, offsets, totals
+from tests.helpers.counting import job_for, log_ends, offsets, totals
 from txstore.core.errors import DatabaseUnavailable, KafkaReadError, TxstoreError
 from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
+from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, client_config
 from txstore.kafka.reader import IDLE_TIMEOUT_SECONDS, RangeReader

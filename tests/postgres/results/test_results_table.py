@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from tests.helpers.job_processes import count_topic_args, job_env
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob

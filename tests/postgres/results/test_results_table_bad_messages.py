@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from tests.postgres.results.test_results_table import run_once, settings
 from txstore import ResultsTable
 from txstore.core.errors import BadMessage, TooManyBadMessages

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import produce_in_transactions, send
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from txstore import ResultsTable, TransactionalJob
 from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.counting import job_for, log_ends, offsets, totals
 from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.spark.ranges.tasks import TASKS_PER_CORE, task_groups

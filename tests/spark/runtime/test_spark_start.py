@@ -20,7 +20,7 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import totals
+from tests.helpers.counting import totals
 from tests.helpers.job_processes import StderrLines, count_topic_args, job_env, kill_group, start_job
 from txstore.spark.runtime.startup import java_cause
 from txstore.testing.mock_kafka import MockKafkaCluster

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from tests.conftest import Outgoing, send
 from tests.e2e.test_aggregates import KEYS, keyed_messages, settings, stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from txstore import ResultsTable
 from txstore.aggregate import SqlAggregate
 from txstore.core.results import decode_key

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import send
 from tests.e2e.test_aggregates import keyed_messages, settings, stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import log_ends, offsets
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
 from txstore.spark.ranges.range_task import COMMITTED

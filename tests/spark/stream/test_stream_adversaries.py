@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink, stream
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import (

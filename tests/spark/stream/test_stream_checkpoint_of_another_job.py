@@ -19,7 +19,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
 from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.streams import JOB, stream
 from txstore.testing.mock_kafka import MockKafkaCluster
 

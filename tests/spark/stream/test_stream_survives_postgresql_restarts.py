@@ -20,7 +20,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.private_postgres import free_port, restartable_postgres, url
 from tests.helpers.streams import JOB, counting_planner, sink, stream
 from txstore.core.errors import DatabaseUnavailable

@@ -20,9 +20,9 @@ import pytest
 
 import txstore
 from tests.conftest import produce, produce_in_transactions, send
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink, stream
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
 from txstore.testing.mock_kafka import MockKafkaCluster

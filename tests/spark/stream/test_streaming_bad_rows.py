@@ -25,9 +25,9 @@ import pytest
 
 import txstore
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import log_ends, offsets
 from tests.helpers.streams import JOB, QueryFailed, run_available_now
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
 from txstore.spark.stream.stream_bad_rows import RowsByMessage, origins_of
