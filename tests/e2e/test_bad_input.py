@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from tests.conftest import produce
 from tests.helpers.counting import job_for, log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
-from tests.helpers.private_postgres import free_port
+from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
 from txstore.core.errors import ConfigError
 from txstore.job import JobSettings

@@ -21,7 +21,8 @@ import pytest
 import txstore
 from tests.conftest import produce
 from tests.helpers.counting import log_ends, offsets, totals
-from tests.helpers.private_postgres import free_port, restartable_postgres, url
+from tests.helpers.local import free_port
+from tests.helpers.private_postgres import restartable_postgres, url
 from tests.helpers.streams import JOB, counting_planner, sink, stream
 from txstore.core.errors import DatabaseUnavailable
 from txstore.postgres.migrate import upgrade
