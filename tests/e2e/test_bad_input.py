@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
-from tests.helpers.counting import job_for, log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, job_for, log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
 from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
@@ -271,8 +271,7 @@ def test_sql_in_a_job_name_is_stored_as_text_and_never_run(
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
     job = "x'); DROP TABLE txn_data; --"
     job_for(spark, kafka, database_url, topic, job=job).run_batch()
-    assert totals(db, topic, job=job) == {topic: 7}
-    assert offsets(db, topic, job=job) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 7, job=job)
     assert tables(database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
 
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly
 from tests.helpers.job_processes import (
     children,
     command_line,
@@ -101,5 +101,4 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
     assert "Lost executor" in log_text, log_text[-5000:]
     assert "ExecutorLostFailure" in log_text
     assert "batch 1: 4 ranges, 6500 messages" in log_text
-    assert totals(db, topic) == {topic: 6500}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 6500)

@@ -31,7 +31,7 @@ import pytest
 
 from tests.conftest import produce, send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, log_ends, offsets
 from tests.helpers.job_processes import JOB, count_topic_args, job_env, run_job
 from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.postgres.test_idempotent_and_outbox import read_topic, stored_messages
@@ -92,8 +92,7 @@ def test_per_range_counts_are_exact_over_several_runs(
             report = job.run_batch()
         assert report.messages == sum(counts.values())
         assert {r.outcome for r in report.ranges} == {COMMITTED}
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(kafka, topic)
+        assert_counted_exactly(db, kafka, topic, produced)
 
 
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
@@ -246,8 +245,7 @@ def test_a_job_process_with_spark_remote_counts_exactly(
         env=job_env(SPARK_REMOTE=spark_connect_server.url),
     )
     assert result.returncode == 0, result.stderr
-    assert totals(db, topic) == {topic: 175}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 175)
 
 
 THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
@@ -286,8 +284,7 @@ def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert totals(db, topic) == {topic: 175}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 175)
 
 
 def test_a_failing_spark_task_stops_the_batch_with_its_one_line(

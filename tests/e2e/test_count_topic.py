@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
-from tests.helpers.counting import job_for, log_ends, offsets, spark_job_count, totals
+from tests.helpers.counting import assert_counted_exactly, job_for, log_ends, offsets, spark_job_count, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
@@ -40,8 +40,7 @@ def test_counts_equal_messages_produced_over_several_runs(
         assert report.messages == sum(counts.values()), f"run {run}"
         assert {r.range.partition for r in report.ranges} == set(counts)
         assert all(r.outcome == COMMITTED for r in report.ranges)
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(any_kafka, topic)
+        assert_counted_exactly(db, any_kafka, topic, produced)
 
 
 def test_several_topics_in_one_job_keep_separate_totals(
@@ -207,8 +206,7 @@ def test_a_partition_added_after_the_first_run_is_counted_from_its_earliest_offs
     db.execute("DELETE FROM txn_offsets WHERE topic = %s AND part >= 2", (topic,))
     produce(kafka.bootstrap_servers, topic, {0: 1, 3: 2})
     job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
-    assert totals(db, topic) == {topic: 1 + 5 + 7}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 1 + 5 + 7)
 
 
 def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(
@@ -228,8 +226,7 @@ def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(
         sizes.append({r.range.partition: r.messages for r in report.ranges})
     assert sizes[0] == {0: 90, 1: 30}
     assert all(sum(s.values()) <= 120 for s in sizes)
-    assert totals(db, topic) == {topic: 400}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 400)
 
 
 def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_offset(
@@ -259,8 +256,7 @@ def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_of
         (2, 0, 6),
         (3, 0, 7),
     ]
-    assert totals(db, topic) == {topic: 1 + 6 + 7}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 1 + 6 + 7)
 
 
 def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_again(
@@ -296,5 +292,4 @@ def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_a
         job.run()  # --once
         assert job.batches == 2
     assert interfered == [True]
-    assert totals(db, topic) == {topic: 100}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 100)

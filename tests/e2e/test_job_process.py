@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, log_ends, offsets, totals
 from tests.helpers.job_processes import (
     JOB,
     StderrLines,
@@ -68,8 +68,7 @@ def test_a_restart_reads_its_offsets_from_the_database_only(
     assert f"range {topic}/0 100 -> 101: 1 messages" in second.stderr
     assert f"range {topic}/2 25 -> 27: 2 messages" in second.stderr
     assert "batch 1: 2 ranges, 3 messages" in second.stderr
-    assert totals(db, topic) == {topic: 178}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 178)
     assert not list(REPO.glob("**/checkpoint*")), "no Spark checkpoints are involved"
 
 
@@ -89,8 +88,7 @@ def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
     for p, (_, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0 or "overlap" in err, err
     assert any(p.returncode == 0 for p in processes)
-    assert totals(db, topic) == {topic: 1400}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 1400)
 
 
 def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
@@ -311,8 +309,7 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
     assert totals(db, topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
     again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
     assert again.returncode == 0, again.stderr
-    assert totals(db, topic) == {topic: 50}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 50)
 
 
 def test_one_ctrl_c_just_after_spark_started_lets_the_batch_finish_without_a_traceback(

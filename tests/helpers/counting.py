@@ -39,3 +39,12 @@ def log_ends(kafka: AnyKafka, topic: str) -> dict[int, int]:
 
 def spark_job_count(spark: Any) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def assert_counted_exactly(
+    db: psycopg.Connection, kafka: AnyKafka, topic: str, total: int, job: str = "count_topic"
+) -> None:
+    """``job`` counted ``topic`` exactly once: its total is ``total`` and it committed every
+    partition up to the log end."""
+    assert totals(db, topic, job=job) == {topic: total}
+    assert offsets(db, topic, job) == log_ends(kafka, topic)

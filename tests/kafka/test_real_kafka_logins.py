@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import produce
 from tests.helpers.cli import txstore
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly
 from tests.helpers.real_kafka_fixture import SCRAM_PASSWORD, SCRAM_USER
 from tests.helpers.recreated import snapshot
 from tests.postgres.test_idempotent_and_outbox import read_topic
@@ -68,8 +68,7 @@ def test_the_right_password_and_certificate_count_exactly_over_sasl_ssl(
         produced += sum(counts.values())
         with secure_job(spark, real_kafka, database_url, topic, options) as job:
             assert job.run_batch().messages == sum(counts.values())
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(real_kafka, topic)
+        assert_counted_exactly(db, real_kafka, topic, produced)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, totals
 from tests.helpers.job_processes import count_topic_args, job_env, kill_group, python_without_txstore
 from tests.helpers.standalone import Standalone
 from txstore import __version__
@@ -183,8 +183,7 @@ def test_an_installed_wheel_migrates_a_fresh_database_and_counts_a_topic_from_an
     assert "batch 1: 3 ranges, 900 messages" in job.stderr, job.stderr[-3000:]
     assert "Traceback" not in job.stderr
     with psycopg.connect(empty_database_url, autocommit=True) as db:
-        assert totals(db, topic) == {topic: 900}
-        assert offsets(db, topic) == log_ends(kafka, topic)
+        assert_counted_exactly(db, kafka, topic, 900)
 
 
 def test_spark_submit_runs_the_job_file_the_installed_package_names(
@@ -309,8 +308,7 @@ def test_the_wheel_itself_on_py_files_ships_txstore_to_a_cluster_whose_python_la
         cwd=tmp_path,
     )
     assert "batch 1: 3 ranges, 1500 messages" in log, log[-5000:]
-    assert totals(db, topic) == {topic: 1500}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 1500)
 
 
 @pytest.mark.spark

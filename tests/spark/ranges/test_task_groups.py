@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.helpers.counting import job_for, log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, job_for
 from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.spark.ranges.tasks import TASKS_PER_CORE, task_groups
@@ -72,8 +72,7 @@ def test_a_batch_over_many_partitions_counts_each_range_exactly_once(
     report = job_for(spark, kafka, database_url, topic).run_batch()
     assert [r.range.partition for r in report.ranges] == list(range(partitions))
     assert all(r.outcome == COMMITTED for r in report.ranges)
-    assert totals(db, topic) == {topic: sum(counts.values())}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, sum(counts.values()))
 
 
 @pytest.mark.spark
@@ -94,5 +93,4 @@ def test_a_task_of_many_ranges_commits_them_in_one_transaction_that_a_retry_reco
     report = job_for(spark, kafka, database_url, topic).run_batch()
     assert len(report.ranges) == partitions
     assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
-    assert totals(db, topic) == {topic: 7 * partitions}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 7 * partitions)

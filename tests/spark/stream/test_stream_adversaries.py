@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, offsets, totals
 from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink, stream
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import (
@@ -284,8 +284,7 @@ def test_a_filter_and_a_repartition_count_what_they_keep_and_move_the_whole_rang
         tmp_path / "chk",
         rows=lambda df: df.where("offset % 2 = 0").repartition(5),
     )
-    assert totals(db, topic, job=JOB) == {topic: 5 + 4 + 2}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 5 + 4 + 2, job=JOB)
 
 
 def test_a_join_that_repeats_a_messages_row_is_refused(
@@ -374,8 +373,7 @@ def test_a_rate_source_never_commits_the_plan_a_failed_query_left(
     assert totals(db, topic, job=JOB) == {topic: 0}
     # the job's own query then counts everything once
     run_available_now(spark, kafka, database_url, topic, tmp_path / "a")
-    assert totals(db, topic, job=JOB) == {topic: 6}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 6, job=JOB)
 
 
 def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_its_offsets_stops_it(

@@ -19,7 +19,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
 from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
@@ -179,8 +179,7 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
 
     shutil.rmtree(chk_b)
     run_as(B, spark, kafka, database_url, topic, chk_b, **options)  # its own: from the start
-    assert totals(db, topic, job=B) == {topic: 14}
-    assert offsets(db, topic, job=B) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 14, job=B)
 
     # B has rows now: A's checkpoint is an older copy. (Had the log not grown, its next batch
     # would end where B's rows are: taken as B's own batch replayed, and not counted again.)

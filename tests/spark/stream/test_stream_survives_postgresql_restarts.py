@@ -20,7 +20,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, log_ends, offsets, totals
 from tests.helpers.local import free_port
 from tests.helpers.private_postgres import restartable_postgres, url
 from tests.helpers.streams import JOB, counting_planner, sink, stream
@@ -248,8 +248,7 @@ def test_a_postgresql_restart_under_a_running_query_costs_a_pause_not_the_query(
         finally:
             query.stop()
         with psycopg.connect(database_url, autocommit=True) as db:
-            assert totals(db, topic, job=JOB) == {topic: 19}
-            assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+            assert_counted_exactly(db, kafka, topic, 19, job=JOB)
 
 
 def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone_stops_in_one_line(
@@ -302,5 +301,4 @@ def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone
         first.stop()
         if second is not None:
             second.stop()
-    assert totals(db, topic, job=JOB) == {topic: 16}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 16, job=JOB)

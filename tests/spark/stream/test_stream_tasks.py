@@ -19,7 +19,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, offsets, totals
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
@@ -172,8 +172,7 @@ def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_ex
     )
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 14, 2: 5, 3: 16, 4: 7})
     query = run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
-    assert totals(db, topic, job=JOB) == {topic: 45}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 45, job=JOB)
     data = [p for p in query.recentProgress if p.numInputRows > 0]
     assert [p.numInputRows for p in data] == ([5] if counted else [45])
     (source,) = data[0].sources  # the progress ends where txstore committed
@@ -184,8 +183,7 @@ def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_ex
 
     produce(kafka.bootstrap_servers, topic, {1: 2, 4: 9})
     run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
-    assert totals(db, topic, job=JOB) == {topic: 56}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 56, job=JOB)
 
 
 def test_a_retried_task_reads_exactly_its_planned_ranges_again(
@@ -210,8 +208,7 @@ def test_a_retried_task_reads_exactly_its_planned_ranges_again(
         tmp_path / "chk",
         **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range@first"},
     )
-    assert totals(db, topic, job=JOB) == {topic: 110}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 110, job=JOB)
     assert [p.numInputRows for p in query.recentProgress if p.numInputRows > 0] == [4]
     (stage,) = [s for s in _data_stages(spark, query) if s.numTasks > 0]
     assert (stage.numTasks, stage.numCompletedTasks, stage.numFailedTasks) == (2, 2, 2)

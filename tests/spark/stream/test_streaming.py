@@ -21,7 +21,7 @@ import pytest
 import txstore
 from tests.conftest import produce, produce_in_transactions, send
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, log_ends, offsets, totals
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink, stream
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
@@ -83,13 +83,11 @@ def test_stream_counts_each_message_once_over_restarts(
     checkpoint = tmp_path / "chk"
     produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20, 2: 1})
     run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 51}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 51, job=JOB)
 
     produce(kafka.bootstrap_servers, topic, {1: 5})
     run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 56}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 56, job=JOB)
 
 
 def test_max_offsets_per_trigger_cuts_batches_and_available_now_reads_them_all(
@@ -117,8 +115,7 @@ def test_max_offsets_per_trigger_cuts_batches_and_available_now_reads_them_all(
             )
     else:
         assert len(batches) == 5, batches
-    assert totals(db, topic, job=JOB) == {topic: 50}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 50, job=JOB)
 
 
 @CLASSIC_AND_CONNECT
@@ -137,8 +134,7 @@ def test_checkpoint_deleted_starts_where_postgresql_says(
     shutil.rmtree(checkpoint)
     produce(kafka.bootstrap_servers, topic, {0: 2, 1: 4})
     run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 17}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 17, job=JOB)
 
 
 @CLASSIC_AND_CONNECT
@@ -204,8 +200,7 @@ def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_onc
     assert totals(db, topic, job=JOB) == {topic: 12}
     produce(kafka.bootstrap_servers, topic, {1: 3})
     run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 15}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 15, job=JOB)
 
 
 @CLASSIC_AND_CONNECT
@@ -240,8 +235,7 @@ def test_a_second_query_on_the_same_job_is_refused(
         assert running.isActive
     finally:
         running.stop()
-    assert totals(db, topic, job=JOB) == {topic: 12}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 12, job=JOB)
 
 
 def test_a_recreated_topic_stops_the_query_with_count_topics_line(
@@ -407,8 +401,7 @@ def test_a_source_that_counts_its_messages_commits_the_counts_a_row_per_message_
     assert rows == [3]  # one row per range, not per message
     produce(kafka.bootstrap_servers, topic, {0: 4})
     run_available_now(session, kafka, database_url, topic, checkpoint, **{"txstore.countMessages": "true"})
-    assert totals(db, topic, job=JOB) == {topic: 27}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 27, job=JOB)
 
 
 @pytest.mark.parametrize("count_messages", ["true", "false"])
@@ -439,8 +432,7 @@ def test_min_partitions_reads_a_partition_s_range_in_several_tasks_and_counts_ea
         assert [n for n in rows if n > 0] == [4]  # a row a piece
     produce(kafka.bootstrap_servers, topic, {0: 9})
     run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
-    assert totals(db, topic, job=JOB) == {topic: 30}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 30, job=JOB)
 
 
 @pytest.mark.connect
@@ -460,8 +452,7 @@ def test_stream_through_spark_connect(
     run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
     produce(kafka.bootstrap_servers, topic, {1: 4})
     run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 13}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 13, job=JOB)
 
 
 def test_sink_process_killed_after_its_commit_replays_the_batch_once(
@@ -481,8 +472,7 @@ def test_sink_process_killed_after_its_commit_replays_the_batch_once(
     produce(kafka.bootstrap_servers, topic, {0: 3, 1: 6})
     with pytest.raises(QueryFailed):
         run_available_now(session, kafka, database_url, topic, checkpoint, failpoints="after-commit:exit")
-    assert totals(db, topic, job=JOB) == {topic: 14}  # committed before the process died
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 14, job=JOB)  # committed before the process died
     again = run_available_now(session, kafka, database_url, topic, checkpoint)
     replayed = [p["numInputRows"] for p in again.recentProgress if p["numInputRows"] > 0]
     assert replayed == [9]  # the same ranges read again, not counted again
