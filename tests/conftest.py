@@ -34,6 +34,7 @@ from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 if TYPE_CHECKING:
+    from tests.helpers.counting import Counting
     from tests.helpers.standalone import Standalone
 
 REPO = Path(__file__).resolve().parent.parent
@@ -286,6 +287,22 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def counting(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> Counting:
+    """What a count_topic test on the mock broker takes, in one (tests/helpers/counting.py):
+    ``counting.job(topic).run_batch()``, ``counting.produce(topic, {0: 3})``,
+    ``counting.assert_counted_exactly(topic, 3)``."""
+    from tests.helpers.counting import Counting
+
+    return Counting(spark, kafka, database_url, db, new_topic)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Outgoing, send
-from tests.helpers.counting import log_ends, offsets
+from tests.helpers.counting import Counting, log_ends, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FAILPOINTS_ENV
@@ -135,30 +135,26 @@ def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions
 
 
 def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_committed(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    topic = new_topic(3)
+    topic = counting.new_topic(3)
     messages = keyed_messages(random.Random(6), 600, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(counting.kafka.bootstrap_servers, topic, messages)
     # The driver's first COMMIT lands, then it fails before learning so; it commits again.
     monkeypatch.setenv(FAILPOINTS_ENV, "after-commit@first")
-    s = settings(kafka, database_url, "batch", topic, commit="per-batch")
-    with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+    s = settings(counting.kafka, counting.database_url, "batch", topic, commit="per-batch")
+    with TransactionalJob(counting.spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
-        assert stored(db, "batch", topic) == expected(messages, True, None)
+        assert stored(counting.db, "batch", topic) == expected(messages, True, None)
         monkeypatch.delenv(FAILPOINTS_ENV)
         more = keyed_messages(random.Random(7), 100, 3)
-        send(kafka.bootstrap_servers, topic, more)
+        send(counting.kafka.bootstrap_servers, topic, more)
         job.failpoints = type(job.failpoints)()
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-    assert stored(db, "batch", topic) == expected(messages + more, True, None)
-    assert offsets(db, topic, "batch") == log_ends(kafka, topic)
+    assert stored(counting.db, "batch", topic) == expected(messages + more, True, None)
+    assert counting.offsets(topic, "batch") == counting.log_ends(topic)
 
 
 def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
-from tests.helpers.counting import assert_counted_exactly, job_for, log_ends, offsets, totals
+from tests.helpers.counting import Counting, job_for, log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
 from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
@@ -260,19 +260,13 @@ def test_empty_and_dot_topic_names_are_refused(
     assert error_line(result) == f"count_topic: error: {message}"
 
 
-def test_sql_in_a_job_name_is_stored_as_text_and_never_run(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+def test_sql_in_a_job_name_is_stored_as_text_and_never_run(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 3, 1: 4})
     job = "x'); DROP TABLE txn_data; --"
-    job_for(spark, kafka, database_url, topic, job=job).run_batch()
-    assert_counted_exactly(db, kafka, topic, 7, job=job)
-    assert tables(database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
+    counting.job(topic, job=job).run_batch()
+    counting.assert_counted_exactly(topic, 7, job=job)
+    assert tables(counting.database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
 
 
 def test_unknown_kafka_options_are_refused_with_the_setting_named(kafka: MockKafkaCluster) -> None:

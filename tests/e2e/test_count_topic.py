@@ -10,7 +10,12 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
-from tests.helpers.counting import assert_counted_exactly, job_for, log_ends, offsets, spark_job_count, totals
+from tests.helpers.counting import (
+    Counting,
+    assert_counted_exactly,
+    job_for,
+    spark_job_count,
+)
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
@@ -43,88 +48,62 @@ def test_counts_equal_messages_produced_over_several_runs(
         assert_counted_exactly(db, any_kafka, topic, produced)
 
 
-def test_several_topics_in_one_job_keep_separate_totals(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    a, b = new_topic(2), new_topic(3)
-    produce(kafka.bootstrap_servers, a, {0: 10, 1: 20})
-    produce(kafka.bootstrap_servers, b, {2: 5})
-    job_for(spark, kafka, database_url, a, b).run_batch()
-    assert totals(db, a, b) == {a: 30, b: 5}
+def test_several_topics_in_one_job_keep_separate_totals(counting: Counting) -> None:
+    a, b = counting.new_topic(2), counting.new_topic(3)
+    counting.produce(a, {0: 10, 1: 20})
+    counting.produce(b, {2: 5})
+    counting.job(a, b).run_batch()
+    assert counting.totals(a, b) == {a: 30, b: 5}
 
 
-def test_empty_partitions_get_no_task_and_an_empty_topic_launches_no_spark_job(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    sparse, empty = new_topic(4), new_topic(3)
-    produce(kafka.bootstrap_servers, sparse, {1: 9})
-    report = job_for(spark, kafka, database_url, sparse).run_batch()
+def test_empty_partitions_get_no_task_and_an_empty_topic_launches_no_spark_job(counting: Counting) -> None:
+    sparse, empty = counting.new_topic(4), counting.new_topic(3)
+    counting.produce(sparse, {1: 9})
+    report = counting.job(sparse).run_batch()
     assert [r.range.partition for r in report.ranges] == [1]
 
-    jobs_before = spark_job_count(spark)
-    report = job_for(spark, kafka, database_url, empty).run_batch()
-    again = job_for(spark, kafka, database_url, sparse).run_batch()  # caught up: nothing new either
+    jobs_before = spark_job_count(counting.spark)
+    report = counting.job(empty).run_batch()
+    again = counting.job(sparse).run_batch()  # caught up: nothing new either
     assert report.ranges == () and again.ranges == ()
-    assert spark_job_count(spark) == jobs_before
-    assert offsets(db, empty) == {0: 0, 1: 0, 2: 0}
-    assert totals(db, empty, sparse) == {empty: 0, sparse: 9}
+    assert spark_job_count(counting.spark) == jobs_before
+    assert counting.offsets(empty) == {0: 0, 1: 0, 2: 0}
+    assert counting.totals(empty, sparse) == {empty: 0, sparse: 9}
 
 
-def test_a_partition_whose_offsets_have_holes_is_counted_exactly(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=5, per_transaction=6, partitions=2)
-    job_for(spark, kafka, database_url, topic).run_batch()
-    assert totals(db, topic) == {topic: 30}
-    ends = log_ends(kafka, topic)
+def test_a_partition_whose_offsets_have_holes_is_counted_exactly(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=5, per_transaction=6, partitions=2
+    )
+    counting.job(topic).run_batch()
+    assert counting.totals(topic) == {topic: 30}
+    ends = counting.log_ends(topic)
     assert ends[0] > 15  # markers take offsets
-    assert offsets(db, topic) == ends
+    assert counting.offsets(topic) == ends
 
 
-def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10})
+def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 10, 1: 10})
     latest = parse_starting_offsets("latest")
-    assert job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch().ranges == ()
-    assert offsets(db, topic) == {0: 10, 1: 10}
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
-    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
-    assert totals(db, topic) == {topic: 7}
+    assert counting.job(topic, starting_offsets=latest).run_batch().ranges == ()
+    assert counting.offsets(topic) == {0: 10, 1: 10}
+    counting.produce(topic, {0: 3, 1: 4})
+    counting.job(topic, starting_offsets=latest).run_batch()
+    assert counting.totals(topic) == {topic: 7}
 
 
 def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_log_it(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10, 2: 10})
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 10, 1: 10, 2: 10})
     starting = parse_starting_offsets(f'{{"{topic}": {{"0": 4, "1": -1}}}}')
     with caplog.at_level(logging.INFO, logger="txstore"):
-        job_for(spark, kafka, database_url, topic, starting_offsets=starting).run_batch()
-    assert totals(db, topic) == {topic: 6 + 0 + 10}
+        counting.job(topic, starting_offsets=starting).run_batch()
+    assert counting.totals(topic) == {topic: 6 + 0 + 10}
     logged = caplog.text
     assert f"{topic}/0 starts at offset 4 (--starting-offsets JSON)" in logged
     assert f"{topic}/1 starts at latest offset 10 (--starting-offsets JSON)" in logged
@@ -132,101 +111,79 @@ def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_
 
 
 def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_succeeds(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 40, 1: 50, 2: 60})
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 40, 1: 50, 2: 60})
     # Each task's first attempt commits, then fails before Spark hears of it
     # (a lost acknowledgement); Spark runs it again.
     monkeypatch.setenv("TXSTORE_FAILPOINTS", "after-commit@first")
-    report: BatchReport = job_for(spark, kafka, database_url, topic).run_batch()
+    report: BatchReport = counting.job(topic).run_batch()
     assert [r.outcome for r in report.ranges] == [ALREADY_COMMITTED] * 3
-    assert totals(db, topic) == {topic: 150}
-    assert offsets(db, topic) == {0: 40, 1: 50, 2: 60}
+    assert counting.totals(topic) == {topic: 150}
+    assert counting.offsets(topic) == {0: 40, 1: 50, 2: 60}
 
 
 def test_a_task_failing_before_commit_is_retried_and_counts_once(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 11, 1: 12})
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 11, 1: 12})
     monkeypatch.setenv("TXSTORE_FAILPOINTS", "between-upsert-and-offsets@first")
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    report = counting.job(topic).run_batch()
     assert [r.outcome for r in report.ranges] == [COMMITTED, COMMITTED]
-    assert totals(db, topic) == {topic: 23}
+    assert counting.totals(topic) == {topic: 23}
 
 
 @pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap"), (25, "overlap")])
 def test_a_gap_or_overlap_found_at_commit_fails_the_batch_and_changes_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     moved_to: int,
     kind: str,
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    job = job_for(spark, kafka, database_url, topic)
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 10})
+    counting.job(topic).run_batch()
+    counting.produce(topic, {0: 10})
+    job = counting.job(topic)
     planned = job.plan()
     assert [(r.from_offset, r.until_offset) for r in planned] == [(10, 20)]
     # Someone moves the stored offset between planning and committing.
-    db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
+    counting.db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
     with pytest.raises(BatchFailed, match=rf"partition 0 range 10 -> 20: {kind}, stored offset {moved_to}"):
         job.execute(planned)
-    assert totals(db, topic) == {topic: 10}
-    assert offsets(db, topic) == {0: moved_to}
+    assert counting.totals(topic) == {topic: 10}
+    assert counting.offsets(topic) == {0: moved_to}
 
 
 def test_a_partition_added_after_the_first_run_is_counted_from_its_earliest_offset(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5, 2: 5, 3: 5})
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 5, 1: 5, 2: 5, 3: 5})
     latest = parse_starting_offsets("latest")
-    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
+    counting.job(topic, starting_offsets=latest).run_batch()
     # The job knew only partitions 0 and 1 (as if 2 and 3 were added later).
-    db.execute("DELETE FROM txn_offsets WHERE topic = %s AND part >= 2", (topic,))
-    produce(kafka.bootstrap_servers, topic, {0: 1, 3: 2})
-    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
-    assert_counted_exactly(db, kafka, topic, 1 + 5 + 7)
+    counting.db.execute("DELETE FROM txn_offsets WHERE topic = %s AND part >= 2", (topic,))
+    counting.produce(topic, {0: 1, 3: 2})
+    counting.job(topic, starting_offsets=latest).run_batch()
+    counting.assert_counted_exactly(topic, 1 + 5 + 7)
 
 
-def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 300, 1: 100, 2: 0})
+def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(counting: Counting) -> None:
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 300, 1: 100, 2: 0})
     sizes = []
     for _ in range(10):
-        report = job_for(spark, kafka, database_url, topic, max_offsets_per_batch=120).run_batch()
+        report = counting.job(topic, max_offsets_per_batch=120).run_batch()
         if not report.ranges:
             break
         sizes.append({r.range.partition: r.messages for r in report.ranges})
     assert sizes[0] == {0: 90, 1: 30}
     assert all(sum(s.values()) <= 120 for s in sizes)
-    assert_counted_exactly(db, kafka, topic, 400)
+    counting.assert_counted_exactly(topic, 400)
 
 
 def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_offset(

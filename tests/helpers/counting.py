@@ -1,11 +1,15 @@
-"""count_topic jobs and what they stored: totals, committed offsets and the log ends they should equal."""
+"""count_topic jobs and what they stored: totals, committed offsets and the log ends they should equal;
+``Counting`` (the ``counting`` fixture) holds what such a test takes: Spark, the broker, PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from tests.conftest import produce
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
@@ -48,3 +52,39 @@ def assert_counted_exactly(
     partition up to the log end."""
     assert totals(db, topic, job=job) == {topic: total}
     assert offsets(db, topic, job) == log_ends(kafka, topic)
+
+
+@dataclass(frozen=True)
+class Counting:
+    """The ``counting`` fixture: Spark, the mock broker, PostgreSQL (its URL and a connection) and
+    new topics, with the count_topic helpers above bound to them."""
+
+    spark: Any
+    kafka: AnyKafka
+    database_url: str
+    db: psycopg.Connection
+    new_topic: Callable[..., str]
+
+    def job(self, *topics: str, **settings: Any) -> TransactionalJob:
+        return job_for(self.spark, self.kafka, self.database_url, *topics, **settings)
+
+    def produce(self, topic: str, counts: dict[int, int], **message: Any) -> None:
+        produce(self.kafka.bootstrap_servers, topic, counts, **message)
+
+    def totals(self, *topics: str, job: str = "count_topic") -> dict[str, int]:
+        return totals(self.db, *topics, job=job)
+
+    def offsets(self, topic: str, job: str = "count_topic") -> dict[int, int]:
+        return offsets(self.db, topic, job)
+
+    def log_ends(self, topic: str) -> dict[int, int]:
+        return log_ends(self.kafka, topic)
+
+    def assert_counted_exactly(self, topic: str, total: int, job: str = "count_topic") -> None:
+        assert_counted_exactly(self.db, self.kafka, topic, total, job)
+
+    def stream(self, topic: str, **options: str) -> Any:
+        """A streaming DataFrame of ``topic`` (tests/helpers/streams.py's ``stream``)."""
+        from tests.helpers.streams import stream
+
+        return stream(self.spark, self.kafka, self.database_url, topic, **options)

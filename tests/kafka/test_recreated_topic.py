@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from tests.conftest import produce_in_transactions, send, send_one_by_one
 from tests.helpers.cli import txstore
-from tests.helpers.counting import job_for, offsets, totals
+from tests.helpers.counting import Counting, job_for, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line, snapshot, topic_id_changed_line
 from tests.spark.source.test_datasource import read as read_frame
@@ -50,29 +50,27 @@ pytestmark = pytest.mark.spark
     ids=["per-range", "per-batch", "per-batch-pieces"],
 )
 def test_a_recreated_topic_refilled_past_the_stored_offset_stops_the_job_and_counts_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     settings: dict[str, Any],
 ) -> None:
-    topic = new_topic(2)
-    fill(kafka, topic, 5, 2, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic, **settings).run_batch()
-    assert totals(db, topic) == {topic: 10}
-    last = db.execute("SELECT part, last_off, last_timestamp, last_digest FROM txn_offsets ORDER BY part")
+    topic = counting.new_topic(2)
+    fill(counting.kafka, topic, 5, 2, b"old", OLD_TS)
+    counting.job(topic, **settings).run_batch()
+    assert counting.totals(topic) == {topic: 10}
+    last = counting.db.execute(
+        "SELECT part, last_off, last_timestamp, last_digest FROM txn_offsets ORDER BY part"
+    )
     assert last.fetchall() == [
         (p, 4, OLD_TS + 4, digest(b"k", b"old-%d-4" % p)) for p in range(2)
     ]  # the last piece's last message, also when a range is read in pieces
-    kafka.recreate_topic(topic, 2)
-    fill(kafka, topic, 8, 2, b"new", NEW_TS)
-    before = snapshot(db)
+    counting.kafka.recreate_topic(topic, 2)
+    fill(counting.kafka, topic, 8, 2, b"new", NEW_TS)
+    before = snapshot(counting.db)
     with pytest.raises(BatchFailed) as raised:
-        job_for(spark, kafka, database_url, topic, **settings).run()
+        counting.job(topic, **settings).run()
     assert str(raised.value) == mismatch_line("count_topic", topic, 0, 4)
     assert not raised.value.transient
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 def test_a_range_that_delivered_no_message_keeps_the_last_counted_message(database_url: str) -> None:
@@ -89,47 +87,41 @@ def test_a_range_that_delivered_no_message_keeps_the_last_counted_message(databa
     assert history == {("t", 0): PartitionHistory(last=kept), ("t", 1): PartitionHistory(last=kept)}
 
 
-def test_a_last_counted_message_no_longer_in_the_log_is_not_an_error(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_last_counted_message_no_longer_in_the_log_is_not_an_error(counting: Counting) -> None:
     """Compaction removes a message: the offset then holds nothing, and reading from it delivers a
     later offset first. Here the stored last message points at a transaction marker, which the reader
     sees exactly like a compacted-away message: nothing to compare, the range is counted."""
-    topic = new_topic(1)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=2, partitions=1)
-    job_for(spark, kafka, database_url, topic).run_batch()  # offsets 0-8: 6 messages, 3 markers
-    assert totals(db, topic) == {topic: 6}
-    assert db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (9, 7)
-    db.execute("UPDATE txn_offsets SET last_off = 8, last_digest = 'gone'")  # offset 8: the last marker
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=2, per_transaction=2, partitions=1)
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    topic = counting.new_topic(1)
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=3, per_transaction=2, partitions=1
+    )
+    counting.job(topic).run_batch()  # offsets 0-8: 6 messages, 3 markers
+    assert counting.totals(topic) == {topic: 6}
+    assert counting.db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (9, 7)
+    counting.db.execute(
+        "UPDATE txn_offsets SET last_off = 8, last_digest = 'gone'"
+    )  # offset 8: the last marker
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=2, per_transaction=2, partitions=1
+    )
+    report = counting.job(topic).run_batch()
     assert report.messages == 4
-    assert totals(db, topic) == {topic: 10}
-    assert db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (15, 13)
+    assert counting.totals(topic) == {topic: 10}
+    assert counting.db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (15, 13)
 
 
-def test_a_last_counted_message_that_aged_out_is_not_an_error(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_last_counted_message_that_aged_out_is_not_an_error(counting: Counting) -> None:
     """Retention dropped the last message counted (and more): skipped with --fail-on-data-loss false,
     the rest is counted; the old fingerprint, now below the log start, is not looked for."""
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(3)))
-    job_for(spark, kafka, database_url, topic).run_batch()
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
-    job_for(spark, kafka, database_url, topic, fail_on_data_loss=False).run_batch()
-    lost_from, low = db.execute("SELECT from_off, until_off FROM txn_lost_ranges").fetchone()
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(3)))
+    counting.job(topic).run_batch()
+    send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
+    counting.job(topic, fail_on_data_loss=False).run_batch()
+    lost_from, low = counting.db.execute("SELECT from_off, until_off FROM txn_lost_ranges").fetchone()
     assert lost_from == 3
-    assert totals(db, topic) == {topic: 3 + (83 - low)}
-    assert offsets(db, topic) == {0: 83}
+    assert counting.totals(topic) == {topic: 3 + (83 - low)}
+    assert counting.offsets(topic) == {0: 83}
 
 
 def idempotent_job(spark: Any, kafka: MockKafkaCluster, database_url: str, topic: str) -> TransactionalJob:
@@ -177,19 +169,22 @@ def test_the_suggested_reset_starts_a_new_generation_and_the_new_topic_is_stored
 
 
 def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_told(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(2)
-    fill(kafka, topic, 5, 2, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic).run()
-    kafka.recreate_topic(topic, 2)
-    fill(kafka, topic, 3, 2, b"new", NEW_TS)
+    topic = counting.new_topic(2)
+    fill(counting.kafka, topic, 5, 2, b"old", OLD_TS)
+    counting.job(topic).run()
+    counting.kafka.recreate_topic(topic, 2)
+    fill(counting.kafka, topic, 3, 2, b"new", NEW_TS)
     result = txstore(
-        "reset", "--job", "count_topic", "--topic", topic, "--to-earliest", url=database_url, kafka=kafka
+        "reset",
+        "--job",
+        "count_topic",
+        "--topic",
+        topic,
+        "--to-earliest",
+        url=counting.database_url,
+        kafka=counting.kafka,
     )
     assert result.stdout.splitlines()[1:3] == [
         f"  {topic}/{p}: 5 -> 0, new generation 1 (stored offset 5 is beyond the log end 3); "
@@ -207,11 +202,11 @@ def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_
         "--partition",
         "0",
         "--execute",
-        url=database_url,
-        kafka=kafka,
+        url=counting.database_url,
+        kafka=counting.kafka,
     )
     assert result.returncode == 0, result.stderr
-    assert db.execute("SELECT part, off, generation FROM txn_offsets ORDER BY part").fetchall() == [
+    assert counting.db.execute("SELECT part, off, generation FROM txn_offsets ORDER BY part").fetchall() == [
         (0, 3, 1),
         (1, 5, 0),
     ]

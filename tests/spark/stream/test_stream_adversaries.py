@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.helpers.counting import assert_counted_exactly, offsets, totals
-from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink, stream
+from tests.helpers.counting import Counting, assert_counted_exactly, offsets, totals
+from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import (
     Delivery,
@@ -211,56 +211,48 @@ def test_a_self_union_is_refused_before_anything_is_committed(
 
 
 def test_a_union_with_another_jobs_source_moves_neither_job(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
     """Job A's sink handed job B's messages too: refused; neither job's offsets move, so following
     any advice cannot count B's messages twice."""
     import txstore
 
-    txstore.register(spark)
-    mine, theirs = new_topic(1), new_topic(1)
-    produce(kafka.bootstrap_servers, mine, {0: 5})
-    produce(kafka.bootstrap_servers, theirs, {0: 7})
-    a = stream(spark, kafka, database_url, mine).select(*KEEP)
-    b = stream(spark, kafka, database_url, theirs, job="other_job").select(*KEEP)
-    query = sink(a.union(b), database_url, tmp_path / "chk").trigger(availableNow=True).start()
+    txstore.register(counting.spark)
+    mine, theirs = counting.new_topic(1), counting.new_topic(1)
+    counting.produce(mine, {0: 5})
+    counting.produce(theirs, {0: 7})
+    a = counting.stream(mine).select(*KEEP)
+    b = counting.stream(theirs, job="other_job").select(*KEEP)
+    query = sink(a.union(b), counting.database_url, tmp_path / "chk").trigger(availableNow=True).start()
     with pytest.raises(Exception) as e:
         query.awaitTermination(120)
     assert f"rows of topic '{theirs}' partition 0 offsets 0..6, outside this micro-batch's range none" in str(
         e.value
     )
-    assert totals(db, mine, job=JOB) == {mine: 0}
-    assert set(offsets(db, mine, job=JOB).values()) <= {0}
-    assert set(offsets(db, theirs, job="other_job").values()) <= {0}
+    assert counting.totals(mine, job=JOB) == {mine: 0}
+    assert set(counting.offsets(mine, job=JOB).values()) <= {0}
+    assert set(counting.offsets(theirs, job="other_job").values()) <= {0}
 
 
 def test_a_union_of_two_sources_of_the_same_job_says_what_is_wrong(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
     import txstore
 
-    txstore.register(spark)
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3})
-    a = stream(spark, kafka, database_url, topic)
-    b = stream(spark, kafka, database_url, topic)
-    query = sink(a.union(b), database_url, tmp_path / "chk").trigger(availableNow=True).start()
+    txstore.register(counting.spark)
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 3})
+    a = counting.stream(topic)
+    b = counting.stream(topic)
+    query = sink(a.union(b), counting.database_url, tmp_path / "chk").trigger(availableNow=True).start()
     with pytest.raises(Exception) as e:
         query.awaitTermination(120)
     line = str(e.value)
     assert "another readStream.format('txstore') of this job in this Spark application" in line
     assert "a union or join of two sources of the same job" in line
-    assert totals(db, topic, job=JOB) == {topic: 0}
+    assert counting.totals(topic, job=JOB) == {topic: 0}
 
 
 def test_a_filter_and_a_repartition_count_what_they_keep_and_move_the_whole_range(
@@ -338,11 +330,7 @@ def test_rows_without_their_partition_and_offset_are_refused_before_anything_is_
 
 
 def test_a_rate_source_never_commits_the_plan_a_failed_query_left(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
     """Job J's query fails in its sink's commit after reading: its plan stays in
@@ -350,30 +338,39 @@ def test_a_rate_source_never_commits_the_plan_a_failed_query_left(
     commit it (offsets moved, nothing counted, the messages lost)."""
     import txstore
 
-    txstore.register(spark)
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 6})
+    txstore.register(counting.spark)
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 6})
     with pytest.raises(QueryFailed):
-        run_available_now(spark, kafka, database_url, topic, tmp_path / "a", failpoints="before-commit")
-    assert set(offsets(db, topic, job=JOB).values()) == {0}
+        run_available_now(
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
+            topic,
+            tmp_path / "a",
+            failpoints="before-commit",
+        )
+    assert set(counting.offsets(topic, job=JOB).values()) == {0}
     rate = (
-        spark.readStream.format("rate")
+        counting.spark.readStream.format("rate")
         .option("rowsPerSecond", "5")
         .load()
         .selectExpr(f"'{topic}' AS topic", "0 AS partition", "value AS offset")
     )
-    query = sink(rate, database_url, tmp_path / "b").trigger(processingTime="200 milliseconds").start()
+    query = (
+        sink(rate, counting.database_url, tmp_path / "b").trigger(processingTime="200 milliseconds").start()
+    )
     try:
         with pytest.raises(Exception) as e:
             query.awaitTermination(120)
     finally:
         query.stop()
     assert "was not read by this micro-batch" in str(e.value) or "outside this micro-batch" in str(e.value)
-    assert set(offsets(db, topic, job=JOB).values()) == {0}
-    assert totals(db, topic, job=JOB) == {topic: 0}
+    assert set(counting.offsets(topic, job=JOB).values()) == {0}
+    assert counting.totals(topic, job=JOB) == {topic: 0}
     # the job's own query then counts everything once
-    run_available_now(spark, kafka, database_url, topic, tmp_path / "a")
-    assert_counted_exactly(db, kafka, topic, 6, job=JOB)
+    run_available_now(counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "a")
+    counting.assert_counted_exactly(topic, 6, job=JOB)
 
 
 def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_its_offsets_stops_it(

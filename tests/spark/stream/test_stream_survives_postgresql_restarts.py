@@ -20,7 +20,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.helpers.counting import assert_counted_exactly, log_ends, offsets, totals
+from tests.helpers.counting import Counting, assert_counted_exactly, totals
 from tests.helpers.local import free_port
 from tests.helpers.private_postgres import restartable_postgres, url
 from tests.helpers.streams import JOB, counting_planner, sink, stream
@@ -182,39 +182,35 @@ def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_
 
 
 def test_ending_the_querys_postgresql_sessions_between_micro_batches_costs_a_pause_not_the_query(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
     """pg_terminate_backend of the source's planning session (the stream lock's holder) and of
     every other session of the query (the sink's kept connection), twice: the query goes on,
     holds its stream lock again, and counts each message once."""
-    txstore.register(spark)
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 3})
-    query = running_query(spark, kafka, database_url, topic, tmp_path / "chk")
+    txstore.register(counting.spark)
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 7, 1: 3})
+    query = running_query(counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "chk")
     try:
         query.processAllAvailable()
-        assert totals(db, topic, job=JOB) == {topic: 10}
+        assert counting.totals(topic, job=JOB) == {topic: 10}
         for round_, more in enumerate(({0: 4, 1: 2}, {1: 5})):
-            (planner,) = stream_lock_holders(db)
-            ended = db.execute(
+            (planner,) = stream_lock_holders(counting.db)
+            ended = counting.db.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             ).fetchone()
             assert ended is not None and ended[0] >= 2, ended  # the planner's and the sink's, at least
-            produce(kafka.bootstrap_servers, topic, more)
+            counting.produce(topic, more)
             query.processAllAvailable()
             assert query.isActive, round_
-            holders = stream_lock_holders(db)
+            holders = stream_lock_holders(counting.db)
             assert len(holders) == 1 and holders != [planner]  # a new session holds the lock again
-        assert totals(db, topic, job=JOB) == {topic: 21}
+        assert counting.totals(topic, job=JOB) == {topic: 21}
     finally:
         query.stop()
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
 
 
 def test_a_postgresql_restart_under_a_running_query_costs_a_pause_not_the_query(

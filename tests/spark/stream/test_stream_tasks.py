@@ -19,7 +19,7 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.helpers.counting import assert_counted_exactly, offsets, totals
+from tests.helpers.counting import Counting, assert_counted_exactly, offsets
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
@@ -187,53 +187,45 @@ def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_ex
 
 
 def test_a_retried_task_reads_exactly_its_planned_ranges_again(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
     """Each task's first attempt fails after reading its first range (a fail point); Spark
     retries it (local[2,4]) and the retry reads the task's ranges, fixed at planning, again:
     the counts are exact, a row per planned range, the offsets the plan's ends."""
-    txstore.register(spark)
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 11, 1: 22, 2: 33, 3: 44})
+    txstore.register(counting.spark)
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 11, 1: 22, 2: 33, 3: 44})
     query = run_available_now(
-        spark,
-        kafka,
-        database_url,
+        counting.spark,
+        counting.kafka,
+        counting.database_url,
         topic,
         tmp_path / "chk",
         **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range@first"},
     )
-    assert_counted_exactly(db, kafka, topic, 110, job=JOB)
+    counting.assert_counted_exactly(topic, 110, job=JOB)
     assert [p.numInputRows for p in query.recentProgress if p.numInputRows > 0] == [4]
-    (stage,) = [s for s in _data_stages(spark, query) if s.numTasks > 0]
+    (stage,) = [s for s in _data_stages(counting.spark, query) if s.numTasks > 0]
     assert (stage.numTasks, stage.numCompletedTasks, stage.numFailedTasks) == (2, 2, 2)
 
 
 def test_a_task_that_keeps_failing_stops_the_query_and_commits_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
-    txstore.register(spark)
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 1, 1: 2, 2: 3, 3: 4})
+    txstore.register(counting.spark)
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 1, 1: 2, 2: 3, 3: 4})
     with pytest.raises(QueryFailed) as e:
         run_available_now(
-            spark,
-            kafka,
-            database_url,
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
             topic,
             tmp_path / "chk",
             **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range"},
         )
     assert "fail point after-first-range" in str(e.value)
-    assert totals(db, topic, job=JOB) == {topic: 0}  # the start rows only: nothing counted
-    assert offsets(db, topic, job=JOB) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert counting.totals(topic, job=JOB) == {topic: 0}  # the start rows only: nothing counted
+    assert counting.offsets(topic, job=JOB) == {0: 0, 1: 0, 2: 0, 3: 0}

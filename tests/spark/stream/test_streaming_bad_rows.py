@@ -26,7 +26,7 @@ import pytest
 import txstore
 from tests.conftest import send
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import log_ends, offsets
+from tests.helpers.counting import Counting, log_ends, offsets
 from tests.helpers.streams import JOB, QueryFailed, run_available_now
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
@@ -304,22 +304,18 @@ def test_skip_stops_in_one_line_past_the_batch_jobs_bound_and_records_nothing(
 
 
 def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
     tmp_path: Path,
 ) -> None:
-    txstore.register(spark)
-    create_orders(db)
-    topic = new_topic(1)
-    produce(kafka, topic, {0: [(b"fr", GOOD_VALUE)]})
+    txstore.register(counting.spark)
+    create_orders(counting.db)
+    topic = counting.new_topic(1)
+    produce(counting.kafka, topic, {0: [(b"fr", GOOD_VALUE)]})
     with pytest.raises(QueryFailed) as e:
         run_available_now(
-            spark,
-            kafka,
-            database_url,
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
             topic,
             tmp_path / "a",
             rows=order_rows,
@@ -328,7 +324,12 @@ def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
     assert "option txstore.onBadMessage must be fail or skip, got 'ignore'" in str(e.value), str(e.value)
     with pytest.raises(QueryFailed) as e:
         run_available_now(
-            spark, kafka, database_url, topic, tmp_path / "b", sink_options={"txstore.onBadMessage": "skip"}
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
+            topic,
+            tmp_path / "b",
+            sink_options={"txstore.onBadMessage": "skip"},
         )
     assert "txstore.onBadMessage skip needs txstore.table" in str(e.value), str(e.value)
-    assert set(offsets(db, topic, job=JOB).values()) <= {0}
+    assert set(counting.offsets(topic, job=JOB).values()) <= {0}
