@@ -266,7 +266,7 @@ def test_a_users_aggregate_raising_on_a_value_is_skipped_per_message_and_the_sum
     s = settings(counting.kafka, counting.database_url, topic, job="summer", on_bad_message="skip")
     with TransactionalJob(counting.spark, s, sum_ints) as job:
         job.run_batch()
-    assert store.topic_counting.totals("summer", [topic]) == {topic: 2 * sum(range(1, 51)) - 8 - 11}
+    assert store.topic_totals(counting.db, "summer", [topic]) == {topic: 2 * sum(range(1, 51)) - 8 - 11}
     assert bad_rows(counting.db, "summer") == [
         (topic, 0, 0, 7, "ValueError: invalid literal for int() with base 10: b'not a number'"),
         (topic, 1, 0, 10, "ValueError: invalid literal for int() with base 10: b''"),
