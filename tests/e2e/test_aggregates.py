@@ -135,8 +135,7 @@ def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions
 
 
 def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_committed(
-    counting: Counting,
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = counting.new_topic(3)
     messages = keyed_messages(random.Random(6), 600, 3)

@@ -95,8 +95,7 @@ def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(coun
 
 
 def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_log_it(
-    counting: Counting,
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = counting.new_topic(3)
     counting.produce(topic, {0: 10, 1: 10, 2: 10})
@@ -111,8 +110,7 @@ def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_
 
 
 def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_succeeds(
-    counting: Counting,
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = counting.new_topic(3)
     counting.produce(topic, {0: 40, 1: 50, 2: 60})
@@ -126,8 +124,7 @@ def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_suc
 
 
 def test_a_task_failing_before_commit_is_retried_and_counts_once(
-    counting: Counting,
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = counting.new_topic(2)
     counting.produce(topic, {0: 11, 1: 12})
@@ -139,9 +136,7 @@ def test_a_task_failing_before_commit_is_retried_and_counts_once(
 
 @pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap"), (25, "overlap")])
 def test_a_gap_or_overlap_found_at_commit_fails_the_batch_and_changes_nothing(
-    counting: Counting,
-    moved_to: int,
-    kind: str,
+    counting: Counting, moved_to: int, kind: str
 ) -> None:
     topic = counting.new_topic(1)
     counting.produce(topic, {0: 10})

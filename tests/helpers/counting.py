@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -88,3 +89,9 @@ class Counting:
         from tests.helpers.streams import stream
 
         return stream(self.spark, self.kafka, self.database_url, topic, **options)
+
+    def run_available_now(self, topic: str, checkpoint: Path, **query: Any) -> Any:
+        """One Trigger.AvailableNow run of ``topic``'s stream into the sink (tests/helpers/streams.py)."""
+        from tests.helpers.streams import run_available_now
+
+        return run_available_now(self.spark, self.kafka, self.database_url, topic, checkpoint, **query)

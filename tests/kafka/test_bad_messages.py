@@ -207,10 +207,7 @@ def test_the_interval_loop_stops_on_a_bad_message_instead_of_retrying(counting: 
     ],
 )
 def test_skip_counts_exactly_the_good_messages_and_records_the_bad_ones_with_the_commit(
-    counting: Counting,
-    commit: str,
-    partitions: int,
-    more: dict[str, Any],
+    counting: Counting, commit: str, partitions: int, more: dict[str, Any]
 ) -> None:
     topic = counting.new_topic(partitions)
     bad = {(0, 0), (0, 2), (0, 29), (2, 15)}  # neighbours, first, last, and alone
@@ -285,8 +282,7 @@ def upper_or_raise(message: Message) -> tuple[bytes | None, bytes | None]:
 
 @pytest.mark.parametrize("on_bad_message", ["fail", "skip"])
 def test_a_transform_raising_on_a_message_fails_with_its_offset_or_skips_it(
-    counting: Counting,
-    on_bad_message: str,
+    counting: Counting, on_bad_message: str
 ) -> None:
     topic = counting.new_topic(1)
     send(counting.kafka.bootstrap_servers, topic, [(0, b"k", v, None) for v in (b"a", b"poison", b"c")])

@@ -52,8 +52,7 @@ def test_retention_loss_stops_the_job_by_default_with_how_many_were_lost(countin
 
 
 def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lost_range(
-    counting: Counting,
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = counting.new_topic(1)
     counting.produce(topic, {0: 3}, value=b"x" * 100_000)
@@ -73,8 +72,7 @@ def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lo
 
 
 def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_appears_in_the_same_batch(
-    counting: Counting,
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic, added = counting.new_topic(1), counting.new_topic(2)
     counting.produce(topic, {0: 3}, value=b"x" * 100_000)
@@ -188,8 +186,7 @@ def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(
 
 
 def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(
-    counting: Counting,
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = counting.new_topic(2)
     counting.produce(topic, {0: 5, 1: 5})

@@ -50,8 +50,7 @@ pytestmark = pytest.mark.spark
     ids=["per-range", "per-batch", "per-batch-pieces"],
 )
 def test_a_recreated_topic_refilled_past_the_stored_offset_stops_the_job_and_counts_nothing(
-    counting: Counting,
-    settings: dict[str, Any],
+    counting: Counting, settings: dict[str, Any]
 ) -> None:
     topic = counting.new_topic(2)
     fill(counting.kafka, topic, 5, 2, b"old", OLD_TS)

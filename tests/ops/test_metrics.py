@@ -123,10 +123,7 @@ def test_ranges_found_already_committed_are_counted_as_conflicts(
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
 @pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap")])
 def test_a_gap_or_overlap_found_at_commit_is_counted_as_a_conflict_and_a_failed_batch(
-    counting: Counting,
-    commit: str,
-    moved_to: int,
-    kind: str,
+    counting: Counting, commit: str, moved_to: int, kind: str
 ) -> None:
     topic = counting.new_topic(1)
     counting.produce(topic, {0: 10})

@@ -60,8 +60,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_message_that_cannot_be_merged_stops_the_job_in_one_line_naming_its_offset(
-    counting: Counting,
-    case: str,
+    counting: Counting, case: str
 ) -> None:
     query, messages, (bad_partition, bad_offset, bad_value), reason = CASES[case]
     words_table(counting.db)
@@ -128,8 +127,7 @@ def test_on_bad_message_skip_records_what_cannot_be_stored_and_merges_the_rest_e
 
 
 def test_a_table_that_refuses_every_row_stops_the_search_and_records_nothing(
-    counting: Counting,
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every message is "bad" (each try is a Spark job): past the limit the search stops and the
     # job says the table or the query is at fault, not skipping the whole topic one by one.

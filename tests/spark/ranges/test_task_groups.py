@@ -65,8 +65,7 @@ def test_a_batch_over_many_partitions_counts_each_range_exactly_once(counting: C
 
 @pytest.mark.spark
 def test_a_task_of_many_ranges_commits_them_in_one_transaction_that_a_retry_recognises(
-    counting: Counting,
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     partitions = 3 * TASKS_PER_CORE * counting.spark.sparkContext.defaultParallelism
     topic = counting.new_topic(partitions)

@@ -210,10 +210,7 @@ def test_a_self_union_is_refused_before_anything_is_committed(
         assert set(offsets(db, topic, job=JOB).values()) <= {0}
 
 
-def test_a_union_with_another_jobs_source_moves_neither_job(
-    counting: Counting,
-    tmp_path: Path,
-) -> None:
+def test_a_union_with_another_jobs_source_moves_neither_job(counting: Counting, tmp_path: Path) -> None:
     """Job A's sink handed job B's messages too: refused; neither job's offsets move, so following
     any advice cannot count B's messages twice."""
     import txstore
@@ -236,8 +233,7 @@ def test_a_union_with_another_jobs_source_moves_neither_job(
 
 
 def test_a_union_of_two_sources_of_the_same_job_says_what_is_wrong(
-    counting: Counting,
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     import txstore
 
@@ -329,10 +325,7 @@ def test_rows_without_their_partition_and_offset_are_refused_before_anything_is_
     assert totals(db, topic, job=JOB) == {topic: 0}
 
 
-def test_a_rate_source_never_commits_the_plan_a_failed_query_left(
-    counting: Counting,
-    tmp_path: Path,
-) -> None:
+def test_a_rate_source_never_commits_the_plan_a_failed_query_left(counting: Counting, tmp_path: Path) -> None:
     """Job J's query fails in its sink's commit after reading: its plan stays in
     txn_stream_plans, read. A ``rate`` source shaped like txstore's rows into J's sink must not
     commit it (offsets moved, nothing counted, the messages lost)."""

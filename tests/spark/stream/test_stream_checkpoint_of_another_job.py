@@ -139,9 +139,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
 
 @pytest.mark.parametrize("count_messages", [False, True], ids=["per-message", "counted"])
 def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read(
-    counting: Counting,
-    tmp_path: Path,
-    count_messages: bool,
+    counting: Counting, tmp_path: Path, count_messages: bool
 ) -> None:
     """Job A's checkpoint copied for new job B (no rows, startingOffsets earliest), then pointed at
     directly: B stops in one line naming the offsets, writes nothing, and leaves A alone. B with a
@@ -192,8 +190,7 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
 
 
 def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
-    counting: Counting,
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """A's checkpoint (topic X) for B reading topic Y, and for B reading X and Y: refused, one
     line each, before anything is read (not as a partition Kafka "no longer has")."""

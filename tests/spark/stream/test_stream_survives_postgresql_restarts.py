@@ -182,8 +182,7 @@ def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_
 
 
 def test_ending_the_querys_postgresql_sessions_between_micro_batches_costs_a_pause_not_the_query(
-    counting: Counting,
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """pg_terminate_backend of the source's planning session (the stream lock's holder) and of
     every other session of the query (the sink's kept connection), twice: the query goes on,

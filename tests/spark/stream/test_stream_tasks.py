@@ -186,10 +186,7 @@ def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_ex
     assert_counted_exactly(db, kafka, topic, 56, job=JOB)
 
 
-def test_a_retried_task_reads_exactly_its_planned_ranges_again(
-    counting: Counting,
-    tmp_path: Path,
-) -> None:
+def test_a_retried_task_reads_exactly_its_planned_ranges_again(counting: Counting, tmp_path: Path) -> None:
     """Each task's first attempt fails after reading its first range (a fail point); Spark
     retries it (local[2,4]) and the retry reads the task's ranges, fixed at planning, again:
     the counts are exact, a row per planned range, the offsets the plan's ends."""
@@ -211,8 +208,7 @@ def test_a_retried_task_reads_exactly_its_planned_ranges_again(
 
 
 def test_a_task_that_keeps_failing_stops_the_query_and_commits_nothing(
-    counting: Counting,
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     txstore.register(counting.spark)
     topic = counting.new_topic(4)

@@ -304,8 +304,7 @@ def test_skip_stops_in_one_line_past_the_batch_jobs_bound_and_records_nothing(
 
 
 def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
-    counting: Counting,
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     txstore.register(counting.spark)
     create_orders(counting.db)
