@@ -29,9 +29,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import produce, send
+from tests.conftest import send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
-from tests.helpers.counting import assert_counted_exactly, log_ends, offsets
+from tests.helpers.counting import BrokerDb, log_ends, offsets
 from tests.helpers.job_processes import JOB, count_topic_args, job_env, run_job
 from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.postgres.test_idempotent_and_outbox import read_topic, stored_messages
@@ -75,47 +75,34 @@ def test_each_task_group_runs_in_its_own_partition_exactly_once(any_spark: Any) 
         assert [p for _, p in reports] == [group_of[r] for r in ranges]
 
 
-def test_per_range_counts_are_exact_over_several_runs(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(4)
+def test_per_range_counts_are_exact_over_several_runs(any_spark: Any, broker_db: BrokerDb) -> None:
+    topic = broker_db.new_topic(4)
     produced = 0
     for counts in ({0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}):
-        produce(kafka.bootstrap_servers, topic, counts)
+        broker_db.produce(topic, counts)
         produced += sum(counts.values())
-        s = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+        s = JobSettings("count_topic", (topic,), broker_db.kafka.bootstrap_servers, broker_db.database_url)
         with TransactionalJob(any_spark, s, count_messages) as job:
             report = job.run_batch()
         assert report.messages == sum(counts.values())
         assert {r.outcome for r in report.ranges} == {COMMITTED}
-        assert_counted_exactly(db, kafka, topic, produced)
+        broker_db.assert_counted_exactly(topic, produced)
 
 
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
-def test_per_key_and_window_counts_are_exact(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    commit: str,
-) -> None:
-    topic = new_topic(2)
+def test_per_key_and_window_counts_are_exact(any_spark: Any, broker_db: BrokerDb, commit: str) -> None:
+    topic = broker_db.new_topic(2)
     messages = keyed_messages(random.Random(11), 1_000, 2)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(broker_db.kafka.bootstrap_servers, topic, messages)
     more = {"min_partitions": 5} if commit == "per-batch" else {}
-    s = settings(kafka, database_url, "both", topic, commit=commit, **more)
+    s = settings(broker_db.kafka, broker_db.database_url, "both", topic, commit=commit, **more)
     with TransactionalJob(any_spark, s, CountMessages(by_key=True, window_ms=MINUTE)) as job:
         report = job.run_batch()
     assert {r.outcome for r in report.ranges} == {COMMITTED}
     if commit == "per-batch":
         assert len(split_ranges([r.range for r in report.ranges], 5)) >= 5
-    assert stored(db, "both", topic) == expected(messages, True, MINUTE)
-    assert offsets(db, topic, "both") == log_ends(kafka, topic)
+    assert stored(broker_db.db, "both", topic) == expected(messages, True, MINUTE)
+    assert broker_db.offsets(topic, "both") == broker_db.log_ends(topic)
 
 
 def test_the_idempotent_sink_stores_every_message_once(
@@ -232,20 +219,16 @@ def test_collected_deltas_keep_keys_windows_grains_and_exact_sums_from_every_par
 
 @pytest.mark.connect
 def test_a_job_process_with_spark_remote_counts_exactly(
-    spark_connect_server: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    spark_connect_server: Any, broker_db: BrokerDb
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 70, 2: 5})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 100, 1: 70, 2: 5})
     result = run_job(
-        *count_topic_args(kafka, database_url, topic, "--once"),
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
         env=job_env(SPARK_REMOTE=spark_connect_server.url),
     )
     assert result.returncode == 0, result.stderr
-    assert_counted_exactly(db, kafka, topic, 175)
+    broker_db.assert_counted_exactly(topic, 175)
 
 
 THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
@@ -258,11 +241,7 @@ THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
     "./dev lowest builds one (.venv-thin) and runs this test",
 )
 def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
-    spark_connect_server: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    spark_connect_server: Any, broker_db: BrokerDb
 ) -> None:
     """``pip install pyspark-client`` (no JVM, no jars): the job's txstore reaches the server's
     Python workers as an artifact (``addArtifacts``), as the README says."""
@@ -273,18 +252,22 @@ def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
     )
     thin = subprocess.run([THIN_CLIENT_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
     assert thin.returncode == 0 and thin.stdout.split()[1] == "False", thin.stdout + thin.stderr
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 70, 2: 5})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 100, 1: 70, 2: 5})
     env = {k: v for k, v in job_env().items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     result = subprocess.run(
-        [THIN_CLIENT_PYTHON, JOB, *count_topic_args(kafka, database_url, topic, "--once")],
+        [
+            THIN_CLIENT_PYTHON,
+            JOB,
+            *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
+        ],
         env={**env, "SPARK_REMOTE": spark_connect_server.url},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert_counted_exactly(db, kafka, topic, 175)
+    broker_db.assert_counted_exactly(topic, 175)
 
 
 def test_a_failing_spark_task_stops_the_batch_with_its_one_line(

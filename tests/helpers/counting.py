@@ -1,5 +1,5 @@
 """count_topic jobs and what they stored: totals, committed offsets and the log ends they should equal;
-``Counting`` (the ``counting`` fixture) holds what such a test takes: Spark, the broker, PostgreSQL."""
+``BrokerDb`` and ``Counting`` (the ``broker_db`` and ``counting`` fixtures) hold what such a test takes."""
 
 from __future__ import annotations
 
@@ -56,18 +56,14 @@ def assert_counted_exactly(
 
 
 @dataclass(frozen=True)
-class Counting:
-    """The ``counting`` fixture: Spark, the mock broker, PostgreSQL (its URL and a connection) and
-    new topics, with the count_topic helpers above bound to them."""
+class BrokerDb:
+    """The ``broker_db`` fixture: the mock broker, PostgreSQL (its URL and a connection) and new
+    topics, with the helpers above bound to them (a job run as its own process needs no Spark here)."""
 
-    spark: Any
     kafka: AnyKafka
     database_url: str
     db: psycopg.Connection
     new_topic: Callable[..., str]
-
-    def job(self, *topics: str, **settings: Any) -> TransactionalJob:
-        return job_for(self.spark, self.kafka, self.database_url, *topics, **settings)
 
     def produce(self, topic: str, counts: dict[int, int], **message: Any) -> None:
         produce(self.kafka.bootstrap_servers, topic, counts, **message)
@@ -83,6 +79,17 @@ class Counting:
 
     def assert_counted_exactly(self, topic: str, total: int, job: str = "count_topic") -> None:
         assert_counted_exactly(self.db, self.kafka, topic, total, job)
+
+
+@dataclass(frozen=True)
+class Counting(BrokerDb):
+    """The ``counting`` fixture (and ``streaming``, on its ``session``): ``broker_db`` with Spark,
+    and count_topic jobs and streaming queries on it."""
+
+    spark: Any
+
+    def job(self, *topics: str, **settings: Any) -> TransactionalJob:
+        return job_for(self.spark, self.kafka, self.database_url, *topics, **settings)
 
     def stream(self, topic: str, **options: str) -> Any:
         """A streaming DataFrame of ``topic`` (tests/helpers/streams.py's ``stream``)."""

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
-from tests.helpers.counting import Counting, log_ends, offsets
+from tests.helpers.counting import BrokerDb, Counting, log_ends, offsets
 from tests.helpers.job_processes import count_topic_args, job_env
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
@@ -567,25 +567,19 @@ def test_the_aggregate_command_exits_2_with_a_line_per_problem_and_writes_nothin
 
 
 @pytest.mark.connect
-def test_sql_results_merge_exactly_under_spark_connect(
-    spark_connect: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(2)
+def test_sql_results_merge_exactly_under_spark_connect(spark_connect: Any, broker_db: BrokerDb) -> None:
+    broker_db.db.execute(SALES.format(name="sales"))
+    topic = broker_db.new_topic(2)
     rng = random.Random(21)
-    s = settings(kafka, database_url, "sales", topic)
+    s = settings(broker_db.kafka, broker_db.database_url, "sales", topic)
     runs: list[list[Sale]] = []
     for run in range(2):
         orders = sales(rng, 300, run)
-        send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        send(broker_db.kafka.bootstrap_servers, topic, to_messages(orders, 2))
         runs.append(orders)
         assert run_once(spark_connect, s, sales_table()) == {COMMITTED}
-        assert stored_sales(db) == expected_sales(runs)
-        assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+        assert stored_sales(broker_db.db) == expected_sales(runs)
+        assert broker_db.offsets(topic, "sales") == broker_db.log_ends(topic)
 
 
 @pytest.mark.parametrize("problem", ["unreadable", "empty"])

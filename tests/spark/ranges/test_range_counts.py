@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import produce_in_transactions, send
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, totals
 from txstore import ResultsTable, TransactionalJob
 from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings
@@ -131,19 +131,18 @@ def dataframe_job(spark: Any, kafka: MockKafkaCluster, url: str, topic: str, job
 @pytest.mark.spark
 @pytest.mark.parametrize("case", list(QUERIES))
 def test_each_range_reports_its_messages_once_whatever_the_query_does(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    case: str,
+    any_spark: Any, broker_db: BrokerDb, case: str
 ) -> None:
     query, times = QUERIES[case]
-    topic = new_topic(2)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=6, partitions=2)
-    ends = log_ends(kafka, topic)
+    topic = broker_db.new_topic(2)
+    produce_in_transactions(
+        broker_db.kafka.bootstrap_servers, topic, transactions=4, per_transaction=6, partitions=2
+    )
+    ends = broker_db.log_ends(topic)
     assert ends == {0: 16, 1: 16}  # 12 messages and 4 markers each
-    report = dataframe_job(any_spark, kafka, database_url, topic, "twice", query).run_batch()
+    report = dataframe_job(
+        any_spark, broker_db.kafka, broker_db.database_url, topic, "twice", query
+    ).run_batch()
     # A Spark Connect client older than PySpark 4.2 cannot send one observation in two branches
     # of a plan: there nothing is observed (the query still runs) and the spans are reported.
     messages = 12 if not is_connect(any_spark) or observations_merge() else 16
@@ -151,8 +150,8 @@ def test_each_range_reports_its_messages_once_whatever_the_query_does(
         (0, 16, messages),
         (1, 16, messages),
     ]
-    assert totals(db, topic, job="twice") == {topic: 24 * times}
-    assert offsets(db, topic, "twice") == ends
+    assert broker_db.totals(topic, job="twice") == {topic: 24 * times}
+    assert broker_db.offsets(topic, "twice") == ends
 
 
 @pytest.mark.spark

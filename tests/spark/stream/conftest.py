@@ -33,4 +33,4 @@ def streaming(
 ) -> Counting:
     """``counting`` (tests/conftest.py) on ``session``: ``streaming.run_available_now(topic, checkpoint)``,
     ``streaming.stream(topic)``, ``streaming.assert_counted_exactly(topic, 3, job=JOB)``."""
-    return Counting(session, kafka, database_url, db, new_topic)
+    return Counting(kafka, database_url, db, new_topic, spark=session)

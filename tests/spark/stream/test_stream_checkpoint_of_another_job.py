@@ -10,7 +10,6 @@ does not read must not be in the checkpoint. Real Spark, real PostgreSQL, the mo
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,10 @@ import psycopg
 import pytest
 
 import txstore
-from tests.conftest import produce
-from tests.helpers.counting import Counting
+from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
 from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -90,23 +87,20 @@ def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
 
 
 def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_and_another_start_is_not(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    broker_db: BrokerDb,
 ) -> None:
     """The source's planning as Spark calls it, without Spark. startingOffsets latest: the start
     is the log end when the query takes its initial offset, stored then (as count_topic stores
     its start); the first micro-batch, planned after more messages came, starts there and is the
     job's. A start that is not where a job would start is refused before its rows are made."""
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 2})
-    reader = counting_planner(kafka, database_url, topic, A, startingOffsets="latest")
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 5, 1: 2})
+    reader = counting_planner(broker_db.kafka, broker_db.database_url, topic, A, startingOffsets="latest")
     try:
         start = reader.initialOffset()
         assert start == {topic: {"0": 5, "1": 2}}
-        assert rows(db, A) == [(topic, 0, 5, 0), (topic, 1, 2, 0)]
-        produce(kafka.bootstrap_servers, topic, {0: 3})
+        assert rows(broker_db.db, A) == [(topic, 0, 5, 0), (topic, 1, 2, 0)]
+        broker_db.produce(topic, {0: 3})
         end = reader.latestOffset(start, None)
         assert end == {topic: {"0": 8, "1": 2}}
         ranges = [
@@ -118,7 +112,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
     finally:
         reader.stop()
 
-    other = counting_planner(kafka, database_url, topic, B, startingOffsets="latest")
+    other = counting_planner(broker_db.kafka, broker_db.database_url, topic, B, startingOffsets="latest")
     try:
         with pytest.raises(
             ForeignCheckpoint,
@@ -131,7 +125,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
             other.latestOffset(start, None)
     finally:
         other.stop()
-    assert rows(db, B) == []
+    assert rows(broker_db.db, B) == []
 
 
 # -- real queries --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 import txstore
 from tests.conftest import produce, produce_in_transactions, send
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import Counting, assert_counted_exactly, log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, Counting, log_ends, offsets, totals
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
@@ -348,53 +348,42 @@ def test_a_source_that_counts_its_messages_commits_the_counts_a_row_per_message_
 
 @pytest.mark.parametrize("count_messages", ["true", "false"])
 def test_min_partitions_reads_a_partition_s_range_in_several_tasks_and_counts_each_message_once(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-    count_messages: str,
+    any_spark: Any, broker_db: BrokerDb, tmp_path: Path, count_messages: str
 ) -> None:
     """minPartitions 4 on one partition with transactions: 4 reading tasks a micro-batch, each a
     piece of the range (markers included), committed as the whole range, once. On classic Spark
     and through a Spark Connect client (the source and sink on its server)."""
     spark = any_spark
     txstore.register(spark)
-    topic = new_topic(1)
+    topic = broker_db.new_topic(1)
     checkpoint = tmp_path / "chk"
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=7, partitions=1)
+    produce_in_transactions(
+        broker_db.kafka.bootstrap_servers, topic, transactions=3, per_transaction=7, partitions=1
+    )
     options = {"minPartitions": "4", "txstore.countMessages": count_messages}
-    query = run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
-    assert totals(db, topic, job=JOB) == {topic: 21}
+    query = run_available_now(spark, broker_db.kafka, broker_db.database_url, topic, checkpoint, **options)
+    assert broker_db.totals(topic, job=JOB) == {topic: 21}
     if count_messages == "true":
         # The source's own numInputRows (its only source's): a Spark Connect client's progress
         # leaves out the query's total (None there; PySpark 4.3, any source, e.g. rate).
         rows = [p["sources"][0]["numInputRows"] for p in query.recentProgress]
         assert [n for n in rows if n > 0] == [4]  # a row a piece
-    produce(kafka.bootstrap_servers, topic, {0: 9})
-    run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
-    assert_counted_exactly(db, kafka, topic, 30, job=JOB)
+    broker_db.produce(topic, {0: 9})
+    run_available_now(spark, broker_db.kafka, broker_db.database_url, topic, checkpoint, **options)
+    broker_db.assert_counted_exactly(topic, 30, job=JOB)
 
 
 @pytest.mark.connect
-def test_stream_through_spark_connect(
-    spark_connect: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
+def test_stream_through_spark_connect(spark_connect: Any, broker_db: BrokerDb, tmp_path: Path) -> None:
     """The same query from a Spark Connect client: source and sink run on the server."""
     txstore.register(spark_connect)
-    topic = new_topic(2)
+    topic = broker_db.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 2})
-    run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
-    produce(kafka.bootstrap_servers, topic, {1: 4})
-    run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
-    assert_counted_exactly(db, kafka, topic, 13, job=JOB)
+    broker_db.produce(topic, {0: 7, 1: 2})
+    run_available_now(spark_connect, broker_db.kafka, broker_db.database_url, topic, checkpoint)
+    broker_db.produce(topic, {1: 4})
+    run_available_now(spark_connect, broker_db.kafka, broker_db.database_url, topic, checkpoint)
+    broker_db.assert_counted_exactly(topic, 13, job=JOB)
 
 
 def test_sink_process_killed_after_its_commit_replays_the_batch_once(
