@@ -45,10 +45,7 @@ def amount_text(rng: random.Random) -> str:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
-def test_sums_of_34_digit_amounts_are_exact_when_ranges_share_tasks(
-    commit: str,
-    counting: Counting,
-) -> None:
+def test_sums_of_34_digit_amounts_are_exact_when_ranges_share_tasks(commit: str, counting: Counting) -> None:
     # 12 partitions on 2 cores: ranges share tasks (per-range) or are summed by a shuffle (per-batch).
     partitions = 12
     topic = counting.new_topic(partitions)

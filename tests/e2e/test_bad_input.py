@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
-from tests.helpers.counting import Counting, job_for, log_ends, offsets, totals
+from tests.helpers.counting import Counting
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
 from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
@@ -354,18 +354,14 @@ def test_a_java_client_only_kafka_option_is_refused_naming_the_pem_settings_libr
 
 
 def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exactly(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(2)
+    topic = counting.new_topic(2)
     one_mib = bytes(range(256)) * 4096  # 1 MiB, mostly not UTF-8
     assert len(one_mib) == 1 << 20
     producer = Producer(
         {
-            "bootstrap.servers": kafka.bootstrap_servers,
+            "bootstrap.servers": counting.kafka.bootstrap_servers,
             "message.max.bytes": 4 << 20,
             "enable.idempotence": True,
         }
@@ -391,10 +387,10 @@ def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exa
         producer.produce(topic, value=value, key=key, partition=1, on_delivery=on_delivery)
     assert producer.flush(60) == 0 and not failed, failed
 
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    report = counting.job(topic).run_batch()
     assert report.messages == 103
-    assert totals(db, topic) == {topic: 103}
-    assert offsets(db, topic) == log_ends(kafka, topic) == {0: 3, 1: 100}
+    assert counting.totals(topic) == {topic: 103}
+    assert counting.offsets(topic) == counting.log_ends(topic) == {0: 3, 1: 100}
 
 
 @pytest.mark.parametrize("password", ["se@cret", "a@b@c"])

@@ -31,7 +31,7 @@ import pytest
 
 from tests.conftest import send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
-from tests.helpers.counting import BrokerDb, log_ends, offsets
+from tests.helpers.counting import BrokerDb
 from tests.helpers.job_processes import JOB, count_topic_args, job_env, run_job
 from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.postgres.test_idempotent_and_outbox import read_topic, stored_messages
@@ -147,16 +147,11 @@ def test_committed_results_are_published_through_the_outbox(
 
 @pytest.mark.parametrize("read_columns", [None, ("timestamp", "key", "topic")])
 def test_a_dataframe_aggregate_commits_exact_counts(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    read_columns: tuple[str, ...] | None,
+    any_spark: Any, broker_db: BrokerDb, read_columns: tuple[str, ...] | None
 ) -> None:
-    topic = new_topic(3)
+    topic = broker_db.new_topic(3)
     messages = keyed_messages(random.Random(8), 600, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(broker_db.kafka.bootstrap_servers, topic, messages)
 
     def per_key_and_minute(frame: Any) -> Any:
         # SQL text, not pyspark.sql.functions: those choose classic or Connect by the environment
@@ -168,7 +163,7 @@ def test_a_dataframe_aggregate_commits_exact_counts(
             .withColumnRenamed("count", "metric")
         )
 
-    s = settings(kafka, database_url, "frames", topic)
+    s = settings(broker_db.kafka, broker_db.database_url, "frames", topic)
     with TransactionalJob(
         any_spark, s, dataframe_aggregate=per_key_and_minute, read_columns=read_columns
     ) as job:
@@ -177,9 +172,9 @@ def test_a_dataframe_aggregate_commits_exact_counts(
         assert job.read_columns == (read_columns or ("key", "topic", "timestamp"))
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total
-    assert stored(db, "frames", topic) == want
-    assert offsets(db, topic, "frames") == log_ends(kafka, topic)
-    assert read_ranges(any_spark, [], {"bootstrap.servers": kafka.bootstrap_servers}).count() == 0
+    assert stored(broker_db.db, "frames", topic) == want
+    assert broker_db.offsets(topic, "frames") == broker_db.log_ends(topic)
+    assert read_ranges(any_spark, [], {"bootstrap.servers": broker_db.kafka.bootstrap_servers}).count() == 0
 
 
 def test_collected_deltas_keep_keys_windows_grains_and_exact_sums_from_every_partition(

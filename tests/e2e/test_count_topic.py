@@ -24,7 +24,6 @@ from txstore.count_topic import count_messages
 from txstore.job import BatchReport, JobSettings, TransactionalJob
 from txstore.kafka.client import fetch_watermarks
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -182,25 +181,25 @@ def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(counti
 
 
 def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_offset(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5, 2: 6, 3: 7})
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 5, 1: 5, 2: 6, 3: 7})
     visible = {"partitions": 2}  # the metadata the running job sees: 2 partitions, later 4
 
     def metadata(conf: Any, topics: Any) -> list[Any]:
         return [w for w in fetch_watermarks(conf, topics) if w.partition < visible["partitions"]]
 
     settings = JobSettings(
-        "count_topic", (topic,), kafka.bootstrap_servers, database_url, parse_starting_offsets("latest")
+        "count_topic",
+        (topic,),
+        counting.kafka.bootstrap_servers,
+        counting.database_url,
+        parse_starting_offsets("latest"),
     )
-    with TransactionalJob(spark, settings, count_messages, watermarks=metadata) as job:
+    with TransactionalJob(counting.spark, settings, count_messages, watermarks=metadata) as job:
         assert job.run_batch().ranges == ()  # first run: starts at latest
-        produce(kafka.bootstrap_servers, topic, {0: 1})
+        counting.produce(topic, {0: 1})
         job.run_batch()
         visible["partitions"] = 4  # partitions 2 and 3 "appear"
         report = job.run_batch()
@@ -208,40 +207,38 @@ def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_of
         (2, 0, 6),
         (3, 0, 7),
     ]
-    assert_counted_exactly(db, kafka, topic, 1 + 6 + 7)
+    counting.assert_counted_exactly(topic, 1 + 6 + 7)
 
 
 def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_again(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """A late task of an earlier failed batch, or a second instance, commits part of a planned
     range: the range is refused as an overlap, and ``--once`` plans again from the stored offset."""
     from txstore.core.results import TOPIC_TOTAL
     from txstore.postgres.sink import TransactionalSink
 
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 40})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    produce(kafka.bootstrap_servers, topic, {0: 60})
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 40})
+    counting.job(topic).run_batch()
+    counting.produce(topic, {0: 60})
     interfered: list[bool] = []
 
     def watermarks_then_another_writer(conf: Any, topics: Any) -> list[Any]:
         # Offsets were read just before this: the other writer commits in between.
         if not interfered:
             interfered.append(True)
-            with psycopg.connect(database_url) as conn:
+            with psycopg.connect(counting.database_url) as conn:
                 TransactionalSink(conn, "count_topic").commit(
                     OffsetRange(topic, 0, 40, 55), {TOPIC_TOTAL: 15}
                 )
         return fetch_watermarks(conf, topics)
 
-    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
-    with TransactionalJob(spark, settings, count_messages, watermarks=watermarks_then_another_writer) as job:
+    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
+    with TransactionalJob(
+        counting.spark, settings, count_messages, watermarks=watermarks_then_another_writer
+    ) as job:
         job.run()  # --once
         assert job.batches == 2
     assert interfered == [True]
-    assert_counted_exactly(db, kafka, topic, 100)
+    counting.assert_counted_exactly(topic, 100)

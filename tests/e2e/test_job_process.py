@@ -231,15 +231,11 @@ def assert_stopped_now(job: subprocess.Popen[str], spark: set[int]) -> None:
 
 
 def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 5})
-    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
+    topic = broker_db.new_topic(1)
+    broker_db.produce(topic, {0: 5})
+    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
     # Spark starts lazily, in the first batch with data: signal as soon as its JVM exists.
     assert wait_for(
         lambda: job.poll() is not None or any("java" in command_line(p) for p in descendants(job.pid)), 60
@@ -250,31 +246,29 @@ def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
     assert any("java" in command_line(p) for p in spark), "the JVM was not starting any more"
     job.send_signal(signal.SIGINT)
     assert_stopped_now(job, spark)
-    assert totals(db, topic)[topic] in (0, 5)  # nothing or the whole batch, never part or twice
-    again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert broker_db.totals(topic)[topic] in (0, 5)  # nothing or the whole batch, never part or twice
+    again = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
     assert again.returncode == 0, again.stderr
-    assert totals(db, topic) == {topic: 5}
+    assert broker_db.totals(topic) == {topic: 5}
 
 
 def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_counts(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20})
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 30, 1: 20})
     # The tasks stall before COMMIT, their transactions open, while the driver waits in Spark.
     env_job = job_env(TXSTORE_FAILPOINTS="before-commit:sleep=60")
-    job = start_job_process(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"), env=env_job)
+    job = start_job_process(
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"), env=env_job
+    )
     try:
         workers = lambda: [p for p in descendants(job.pid) if "pyspark" in command_line(p)]  # noqa: E731
 
         def stalled() -> bool:
             # A task's commit, stalled after its conditional offset update: not any transaction
             # (the driver's planning is briefly idle in one too, before a task has started).
-            with psycopg.connect(database_url, autocommit=True) as conn:
+            with psycopg.connect(broker_db.database_url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
                     " AND datname = current_database() AND query LIKE '%UPDATE txn_offsets o SET off%'"
@@ -291,10 +285,10 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
         assert_stopped_now(job, spark)
     finally:
         kill_group(job)
-    assert totals(db, topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
-    again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert broker_db.totals(topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
+    again = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
     assert again.returncode == 0, again.stderr
-    assert_counted_exactly(db, kafka, topic, 50)
+    broker_db.assert_counted_exactly(topic, 50)
 
 
 def test_one_ctrl_c_just_after_spark_started_lets_the_batch_finish_without_a_traceback(

@@ -254,34 +254,28 @@ def test_a_recreated_topic_is_known_by_its_topic_id_even_with_the_same_messages(
     assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
 
 
-def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(counting: Counting) -> None:
     """DataFrame aggregates verify the last message recorded by an earlier (plain Python) run."""
     from pyspark.sql import functions as F
 
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic).run()
-    kafka.recreate_topic(topic, 1)
-    fill(kafka, topic, 8, 1, b"new", NEW_TS)
-    before = snapshot(db)
-    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+    topic = counting.new_topic(1)
+    fill(counting.kafka, topic, 5, 1, b"old", OLD_TS)
+    counting.job(topic).run()
+    counting.kafka.recreate_topic(topic, 1)
+    fill(counting.kafka, topic, 8, 1, b"new", NEW_TS)
+    before = snapshot(counting.db)
+    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
 
     def total(frame: Any) -> Any:
         return frame.groupBy("topic").agg(F.count("*").alias("metric"))
 
     with pytest.raises(BatchFailed) as raised:
-        TransactionalJob(spark, settings, dataframe_aggregate=total).run()
+        TransactionalJob(counting.spark, settings, dataframe_aggregate=total).run()
     assert str(raised.value) == (
         f"job 'count_topic' batch 1 failed: TopicRecreated: {mismatch_line('count_topic', topic, 0, 4)}"
     )
     assert not raised.value.transient
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 def read(kafka: MockKafkaCluster, r: OffsetRange, job: str = "j") -> tuple[list[int], Fingerprint | None]:
@@ -340,30 +334,26 @@ def test_a_broker_without_topic_ids_is_asked_once_and_answers_at_once(
 
 
 def test_a_counted_topic_deleted_and_not_yet_created_again_stops_the_job_saying_so_and_what_to_run(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """A recreation's gap (deleted, not created yet; a real broker's, chaos seed 6101): the job that
     counted the topic is told it does not exist now and may be being recreated, and what to run,
     not to check a --topic it has been counting all along."""
-    topic = new_topic(2)
-    fill(kafka, topic, 3, 2, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic).run()
-    before = snapshot(db)
-    kafka.delete_topic(topic)
+    topic = counting.new_topic(2)
+    fill(counting.kafka, topic, 3, 2, b"old", OLD_TS)
+    counting.job(topic).run()
+    before = snapshot(counting.db)
+    counting.kafka.delete_topic(topic)
     with pytest.raises(UnknownTopic) as raised:
-        job_for(spark, kafka, database_url, topic).run()
+        counting.job(topic).run()
     assert str(raised.value) == (
-        f"job 'count_topic' topic {topic!r} does not exist on Kafka at {kafka.bootstrap_servers} now, "
+        f"job 'count_topic' topic {topic!r} does not exist on Kafka at {counting.kafka.bootstrap_servers} now, "
         "though the job stored offsets for 2 of its partitions: it may be being deleted and recreated. "
         "Run the job again once the topic exists (a recreated topic then stops it in one line naming "
         "the reset to run); if it was deleted for good, forget its offsets: "
         f"txstore reset --job count_topic --topic {topic} --forget --execute"
     )
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 @pytest.mark.parametrize("recreated_by", ["the job", "a reset"])

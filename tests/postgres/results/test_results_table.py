@@ -299,28 +299,26 @@ def totals_of(orders: Sequence[Sale]) -> Stored:
 
 
 def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_anything(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    db.execute(SALES.format(name="sales"))
+    counting.db.execute(SALES.format(name="sales"))
     rng = random.Random(11)
-    topics = [new_topic(2), new_topic(2)]
+    topics = [counting.new_topic(2), counting.new_topic(2)]
     everything: list[Sale] = []
     for run, topic in enumerate(topics):
         orders = sales(rng, 600, run)
-        send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        send(counting.kafka.bootstrap_servers, topic, to_messages(orders, 2))
         everything += orders
     table = ResultsTable("sales", SALES_KEYS, tuple(ORDER_FREE_MERGE.items()))
     errors: list[BaseException] = []
 
     def run(job: str, topic: str) -> None:
         # Small batches: many commits of each job land while the other's are in flight.
-        s = settings(kafka, database_url, job, topic, max_offsets_per_batch=100)
+        s = settings(counting.kafka, counting.database_url, job, topic, max_offsets_per_batch=100)
         try:
-            with TransactionalJob(spark, s, dataframe_aggregate=by_country, results_table=table) as runner:
+            with TransactionalJob(
+                counting.spark, s, dataframe_aggregate=by_country, results_table=table
+            ) as runner:
                 while runner.run_batch().ranges:
                     pass
         except BaseException as e:
@@ -332,9 +330,9 @@ def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_a
     for t in threads:
         t.join(600)
     assert not errors, errors
-    assert stored_sales(db) == totals_of(everything)
+    assert stored_sales(counting.db) == totals_of(everything)
     for i, topic in enumerate(topics):
-        assert offsets(db, topic, f"job{i}") == log_ends(kafka, topic)
+        assert counting.offsets(topic, f"job{i}") == counting.log_ends(topic)
 
 
 def aggregate_args(kafka: AnyKafka, database_url: str, topic: str, *more: str) -> list[str]:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import produce_in_transactions, send
-from tests.helpers.counting import BrokerDb, totals
+from tests.helpers.counting import BrokerDb, Counting
 from txstore import ResultsTable, TransactionalJob
 from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings
@@ -155,32 +155,22 @@ def test_each_range_reports_its_messages_once_whatever_the_query_does(
 
 
 @pytest.mark.spark
-def test_a_query_that_stops_reading_early_reports_the_offsets_it_passed(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(1)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=1)
+def test_a_query_that_stops_reading_early_reports_the_offsets_it_passed(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=1
+    )
     report = dataframe_job(
-        spark, kafka, database_url, topic, "early", lambda f: per_topic(f.limit(3))
+        counting.spark, counting.kafka, counting.database_url, topic, "early", lambda f: per_topic(f.limit(3))
     ).run_batch()
-    assert totals(db, topic, job="early") == {topic: 3}
+    assert counting.totals(topic, job="early") == {topic: 3}
     assert [(r.range.size, r.messages) for r in report.ranges] == [(24, 24)]  # no task read it all
 
 
 @pytest.mark.spark
-def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batch(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batch(counting: Counting) -> None:
     """Both jobs' tasks hand counts to the one accumulator of the SparkContext at once."""
-    topics = {"left": new_topic(2), "right": new_topic(3)}
+    topics = {"left": counting.new_topic(2), "right": counting.new_topic(3)}
     reports: dict[str, list[list[tuple[int, int]]]] = {job: [] for job in topics}
     errors: list[BaseException] = []
 
@@ -188,9 +178,15 @@ def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batc
         try:
             for n in range(batches):
                 produce_in_transactions(
-                    kafka.bootstrap_servers, topics[job], transactions=2, per_transaction=6 + n, partitions=2
+                    counting.kafka.bootstrap_servers,
+                    topics[job],
+                    transactions=2,
+                    per_transaction=6 + n,
+                    partitions=2,
                 )
-                report = dataframe_job(spark, kafka, database_url, topics[job], job, per_topic).run_batch()
+                report = dataframe_job(
+                    counting.spark, counting.kafka, counting.database_url, topics[job], job, per_topic
+                ).run_batch()
                 reports[job].append([(r.range.partition, r.messages) for r in report.ranges])
         except BaseException as e:  # re-raised in the test's thread below
             errors.append(e)
@@ -206,7 +202,7 @@ def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batc
     # third partition gets none: no range).
     for job in topics:
         assert reports[job] == [[(0, 6), (1, 6)], [(0, 8), (1, 6)], [(0, 8), (1, 8)]], job
-        assert totals(db, topics[job], job=job) == {topics[job]: 12 + 14 + 16}
+        assert counting.totals(topics[job], job=job) == {topics[job]: 12 + 14 + 16}
 
 
 @pytest.mark.spark

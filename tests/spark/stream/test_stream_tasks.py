@@ -14,12 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.helpers.counting import Counting, assert_counted_exactly, offsets
+from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
@@ -154,36 +153,36 @@ def _data_stages(spark: Any, query: Any) -> list[Any]:
 @CLASSIC_AND_CONNECT
 @pytest.mark.parametrize("counted", [True, False], ids=["countMessages", "topic-column"])
 def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_exactly(
-    session: Any,
-    counted: bool,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    session: Any, counted: bool, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     """Without txstore.tasks the default is the parallelism register() measured (on Connect
     too); progress still counts a row per range (countMessages) or per message."""
-    topic = new_topic(5)
+    topic = broker_db.new_topic(5)
     checkpoint = tmp_path / "chk"
     options = COUNT if counted else {}
     rows: Callable[[Any], Any] | None = (
         None if counted else (lambda df: df.select("topic", "partition", "offset"))
     )
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 14, 2: 5, 3: 16, 4: 7})
-    query = run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
-    assert_counted_exactly(db, kafka, topic, 45, job=JOB)
+    broker_db.produce(topic, {0: 3, 1: 14, 2: 5, 3: 16, 4: 7})
+    query = run_available_now(
+        session, broker_db.kafka, broker_db.database_url, topic, checkpoint, rows=rows, **options
+    )
+    broker_db.assert_counted_exactly(topic, 45, job=JOB)
     data = [p for p in query.recentProgress if p.numInputRows > 0]
     assert [p.numInputRows for p in data] == ([5] if counted else [45])
     (source,) = data[0].sources  # the progress ends where txstore committed
-    assert {int(p): o for p, o in json.loads(source.endOffset)[topic].items()} == offsets(db, topic, job=JOB)
+    assert {int(p): o for p, o in json.loads(source.endOffset)[topic].items()} == broker_db.offsets(
+        topic, job=JOB
+    )
     if not is_connect(session):
         (stage,) = [s for s in _data_stages(session, query) if s.numTasks > 0]
         assert stage.numTasks == default_parallelism(session) == 2
 
-    produce(kafka.bootstrap_servers, topic, {1: 2, 4: 9})
-    run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
-    assert_counted_exactly(db, kafka, topic, 56, job=JOB)
+    broker_db.produce(topic, {1: 2, 4: 9})
+    run_available_now(
+        session, broker_db.kafka, broker_db.database_url, topic, checkpoint, rows=rows, **options
+    )
+    broker_db.assert_counted_exactly(topic, 56, job=JOB)
 
 
 def test_a_retried_task_reads_exactly_its_planned_ranges_again(counting: Counting, tmp_path: Path) -> None:

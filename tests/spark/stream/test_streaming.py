@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,12 @@ import psycopg
 import pytest
 
 import txstore
-from tests.conftest import produce, produce_in_transactions, send
+from tests.conftest import produce_in_transactions, send
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import BrokerDb, Counting, log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, Counting, offsets
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -219,31 +218,26 @@ def test_a_recreated_topic_stops_the_query_with_count_topics_line(
 
 
 def test_a_topic_deleted_after_the_query_counted_it_stops_it_saying_so_not_check_the_topic(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """Between a recreation's delete and its create the topic is gone: the job counted it, so
     its name is no typo. The query stops with count_topic's line for that (what to run then),
     not the client's "check --topic"."""
-    txstore.register(spark)
-    topic = new_topic(2)
+    txstore.register(counting.spark)
+    topic = counting.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 2})
-    run_available_now(spark, kafka, database_url, topic, checkpoint)
-    kafka.delete_topic(topic)
+    counting.produce(topic, {0: 3, 1: 2})
+    run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
+    counting.kafka.delete_topic(topic)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(spark, kafka, database_url, topic, checkpoint)
+        run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
     assert (
-        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {kafka.bootstrap_servers} now, though the "
+        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {counting.kafka.bootstrap_servers} now, though the "
         "job stored offsets for 2 of its partitions: it may be being deleted and recreated." in str(e.value)
     )
     assert f"txstore reset --job {JOB} --topic {topic} --forget --execute" in str(e.value)
     assert "check --topic" not in str(e.value)
-    assert totals(db, topic, job=JOB) == {topic: 5}
+    assert counting.totals(topic, job=JOB) == {topic: 5}
 
 
 def test_a_partition_added_to_the_topic_between_micro_batches_is_read_from_its_start(
@@ -466,25 +460,17 @@ def sale_messages(n: int, partitions: int, seed: int) -> list[tuple[int, bytes, 
 
 @CLASSIC_AND_CONNECT
 def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_when_replayed(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Per-message rows, aggregated by the sink per micro-batch under the merge rules; a restart,
     more messages, and a micro-batch replayed after its commit change nothing twice."""
-    create_sales(db)
-    topic = new_topic(2)
+    create_sales(streaming.db)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
     first, second = sale_messages(40, 2, 1), sale_messages(25, 2, 2)
 
     def run() -> Any:
-        return run_available_now(
-            session,
-            kafka,
-            database_url,
+        return streaming.run_available_now(
             topic,
             checkpoint,
             rows=sales_rows,
@@ -492,17 +478,17 @@ def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_w
             maxOffsetsPerTrigger="30",
         )
 
-    send(kafka.bootstrap_servers, topic, first)
+    send(streaming.kafka.bootstrap_servers, topic, first)
     run()
     if not ADMISSION_CONTROL:  # PySpark 4.0/4.1: one capped batch per AvailableNow run
         run()
-    assert sales(db) == expected_sales(first)
-    send(kafka.bootstrap_servers, topic, second)
+    assert sales(streaming.db) == expected_sales(first)
+    send(streaming.kafka.bootstrap_servers, topic, second)
     query = run()
-    assert sales(db) == expected_sales(first + second)
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert sales(streaming.db) == expected_sales(first + second)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
     # The rows went to the table, not to txstore's own counts.
-    assert db.execute("SELECT count(*) FROM txn_data WHERE job = %s", (JOB,)).fetchone() == (0,)
+    assert streaming.db.execute("SELECT count(*) FROM txn_data WHERE job = %s", (JOB,)).fetchone() == (0,)
 
     # The crash between the sink's PostgreSQL commit and Spark's commit log: the batch replays.
     last_batch = max(p.batchId for p in query.recentProgress if p.numInputRows > 0)
@@ -511,8 +497,8 @@ def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_w
     again = run()
     replayed = [p for p in again.recentProgress if p.batchId == last_batch]
     assert replayed and replayed[0].numInputRows > 0  # read again, merged once
-    assert sales(db) == expected_sales(first + second)
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert sales(streaming.db) == expected_sales(first + second)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
 
 
 def _nothing_committed(db: psycopg.Connection, topic: str) -> None:
@@ -540,19 +526,14 @@ def test_a_column_that_would_round_the_sums_is_refused_before_anything_is_read(
 
 
 def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_they_double_count(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Update and complete modes hand the sink running totals every micro-batch: merged by sum,
     each message would count again in every later batch. Spark refuses update mode for this
     sink; txstore refuses complete mode, and any rows that are not per message (no offset)."""
-    create_sales(db)
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
+    create_sales(streaming.db)
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
 
     def running_totals(df: Any) -> Any:
         totals = sales_rows(df).groupBy("country").agg({"revenue": "sum", "orders": "sum", "biggest": "max"})
@@ -568,10 +549,7 @@ def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_
     }
     for mode, line in refusals.items():
         with pytest.raises(QueryFailed) as e:
-            run_available_now(
-                session,
-                kafka,
-                database_url,
+            streaming.run_available_now(
                 topic,
                 tmp_path / mode,
                 rows=running_totals,
@@ -579,27 +557,17 @@ def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_
                 output_mode=mode,
             )
         assert line in str(e.value), str(e.value)
-    _nothing_committed(db, topic)
+    _nothing_committed(streaming.db, topic)
 
 
-def test_rows_without_their_message_are_refused_in_one_line(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
+def test_rows_without_their_message_are_refused_in_one_line(streaming: Counting, tmp_path: Path) -> None:
     """Rows that do not say which message they came from (an append-mode aggregation's, say)
     cannot be checked against the micro-batch's ranges: refused at the first micro-batch."""
-    create_sales(db)
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
+    create_sales(streaming.db)
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            session,
-            kafka,
-            database_url,
+        streaming.run_available_now(
             topic,
             tmp_path / "chk",
             rows=lambda df: sales_rows(df).drop("offset"),
@@ -609,26 +577,18 @@ def test_rows_without_their_message_are_refused_in_one_line(
         f"job {JOB}: writeStream.format('txstore') with txstore.table merges each micro-batch's own "
         "rows, one or more per message, and the query's rows have no offset column"
     ) in str(e.value)
-    _nothing_committed(db, topic)
+    _nothing_committed(streaming.db, topic)
 
 
 def test_the_counts_sink_refuses_complete_modes_running_totals_in_one_line(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Complete mode hands the sink every group's running total each micro-batch: counted as
     rows per topic, every message would be counted again in each later batch."""
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 5)
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 5)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            session,
-            kafka,
-            database_url,
+        streaming.run_available_now(
             topic,
             tmp_path / "complete",
             rows=lambda df: df.groupBy("topic").count(),
@@ -638,5 +598,5 @@ def test_the_counts_sink_refuses_complete_modes_running_totals_in_one_line(
         f"job {JOB}: writeStream.format('txstore') counts the rows of each micro-batch and does not take "
         "outputMode('complete')"
     ) in str(e.value), str(e.value)
-    assert set(offsets(db, topic, job=JOB).values()) <= {0}
-    assert sum(totals(db, topic, job=JOB).values()) == 0  # not one message counted
+    assert set(streaming.offsets(topic, job=JOB).values()) <= {0}
+    assert sum(streaming.totals(topic, job=JOB).values()) == 0  # not one message counted
