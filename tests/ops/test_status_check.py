@@ -336,18 +336,32 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
     assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
 
 
+def counted_then_recreated(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    topic: str,
+    was: int,
+    partitions: int,
+    refill: dict[int, int],
+) -> str:
+    """``topic`` of ``was`` partitions, 5 old messages each, counted by count_topic, then deleted and
+    created again with ``partitions`` partitions and ``refill[p]`` new messages in partition ``p``."""
+    fill(kafka, topic, 5, was, b"old", OLD_TS)
+    with job_for(spark, kafka, database_url, topic) as job:
+        job.run_batch()
+    kafka.recreate_topic(topic, partitions)
+    for p, n in refill.items():
+        send(kafka.bootstrap_servers, topic, ((p, b"k", b"new-%d-%d" % (p, i), NEW_TS + i) for i in range(n)))
+    return topic
+
+
 @pytest.mark.spark
 def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(
     spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
 ) -> None:
-    topic = new_topic(2)
-    fill(kafka, topic, 5, 2, b"old", OLD_TS)
-    with job_for(spark, kafka, database_url, topic) as job:
-        job.run_batch()
-    kafka.recreate_topic(topic, 2)
     # Partition 0 refilled past the stored offset (another message at offset 4), partition 1 not as far.
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"new-0-%d" % i, NEW_TS + i) for i in range(8)))
-    send(kafka.bootstrap_servers, topic, ((1, b"k", b"new-1-%d" % i, NEW_TS + i) for i in range(3)))
+    topic = counted_then_recreated(spark, kafka, database_url, new_topic(2), 2, 2, {0: 8, 1: 3})
     result = check(database_url, kafka)
     assert result.returncode == 2, result.stderr
     assert result.stdout.splitlines() == [
@@ -510,13 +524,7 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
 def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(
     spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
 ) -> None:
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    with job_for(spark, kafka, database_url, topic) as job:
-        job.run_batch()
-    kafka.recreate_topic(topic, 3)
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"new-0-%d" % i, NEW_TS + i) for i in range(8)))
-    send(kafka.bootstrap_servers, topic, ((1, b"k", b"new-1-%d" % i, NEW_TS + i) for i in range(3)))
+    topic = counted_then_recreated(spark, kafka, database_url, new_topic(1), 1, 3, {0: 8, 1: 3})
     result = check(database_url, kafka)
     assert result.returncode == 2, result.stderr
     assert result.stdout.splitlines() == [
