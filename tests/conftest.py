@@ -34,6 +34,7 @@ from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 if TYPE_CHECKING:
+    from tests.helpers.counting import BrokerDb, Counting
     from tests.helpers.standalone import Standalone
 
 REPO = Path(__file__).resolve().parent.parent
@@ -286,6 +287,32 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def broker_db(
+    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+) -> BrokerDb:
+    """``counting`` without Spark, for jobs run as their own processes (tests/helpers/counting.py)."""
+    from tests.helpers.counting import BrokerDb
+
+    return BrokerDb(kafka, database_url, db, new_topic)
+
+
+@pytest.fixture
+def counting(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> Counting:
+    """What a count_topic test on the mock broker takes, in one (tests/helpers/counting.py):
+    ``counting.job(topic).run_batch()``, ``counting.produce(topic, {0: 3})``,
+    ``counting.assert_counted_exactly(topic, 3)``."""
+    from tests.helpers.counting import Counting
+
+    return Counting(kafka, database_url, db, new_topic, spark=spark)
 
 
 @pytest.fixture(scope="session")

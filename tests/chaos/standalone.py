@@ -11,23 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-import pyspark
-
 from tests.chaos.procs import TAG_ENV, kill_tagged
+from tests.helpers.local import SPARK_HOME, free_port
 
-SPARK_HOME = Path(pyspark.__file__).parent
 HOSTS = ("localhost", "127.0.0.1")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class StandaloneCluster:

@@ -17,16 +17,15 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import BrokerDb, job_for, log_ends, offsets, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.core.starting import StartingOffsets
 from txstore.options import add_job_options, job_settings
 from txstore.spark.source.datasource import parse_read_options, plan_job_ranges, plan_read_ranges
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 SERVERS = {"kafka.bootstrap.servers": "k:9092"}
 URL = "postgresql://u@127.0.0.1/db"
@@ -214,38 +213,35 @@ def test_two_jobs_splitting_a_topic_s_partitions_count_every_message_once_betwee
 
 @pytest.mark.spark
 def test_a_stream_with_assign_reads_and_commits_only_its_partitions(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    any_spark: Any, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     """On classic Spark and through a Spark Connect client (the source and sink on its server)."""
     spark = any_spark
     txstore.register(spark)
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 5, 2: 6})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 4, 1: 5, 2: 6})
     frame = (
         spark.readStream.format("txstore")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("kafka.bootstrap.servers", broker_db.kafka.bootstrap_servers)
         .option("assign", json.dumps({topic: [0, 2]}))
         .option("txstore.job", "assigned")
-        .option("txstore.databaseUrl", database_url)
+        .option("txstore.databaseUrl", broker_db.database_url)
         .load()
     )
     query = (
         frame.writeStream.format("txstore")
         .option("txstore.job", "assigned")
-        .option("txstore.databaseUrl", database_url)
+        .option("txstore.databaseUrl", broker_db.database_url)
         .option("checkpointLocation", str(tmp_path / "chk"))
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination(120)
     assert query.exception() is None
-    assert offsets(db, topic, job="assigned") == {0: 4, 2: 6}
-    assert totals(db, topic, job="assigned") == {topic: 10}
+    assert broker_db.offsets(topic, job="assigned") == {0: 4, 2: 6}
+    assert broker_db.totals(topic, job="assigned") == {topic: 10}
     # Recorded for txstore status: partition 1 is not this job's to start.
-    shown = txstore_cli("status", "--job", "assigned", "--json", url=database_url, kafka=kafka)
+    shown = txstore_cli(
+        "status", "--job", "assigned", "--json", url=broker_db.database_url, kafka=broker_db.kafka
+    )
     assert [(r["partition"], r["lag"]) for r in json.loads(shown.stdout)] == [(0, 0), (2, 0)], shown.stderr

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from collections.abc import Callable
 from decimal import Context, Decimal, localcontext
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.conftest import REPO, send
 from tests.e2e.test_aggregates import stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import Counting
 from txstore import JobSettings, TransactionalJob
 from txstore.core.results import add_metrics, metric_text
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 
 def load_sum_field() -> Any:
@@ -48,22 +45,15 @@ def amount_text(rng: random.Random) -> str:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
-def test_sums_of_34_digit_amounts_are_exact_when_ranges_share_tasks(
-    commit: str,
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_sums_of_34_digit_amounts_are_exact_when_ranges_share_tasks(commit: str, counting: Counting) -> None:
     # 12 partitions on 2 cores: ranges share tasks (per-range) or are summed by a shuffle (per-batch).
     partitions = 12
-    topic = new_topic(partitions)
+    topic = counting.new_topic(partitions)
     rng = random.Random(5)
     texts = [amount_text(rng) for _ in range(1200)]
     keys = [rng.choice([b"a", b"b", b"c"]) for _ in texts]
     send(
-        kafka.bootstrap_servers,
+        counting.kafka.bootstrap_servers,
         topic,
         (
             (i % partitions, key, b'{"amount": ' + text.encode() + b"}", None)
@@ -75,10 +65,12 @@ def test_sums_of_34_digit_amounts_are_exact_when_ranges_share_tasks(
         want_keys: dict[str, Decimal] = {}
         for key, text in zip(keys, texts, strict=True):
             want_keys[key.decode()] = want_keys.get(key.decode(), Decimal(0)) + Decimal(text)
-    settings = JobSettings("sums", (topic,), kafka.bootstrap_servers, database_url, commit=commit)
-    with TransactionalJob(spark, settings, load_sum_field()("amount")) as job:
+    settings = JobSettings(
+        "sums", (topic,), counting.kafka.bootstrap_servers, counting.database_url, commit=commit
+    )
+    with TransactionalJob(counting.spark, settings, load_sum_field()("amount")) as job:
         job.run_batch()
-    rows = stored(db, "sums", topic)
+    rows = stored(counting.db, "sums", topic)
     assert rows.pop(("topic", None, None)) == want_total
     assert rows == {("key", k, None): v for k, v in want_keys.items()}
-    assert offsets(db, topic, "sums") == log_ends(kafka, topic)
+    assert counting.offsets(topic, "sums") == counting.log_ends(topic)

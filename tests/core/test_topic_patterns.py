@@ -23,11 +23,11 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce, send
-from tests.e2e.test_count_topic import log_ends, offsets, spark_job_count, totals
+from tests.helpers.cli import txstore
+from tests.helpers.counting import log_ends, offsets, spark_job_count, totals
 from tests.helpers.job_processes import JOB, job_env
 from tests.helpers.topics import topic_name
 from tests.ops.test_metrics import scrape
-from tests.ops.test_operator_cli import txstore
 from txstore.core.errors import ConfigError, TopicRecreated, UnknownTopic
 from txstore.core.patterns import (
     compile_topic_pattern,

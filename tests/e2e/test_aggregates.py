@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Outgoing, send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import Counting, log_ends, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FAILPOINTS_ENV
@@ -26,7 +26,6 @@ from txstore.core.windows import window_start
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -135,73 +134,58 @@ def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions
 
 
 def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_committed(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = new_topic(3)
+    topic = counting.new_topic(3)
     messages = keyed_messages(random.Random(6), 600, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(counting.kafka.bootstrap_servers, topic, messages)
     # The driver's first COMMIT lands, then it fails before learning so; it commits again.
     monkeypatch.setenv(FAILPOINTS_ENV, "after-commit@first")
-    s = settings(kafka, database_url, "batch", topic, commit="per-batch")
-    with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+    s = settings(counting.kafka, counting.database_url, "batch", topic, commit="per-batch")
+    with TransactionalJob(counting.spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
-        assert stored(db, "batch", topic) == expected(messages, True, None)
+        assert stored(counting.db, "batch", topic) == expected(messages, True, None)
         monkeypatch.delenv(FAILPOINTS_ENV)
         more = keyed_messages(random.Random(7), 100, 3)
-        send(kafka.bootstrap_servers, topic, more)
+        send(counting.kafka.bootstrap_servers, topic, more)
         job.failpoints = type(job.failpoints)()
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-    assert stored(db, "batch", topic) == expected(messages + more, True, None)
-    assert offsets(db, topic, "batch") == log_ends(kafka, topic)
+    assert stored(counting.db, "batch", topic) == expected(messages + more, True, None)
+    assert counting.offsets(topic, "batch") == counting.log_ends(topic)
 
 
-def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(counting: Counting) -> None:
     from pyspark.sql import functions as F
 
-    topic = new_topic(3)
+    topic = counting.new_topic(3)
     messages = keyed_messages(random.Random(8), 900, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(counting.kafka.bootstrap_servers, topic, messages)
 
     def per_key_and_minute(frame: Any) -> Any:
         return frame.groupBy(
             "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
         ).agg(F.count("*").alias("metric"))
 
-    s = settings(kafka, database_url, "frames", topic)
-    with TransactionalJob(spark, s, dataframe_aggregate=per_key_and_minute) as job:
+    s = settings(counting.kafka, counting.database_url, "frames", topic)
+    with TransactionalJob(counting.spark, s, dataframe_aggregate=per_key_and_minute) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {COMMITTED}
         assert job.run_batch().ranges == ()  # nothing new: no Spark job, nothing committed
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total
-    assert stored(db, "frames", topic) == want
-    assert offsets(db, topic, "frames") == log_ends(kafka, topic)
+    assert stored(counting.db, "frames", topic) == want
+    assert counting.offsets(topic, "frames") == counting.log_ends(topic)
 
 
 def test_a_dataframe_aggregate_given_only_its_read_columns_counts_exactly_the_same(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     from pyspark.sql import functions as F
 
-    topic = new_topic(3)
+    topic = counting.new_topic(3)
     messages = keyed_messages(random.Random(9), 900, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(counting.kafka.bootstrap_servers, topic, messages)
     seen: list[list[str]] = []
 
     def per_key_and_minute(frame: Any) -> Any:
@@ -210,33 +194,31 @@ def test_a_dataframe_aggregate_given_only_its_read_columns_counts_exactly_the_sa
             "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
         ).agg(F.count("*").alias("metric"))
 
-    s = settings(kafka, database_url, "frames-columns", topic)
+    s = settings(counting.kafka, counting.database_url, "frames-columns", topic)
     columns = ("key", "timestamp", "topic")
-    with TransactionalJob(spark, s, dataframe_aggregate=per_key_and_minute, read_columns=columns) as job:
+    with TransactionalJob(
+        counting.spark, s, dataframe_aggregate=per_key_and_minute, read_columns=columns
+    ) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
     assert seen and all(c == list(columns) for c in seen)  # the check's frame and the batch's
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]
-    assert stored(db, "frames-columns", topic) == want
-    assert offsets(db, topic, "frames-columns") == log_ends(kafka, topic)
+    assert stored(counting.db, "frames-columns", topic) == want
+    assert counting.offsets(topic, "frames-columns") == counting.log_ends(topic)
 
 
 def test_a_dataframe_aggregate_using_a_column_its_read_columns_leave_out_stops_before_reading(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, keyed_messages(random.Random(10), 20, 1))
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, keyed_messages(random.Random(10), 20, 1))
 
     def per_key(frame: Any) -> Any:
         return frame.groupBy("topic", "key").count().withColumnRenamed("count", "metric")
 
-    s = settings(kafka, database_url, "frames-missing", topic)
+    s = settings(counting.kafka, counting.database_url, "frames-missing", topic)
     with (
-        TransactionalJob(spark, s, dataframe_aggregate=per_key, read_columns=("topic",)) as job,
+        TransactionalJob(counting.spark, s, dataframe_aggregate=per_key, read_columns=("topic",)) as job,
         pytest.raises(ConfigError) as caught,
     ):
         job.run_batch()
@@ -244,8 +226,8 @@ def test_a_dataframe_aggregate_using_a_column_its_read_columns_leave_out_stops_b
     assert line.startswith("the dataframe_aggregate cannot run over read_columns topic: ")
     assert "`key`" in line and line.endswith("SQLSTATE: 42703; add the columns it uses to read_columns")
     assert "\n" not in line
-    assert offsets(db, topic, "frames-missing") == {}  # nothing planned, read or committed
+    assert counting.offsets(topic, "frames-missing") == {}  # nothing planned, read or committed
     with pytest.raises(ConfigError, match="read_columns names what a dataframe_aggregate reads"):
-        TransactionalJob(spark, s, CountMessages(), read_columns=("topic",))
+        TransactionalJob(counting.spark, s, CountMessages(), read_columns=("topic",))
     with pytest.raises(ConfigError, match="'payload' is not a Kafka-source column"):
-        TransactionalJob(spark, s, dataframe_aggregate=per_key, read_columns=("payload",))
+        TransactionalJob(counting.spark, s, dataframe_aggregate=per_key, read_columns=("payload",))

@@ -21,9 +21,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.counting import Counting
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
-from tests.helpers.private_postgres import free_port
+from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
 from txstore.core.errors import ConfigError
 from txstore.job import JobSettings
@@ -260,20 +260,13 @@ def test_empty_and_dot_topic_names_are_refused(
     assert error_line(result) == f"count_topic: error: {message}"
 
 
-def test_sql_in_a_job_name_is_stored_as_text_and_never_run(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+def test_sql_in_a_job_name_is_stored_as_text_and_never_run(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 3, 1: 4})
     job = "x'); DROP TABLE txn_data; --"
-    job_for(spark, kafka, database_url, topic, job=job).run_batch()
-    assert totals(db, topic, job=job) == {topic: 7}
-    assert offsets(db, topic, job=job) == log_ends(kafka, topic)
-    assert tables(database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
+    counting.job(topic, job=job).run_batch()
+    counting.assert_counted_exactly(topic, 7, job=job)
+    assert tables(counting.database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
 
 
 def test_unknown_kafka_options_are_refused_with_the_setting_named(kafka: MockKafkaCluster) -> None:
@@ -361,18 +354,14 @@ def test_a_java_client_only_kafka_option_is_refused_naming_the_pem_settings_libr
 
 
 def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exactly(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(2)
+    topic = counting.new_topic(2)
     one_mib = bytes(range(256)) * 4096  # 1 MiB, mostly not UTF-8
     assert len(one_mib) == 1 << 20
     producer = Producer(
         {
-            "bootstrap.servers": kafka.bootstrap_servers,
+            "bootstrap.servers": counting.kafka.bootstrap_servers,
             "message.max.bytes": 4 << 20,
             "enable.idempotence": True,
         }
@@ -398,10 +387,10 @@ def test_binary_and_null_keys_binary_values_and_one_mib_messages_are_counted_exa
         producer.produce(topic, value=value, key=key, partition=1, on_delivery=on_delivery)
     assert producer.flush(60) == 0 and not failed, failed
 
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    report = counting.job(topic).run_batch()
     assert report.messages == 103
-    assert totals(db, topic) == {topic: 103}
-    assert offsets(db, topic) == log_ends(kafka, topic) == {0: 3, 1: 100}
+    assert counting.totals(topic) == {topic: 103}
+    assert counting.offsets(topic) == counting.log_ends(topic) == {0: 3, 1: 100}
 
 
 @pytest.mark.parametrize("password", ["se@cret", "a@b@c"])

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.conftest import REPO
+from tests.helpers.counting import BrokerDb
 from tests.helpers.job_processes import (
     children,
     command_line,
@@ -28,7 +27,6 @@ from tests.helpers.job_processes import (
 )
 from tests.helpers.standalone import Standalone
 from txstore.spark.runtime.pyfiles import build_py_files
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
@@ -45,15 +43,10 @@ def blocked_commits(db: psycopg.Connection) -> int:
 
 
 def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exactly_once(
-    standalone: Standalone,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    standalone: Standalone, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 3000, 1: 2000, 2: 1000, 3: 500})
+    topic = broker_db.new_topic(4)
+    broker_db.produce(topic, {0: 3000, 1: 2000, 2: 1000, 3: 500})
     python = python_without_txstore(tmp_path)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
@@ -63,7 +56,7 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
     # Hold the results table so every task blocks in its commit transaction, after reading
     # its range and writing nothing yet: the batch is then certainly in flight when the
     # executor dies. (Planning does not touch txn_data, so the driver is not held.)
-    with psycopg.connect(database_url) as holder:
+    with psycopg.connect(broker_db.database_url) as holder:
         holder.execute("LOCK TABLE txn_data IN SHARE ROW EXCLUSIVE MODE")
         out = tmp_path / "job.log"
         with out.open("w") as log:
@@ -73,16 +66,18 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
                 str(job_dir / "count_topic.py"),
                 # --verbose: Spark's WARN lines (the lost task's ExecutorLostFailure) are the
                 # evidence that the batch was in flight; quiet runs print Spark's errors only.
-                *count_topic_args(kafka, database_url, topic, "--once", "--verbose"),
+                *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once", "--verbose"),
                 env={"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
                 cwd=tmp_path,
                 log=log,
             )
         try:
             deadline = time.monotonic() + START_TIMEOUT
-            while blocked_commits(db) < 2 and job.poll() is None and time.monotonic() < deadline:
+            while blocked_commits(broker_db.db) < 2 and job.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert blocked_commits(db) == 2, f"tasks never reached their commit\n{out.read_text()[-3000:]}"
+            assert blocked_commits(broker_db.db) == 2, (
+                f"tasks never reached their commit\n{out.read_text()[-3000:]}"
+            )
             executors = [
                 pid
                 for pid in children(standalone.worker_pid)
@@ -101,5 +96,4 @@ def test_killing_the_executor_mid_batch_on_a_standalone_cluster_still_counts_exa
     assert "Lost executor" in log_text, log_text[-5000:]
     assert "ExecutorLostFailure" in log_text
     assert "batch 1: 4 ranges, 6500 messages" in log_text
-    assert totals(db, topic) == {topic: 6500}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    broker_db.assert_counted_exactly(topic, 6500)

@@ -29,11 +29,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import produce, send
+from tests.conftest import send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb
 from tests.helpers.job_processes import JOB, count_topic_args, job_env, run_job
-from tests.kafka.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
+from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.postgres.test_idempotent_and_outbox import read_topic, stored_messages
 from tests.postgres.test_sink import snapshot
 from txstore.core.errors import BatchFailed
@@ -75,48 +75,34 @@ def test_each_task_group_runs_in_its_own_partition_exactly_once(any_spark: Any) 
         assert [p for _, p in reports] == [group_of[r] for r in ranges]
 
 
-def test_per_range_counts_are_exact_over_several_runs(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(4)
+def test_per_range_counts_are_exact_over_several_runs(any_spark: Any, broker_db: BrokerDb) -> None:
+    topic = broker_db.new_topic(4)
     produced = 0
     for counts in ({0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}):
-        produce(kafka.bootstrap_servers, topic, counts)
+        broker_db.produce(topic, counts)
         produced += sum(counts.values())
-        s = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+        s = JobSettings("count_topic", (topic,), broker_db.kafka.bootstrap_servers, broker_db.database_url)
         with TransactionalJob(any_spark, s, count_messages) as job:
             report = job.run_batch()
         assert report.messages == sum(counts.values())
         assert {r.outcome for r in report.ranges} == {COMMITTED}
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(kafka, topic)
+        broker_db.assert_counted_exactly(topic, produced)
 
 
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
-def test_per_key_and_window_counts_are_exact(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    commit: str,
-) -> None:
-    topic = new_topic(2)
+def test_per_key_and_window_counts_are_exact(any_spark: Any, broker_db: BrokerDb, commit: str) -> None:
+    topic = broker_db.new_topic(2)
     messages = keyed_messages(random.Random(11), 1_000, 2)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(broker_db.kafka.bootstrap_servers, topic, messages)
     more = {"min_partitions": 5} if commit == "per-batch" else {}
-    s = settings(kafka, database_url, "both", topic, commit=commit, **more)
+    s = settings(broker_db.kafka, broker_db.database_url, "both", topic, commit=commit, **more)
     with TransactionalJob(any_spark, s, CountMessages(by_key=True, window_ms=MINUTE)) as job:
         report = job.run_batch()
     assert {r.outcome for r in report.ranges} == {COMMITTED}
     if commit == "per-batch":
         assert len(split_ranges([r.range for r in report.ranges], 5)) >= 5
-    assert stored(db, "both", topic) == expected(messages, True, MINUTE)
-    assert offsets(db, topic, "both") == log_ends(kafka, topic)
+    assert stored(broker_db.db, "both", topic) == expected(messages, True, MINUTE)
+    assert broker_db.offsets(topic, "both") == broker_db.log_ends(topic)
 
 
 def test_the_idempotent_sink_stores_every_message_once(
@@ -161,16 +147,11 @@ def test_committed_results_are_published_through_the_outbox(
 
 @pytest.mark.parametrize("read_columns", [None, ("timestamp", "key", "topic")])
 def test_a_dataframe_aggregate_commits_exact_counts(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    read_columns: tuple[str, ...] | None,
+    any_spark: Any, broker_db: BrokerDb, read_columns: tuple[str, ...] | None
 ) -> None:
-    topic = new_topic(3)
+    topic = broker_db.new_topic(3)
     messages = keyed_messages(random.Random(8), 600, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(broker_db.kafka.bootstrap_servers, topic, messages)
 
     def per_key_and_minute(frame: Any) -> Any:
         # SQL text, not pyspark.sql.functions: those choose classic or Connect by the environment
@@ -182,7 +163,7 @@ def test_a_dataframe_aggregate_commits_exact_counts(
             .withColumnRenamed("count", "metric")
         )
 
-    s = settings(kafka, database_url, "frames", topic)
+    s = settings(broker_db.kafka, broker_db.database_url, "frames", topic)
     with TransactionalJob(
         any_spark, s, dataframe_aggregate=per_key_and_minute, read_columns=read_columns
     ) as job:
@@ -191,9 +172,9 @@ def test_a_dataframe_aggregate_commits_exact_counts(
         assert job.read_columns == (read_columns or ("key", "topic", "timestamp"))
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total
-    assert stored(db, "frames", topic) == want
-    assert offsets(db, topic, "frames") == log_ends(kafka, topic)
-    assert read_ranges(any_spark, [], {"bootstrap.servers": kafka.bootstrap_servers}).count() == 0
+    assert stored(broker_db.db, "frames", topic) == want
+    assert broker_db.offsets(topic, "frames") == broker_db.log_ends(topic)
+    assert read_ranges(any_spark, [], {"bootstrap.servers": broker_db.kafka.bootstrap_servers}).count() == 0
 
 
 def test_collected_deltas_keep_keys_windows_grains_and_exact_sums_from_every_partition(
@@ -233,21 +214,16 @@ def test_collected_deltas_keep_keys_windows_grains_and_exact_sums_from_every_par
 
 @pytest.mark.connect
 def test_a_job_process_with_spark_remote_counts_exactly(
-    spark_connect_server: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    spark_connect_server: Any, broker_db: BrokerDb
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 70, 2: 5})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 100, 1: 70, 2: 5})
     result = run_job(
-        *count_topic_args(kafka, database_url, topic, "--once"),
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
         env=job_env(SPARK_REMOTE=spark_connect_server.url),
     )
     assert result.returncode == 0, result.stderr
-    assert totals(db, topic) == {topic: 175}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    broker_db.assert_counted_exactly(topic, 175)
 
 
 THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
@@ -260,11 +236,7 @@ THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
     "./dev lowest builds one (.venv-thin) and runs this test",
 )
 def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
-    spark_connect_server: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    spark_connect_server: Any, broker_db: BrokerDb
 ) -> None:
     """``pip install pyspark-client`` (no JVM, no jars): the job's txstore reaches the server's
     Python workers as an artifact (``addArtifacts``), as the README says."""
@@ -275,19 +247,22 @@ def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
     )
     thin = subprocess.run([THIN_CLIENT_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
     assert thin.returncode == 0 and thin.stdout.split()[1] == "False", thin.stdout + thin.stderr
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 100, 1: 70, 2: 5})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 100, 1: 70, 2: 5})
     env = {k: v for k, v in job_env().items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     result = subprocess.run(
-        [THIN_CLIENT_PYTHON, JOB, *count_topic_args(kafka, database_url, topic, "--once")],
+        [
+            THIN_CLIENT_PYTHON,
+            JOB,
+            *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
+        ],
         env={**env, "SPARK_REMOTE": spark_connect_server.url},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert totals(db, topic) == {topic: 175}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    broker_db.assert_counted_exactly(topic, 175)
 
 
 def test_a_failing_spark_task_stops_the_batch_with_its_one_line(

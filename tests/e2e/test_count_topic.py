@@ -10,46 +10,22 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, produce_in_transactions
+from tests.helpers.counting import (
+    Counting,
+    assert_counted_exactly,
+    job_for,
+    spark_job_count,
+)
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
 from txstore.count_topic import count_messages
 from txstore.job import BatchReport, JobSettings, TransactionalJob
-from txstore.kafka.client import client_config, fetch_watermarks
-from txstore.postgres import store
+from txstore.kafka.client import fetch_watermarks
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
-
-
-def job_for(
-    spark: Any, kafka: AnyKafka, database_url: str, *topics: str, **settings: Any
-) -> TransactionalJob:
-    return TransactionalJob(
-        spark,
-        JobSettings(
-            settings.pop("job", "count_topic"), topics, kafka.bootstrap_servers, database_url, **settings
-        ),
-        count_messages,
-    )
-
-
-def totals(db: psycopg.Connection, *topics: str, job: str = "count_topic") -> dict[str, int]:
-    return store.topic_totals(db, job, list(topics))
-
-
-def offsets(db: psycopg.Connection, topic: str, job: str = "count_topic") -> dict[int, int]:
-    return {p: o for (t, p), o in store.committed_offsets(db, job, [topic]).items() if t == topic}
-
-
-def log_ends(kafka: AnyKafka, topic: str) -> dict[int, int]:
-    return {m.partition: m.high for m in fetch_watermarks(client_config(kafka.bootstrap_servers), [topic])}
-
-
-def spark_job_count(spark: Any) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
 
 
 def test_counts_equal_messages_produced_over_several_runs(
@@ -68,92 +44,64 @@ def test_counts_equal_messages_produced_over_several_runs(
         assert report.messages == sum(counts.values()), f"run {run}"
         assert {r.range.partition for r in report.ranges} == set(counts)
         assert all(r.outcome == COMMITTED for r in report.ranges)
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(any_kafka, topic)
+        assert_counted_exactly(db, any_kafka, topic, produced)
 
 
-def test_several_topics_in_one_job_keep_separate_totals(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    a, b = new_topic(2), new_topic(3)
-    produce(kafka.bootstrap_servers, a, {0: 10, 1: 20})
-    produce(kafka.bootstrap_servers, b, {2: 5})
-    job_for(spark, kafka, database_url, a, b).run_batch()
-    assert totals(db, a, b) == {a: 30, b: 5}
+def test_several_topics_in_one_job_keep_separate_totals(counting: Counting) -> None:
+    a, b = counting.new_topic(2), counting.new_topic(3)
+    counting.produce(a, {0: 10, 1: 20})
+    counting.produce(b, {2: 5})
+    counting.job(a, b).run_batch()
+    assert counting.totals(a, b) == {a: 30, b: 5}
 
 
-def test_empty_partitions_get_no_task_and_an_empty_topic_launches_no_spark_job(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    sparse, empty = new_topic(4), new_topic(3)
-    produce(kafka.bootstrap_servers, sparse, {1: 9})
-    report = job_for(spark, kafka, database_url, sparse).run_batch()
+def test_empty_partitions_get_no_task_and_an_empty_topic_launches_no_spark_job(counting: Counting) -> None:
+    sparse, empty = counting.new_topic(4), counting.new_topic(3)
+    counting.produce(sparse, {1: 9})
+    report = counting.job(sparse).run_batch()
     assert [r.range.partition for r in report.ranges] == [1]
 
-    jobs_before = spark_job_count(spark)
-    report = job_for(spark, kafka, database_url, empty).run_batch()
-    again = job_for(spark, kafka, database_url, sparse).run_batch()  # caught up: nothing new either
+    jobs_before = spark_job_count(counting.spark)
+    report = counting.job(empty).run_batch()
+    again = counting.job(sparse).run_batch()  # caught up: nothing new either
     assert report.ranges == () and again.ranges == ()
-    assert spark_job_count(spark) == jobs_before
-    assert offsets(db, empty) == {0: 0, 1: 0, 2: 0}
-    assert totals(db, empty, sparse) == {empty: 0, sparse: 9}
+    assert spark_job_count(counting.spark) == jobs_before
+    assert counting.offsets(empty) == {0: 0, 1: 0, 2: 0}
+    assert counting.totals(empty, sparse) == {empty: 0, sparse: 9}
 
 
-def test_a_partition_whose_offsets_have_holes_is_counted_exactly(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=5, per_transaction=6, partitions=2)
-    job_for(spark, kafka, database_url, topic).run_batch()
-    assert totals(db, topic) == {topic: 30}
-    ends = log_ends(kafka, topic)
+def test_a_partition_whose_offsets_have_holes_is_counted_exactly(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=5, per_transaction=6, partitions=2
+    )
+    counting.job(topic).run_batch()
+    assert counting.totals(topic) == {topic: 30}
+    ends = counting.log_ends(topic)
     assert ends[0] > 15  # markers take offsets
-    assert offsets(db, topic) == ends
+    assert counting.offsets(topic) == ends
 
 
-def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10})
+def test_starting_offsets_latest_counts_only_what_comes_after_the_first_run(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 10, 1: 10})
     latest = parse_starting_offsets("latest")
-    assert job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch().ranges == ()
-    assert offsets(db, topic) == {0: 10, 1: 10}
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
-    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
-    assert totals(db, topic) == {topic: 7}
+    assert counting.job(topic, starting_offsets=latest).run_batch().ranges == ()
+    assert counting.offsets(topic) == {0: 10, 1: 10}
+    counting.produce(topic, {0: 3, 1: 4})
+    counting.job(topic, starting_offsets=latest).run_batch()
+    assert counting.totals(topic) == {topic: 7}
 
 
 def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_log_it(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10, 2: 10})
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 10, 1: 10, 2: 10})
     starting = parse_starting_offsets(f'{{"{topic}": {{"0": 4, "1": -1}}}}')
     with caplog.at_level(logging.INFO, logger="txstore"):
-        job_for(spark, kafka, database_url, topic, starting_offsets=starting).run_batch()
-    assert totals(db, topic) == {topic: 6 + 0 + 10}
+        counting.job(topic, starting_offsets=starting).run_batch()
+    assert counting.totals(topic) == {topic: 6 + 0 + 10}
     logged = caplog.text
     assert f"{topic}/0 starts at offset 4 (--starting-offsets JSON)" in logged
     assert f"{topic}/1 starts at latest offset 10 (--starting-offsets JSON)" in logged
@@ -161,125 +109,97 @@ def test_partial_json_starting_offsets_start_unnamed_partitions_at_earliest_and_
 
 
 def test_a_task_retried_after_its_commit_leaves_counts_unchanged_and_the_job_succeeds(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 40, 1: 50, 2: 60})
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 40, 1: 50, 2: 60})
     # Each task's first attempt commits, then fails before Spark hears of it
     # (a lost acknowledgement); Spark runs it again.
     monkeypatch.setenv("TXSTORE_FAILPOINTS", "after-commit@first")
-    report: BatchReport = job_for(spark, kafka, database_url, topic).run_batch()
+    report: BatchReport = counting.job(topic).run_batch()
     assert [r.outcome for r in report.ranges] == [ALREADY_COMMITTED] * 3
-    assert totals(db, topic) == {topic: 150}
-    assert offsets(db, topic) == {0: 40, 1: 50, 2: 60}
+    assert counting.totals(topic) == {topic: 150}
+    assert counting.offsets(topic) == {0: 40, 1: 50, 2: 60}
 
 
 def test_a_task_failing_before_commit_is_retried_and_counts_once(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 11, 1: 12})
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 11, 1: 12})
     monkeypatch.setenv("TXSTORE_FAILPOINTS", "between-upsert-and-offsets@first")
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    report = counting.job(topic).run_batch()
     assert [r.outcome for r in report.ranges] == [COMMITTED, COMMITTED]
-    assert totals(db, topic) == {topic: 23}
+    assert counting.totals(topic) == {topic: 23}
 
 
 @pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap"), (25, "overlap")])
 def test_a_gap_or_overlap_found_at_commit_fails_the_batch_and_changes_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    moved_to: int,
-    kind: str,
+    counting: Counting, moved_to: int, kind: str
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    job = job_for(spark, kafka, database_url, topic)
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 10})
+    counting.job(topic).run_batch()
+    counting.produce(topic, {0: 10})
+    job = counting.job(topic)
     planned = job.plan()
     assert [(r.from_offset, r.until_offset) for r in planned] == [(10, 20)]
     # Someone moves the stored offset between planning and committing.
-    db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
+    counting.db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
     with pytest.raises(BatchFailed, match=rf"partition 0 range 10 -> 20: {kind}, stored offset {moved_to}"):
         job.execute(planned)
-    assert totals(db, topic) == {topic: 10}
-    assert offsets(db, topic) == {0: moved_to}
+    assert counting.totals(topic) == {topic: 10}
+    assert counting.offsets(topic) == {0: moved_to}
 
 
 def test_a_partition_added_after_the_first_run_is_counted_from_its_earliest_offset(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5, 2: 5, 3: 5})
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 5, 1: 5, 2: 5, 3: 5})
     latest = parse_starting_offsets("latest")
-    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
+    counting.job(topic, starting_offsets=latest).run_batch()
     # The job knew only partitions 0 and 1 (as if 2 and 3 were added later).
-    db.execute("DELETE FROM txn_offsets WHERE topic = %s AND part >= 2", (topic,))
-    produce(kafka.bootstrap_servers, topic, {0: 1, 3: 2})
-    job_for(spark, kafka, database_url, topic, starting_offsets=latest).run_batch()
-    assert totals(db, topic) == {topic: 1 + 5 + 7}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    counting.db.execute("DELETE FROM txn_offsets WHERE topic = %s AND part >= 2", (topic,))
+    counting.produce(topic, {0: 1, 3: 2})
+    counting.job(topic, starting_offsets=latest).run_batch()
+    counting.assert_counted_exactly(topic, 1 + 5 + 7)
 
 
-def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 300, 1: 100, 2: 0})
+def test_rate_limited_batches_continue_exactly_where_the_last_one_stopped(counting: Counting) -> None:
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 300, 1: 100, 2: 0})
     sizes = []
     for _ in range(10):
-        report = job_for(spark, kafka, database_url, topic, max_offsets_per_batch=120).run_batch()
+        report = counting.job(topic, max_offsets_per_batch=120).run_batch()
         if not report.ranges:
             break
         sizes.append({r.range.partition: r.messages for r in report.ranges})
     assert sizes[0] == {0: 90, 1: 30}
     assert all(sum(s.values()) <= 120 for s in sizes)
-    assert totals(db, topic) == {topic: 400}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, 400)
 
 
 def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_offset(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5, 2: 6, 3: 7})
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 5, 1: 5, 2: 6, 3: 7})
     visible = {"partitions": 2}  # the metadata the running job sees: 2 partitions, later 4
 
     def metadata(conf: Any, topics: Any) -> list[Any]:
         return [w for w in fetch_watermarks(conf, topics) if w.partition < visible["partitions"]]
 
     settings = JobSettings(
-        "count_topic", (topic,), kafka.bootstrap_servers, database_url, parse_starting_offsets("latest")
+        "count_topic",
+        (topic,),
+        counting.kafka.bootstrap_servers,
+        counting.database_url,
+        parse_starting_offsets("latest"),
     )
-    with TransactionalJob(spark, settings, count_messages, watermarks=metadata) as job:
+    with TransactionalJob(counting.spark, settings, count_messages, watermarks=metadata) as job:
         assert job.run_batch().ranges == ()  # first run: starts at latest
-        produce(kafka.bootstrap_servers, topic, {0: 1})
+        counting.produce(topic, {0: 1})
         job.run_batch()
         visible["partitions"] = 4  # partitions 2 and 3 "appear"
         report = job.run_batch()
@@ -287,42 +207,38 @@ def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_of
         (2, 0, 6),
         (3, 0, 7),
     ]
-    assert totals(db, topic) == {topic: 1 + 6 + 7}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, 1 + 6 + 7)
 
 
 def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_again(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """A late task of an earlier failed batch, or a second instance, commits part of a planned
     range: the range is refused as an overlap, and ``--once`` plans again from the stored offset."""
     from txstore.core.results import TOPIC_TOTAL
     from txstore.postgres.sink import TransactionalSink
 
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 40})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    produce(kafka.bootstrap_servers, topic, {0: 60})
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 40})
+    counting.job(topic).run_batch()
+    counting.produce(topic, {0: 60})
     interfered: list[bool] = []
 
     def watermarks_then_another_writer(conf: Any, topics: Any) -> list[Any]:
         # Offsets were read just before this: the other writer commits in between.
         if not interfered:
             interfered.append(True)
-            with psycopg.connect(database_url) as conn:
+            with psycopg.connect(counting.database_url) as conn:
                 TransactionalSink(conn, "count_topic").commit(
                     OffsetRange(topic, 0, 40, 55), {TOPIC_TOTAL: 15}
                 )
         return fetch_watermarks(conf, topics)
 
-    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
-    with TransactionalJob(spark, settings, count_messages, watermarks=watermarks_then_another_writer) as job:
+    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
+    with TransactionalJob(
+        counting.spark, settings, count_messages, watermarks=watermarks_then_another_writer
+    ) as job:
         job.run()  # --once
         assert job.batches == 2
     assert interfered == [True]
-    assert totals(db, topic) == {topic: 100}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, 100)

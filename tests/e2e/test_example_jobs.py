@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO, send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import BrokerDb
 from tests.helpers.job_processes import count_topic_args, job_env, operator_cli, run_job, spark_submit
 from tests.postgres.test_idempotent_and_outbox import published, read_topic, stored_messages
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -26,13 +26,9 @@ SUM_FIELD = str(REPO / "jobs" / "sum_field.py")
 
 
 def test_spark_submit_sum_field_sums_a_json_field_per_key_exactly_once(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    broker_db: BrokerDb, tmp_path: Path
 ) -> None:
-    topic = new_topic(2)
+    topic = broker_db.new_topic(2)
     rng = random.Random(3)
     want: Counter[str | None] = Counter()
     outgoing = []
@@ -43,38 +39,42 @@ def test_spark_submit_sum_field_sums_a_json_field_per_key_exactly_once(
         want[None if key is None else key.decode()] += amount
     bad = [b"not json", b'{"amount": "12"}', b"[1, 2]", b'{"other": 1}', b'{"amount": true}', b"\xff"]
     outgoing += [(0, b"alice", value, None) for value in bad]
-    send(kafka.bootstrap_servers, topic, outgoing)
-    env = job_env(TXSTORE_DATABASE_URL=database_url, KAFKA_BOOTSTRAP_SERVERS=kafka.bootstrap_servers)
+    send(broker_db.kafka.bootstrap_servers, topic, outgoing)
+    env = job_env(
+        TXSTORE_DATABASE_URL=broker_db.database_url, KAFKA_BOOTSTRAP_SERVERS=broker_db.kafka.bootstrap_servers
+    )
     for _ in range(2):  # the second run finds nothing new and adds nothing
         result = spark_submit(
             SUM_FIELD, "--topic", topic, "--field", "amount", "--once", env=env, cwd=tmp_path
         )
         assert result.returncode == 0, result.stderr[-3000:]
-    rows = stored(db, "sum_field", topic)
+    rows = stored(broker_db.db, "sum_field", topic)
     assert rows.pop(("skipped", None, None)) == len(bad)
     assert rows.pop(("topic", None, None)) == sum(want.values())
     assert rows == {("key", k, None): v for k, v in want.items()}
-    assert offsets(db, topic, "sum_field") == log_ends(kafka, topic)
+    assert broker_db.offsets(topic, "sum_field") == broker_db.log_ends(topic)
 
 
 def test_count_topic_by_key_and_window_per_batch_with_publishing_from_the_command_line(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    broker_db: BrokerDb,
 ) -> None:
-    topic, results = new_topic(3), new_topic(1, prefix="results")
+    topic, results = broker_db.new_topic(3), broker_db.new_topic(1, prefix="results")
     messages = keyed_messages(random.Random(11), 600, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(broker_db.kafka.bootstrap_servers, topic, messages)
     flags = ["--by", "key", "--window", "1m", "--commit", "per-batch", "--min-partitions", "5"]
     result = run_job(
-        *count_topic_args(kafka, database_url, topic, *flags, "--publish-topic", results, "--once")
+        *count_topic_args(
+            broker_db.kafka, broker_db.database_url, topic, *flags, "--publish-topic", results, "--once"
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stored(db, "count_topic", topic) == expected(messages, True, MINUTE)
-    assert offsets(db, topic) == log_ends(kafka, topic)
-    keys = {r[0] for r in db.execute("SELECT dedup_key FROM txn_outbox WHERE sent_at IS NOT NULL").fetchall()}
-    assert len(keys) == 1 and set(published(kafka, results)) == keys
+    assert stored(broker_db.db, "count_topic", topic) == expected(messages, True, MINUTE)
+    assert broker_db.offsets(topic) == broker_db.log_ends(topic)
+    keys = {
+        r[0]
+        for r in broker_db.db.execute("SELECT dedup_key FROM txn_outbox WHERE sent_at IS NOT NULL").fetchall()
+    }
+    assert len(keys) == 1 and set(published(broker_db.kafka, results)) == keys
 
 
 def test_count_topic_with_the_idempotent_sink_from_the_command_line(

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, assert_counted_exactly, totals
 from tests.helpers.job_processes import (
     JOB,
     StderrLines,
@@ -68,59 +68,54 @@ def test_a_restart_reads_its_offsets_from_the_database_only(
     assert f"range {topic}/0 100 -> 101: 1 messages" in second.stderr
     assert f"range {topic}/2 25 -> 27: 2 messages" in second.stderr
     assert "batch 1: 2 ranges, 3 messages" in second.stderr
-    assert totals(db, topic) == {topic: 178}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 178)
     assert not list(REPO.glob("**/checkpoint*")), "no Spark checkpoints are involved"
 
 
 def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 500, 1: 400, 2: 300, 3: 200})
-    processes = [start_job(*count_topic_args(kafka, database_url, topic, "--once")) for _ in range(2)]
+    topic = broker_db.new_topic(4)
+    broker_db.produce(topic, {0: 500, 1: 400, 2: 300, 3: 200})
+    processes = [
+        start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=240) for p in processes]
     # Either both succeed (one committed, the other found it already committed), or the
     # later one is refused as an overlap; never is anything counted twice.
     for p, (_, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0 or "overlap" in err, err
     assert any(p.returncode == 0 for p in processes)
-    assert totals(db, topic) == {topic: 1400}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    broker_db.assert_counted_exactly(topic, 1400)
 
 
 def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 10})
+    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
     produced = 10
     deadline = time.monotonic() + 120
     for more in ({0: 5, 1: 5}, {1: 30}, {}):
         if more:
-            produce(kafka.bootstrap_servers, topic, more)
+            broker_db.produce(topic, more)
         produced += sum(more.values())
-        while totals(db, topic)[topic] != produced and time.monotonic() < deadline and job.poll() is None:
+        while (
+            broker_db.totals(topic)[topic] != produced and time.monotonic() < deadline and job.poll() is None
+        ):
             time.sleep(0.3)
-        assert totals(db, topic) == {topic: produced}
+        assert broker_db.totals(topic) == {topic: produced}
     # The running job holds its lock: status says so, and reset refuses.
-    status = operator_cli("status", "--json", "--database-url", database_url)
+    status = operator_cli("status", "--json", "--database-url", broker_db.database_url)
     assert {row["running"] for row in json.loads(status.stdout)} == {True}
     reset = operator_cli(
         "reset",
         "--database-url",
-        database_url,
+        broker_db.database_url,
         "--bootstrap-servers",
-        kafka.bootstrap_servers,
+        broker_db.kafka.bootstrap_servers,
         "--job",
         "count_topic",
         "--topic",
@@ -132,23 +127,19 @@ def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
-    status = operator_cli("status", "--json", "--database-url", database_url)
+    status = operator_cli("status", "--json", "--database-url", broker_db.database_url)
     assert {row["running"] for row in json.loads(status.stdout)} == {False}
     assert "received SIGTERM: finishing the current batch, then stopping" in err
     assert "stopped after" in err
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert broker_db.offsets(topic) == broker_db.log_ends(topic)
 
 
 def test_a_sigterm_while_spark_starts_stops_the_job_with_status_0_before_any_batch(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 5})
-    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
+    topic = broker_db.new_topic(1)
+    broker_db.produce(topic, {0: 5})
+    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
     # The job handles signals before it starts Spark's JVM: signal it as soon as that child exists.
     # Spark starts lazily, inside the first batch that has data, so that batch may finish first.
     children = Path(f"/proc/{job.pid}/task/{job.pid}/children")
@@ -162,49 +153,41 @@ def test_a_sigterm_while_spark_starts_stops_the_job_with_status_0_before_any_bat
     assert "Traceback" not in err
     batches = int(re.search(r"stopped after (\d+) batches", err).group(1))  # type: ignore[union-attr]
     assert batches <= 1
-    assert totals(db, topic) == {topic: 5 * batches}  # exact either way
+    assert broker_db.totals(topic) == {topic: 5 * batches}  # exact either way
 
 
-def test_spark_submit_with_txstore_installed(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 20, 1: 22})
-    env = job_env(TXSTORE_DATABASE_URL=database_url, KAFKA_BOOTSTRAP_SERVERS=kafka.bootstrap_servers)
+def test_spark_submit_with_txstore_installed(broker_db: BrokerDb, tmp_path: Path) -> None:
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 20, 1: 22})
+    env = job_env(
+        TXSTORE_DATABASE_URL=broker_db.database_url, KAFKA_BOOTSTRAP_SERVERS=broker_db.kafka.bootstrap_servers
+    )
     result = spark_submit(JOB, "--topic", topic, "--once", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert totals(db, topic) == {topic: 42}
+    assert broker_db.totals(topic) == {topic: 42}
 
 
 def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     python = python_without_txstore(tmp_path)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     shutil.copy(JOB, job_dir / "count_topic.py")
     zip_path = build_py_files(tmp_path / "txstore-pyfiles.zip")
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 8})
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 7, 1: 8})
     env = job_env(PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
     result = spark_submit(
         "--py-files",
         str(zip_path),
         str(job_dir / "count_topic.py"),
-        *count_topic_args(kafka, database_url, topic, "--once"),
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
         env=env,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert totals(db, topic) == {topic: 15}
+    assert broker_db.totals(topic) == {topic: 15}
 
 
 @pytest.mark.parametrize(
@@ -248,15 +231,11 @@ def assert_stopped_now(job: subprocess.Popen[str], spark: set[int]) -> None:
 
 
 def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 5})
-    job = start_job(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"))
+    topic = broker_db.new_topic(1)
+    broker_db.produce(topic, {0: 5})
+    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
     # Spark starts lazily, in the first batch with data: signal as soon as its JVM exists.
     assert wait_for(
         lambda: job.poll() is not None or any("java" in command_line(p) for p in descendants(job.pid)), 60
@@ -267,31 +246,29 @@ def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
     assert any("java" in command_line(p) for p in spark), "the JVM was not starting any more"
     job.send_signal(signal.SIGINT)
     assert_stopped_now(job, spark)
-    assert totals(db, topic)[topic] in (0, 5)  # nothing or the whole batch, never part or twice
-    again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert broker_db.totals(topic)[topic] in (0, 5)  # nothing or the whole batch, never part or twice
+    again = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
     assert again.returncode == 0, again.stderr
-    assert totals(db, topic) == {topic: 5}
+    assert broker_db.totals(topic) == {topic: 5}
 
 
 def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_counts(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    start_job: Callable[..., subprocess.Popen[str]],
+    broker_db: BrokerDb, start_job: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20})
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 30, 1: 20})
     # The tasks stall before COMMIT, their transactions open, while the driver waits in Spark.
     env_job = job_env(TXSTORE_FAILPOINTS="before-commit:sleep=60")
-    job = start_job_process(*count_topic_args(kafka, database_url, topic, "--interval", "0.5"), env=env_job)
+    job = start_job_process(
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"), env=env_job
+    )
     try:
         workers = lambda: [p for p in descendants(job.pid) if "pyspark" in command_line(p)]  # noqa: E731
 
         def stalled() -> bool:
             # A task's commit, stalled after its conditional offset update: not any transaction
             # (the driver's planning is briefly idle in one too, before a task has started).
-            with psycopg.connect(database_url, autocommit=True) as conn:
+            with psycopg.connect(broker_db.database_url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
                     " AND datname = current_database() AND query LIKE '%UPDATE txn_offsets o SET off%'"
@@ -308,26 +285,24 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
         assert_stopped_now(job, spark)
     finally:
         kill_group(job)
-    assert totals(db, topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
-    again = run_job(*count_topic_args(kafka, database_url, topic, "--once"))
+    assert broker_db.totals(topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
+    again = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
     assert again.returncode == 0, again.stderr
-    assert totals(db, topic) == {topic: 50}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    broker_db.assert_counted_exactly(topic, 50)
 
 
 def test_one_ctrl_c_just_after_spark_started_lets_the_batch_finish_without_a_traceback(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    broker_db: BrokerDb,
 ) -> None:
     # The moment PySpark's own SIGINT handler used to hold: the session made, the job's handlers
     # not yet back (a fail point stalls there). One Ctrl-C is the documented one: the batch
     # finishes, exit 0, one line saying so; no Py4J traceback, no JVM left.
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 5})
+    topic = broker_db.new_topic(1)
+    broker_db.produce(topic, {0: 5})
     env = job_env(TXSTORE_FAILPOINTS="spark-started:sleep=3", PYTHONPATH=str(REPO))  # this checkout's txstore
-    job = start_job_process(*count_topic_args(kafka, database_url, topic, "--once"), env=env)
+    job = start_job_process(
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"), env=env
+    )
     try:
         err = StderrLines(job)
         assert err.wait_for("txstore fail point spark-started", 180), err.text(1)[-3000:]
@@ -341,4 +316,4 @@ def test_one_ctrl_c_just_after_spark_started_lets_the_batch_finish_without_a_tra
     assert "received SIGINT: finishing the current batch, then stopping" in text
     assert "Traceback" not in text and "py4j" not in text.lower() and "interrupted" not in text, text[-3000:]
     assert gone_within(spark, 30) == set(), [command_line(p) for p in spark]
-    assert totals(db, topic) == {topic: 5}
+    assert broker_db.totals(topic) == {topic: 5}

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyspark
-
 from tests.conftest import REPO
+from tests.helpers.local import SPARK_HOME
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
 
@@ -88,11 +87,10 @@ def operator_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def spark_submit(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    spark_home = Path(pyspark.__file__).parent
-    env = {**env, "SPARK_HOME": str(spark_home)}
+    env = {**env, "SPARK_HOME": str(SPARK_HOME)}
     return subprocess.run(
         [
-            str(spark_home / "bin" / "spark-submit"),
+            str(SPARK_HOME / "bin" / "spark-submit"),
             "--master",
             "local[2]",
             "--conf",

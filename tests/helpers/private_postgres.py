@@ -22,7 +22,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -33,15 +32,11 @@ from urllib.parse import quote
 
 import psycopg
 
+from tests.helpers.local import free_port
+
 SUPERUSER = "postgres"
 # Every character that needs percent-encoding in a URL's user-info part.
 SUPERUSER_PASSWORD = "p@ss:w/rd%#?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def url(port: int, dbname: str, user: str = SUPERUSER, password: str = SUPERUSER_PASSWORD) -> str:

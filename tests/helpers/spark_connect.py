@@ -28,18 +28,11 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import pyspark
+from tests.helpers.local import SPARK_HOME, free_port
 
-SPARK_HOME = Path(pyspark.__file__).parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_SECONDS = 180.0
 STOP_TIMEOUT_SECONDS = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _accepts(port: int) -> bool:

@@ -12,12 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import pyspark
-
 from tests.helpers.job_processes import job_env, kill_group
-from tests.helpers.private_postgres import free_port
+from tests.helpers.local import SPARK_HOME, free_port
 
-SPARK_HOME = Path(pyspark.__file__).parent
 WORKER_TIMEOUT = 120.0
 
 

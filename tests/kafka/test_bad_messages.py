@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import Counting, log_ends, offsets, totals
 from tests.helpers.job_processes import count_topic_args, job_env, operator_cli, run_job
 from tests.postgres.test_idempotent_and_outbox import stored_messages
 from txstore.core.errors import BadMessage
@@ -160,18 +160,14 @@ def test_the_first_run_with_skip_warns_naming_each_skipped_message(
 
 
 def test_per_batch_commits_stop_on_a_bad_message_without_a_failed_task_and_commit_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(2)
-    send(kafka.bootstrap_servers, topic, messages_with_bad_timestamps(2, 40, {(1, 17), (1, 30)}))
-    before = last_spark_job(spark)
-    s = settings(kafka, database_url, topic, commit="per-batch", min_partitions=5)
+    topic = counting.new_topic(2)
+    send(counting.kafka.bootstrap_servers, topic, messages_with_bad_timestamps(2, 40, {(1, 17), (1, 30)}))
+    before = last_spark_job(counting.spark)
+    s = settings(counting.kafka, counting.database_url, topic, commit="per-batch", min_partitions=5)
     with (
-        TransactionalJob(spark, s, CountMessages(window_ms=MINUTE_MS)) as job,
+        TransactionalJob(counting.spark, s, CountMessages(window_ms=MINUTE_MS)) as job,
         pytest.raises(BadMessage) as e,
     ):
         job.run_batch()
@@ -181,28 +177,22 @@ def test_per_batch_commits_stop_on_a_bad_message_without_a_failed_task_and_commi
     )
     assert (e.value.topic, e.value.partition, e.value.offset) == (topic, 1, 17)
     assert not e.value.transient
-    assert failed_spark_tasks(spark, before) == 0
-    assert offsets(db, topic) == {0: 0, 1: 0}
-    assert totals(db, topic) == {topic: 0}
+    assert failed_spark_tasks(counting.spark, before) == 0
+    assert counting.offsets(topic) == {0: 0, 1: 0}
+    assert counting.totals(topic) == {topic: 0}
 
 
-def test_the_interval_loop_stops_on_a_bad_message_instead_of_retrying(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, messages_with_bad_timestamps(1, 3, {(0, 0)}))
-    before = last_spark_job(spark)
-    s = settings(kafka, database_url, topic, interval=0.1, max_batch_failures=3)
-    job = TransactionalJob(spark, s, CountMessages(window_ms=MINUTE_MS))
+def test_the_interval_loop_stops_on_a_bad_message_instead_of_retrying(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, messages_with_bad_timestamps(1, 3, {(0, 0)}))
+    before = last_spark_job(counting.spark)
+    s = settings(counting.kafka, counting.database_url, topic, interval=0.1, max_batch_failures=3)
+    job = TransactionalJob(counting.spark, s, CountMessages(window_ms=MINUTE_MS))
     with pytest.raises(BadMessage, match=f"topic '{topic}' partition 0 offset 0: "):
         job.run()
     assert job.batches == 1
-    assert failed_spark_tasks(spark, before) == 0
-    assert offsets(db, topic) == {0: 0}
+    assert failed_spark_tasks(counting.spark, before) == 0
+    assert counting.offsets(topic) == {0: 0}
 
 
 # -- skip -------------------------------------------------------------------------------
@@ -217,41 +207,40 @@ def test_the_interval_loop_stops_on_a_bad_message_instead_of_retrying(
     ],
 )
 def test_skip_counts_exactly_the_good_messages_and_records_the_bad_ones_with_the_commit(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    commit: str,
-    partitions: int,
-    more: dict[str, Any],
+    counting: Counting, commit: str, partitions: int, more: dict[str, Any]
 ) -> None:
-    topic = new_topic(partitions)
+    topic = counting.new_topic(partitions)
     bad = {(0, 0), (0, 2), (0, 29), (2, 15)}  # neighbours, first, last, and alone
-    send(kafka.bootstrap_servers, topic, messages_with_bad_timestamps(partitions, 30, bad))
+    send(counting.kafka.bootstrap_servers, topic, messages_with_bad_timestamps(partitions, 30, bad))
     good = partitions * 30 - len(bad)
-    before = last_spark_job(spark)
-    s = settings(kafka, database_url, topic, commit=commit, on_bad_message="skip", **more)
+    before = last_spark_job(counting.spark)
+    s = settings(counting.kafka, counting.database_url, topic, commit=commit, on_bad_message="skip", **more)
     aggregate = CountMessages(window_ms=MINUTE_MS)
-    with TransactionalJob(spark, s, aggregate) as job:
+    with TransactionalJob(counting.spark, s, aggregate) as job:
         report = job.run_batch()
         assert sorted((r.range.partition, b.offset) for r in report.ranges for b in r.bad_messages) == sorted(
             bad
         )
         assert {r.range.partition: r.skipped for r in report.ranges if r.skipped} == {0: 3, 2: 1}
         assert job.run_batch().ranges == ()  # nothing new: nothing counted or recorded twice
-    assert failed_spark_tasks(spark, before) == 0
-    assert totals(db, topic) == {topic: good}
-    assert window_counts(db, "count_topic", topic) == good
-    assert offsets(db, topic) == log_ends(kafka, topic)
-    assert bad_rows(db, "count_topic") == [(topic, p, 0, o, REASON) for p, o in sorted(bad)]
+    assert failed_spark_tasks(counting.spark, before) == 0
+    assert counting.totals(topic) == {topic: good}
+    assert window_counts(counting.db, "count_topic", topic) == good
+    assert counting.offsets(topic) == counting.log_ends(topic)
+    assert bad_rows(counting.db, "count_topic") == [(topic, p, 0, o, REASON) for p, o in sorted(bad)]
 
     # More data, good and bad: only the new messages count, the old bad rows stay as they were.
-    send(kafka.bootstrap_servers, topic, [(1, b"k", b"v", GOOD_MS), (1, b"k", b"v", BEYOND_ANY_CALENDAR_MS)])
-    with TransactionalJob(spark, s, aggregate) as job:
+    send(
+        counting.kafka.bootstrap_servers,
+        topic,
+        [(1, b"k", b"v", GOOD_MS), (1, b"k", b"v", BEYOND_ANY_CALENDAR_MS)],
+    )
+    with TransactionalJob(counting.spark, s, aggregate) as job:
         job.run_batch()
-    assert totals(db, topic) == {topic: good + 1}
-    assert bad_rows(db, "count_topic") == [(topic, p, 0, o, REASON) for p, o in sorted(bad | {(1, 31)})]
+    assert counting.totals(topic) == {topic: good + 1}
+    assert bad_rows(counting.db, "count_topic") == [
+        (topic, p, 0, o, REASON) for p, o in sorted(bad | {(1, 31)})
+    ]
 
 
 def sum_ints(offset_range: OffsetRange, batches: Iterable[list[Message]]) -> dict[ResultKey, int]:
@@ -264,22 +253,18 @@ def sum_ints(offset_range: OffsetRange, batches: Iterable[list[Message]]) -> dic
 
 
 def test_a_users_aggregate_raising_on_a_value_is_skipped_per_message_and_the_sum_stays_exact(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(2)
+    topic = counting.new_topic(2)
     values = [(p, None, str(i).encode(), None) for p in range(2) for i in range(1, 51)]
     values[7] = (0, None, b"not a number", None)
     values[60] = (1, None, b"", None)
-    send(kafka.bootstrap_servers, topic, values)
-    s = settings(kafka, database_url, topic, job="summer", on_bad_message="skip")
-    with TransactionalJob(spark, s, sum_ints) as job:
+    send(counting.kafka.bootstrap_servers, topic, values)
+    s = settings(counting.kafka, counting.database_url, topic, job="summer", on_bad_message="skip")
+    with TransactionalJob(counting.spark, s, sum_ints) as job:
         job.run_batch()
-    assert store.topic_totals(db, "summer", [topic]) == {topic: 2 * sum(range(1, 51)) - 8 - 11}
-    assert bad_rows(db, "summer") == [
+    assert store.topic_totals(counting.db, "summer", [topic]) == {topic: 2 * sum(range(1, 51)) - 8 - 11}
+    assert bad_rows(counting.db, "summer") == [
         (topic, 0, 0, 7, "ValueError: invalid literal for int() with base 10: b'not a number'"),
         (topic, 1, 0, 10, "ValueError: invalid literal for int() with base 10: b''"),
     ]
@@ -297,18 +282,20 @@ def upper_or_raise(message: Message) -> tuple[bytes | None, bytes | None]:
 
 @pytest.mark.parametrize("on_bad_message", ["fail", "skip"])
 def test_a_transform_raising_on_a_message_fails_with_its_offset_or_skips_it(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    on_bad_message: str,
+    counting: Counting, on_bad_message: str
 ) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, b"k", v, None) for v in (b"a", b"poison", b"c")])
-    before = last_spark_job(spark)
-    s = settings(kafka, database_url, topic, job="copier", sink="idempotent", on_bad_message=on_bad_message)
-    with TransactionalJob(spark, s, transform=upper_or_raise) as job:
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, [(0, b"k", v, None) for v in (b"a", b"poison", b"c")])
+    before = last_spark_job(counting.spark)
+    s = settings(
+        counting.kafka,
+        counting.database_url,
+        topic,
+        job="copier",
+        sink="idempotent",
+        on_bad_message=on_bad_message,
+    )
+    with TransactionalJob(counting.spark, s, transform=upper_or_raise) as job:
         if on_bad_message == "fail":
             with pytest.raises(BadMessage) as e:
                 job.run_batch()
@@ -316,14 +303,17 @@ def test_a_transform_raising_on_a_message_fails_with_its_offset_or_skips_it(
                 f"job 'copier' topic '{topic}' partition 0 offset 1: the transform failed on this "
                 "message (ValueError: poison is not allowed); nothing was committed"
             )
-            assert stored_messages(db, "copier") == []
-            assert offsets(db, topic, "copier") == {0: 0}
+            assert stored_messages(counting.db, "copier") == []
+            assert counting.offsets(topic, "copier") == {0: 0}
         else:
             job.run_batch()
-            assert stored_messages(db, "copier") == [(topic, 0, 0, b"k", b"A"), (topic, 0, 2, b"k", b"C")]
-            assert bad_rows(db, "copier") == [(topic, 0, 0, 1, "ValueError: poison is not allowed")]
-            assert offsets(db, topic, "copier") == {0: 3}
-    assert failed_spark_tasks(spark, before) == 0
+            assert stored_messages(counting.db, "copier") == [
+                (topic, 0, 0, b"k", b"A"),
+                (topic, 0, 2, b"k", b"C"),
+            ]
+            assert bad_rows(counting.db, "copier") == [(topic, 0, 0, 1, "ValueError: poison is not allowed")]
+            assert counting.offsets(topic, "copier") == {0: 3}
+    assert failed_spark_tasks(counting.spark, before) == 0
 
 
 def test_skip_is_refused_for_a_dataframe_aggregate(kafka: MockKafkaCluster, database_url: str) -> None:

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.counting import Counting, job_for, log_ends, offsets
 from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import DataLoss, OffsetOutOfLog
@@ -35,112 +35,88 @@ def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
     )
 
 
-def test_retention_loss_stops_the_job_by_default_with_how_many_were_lost(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
-    job_for(spark, kafka, database_url, topic).run_batch()
-    low, _ = fall_behind_retention(kafka, topic)
-    before = snapshot(db)
+def test_retention_loss_stops_the_job_by_default_with_how_many_were_lost(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
+    counting.job(topic).run_batch()
+    low, _ = fall_behind_retention(counting.kafka, topic)
+    before = snapshot(counting.db)
     with pytest.raises(DataLoss) as raised:
-        job_for(spark, kafka, database_url, topic).run_batch()
+        counting.job(topic).run_batch()
     assert str(raised.value) == (
         f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset {low}; "
         f"{low - 3} messages aged out of Kafka before they were counted. To skip them and record the loss "
         "in txn_lost_ranges, rerun with --fail-on-data-loss false"
     )
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lost_range(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
-    job_for(spark, kafka, database_url, topic).run_batch()
-    low, high = fall_behind_retention(kafka, topic)
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
+    counting.job(topic).run_batch()
+    low, high = fall_behind_retention(counting.kafka, topic)
     with caplog.at_level(logging.WARNING, logger="txstore"):
-        job_for(spark, kafka, database_url, topic, fail_on_data_loss=False).run_batch()
+        counting.job(topic, fail_on_data_loss=False).run_batch()
     assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
-    lost = db.execute(
+    lost = counting.db.execute(
         "SELECT job, topic, part, from_off, until_off, detected_at FROM txn_lost_ranges"
     ).fetchall()
     assert [row[:5] for row in lost] == [("count_topic", topic, 0, 3, low)]
     assert lost[0][5] is not None
     # Everything still in Kafka was counted, exactly once.
-    assert totals(db, topic) == {topic: 3 + (high - low)}
-    assert offsets(db, topic) == {0: high}
+    assert counting.totals(topic) == {topic: 3 + (high - low)}
+    assert counting.offsets(topic) == {0: high}
 
 
 def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_appears_in_the_same_batch(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic, added = new_topic(1), new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 3}, value=b"x" * 100_000)
-    job_for(spark, kafka, database_url, topic).run_batch()
-    low, high = fall_behind_retention(kafka, topic)
-    produce(kafka.bootstrap_servers, added, {0: 5, 1: 7})
+    topic, added = counting.new_topic(1), counting.new_topic(2)
+    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
+    counting.job(topic).run_batch()
+    low, high = fall_behind_retention(counting.kafka, topic)
+    counting.produce(added, {0: 5, 1: 7})
     # The next batch both starts the new topic's partitions and meets the aged-out offsets.
     with caplog.at_level(logging.WARNING, logger="txstore"):
-        job_for(spark, kafka, database_url, topic, added, fail_on_data_loss=False).run_batch()
+        counting.job(topic, added, fail_on_data_loss=False).run_batch()
     assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
-    lost = db.execute("SELECT topic, part, from_off, until_off FROM txn_lost_ranges").fetchall()
+    lost = counting.db.execute("SELECT topic, part, from_off, until_off FROM txn_lost_ranges").fetchall()
     assert lost == [(topic, 0, 3, low)]
-    assert totals(db, topic, added) == {topic: 3 + (high - low), added: 12}
-    assert offsets(db, topic) == {0: high}
-    assert offsets(db, added) == {0: 5, 1: 7}
+    assert counting.totals(topic, added) == {topic: 3 + (high - low), added: 12}
+    assert counting.offsets(topic) == {0: high}
+    assert counting.offsets(added) == {0: 5, 1: 7}
 
 
-def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    db.execute("UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1", (topic,))  # as if recreated
-    before = snapshot(db)
+def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 5, 1: 5})
+    counting.job(topic).run_batch()
+    counting.db.execute(
+        "UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1", (topic,)
+    )  # as if recreated
+    before = snapshot(counting.db)
     with pytest.raises(OffsetOutOfLog) as raised:
-        job_for(spark, kafka, database_url, topic).run_batch()
+        counting.job(topic).run_batch()
     assert str(raised.value) == (
         f"job 'count_topic' topic '{topic}' partition 1: stored offset 900 is beyond the log-end offset 5 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute"
     )
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
-def test_a_vanished_partition_stops_the_job_with_the_reset_command(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 5})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    db.execute("INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)", (topic,))
+def test_a_vanished_partition_stops_the_job_with_the_reset_command(counting: Counting) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 5})
+    counting.job(topic).run_batch()
+    counting.db.execute(
+        "INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)", (topic,)
+    )
     with pytest.raises(OffsetOutOfLog) as raised:
-        job_for(spark, kafka, database_url, topic).run_batch()
+        counting.job(topic).run_batch()
     assert str(raised.value) == (
         f"job 'count_topic' topic '{topic}' partition 7: stored offset 12 but Kafka no longer has this "
         "partition (topic deleted, or recreated with fewer partitions); to drop its offset: "
@@ -148,24 +124,18 @@ def test_a_vanished_partition_stops_the_job_with_the_reset_command(
     )
 
 
-def test_two_jobs_counting_the_same_topic_keep_independent_exact_results(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 20, 2: 30})
-    job_for(spark, kafka, database_url, topic, job="a").run_batch()
-    produce(kafka.bootstrap_servers, topic, {1: 5})
-    job_for(spark, kafka, database_url, topic, job="b").run_batch()
-    job_for(spark, kafka, database_url, topic, job="b").run_batch()
-    assert totals(db, topic, job="a") == {topic: 60}
-    assert totals(db, topic, job="b") == {topic: 65}
-    job_for(spark, kafka, database_url, topic, job="a").run_batch()
-    assert totals(db, topic, job="a") == {topic: 65}
-    assert offsets(db, topic, job="a") == offsets(db, topic, job="b") == log_ends(kafka, topic)
+def test_two_jobs_counting_the_same_topic_keep_independent_exact_results(counting: Counting) -> None:
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 10, 1: 20, 2: 30})
+    counting.job(topic, job="a").run_batch()
+    counting.produce(topic, {1: 5})
+    counting.job(topic, job="b").run_batch()
+    counting.job(topic, job="b").run_batch()
+    assert counting.totals(topic, job="a") == {topic: 60}
+    assert counting.totals(topic, job="b") == {topic: 65}
+    counting.job(topic, job="a").run_batch()
+    assert counting.totals(topic, job="a") == {topic: 65}
+    assert counting.offsets(topic, job="a") == counting.offsets(topic, job="b") == counting.log_ends(topic)
 
 
 def test_the_test_broker_cannot_answer_offsets_for_times(
@@ -216,30 +186,25 @@ def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(
 
 
 def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    caplog: pytest.LogCaptureFixture,
+    counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 5, 1: 5})
     group = f"mirror-{topic}"
     offset_commit_api = 8
-    kafka.push_request_errors(offset_commit_api, *[25] * 50)  # UNKNOWN_MEMBER_ID: not retriable
+    counting.kafka.push_request_errors(offset_commit_api, *[25] * 50)  # UNKNOWN_MEMBER_ID: not retriable
     try:
         with (
             caplog.at_level(logging.WARNING, logger="txstore"),
-            job_for(spark, kafka, database_url, topic, commit_to_kafka_group=group) as job,
+            counting.job(topic, commit_to_kafka_group=group) as job,
         ):
             job.run_batch()
     finally:
-        kafka.clear_request_errors(offset_commit_api)
+        counting.kafka.clear_request_errors(offset_commit_api)
     assert f"could not mirror offsets to Kafka group '{group}'" in caplog.text
     assert "(the database stays correct)" in caplog.text
-    assert totals(db, topic) == {topic: 10}
-    assert offsets(db, topic) == {0: 5, 1: 5}
+    assert counting.totals(topic) == {topic: 10}
+    assert counting.offsets(topic) == {0: 5, 1: 5}
 
 
 def test_the_test_broker_has_no_last_stable_offset_below_an_open_transaction(

@@ -23,10 +23,10 @@ from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicP
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from tests.conftest import REPO, produce, send
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.cli import txstore
+from tests.helpers.counting import job_for, log_ends, offsets, totals
 from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
-from tests.kafka.test_recreated_topic import snapshot, topic_id_changed_line
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.recreated import snapshot, topic_id_changed_line
 from txstore.core.errors import TopicRecreated
 from txstore.core.starting import StartingOffsets, parse_starting_offsets, parse_timestamp
 from txstore.job import JobSettings, TransactionalJob

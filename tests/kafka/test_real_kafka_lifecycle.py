@@ -25,8 +25,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from tests.conftest import produce, send
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
-from tests.kafka.test_recreated_topic import snapshot
+from tests.helpers.counting import assert_counted_exactly, job_for, log_ends, offsets, totals
+from tests.helpers.recreated import snapshot
 from txstore.core.errors import BatchFailed, DataLoss, OffsetOutOfLog, TopicRecreated
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
@@ -335,8 +335,7 @@ def test_a_compacted_topic_with_holes_is_counted_exactly_before_and_after_the_cl
 
     report = job_for(spark, real_kafka, database_url, topic).run_batch()
     assert report.messages == len([o for o in held if o >= 30])
-    assert totals(db, topic) == {topic: 30 + report.messages}
-    assert offsets(db, topic) == log_ends(real_kafka, topic)
+    assert_counted_exactly(db, real_kafka, topic, 30 + report.messages)
 
     fresh = job_for(spark, real_kafka, database_url, topic, job="from_scratch").run_batch()
     now_held = messages_in_log(real_kafka, topic)[0]

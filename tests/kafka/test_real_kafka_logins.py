@@ -22,10 +22,10 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.cli import txstore
+from tests.helpers.counting import assert_counted_exactly
 from tests.helpers.real_kafka_fixture import SCRAM_PASSWORD, SCRAM_USER
-from tests.kafka.test_recreated_topic import snapshot
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.recreated import snapshot
 from tests.postgres.test_idempotent_and_outbox import read_topic
 from tests.postgres.test_sink import seed
 from txstore.core.errors import KafkaUnavailable
@@ -68,8 +68,7 @@ def test_the_right_password_and_certificate_count_exactly_over_sasl_ssl(
         produced += sum(counts.values())
         with secure_job(spark, real_kafka, database_url, topic, options) as job:
             assert job.run_batch().messages == sum(counts.values())
-        assert totals(db, topic) == {topic: produced}
-        assert offsets(db, topic) == log_ends(real_kafka, topic)
+        assert_counted_exactly(db, real_kafka, topic, produced)
 
 
 @pytest.mark.parametrize(

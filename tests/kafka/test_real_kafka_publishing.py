@@ -24,7 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from tests.conftest import send
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.cli import txstore
 from tests.postgres.test_idempotent_and_outbox import read_topic
 from tests.postgres.test_outbox_delivery import message_size, outbox_rows
 from tests.postgres.test_sink import seed

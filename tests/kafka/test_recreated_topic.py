@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tests.conftest import produce_in_transactions, send, send_one_by_one
-from tests.e2e.test_count_topic import job_for, offsets, totals
+from tests.helpers.cli import txstore
+from tests.helpers.counting import Counting, job_for, totals
 from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line, snapshot, topic_id_changed_line
 from tests.spark.source.test_datasource import read as read_frame
 from txstore import register
 from txstore.core.errors import BatchFailed, TopicRecreated, UnknownTopic
@@ -42,50 +43,6 @@ from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark
 
-OLD_TS = 1_700_000_000_000
-NEW_TS = 1_800_000_000_000
-
-
-def fill(kafka: AnyKafka, topic: str, n: int, partitions: int, tag: bytes, ts: int) -> None:
-    """``n`` messages per partition, value ``tag-<partition>-<i>``, timestamp ``ts + i``."""
-    send(
-        kafka.bootstrap_servers,
-        topic,
-        ((p, b"k", b"%s-%d-%d" % (tag, p, i), ts + i) for p in range(partitions) for i in range(n)),
-    )
-
-
-def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple], list[tuple]]:
-    return (
-        db.execute("SELECT * FROM txn_offsets ORDER BY topic, part").fetchall(),
-        db.execute("SELECT * FROM txn_data ORDER BY topic, grain, key").fetchall(),
-        db.execute(
-            "SELECT job, topic, part, generation, off FROM txn_messages ORDER BY 1, 2, 3, 4, 5"
-        ).fetchall(),
-    )
-
-
-def mismatch_line(job: str, topic: str, partition: int, last: int) -> str:
-    old = digest(b"k", b"old-%d-%d" % (partition, last))
-    new = digest(b"k", b"new-%d-%d" % (partition, last))
-    return (
-        f"job '{job}' topic '{topic}' partition {partition}: the topic was deleted and recreated "
-        f"(stored last counted message offset {last}, timestamp {OLD_TS + last}, digest {old}; "
-        f"found offset {last}, timestamp {NEW_TS + last}, digest {new}); nothing was counted. "
-        "To count the new topic from its start as a new generation: "
-        f"txstore reset --job {job} --topic {topic} --partition {partition} --to-earliest --execute"
-    )
-
-
-def topic_id_changed_line(topic: str, old_id: str, new_id: str) -> str:
-    """count_topic's line for partition 0 of a topic recreated under another topic ID."""
-    return (
-        f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated "
-        f"(stored topic ID {old_id}; found topic ID {new_id}); nothing was counted. To count the new "
-        "topic from its start as a new generation: "
-        f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
-    )
-
 
 @pytest.mark.parametrize(
     "settings",
@@ -93,29 +50,26 @@ def topic_id_changed_line(topic: str, old_id: str, new_id: str) -> str:
     ids=["per-range", "per-batch", "per-batch-pieces"],
 )
 def test_a_recreated_topic_refilled_past_the_stored_offset_stops_the_job_and_counts_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    settings: dict[str, Any],
+    counting: Counting, settings: dict[str, Any]
 ) -> None:
-    topic = new_topic(2)
-    fill(kafka, topic, 5, 2, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic, **settings).run_batch()
-    assert totals(db, topic) == {topic: 10}
-    last = db.execute("SELECT part, last_off, last_timestamp, last_digest FROM txn_offsets ORDER BY part")
+    topic = counting.new_topic(2)
+    fill(counting.kafka, topic, 5, 2, b"old", OLD_TS)
+    counting.job(topic, **settings).run_batch()
+    assert counting.totals(topic) == {topic: 10}
+    last = counting.db.execute(
+        "SELECT part, last_off, last_timestamp, last_digest FROM txn_offsets ORDER BY part"
+    )
     assert last.fetchall() == [
         (p, 4, OLD_TS + 4, digest(b"k", b"old-%d-4" % p)) for p in range(2)
     ]  # the last piece's last message, also when a range is read in pieces
-    kafka.recreate_topic(topic, 2)
-    fill(kafka, topic, 8, 2, b"new", NEW_TS)
-    before = snapshot(db)
+    counting.kafka.recreate_topic(topic, 2)
+    fill(counting.kafka, topic, 8, 2, b"new", NEW_TS)
+    before = snapshot(counting.db)
     with pytest.raises(BatchFailed) as raised:
-        job_for(spark, kafka, database_url, topic, **settings).run()
+        counting.job(topic, **settings).run()
     assert str(raised.value) == mismatch_line("count_topic", topic, 0, 4)
     assert not raised.value.transient
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 def test_a_range_that_delivered_no_message_keeps_the_last_counted_message(database_url: str) -> None:
@@ -132,47 +86,41 @@ def test_a_range_that_delivered_no_message_keeps_the_last_counted_message(databa
     assert history == {("t", 0): PartitionHistory(last=kept), ("t", 1): PartitionHistory(last=kept)}
 
 
-def test_a_last_counted_message_no_longer_in_the_log_is_not_an_error(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_last_counted_message_no_longer_in_the_log_is_not_an_error(counting: Counting) -> None:
     """Compaction removes a message: the offset then holds nothing, and reading from it delivers a
     later offset first. Here the stored last message points at a transaction marker, which the reader
     sees exactly like a compacted-away message: nothing to compare, the range is counted."""
-    topic = new_topic(1)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=2, partitions=1)
-    job_for(spark, kafka, database_url, topic).run_batch()  # offsets 0-8: 6 messages, 3 markers
-    assert totals(db, topic) == {topic: 6}
-    assert db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (9, 7)
-    db.execute("UPDATE txn_offsets SET last_off = 8, last_digest = 'gone'")  # offset 8: the last marker
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=2, per_transaction=2, partitions=1)
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    topic = counting.new_topic(1)
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=3, per_transaction=2, partitions=1
+    )
+    counting.job(topic).run_batch()  # offsets 0-8: 6 messages, 3 markers
+    assert counting.totals(topic) == {topic: 6}
+    assert counting.db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (9, 7)
+    counting.db.execute(
+        "UPDATE txn_offsets SET last_off = 8, last_digest = 'gone'"
+    )  # offset 8: the last marker
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=2, per_transaction=2, partitions=1
+    )
+    report = counting.job(topic).run_batch()
     assert report.messages == 4
-    assert totals(db, topic) == {topic: 10}
-    assert db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (15, 13)
+    assert counting.totals(topic) == {topic: 10}
+    assert counting.db.execute("SELECT off, last_off FROM txn_offsets").fetchone() == (15, 13)
 
 
-def test_a_last_counted_message_that_aged_out_is_not_an_error(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_last_counted_message_that_aged_out_is_not_an_error(counting: Counting) -> None:
     """Retention dropped the last message counted (and more): skipped with --fail-on-data-loss false,
     the rest is counted; the old fingerprint, now below the log start, is not looked for."""
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(3)))
-    job_for(spark, kafka, database_url, topic).run_batch()
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
-    job_for(spark, kafka, database_url, topic, fail_on_data_loss=False).run_batch()
-    lost_from, low = db.execute("SELECT from_off, until_off FROM txn_lost_ranges").fetchone()
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(3)))
+    counting.job(topic).run_batch()
+    send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
+    counting.job(topic, fail_on_data_loss=False).run_batch()
+    lost_from, low = counting.db.execute("SELECT from_off, until_off FROM txn_lost_ranges").fetchone()
     assert lost_from == 3
-    assert totals(db, topic) == {topic: 3 + (83 - low)}
-    assert offsets(db, topic) == {0: 83}
+    assert counting.totals(topic) == {topic: 3 + (83 - low)}
+    assert counting.offsets(topic) == {0: 83}
 
 
 def idempotent_job(spark: Any, kafka: MockKafkaCluster, database_url: str, topic: str) -> TransactionalJob:
@@ -220,19 +168,22 @@ def test_the_suggested_reset_starts_a_new_generation_and_the_new_topic_is_stored
 
 
 def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_told(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(2)
-    fill(kafka, topic, 5, 2, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic).run()
-    kafka.recreate_topic(topic, 2)
-    fill(kafka, topic, 3, 2, b"new", NEW_TS)
+    topic = counting.new_topic(2)
+    fill(counting.kafka, topic, 5, 2, b"old", OLD_TS)
+    counting.job(topic).run()
+    counting.kafka.recreate_topic(topic, 2)
+    fill(counting.kafka, topic, 3, 2, b"new", NEW_TS)
     result = txstore(
-        "reset", "--job", "count_topic", "--topic", topic, "--to-earliest", url=database_url, kafka=kafka
+        "reset",
+        "--job",
+        "count_topic",
+        "--topic",
+        topic,
+        "--to-earliest",
+        url=counting.database_url,
+        kafka=counting.kafka,
     )
     assert result.stdout.splitlines()[1:3] == [
         f"  {topic}/{p}: 5 -> 0, new generation 1 (stored offset 5 is beyond the log end 3); "
@@ -250,11 +201,11 @@ def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_
         "--partition",
         "0",
         "--execute",
-        url=database_url,
-        kafka=kafka,
+        url=counting.database_url,
+        kafka=counting.kafka,
     )
     assert result.returncode == 0, result.stderr
-    assert db.execute("SELECT part, off, generation FROM txn_offsets ORDER BY part").fetchall() == [
+    assert counting.db.execute("SELECT part, off, generation FROM txn_offsets ORDER BY part").fetchall() == [
         (0, 3, 1),
         (1, 5, 0),
     ]
@@ -303,34 +254,28 @@ def test_a_recreated_topic_is_known_by_its_topic_id_even_with_the_same_messages(
     assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
 
 
-def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(counting: Counting) -> None:
     """DataFrame aggregates verify the last message recorded by an earlier (plain Python) run."""
     from pyspark.sql import functions as F
 
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic).run()
-    kafka.recreate_topic(topic, 1)
-    fill(kafka, topic, 8, 1, b"new", NEW_TS)
-    before = snapshot(db)
-    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+    topic = counting.new_topic(1)
+    fill(counting.kafka, topic, 5, 1, b"old", OLD_TS)
+    counting.job(topic).run()
+    counting.kafka.recreate_topic(topic, 1)
+    fill(counting.kafka, topic, 8, 1, b"new", NEW_TS)
+    before = snapshot(counting.db)
+    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
 
     def total(frame: Any) -> Any:
         return frame.groupBy("topic").agg(F.count("*").alias("metric"))
 
     with pytest.raises(BatchFailed) as raised:
-        TransactionalJob(spark, settings, dataframe_aggregate=total).run()
+        TransactionalJob(counting.spark, settings, dataframe_aggregate=total).run()
     assert str(raised.value) == (
         f"job 'count_topic' batch 1 failed: TopicRecreated: {mismatch_line('count_topic', topic, 0, 4)}"
     )
     assert not raised.value.transient
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 def read(kafka: MockKafkaCluster, r: OffsetRange, job: str = "j") -> tuple[list[int], Fingerprint | None]:
@@ -389,30 +334,26 @@ def test_a_broker_without_topic_ids_is_asked_once_and_answers_at_once(
 
 
 def test_a_counted_topic_deleted_and_not_yet_created_again_stops_the_job_saying_so_and_what_to_run(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """A recreation's gap (deleted, not created yet; a real broker's, chaos seed 6101): the job that
     counted the topic is told it does not exist now and may be being recreated, and what to run,
     not to check a --topic it has been counting all along."""
-    topic = new_topic(2)
-    fill(kafka, topic, 3, 2, b"old", OLD_TS)
-    job_for(spark, kafka, database_url, topic).run()
-    before = snapshot(db)
-    kafka.delete_topic(topic)
+    topic = counting.new_topic(2)
+    fill(counting.kafka, topic, 3, 2, b"old", OLD_TS)
+    counting.job(topic).run()
+    before = snapshot(counting.db)
+    counting.kafka.delete_topic(topic)
     with pytest.raises(UnknownTopic) as raised:
-        job_for(spark, kafka, database_url, topic).run()
+        counting.job(topic).run()
     assert str(raised.value) == (
-        f"job 'count_topic' topic {topic!r} does not exist on Kafka at {kafka.bootstrap_servers} now, "
+        f"job 'count_topic' topic {topic!r} does not exist on Kafka at {counting.kafka.bootstrap_servers} now, "
         "though the job stored offsets for 2 of its partitions: it may be being deleted and recreated. "
         "Run the job again once the topic exists (a recreated topic then stops it in one line naming "
         "the reset to run); if it was deleted for good, forget its offsets: "
         f"txstore reset --job count_topic --topic {topic} --forget --execute"
     )
-    assert snapshot(db) == before
+    assert snapshot(counting.db) == before
 
 
 @pytest.mark.parametrize("recreated_by", ["the job", "a reset"])

@@ -11,12 +11,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import produce, send
-from tests.e2e.test_count_topic import job_for
+from tests.helpers.counting import Counting, job_for
 from tests.helpers.job_processes import count_topic_args, run_job
 from tests.kafka.test_bad_messages import MINUTE_MS, messages_with_bad_timestamps
 from txstore.core.errors import BatchFailed, DatabaseUnavailable, PublishFailed
@@ -124,23 +123,16 @@ def test_ranges_found_already_committed_are_counted_as_conflicts(
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
 @pytest.mark.parametrize(("moved_to", "kind"), [(3, "gap"), (15, "overlap")])
 def test_a_gap_or_overlap_found_at_commit_is_counted_as_a_conflict_and_a_failed_batch(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    commit: str,
-    moved_to: int,
-    kind: str,
+    counting: Counting, commit: str, moved_to: int, kind: str
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    job_for(spark, kafka, database_url, topic).run_batch()
-    produce(kafka.bootstrap_servers, topic, {0: 10})
-    with job_for(spark, kafka, database_url, topic, metrics_port=0, commit=commit) as job:
+    topic = counting.new_topic(1)
+    counting.produce(topic, {0: 10})
+    counting.job(topic).run_batch()
+    counting.produce(topic, {0: 10})
+    with counting.job(topic, metrics_port=0, commit=commit) as job:
         planned = job.plan()
         # Someone moves the stored offset between planning and committing.
-        db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
+        counting.db.execute("UPDATE txn_offsets SET off = %s WHERE topic = %s", (moved_to, topic))
         with pytest.raises(BatchFailed, match=kind):
             job.execute(planned)
         _, samples = scrape(job)
@@ -184,25 +176,24 @@ def test_skipped_bad_messages_and_the_outbox_backlog_are_exposed_when_those_feat
     assert value(samples, "txstore_outbox_pending") == 0  # all published after the batch
 
 
-def test_the_outbox_backlog_is_exposed_when_publishing_fails(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic, results = new_topic(2), new_topic(1, prefix="results")
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+def test_the_outbox_backlog_is_exposed_when_publishing_fails(counting: Counting) -> None:
+    topic, results = counting.new_topic(2), counting.new_topic(1, prefix="results")
+    counting.produce(topic, {0: 3, 1: 4})
     s = JobSettings(
-        "pub", (topic,), kafka.bootstrap_servers, database_url, publish_topic=results, metrics_port=0
+        "pub",
+        (topic,),
+        counting.kafka.bootstrap_servers,
+        counting.database_url,
+        publish_topic=results,
+        metrics_port=0,
     )
     try:
-        with TransactionalJob(spark, s, CountMessages()) as job:
+        with TransactionalJob(counting.spark, s, CountMessages()) as job:
             job.run_batch()
             # Committed while the broker is down: the rows wait in the outbox.
-            with connect(database_url) as conn:
+            with connect(counting.database_url) as conn:
                 sink = TransactionalSink(conn, "pub", publish_to=results)
-                kafka.set_broker_down(1)
+                counting.kafka.set_broker_down(1)
                 try:
                     for p, end in ((0, 3), (1, 4)):
                         sink.commit(OffsetRange(topic, p, end, end + 10), {TOPIC_TOTAL: 10})
@@ -210,7 +201,7 @@ def test_the_outbox_backlog_is_exposed_when_publishing_fails(
                     with pytest.raises(PublishFailed):
                         job.publish()
                 finally:
-                    kafka.set_broker_up(1)
+                    counting.kafka.set_broker_up(1)
             _, samples = scrape(job)
             assert samples[("txstore_outbox_pending", frozenset({("job", "pub")}))] == 2
             assert job.publish() == 2

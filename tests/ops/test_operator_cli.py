@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
+from tests.helpers.cli import offsets, txstore
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
-from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision
 from txstore.kafka.client import client_config
 from txstore.kafka.reader import RangeReader
@@ -21,45 +21,7 @@ from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.idempotent import IdempotentSink
 from txstore.postgres.locks import hold_job_lock
-from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
-
-
-def txstore(*args: str, url: str, kafka: AnyKafka | None = None) -> subprocess.CompletedProcess[str]:
-    more = ["--bootstrap-servers", kafka.bootstrap_servers] if kafka else []
-    return subprocess.run(
-        [sys.executable, "-m", "txstore.ops.cli", args[0], "--database-url", url, *more, *args[1:]],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-@pytest.fixture
-def counted(database_url: str, kafka: MockKafkaCluster, new_topic: Callable[..., str]) -> str:
-    """A topic with 3 partitions (10/20/30 messages) of which job 'counter' committed 4/20/0."""
-    return count_some(database_url, kafka, new_topic(3))
-
-
-@pytest.fixture
-def counted_on_any(database_url: str, any_kafka: AnyKafka, new_any_topic: Callable[..., str]) -> str:
-    """``counted`` on the mock broker, then on real Kafka."""
-    return count_some(database_url, any_kafka, new_any_topic(3))
-
-
-def count_some(database_url: str, kafka: AnyKafka, topic: str) -> str:
-    produce(kafka.bootstrap_servers, topic, {0: 10, 1: 20, 2: 30})
-    with connect(database_url) as conn:
-        store.create_start_rows(conn, "counter", [StartDecision(topic, p, 0, "test") for p in range(3)])
-        sink = TransactionalSink(conn, "counter")
-        # with the log end, as a job's planned ranges have it (each commit records its backlog)
-        sink.commit(OffsetRange(topic, 0, 0, 4, log_end=10), {TOPIC_TOTAL: 4})
-        sink.commit(OffsetRange(topic, 1, 0, 20, log_end=20), {TOPIC_TOTAL: 20})
-    return topic
-
-
-def offsets(db: psycopg.Connection, topic: str) -> dict[int, int]:
-    return {p: o for (_, p), o in store.committed_offsets(db, "counter", [topic]).items()}
 
 
 def test_status_shows_offsets_log_offsets_lag_and_running_state(

@@ -10,13 +10,11 @@ import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.ops.test_operator_cli import count_some, counted, offsets, txstore
+from tests.helpers.cli import count_some, offsets, txstore
 from txstore.core.starting import StartDecision
 from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.testing.mock_kafka import MockKafkaCluster
-
-__all__ = ["counted"]  # the fixture: a topic of 3 partitions (10/20/30 messages), 'counter' at 4/20/0
 
 
 @pytest.mark.slow

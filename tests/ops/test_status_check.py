@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from tests.conftest import produce, send
-from tests.e2e.test_count_topic import job_for
-from tests.kafka.test_recreated_topic import NEW_TS, OLD_TS, fill, mismatch_line
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.cli import txstore
+from tests.helpers.counting import Counting, job_for
+from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from txstore.core import health
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFacts, evaluate, exit_code
@@ -336,18 +336,32 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
     assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
 
 
+def counted_then_recreated(
+    spark: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    topic: str,
+    was: int,
+    partitions: int,
+    refill: dict[int, int],
+) -> str:
+    """``topic`` of ``was`` partitions, 5 old messages each, counted by count_topic, then deleted and
+    created again with ``partitions`` partitions and ``refill[p]`` new messages in partition ``p``."""
+    fill(kafka, topic, 5, was, b"old", OLD_TS)
+    with job_for(spark, kafka, database_url, topic) as job:
+        job.run_batch()
+    kafka.recreate_topic(topic, partitions)
+    for p, n in refill.items():
+        send(kafka.bootstrap_servers, topic, ((p, b"k", b"new-%d-%d" % (p, i), NEW_TS + i) for i in range(n)))
+    return topic
+
+
 @pytest.mark.spark
 def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(
     spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
 ) -> None:
-    topic = new_topic(2)
-    fill(kafka, topic, 5, 2, b"old", OLD_TS)
-    with job_for(spark, kafka, database_url, topic) as job:
-        job.run_batch()
-    kafka.recreate_topic(topic, 2)
     # Partition 0 refilled past the stored offset (another message at offset 4), partition 1 not as far.
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"new-0-%d" % i, NEW_TS + i) for i in range(8)))
-    send(kafka.bootstrap_servers, topic, ((1, b"k", b"new-1-%d" % i, NEW_TS + i) for i in range(3)))
+    topic = counted_then_recreated(spark, kafka, database_url, new_topic(2), 2, 2, {0: 8, 1: 3})
     result = check(database_url, kafka)
     assert result.returncode == 2, result.stderr
     assert result.stdout.splitlines() == [
@@ -365,23 +379,17 @@ def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(
 
 
 @pytest.mark.spark
-def test_check_reports_offsets_that_aged_out_before_they_were_counted_as_err(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(3)))
-    with job_for(spark, kafka, database_url, topic) as job:
+def test_check_reports_offsets_that_aged_out_before_they_were_counted_as_err(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"x" * 100_000, None) for _ in range(3)))
+    with counting.job(topic) as job:
         job.run_batch()
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
-    result = check(database_url, kafka)
+    send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
+    result = check(counting.database_url, counting.kafka)
     assert result.returncode == 2, result.stderr
     summary, line = result.stdout.splitlines()
     assert summary == "CRITICAL: job 'count_topic': 1 ERR"
-    low = json.loads(check(database_url, kafka, "--json").stdout)["partitions"][0]
+    low = json.loads(check(counting.database_url, counting.kafka, "--json").stdout)["partitions"][0]
     assert low["offset"] == 3 and low["status"] == ERR
     match = re.fullmatch(
         rf"ERR job 'count_topic' topic '{re.escape(topic)}' partition 0: stored offset 3 is below the "
@@ -391,36 +399,36 @@ def test_check_reports_offsets_that_aged_out_before_they_were_counted_as_err(
     )
     assert match, line
     assert int(match[2]) == int(match[1]) - 3 > 0
-    assert db.execute("SELECT count(*) FROM txn_lost_ranges").fetchone() == (0,)  # the check changes nothing
+    assert counting.db.execute("SELECT count(*) FROM txn_lost_ranges").fetchone() == (
+        0,
+    )  # the check changes nothing
 
 
 @pytest.mark.spark
 def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messages_arrive(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """Issue 24: a healthy --interval job read STALL after an idle period, until its next batch.
     The check is run in the process right after the messages are written (the command's start-up
     could outlast --stall-after on a loaded machine); then through the command once stuck."""
-    topic = new_topic(1)
+    topic = counting.new_topic(1)
     where = f"job 'count_topic' topic '{topic}' partition 0"
-    produce(kafka.bootstrap_servers, topic, {0: 3})
+    counting.produce(topic, {0: 3})
     stall_after = timedelta(seconds=3)
-    with job_for(spark, kafka, database_url, topic) as job:
+    with counting.job(topic) as job:
         job.run_batch()  # everything counted
         time.sleep(3.5)  # idle, with nothing new, for longer than --stall-after
-        produce(kafka.bootstrap_servers, topic, {0: 4})
-        found, now = ops.health_facts(db, client_config(kafka.bootstrap_servers), "count_topic")
+        counting.produce(topic, {0: 4})
+        found, now = ops.health_facts(
+            counting.db, client_config(counting.kafka.bootstrap_servers), "count_topic"
+        )
         [result] = [evaluate(f, now, stall_after) for f in found]
         assert (result.status, result.lag, result.running, result.reason) == (OK, 4, True, "")
         assert result.seconds_since_commit >= 3
 
         # No batch takes them: once they have waited longer than --stall-after, the job is stuck.
         time.sleep(3.5)
-        result = check(database_url, kafka, "--stall-after", "3")
+        result = check(counting.database_url, counting.kafka, "--stall-after", "3")
         assert result.returncode == 2, result.stderr
         summary, line = result.stdout.splitlines()
         assert summary == "CRITICAL: job 'count_topic': 1 STALL"
@@ -432,7 +440,7 @@ def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messag
         ), line
 
         job.run_batch()
-        result = check(database_url, kafka, "--stall-after", "3")
+        result = check(counting.database_url, counting.kafka, "--stall-after", "3")
         assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
 
 
@@ -516,13 +524,7 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
 def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(
     spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
 ) -> None:
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    with job_for(spark, kafka, database_url, topic) as job:
-        job.run_batch()
-    kafka.recreate_topic(topic, 3)
-    send(kafka.bootstrap_servers, topic, ((0, b"k", b"new-0-%d" % i, NEW_TS + i) for i in range(8)))
-    send(kafka.bootstrap_servers, topic, ((1, b"k", b"new-1-%d" % i, NEW_TS + i) for i in range(3)))
+    topic = counted_then_recreated(spark, kafka, database_url, new_topic(1), 1, 3, {0: 8, 1: 3})
     result = check(database_url, kafka)
     assert result.returncode == 2, result.stderr
     assert result.stdout.splitlines() == [

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import produce
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.cli import txstore
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.ops.test_operator_cli import txstore
+from tests.helpers.cli import txstore
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, assert_counted_exactly
 from tests.helpers.job_processes import count_topic_args, job_env, kill_group, python_without_txstore
 from tests.helpers.standalone import Standalone
 from txstore import __version__
@@ -183,25 +183,19 @@ def test_an_installed_wheel_migrates_a_fresh_database_and_counts_a_topic_from_an
     assert "batch 1: 3 ranges, 900 messages" in job.stderr, job.stderr[-3000:]
     assert "Traceback" not in job.stderr
     with psycopg.connect(empty_database_url, autocommit=True) as db:
-        assert totals(db, topic) == {topic: 900}
-        assert offsets(db, topic) == log_ends(kafka, topic)
+        assert_counted_exactly(db, kafka, topic, 900)
 
 
 def test_spark_submit_runs_the_job_file_the_installed_package_names(
-    installed: Installed,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    installed: Installed, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     env = in_venv(installed)
     path = run(
         [installed.bin("txstore"), "job-file", "count_topic"], 60, cwd=tmp_path, env=env
     ).stdout.strip()
     assert Path(path).is_file() and Path(path).is_relative_to(installed.prefix), path
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 250, 1: 150})
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 250, 1: 150})
     job = run(
         [
             installed.bin("spark-submit"),
@@ -210,7 +204,7 @@ def test_spark_submit_runs_the_job_file_the_installed_package_names(
             "--conf",
             "spark.ui.enabled=false",
             path,
-            *count_topic_args(kafka, database_url, topic, "--once"),
+            *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
         ],
         JOB_TIMEOUT,
         cwd=tmp_path,
@@ -218,7 +212,7 @@ def test_spark_submit_runs_the_job_file_the_installed_package_names(
     )
     # spark-submit passes the Python driver's stderr on to its own stdout
     assert "batch 1: 2 ranges, 400 messages" in job.stdout, job.stdout[-3000:]
-    assert totals(db, topic) == {topic: 400}
+    assert broker_db.totals(topic) == {topic: 400}
     unknown = subprocess.run(
         [installed.bin("txstore"), "job-file", "nope"],
         cwd=tmp_path,
@@ -281,13 +275,7 @@ def submit_to(cluster: Standalone, *args: str, env: dict[str, str], cwd: Path) -
 @pytest.mark.spark
 @pytest.mark.cluster
 def test_the_wheel_itself_on_py_files_ships_txstore_to_a_cluster_whose_python_lacks_it(
-    installed: Installed,
-    standalone: Standalone,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    installed: Installed, standalone: Standalone, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     python = python_without_txstore(tmp_path)  # the driver's and the executors': no txstore
     job = tmp_path / "count_topic.py"
@@ -297,49 +285,41 @@ def test_the_wheel_itself_on_py_files_ships_txstore_to_a_cluster_whose_python_la
         ).stdout.strip(),
         job,
     )
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 700, 1: 500, 2: 300})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 700, 1: 500, 2: 300})
     log = submit_to(
         standalone,
         "--py-files",
         str(installed.wheel),
         str(job),
-        *count_topic_args(kafka, database_url, topic, "--once"),
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
         env={"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
         cwd=tmp_path,
     )
     assert "batch 1: 3 ranges, 1500 messages" in log, log[-5000:]
-    assert totals(db, topic) == {topic: 1500}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    broker_db.assert_counted_exactly(topic, 1500)
 
 
 @pytest.mark.spark
 @pytest.mark.cluster
 def test_a_packed_environment_on_archives_is_the_python_of_the_executors(
-    installed: Installed,
-    packed: Path,
-    standalone: Standalone,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    installed: Installed, packed: Path, standalone: Standalone, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     env = in_venv(installed, PYSPARK_PYTHON="./environment/bin/python")
     job = run([installed.bin("txstore"), "job-file", "count_topic"], 60, cwd=tmp_path, env=env).stdout.strip()
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 600, 1: 400, 2: 200})
+    topic = broker_db.new_topic(3)
+    broker_db.produce(topic, {0: 600, 1: 400, 2: 200})
     log = submit_to(
         standalone,
         "--archives",
         f"{packed}#environment",
         job,
-        *count_topic_args(kafka, database_url, topic, "--once"),
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
         env={k: env[k] for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")},
         cwd=tmp_path,
     )
     assert "batch 1: 3 ranges, 1200 messages" in log, log[-5000:]
-    assert totals(db, topic) == {topic: 1200}
+    assert broker_db.totals(topic) == {topic: 1200}
     # The executor ran in its application folder, where the archive was unpacked as ./environment.
     unpacked = list(Path(standalone.env["SPARK_WORKER_DIR"]).glob("app-*/*/environment/bin/python"))
     assert unpacked, "no executor unpacked the archive"

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO, pg_url
-from tests.helpers.private_postgres import free_port
+from tests.helpers.local import free_port
 from txstore import __version__
 from txstore.postgres.db import connect, redact
 from txstore.postgres.migrate import SCHEMA_REVISION, head_revision

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import Counting, log_ends, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.postgres.test_sink import seed, snapshot
 from txstore.core.errors import AlreadyCommitted, OffsetGap, PublishFailed
@@ -91,24 +91,20 @@ def test_the_idempotent_sink_stores_every_message_once_even_when_offsets_are_res
 
 
 @pytest.mark.spark
-def test_an_idempotent_job_stores_what_its_transform_returns(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, b"keep", b"abc", None), (0, b"drop", b"x", None)])
+def test_an_idempotent_job_stores_what_its_transform_returns(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, [(0, b"keep", b"abc", None), (0, b"drop", b"x", None)])
 
     def upper_if_kept(m: Message) -> tuple[bytes | None, bytes | None] | None:
         return (m.key(), (m.value() or b"").upper()) if m.key() == b"keep" else None
 
-    s = JobSettings("upper", (topic,), kafka.bootstrap_servers, database_url, sink="idempotent")
-    with TransactionalJob(spark, s, transform=upper_if_kept) as job:
+    s = JobSettings(
+        "upper", (topic,), counting.kafka.bootstrap_servers, counting.database_url, sink="idempotent"
+    )
+    with TransactionalJob(counting.spark, s, transform=upper_if_kept) as job:
         job.run_batch()
-    assert stored_messages(db, "upper") == [(topic, 0, 0, b"keep", b"ABC")]
-    assert offsets(db, topic, "upper") == {0: 2}
+    assert stored_messages(counting.db, "upper") == [(topic, 0, 0, b"keep", b"ABC")]
+    assert counting.offsets(topic, "upper") == {0: 2}
 
 
 def test_an_idempotent_replay_changes_nothing_but_a_gap_is_refused(
@@ -203,55 +199,61 @@ def published(kafka: AnyKafka, topic: str) -> Counter[str]:
 
 
 @pytest.mark.spark
-def test_every_committed_result_is_published_through_broker_faults(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic, results = new_topic(3), new_topic(1, prefix="results")
-    s = JobSettings("pub", (topic,), kafka.bootstrap_servers, database_url, publish_topic=results)
+def test_every_committed_result_is_published_through_broker_faults(counting: Counting) -> None:
+    topic, results = counting.new_topic(3), counting.new_topic(1, prefix="results")
+    s = JobSettings(
+        "pub", (topic,), counting.kafka.bootstrap_servers, counting.database_url, publish_topic=results
+    )
 
     def committed_keys() -> set[str]:
-        return {r[0] for r in db.execute("SELECT dedup_key FROM txn_outbox WHERE job = 'pub'").fetchall()}
+        return {
+            r[0] for r in counting.db.execute("SELECT dedup_key FROM txn_outbox WHERE job = 'pub'").fetchall()
+        }
 
     try:
-        with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+        with TransactionalJob(counting.spark, s, CountMessages(by_key=True)) as job:
             send(
-                kafka.bootstrap_servers, topic, [(p, b"k", b"v", None) for p in (0, 1, 2) for _ in range(50)]
+                counting.kafka.bootstrap_servers,
+                topic,
+                [(p, b"k", b"v", None) for p in (0, 1, 2) for _ in range(50)],
             )
             # Retriable produce errors: the idempotent producer retries them without duplicates.
-            kafka.push_request_errors(PRODUCE_API, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT)
+            counting.kafka.push_request_errors(
+                PRODUCE_API, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT
+            )
             job.run_batch()
-            assert pending_count(db, "pub") == 0
-            assert set(published(kafka, results)) == committed_keys()
+            assert pending_count(counting.db, "pub") == 0
+            assert set(published(counting.kafka, results)) == committed_keys()
         close_producers()
 
         # Committed while the broker is down (the commit needs only PostgreSQL): publishing
         # fails fast on the first undelivered message and the rows wait in the outbox.
-        send(kafka.bootstrap_servers, topic, [(p, b"k", b"v", None) for p in (0, 1) for _ in range(10)])
-        with connect(database_url) as conn:
+        send(
+            counting.kafka.bootstrap_servers,
+            topic,
+            [(p, b"k", b"v", None) for p in (0, 1) for _ in range(10)],
+        )
+        with connect(counting.database_url) as conn:
             sink = TransactionalSink(conn, "pub", publish_to=results)
-            kafka.set_broker_down(1)
+            counting.kafka.set_broker_down(1)
             try:
                 for p in (0, 1):
-                    end = offsets(db, topic, "pub")[p]
+                    end = counting.offsets(topic, "pub")[p]
                     sink.commit(OffsetRange(topic, p, end, end + 10), {TOPIC_TOTAL: 10, by_key("k"): 10})
                 with pytest.raises(PublishFailed, match="2 committed results stay in txn_outbox"):
                     OutboxPublisher(s.kafka_conf, "pub", timeout=3.0).publish_pending(conn)
             finally:
-                kafka.set_broker_up(1)
-        assert pending_count(db, "pub") == 2
+                counting.kafka.set_broker_up(1)
+        assert pending_count(counting.db, "pub") == 2
         # The next run sends them first, even with no new data to count.
-        with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+        with TransactionalJob(counting.spark, s, CountMessages(by_key=True)) as job:
             assert job.run_batch().ranges == ()
-        assert pending_count(db, "pub") == 0
-        seen = published(kafka, results)
+        assert pending_count(counting.db, "pub") == 0
+        seen = published(counting.kafka, results)
         assert set(seen) == committed_keys()
         assert len(committed_keys()) == 5
     finally:
-        kafka.clear_request_errors(PRODUCE_API)
+        counting.kafka.clear_request_errors(PRODUCE_API)
         close_producers()
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import REPO, produce
 from tests.e2e.test_bad_input import error_line, snapshot
-from tests.e2e.test_count_topic import job_for, log_ends
+from tests.helpers.counting import job_for, log_ends
 from tests.helpers.fake_kafka import FakeLog, install_with_admin
 from tests.helpers.job_processes import count_topic_args, job_env, run_job
 from tests.helpers.private_postgres import SUPERUSER_PASSWORD, private_postgres, url

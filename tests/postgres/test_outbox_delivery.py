@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from tests.conftest import send
+from tests.helpers.cli import txstore
 from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.ops.test_operator_cli import txstore
 from tests.postgres.test_idempotent_and_outbox import read_topic
 from tests.postgres.test_sink import seed
 from txstore.core.errors import BatchFailed

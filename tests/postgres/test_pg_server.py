@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers.local import free_port
 from tests.helpers.pg_server import DEFAULT, LIBPQ_VARIABLES, Address, NoTestServer, named_address
-from tests.helpers.private_postgres import free_port
 
 NOTICE = re.compile(
     r"^PostgreSQL: nothing answers at 127\.0\.0\.1:5432 and PGHOST/PGPORT/PGUSER/PGPASSWORD are unset, "

@@ -22,11 +22,12 @@ import pytest
 
 from tests.chaos.proxy import TcpProxy, frozen_network_available
 from tests.conftest import produce
-from tests.e2e.test_count_topic import count_messages, job_for, log_ends, offsets, totals
+from tests.helpers.counting import assert_counted_exactly, job_for
 from txstore.core.errors import DatabaseUnavailable, KafkaReadError, TxstoreError
 from txstore.core.failpoints import FailPoints
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
+from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, client_config
 from txstore.kafka.reader import IDLE_TIMEOUT_SECONDS, RangeReader
@@ -277,8 +278,7 @@ def test_a_batch_whose_database_freezes_mid_commit_fails_in_seconds_and_the_next
     # The network is back: the next run commits what is missing, exactly once.
     with job_for(spark, kafka, url, topic) as again:
         again.run()
-    assert totals(db, topic) == {topic: 100}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    assert_counted_exactly(db, kafka, topic, 100)
 
 
 def test_a_read_from_a_broker_that_went_away_fails_within_the_default_idle_timeout(

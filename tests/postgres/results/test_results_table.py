@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import BrokerDb, Counting, log_ends, offsets
 from tests.helpers.job_processes import count_topic_args, job_env
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
@@ -299,28 +299,26 @@ def totals_of(orders: Sequence[Sale]) -> Stored:
 
 
 def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_anything(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    db.execute(SALES.format(name="sales"))
+    counting.db.execute(SALES.format(name="sales"))
     rng = random.Random(11)
-    topics = [new_topic(2), new_topic(2)]
+    topics = [counting.new_topic(2), counting.new_topic(2)]
     everything: list[Sale] = []
     for run, topic in enumerate(topics):
         orders = sales(rng, 600, run)
-        send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        send(counting.kafka.bootstrap_servers, topic, to_messages(orders, 2))
         everything += orders
     table = ResultsTable("sales", SALES_KEYS, tuple(ORDER_FREE_MERGE.items()))
     errors: list[BaseException] = []
 
     def run(job: str, topic: str) -> None:
         # Small batches: many commits of each job land while the other's are in flight.
-        s = settings(kafka, database_url, job, topic, max_offsets_per_batch=100)
+        s = settings(counting.kafka, counting.database_url, job, topic, max_offsets_per_batch=100)
         try:
-            with TransactionalJob(spark, s, dataframe_aggregate=by_country, results_table=table) as runner:
+            with TransactionalJob(
+                counting.spark, s, dataframe_aggregate=by_country, results_table=table
+            ) as runner:
                 while runner.run_batch().ranges:
                     pass
         except BaseException as e:
@@ -332,9 +330,9 @@ def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_a
     for t in threads:
         t.join(600)
     assert not errors, errors
-    assert stored_sales(db) == totals_of(everything)
+    assert stored_sales(counting.db) == totals_of(everything)
     for i, topic in enumerate(topics):
-        assert offsets(db, topic, f"job{i}") == log_ends(kafka, topic)
+        assert counting.offsets(topic, f"job{i}") == counting.log_ends(topic)
 
 
 def aggregate_args(kafka: AnyKafka, database_url: str, topic: str, *more: str) -> list[str]:
@@ -567,25 +565,19 @@ def test_the_aggregate_command_exits_2_with_a_line_per_problem_and_writes_nothin
 
 
 @pytest.mark.connect
-def test_sql_results_merge_exactly_under_spark_connect(
-    spark_connect: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(2)
+def test_sql_results_merge_exactly_under_spark_connect(spark_connect: Any, broker_db: BrokerDb) -> None:
+    broker_db.db.execute(SALES.format(name="sales"))
+    topic = broker_db.new_topic(2)
     rng = random.Random(21)
-    s = settings(kafka, database_url, "sales", topic)
+    s = settings(broker_db.kafka, broker_db.database_url, "sales", topic)
     runs: list[list[Sale]] = []
     for run in range(2):
         orders = sales(rng, 300, run)
-        send(kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        send(broker_db.kafka.bootstrap_servers, topic, to_messages(orders, 2))
         runs.append(orders)
         assert run_once(spark_connect, s, sales_table()) == {COMMITTED}
-        assert stored_sales(db) == expected_sales(runs)
-        assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+        assert stored_sales(broker_db.db) == expected_sales(runs)
+        assert broker_db.offsets(topic, "sales") == broker_db.log_ends(topic)
 
 
 @pytest.mark.parametrize("problem", ["unreadable", "empty"])
@@ -668,30 +660,26 @@ def test_read_columns_that_leave_out_what_the_query_uses_are_refused_in_one_line
 
 
 def test_columns_that_would_round_the_querys_numbers_are_refused_before_anything_is_read(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """Issue 24's own numbers: a count summed onto a counter at 2^24 in ``real`` (ten one-message
     batches stored 16777216, not 16777226), 0.050 summed in ``numeric(10,1)``, the bigint
     9007199254740993 in ``double precision``. Refused, one line each, before anything is read;
     with the columns the lines' ``ALTER TABLE`` gives, the same batches store them exactly."""
-    db.execute(
+    counting.db.execute(
         "CREATE TABLE counters (id text PRIMARY KEY, n real NOT NULL, amount numeric(10, 1), "
         "big double precision)"
     )
-    db.execute("INSERT INTO counters VALUES ('c', 16777216, 0, 0)")
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, None, b"x", None)] * 10)
+    counting.db.execute("INSERT INTO counters VALUES ('c', 16777216, 0, 0)")
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, [(0, None, b"x", None)] * 10)
     query = (
         "SELECT 'c' AS id, count(*) AS n, sum(CAST('0.050' AS DECIMAL(10, 3))) AS amount, "
         "max(CAST(9007199254740993 AS BIGINT)) AS big FROM batch"
     )
     table = ResultsTable("counters", ("id",), (("n", "sum"), ("amount", "sum"), ("big", "max")))
-    s = settings(kafka, database_url, "counters", topic, max_offsets_per_batch=1)
-    lines = refusal(spark, s, table, query)
+    s = settings(counting.kafka, counting.database_url, "counters", topic, max_offsets_per_batch=1)
+    lines = refusal(counting.spark, s, table, query)
     assert [line[line.index("column ") :] for line in lines] == [
         "column n: the query's n is bigint, which counters.n (real) cannot hold exactly: real holds integers "
         "exactly only up to 2^24 = 16777216, larger ones and sums round; "
@@ -703,87 +691,83 @@ def test_columns_that_would_round_the_querys_numbers_are_refused_before_anything
         "double precision holds integers exactly only up to 2^53 = 9007199254740992, larger ones and sums "
         "round; ALTER TABLE counters ALTER COLUMN big TYPE bigint",
     ]
-    assert offsets(db, topic, "counters") == {}  # nothing read, nothing written
-    assert db.execute("SELECT n, amount, big FROM counters").fetchall() == [(16777216, 0, 0)]
+    assert counting.offsets(topic, "counters") == {}  # nothing read, nothing written
+    assert counting.db.execute("SELECT n, amount, big FROM counters").fetchall() == [(16777216, 0, 0)]
 
     for line in lines:
-        db.execute(line[line.index("ALTER TABLE ") :])
+        counting.db.execute(line[line.index("ALTER TABLE ") :])
     batches = 0
-    with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
+    with TransactionalJob(
+        counting.spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table
+    ) as job:
         while ranges := job.run_batch().ranges:
             assert {r.outcome for r in ranges} == {COMMITTED}
             batches += 1
     assert batches == 10
-    assert db.execute("SELECT n, amount, big FROM counters").fetchall() == [
+    assert counting.db.execute("SELECT n, amount, big FROM counters").fetchall() == [
         (16777226, Decimal("0.500"), 9007199254740993)
     ]
 
 
 def test_a_count_too_large_for_an_integer_column_stops_the_batch_and_commits_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """The check's decision for narrower integer columns (Spark's count is bigint): accepted, because a
     value or sum they cannot hold makes PostgreSQL raise instead of rounding, so the batch stops loudly
     with nothing merged and no offset moved."""
-    db.execute("CREATE TABLE small (id text PRIMARY KEY, n integer NOT NULL)")
-    db.execute("INSERT INTO small VALUES ('c', 2147483647)")
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
+    counting.db.execute("CREATE TABLE small (id text PRIMARY KEY, n integer NOT NULL)")
+    counting.db.execute("INSERT INTO small VALUES ('c', 2147483647)")
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
     query = "SELECT 'c' AS id, count(*) AS n FROM batch"
     table = ResultsTable("small", ("id",), (("n", "sum"),))
-    s = settings(kafka, database_url, "small", topic)
+    s = settings(counting.kafka, counting.database_url, "small", topic)
     with (
-        TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job,
+        TransactionalJob(
+            counting.spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table
+        ) as job,
         pytest.raises(Exception, match="integer out of range"),  # PostgreSQL's error, in the job's line
     ):
         job.run_batch()
-    assert db.execute("SELECT n FROM small").fetchall() == [(2147483647,)]
-    assert offsets(db, topic, "small") == {0: 0}  # planned from 0, not moved
+    assert counting.db.execute("SELECT n FROM small").fetchall() == [(2147483647,)]
+    assert counting.offsets(topic, "small") == {0: 0}  # planned from 0, not moved
 
 
 def test_two_instants_of_a_daylight_saving_fold_stay_two_rows_and_timestamp_without_zone_is_refused(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
     """Spark's session zone Europe/Berlin, whose clocks went back from 03:00 to 02:00 on 2026-10-25:
     the hours 02:00 CEST and 02:00 CET are two instants an hour apart. A ``timestamp`` (without time
     zone) column would hold both as 02:00 and merge them: refused before anything is read, one line
     saying to use ``timestamptz``; there they stay two rows."""
-    db.execute("CREATE TABLE hourly (hour timestamp PRIMARY KEY, n bigint NOT NULL)")
-    topic = new_topic(1)
+    counting.db.execute("CREATE TABLE hourly (hour timestamp PRIMARY KEY, n bigint NOT NULL)")
+    topic = counting.new_topic(1)
     first = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)  # 02:30 CEST
     second = datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc)  # 02:30 CET, an hour later
     send(
-        kafka.bootstrap_servers,
+        counting.kafka.bootstrap_servers,
         topic,
         [(0, None, b"x", int(t.timestamp() * 1000)) for t in (first, second)],
     )
     query = "SELECT date_trunc('HOUR', timestamp) AS hour, count(*) AS n FROM batch GROUP BY 1"
     table = ResultsTable("hourly", ("hour",), (("n", "sum"),))
-    s = settings(kafka, database_url, "hourly", topic)
-    zone = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
+    s = settings(counting.kafka, counting.database_url, "hourly", topic)
+    zone = counting.spark.conf.get("spark.sql.session.timeZone")
+    counting.spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
     try:
-        [line] = refusal(spark, s, table, query)
+        [line] = refusal(counting.spark, s, table, query)
         assert line[line.index("column ") :] == (
             "column hour: the query's hour is timestamp, which hourly.hour (timestamp without time zone) "
             "cannot hold exactly: timestamp without time zone drops the instant's offset, so two instants "
             "can be one value (the two 02:30 of a daylight-saving fold); "
             "ALTER TABLE hourly ALTER COLUMN hour TYPE timestamptz"
         )
-        assert offsets(db, topic, "hourly") == {}
-        db.execute(line[line.index("ALTER TABLE ") :])
-        assert run_once(spark, s, table, query) == {COMMITTED}
+        assert counting.offsets(topic, "hourly") == {}
+        counting.db.execute(line[line.index("ALTER TABLE ") :])
+        assert run_once(counting.spark, s, table, query) == {COMMITTED}
     finally:
-        spark.conf.set("spark.sql.session.timeZone", zone)
-    assert dict(db.execute("SELECT hour, n FROM hourly").fetchall()) == {
+        counting.spark.conf.set("spark.sql.session.timeZone", zone)
+    assert dict(counting.db.execute("SELECT hour, n FROM hourly").fetchall()) == {
         datetime(2026, 10, 25, 0, tzinfo=timezone.utc): 1,
         datetime(2026, 10, 25, 1, tzinfo=timezone.utc): 1,
     }

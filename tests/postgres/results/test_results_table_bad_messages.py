@@ -13,19 +13,16 @@ Real Spark, PostgreSQL and the Kafka-protocol test broker.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import psycopg
 import pytest
 
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import Counting
 from tests.postgres.results.test_results_table import run_once, settings
 from txstore import ResultsTable
 from txstore.core.errors import BadMessage, TooManyBadMessages
 from txstore.spark.ranges.range_task import COMMITTED
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -63,22 +60,23 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_message_that_cannot_be_merged_stops_the_job_in_one_line_naming_its_offset(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    case: str,
+    counting: Counting, case: str
 ) -> None:
     query, messages, (bad_partition, bad_offset, bad_value), reason = CASES[case]
-    words_table(db)
-    topic = new_topic(2)
+    words_table(counting.db)
+    topic = counting.new_topic(2)
     by_partition = {p: list(messages) for p in (0, 1)}
     key, _ = by_partition[bad_partition][bad_offset]
     by_partition[bad_partition][bad_offset] = (key, bad_value)
-    send(kafka.bootstrap_servers, topic, [(p, k, v, None) for p, kvs in by_partition.items() for k, v in kvs])
+    send(
+        counting.kafka.bootstrap_servers,
+        topic,
+        [(p, k, v, None) for p, kvs in by_partition.items() for k, v in kvs],
+    )
     with pytest.raises(BadMessage) as refused:
-        run_once(spark, settings(kafka, database_url, "words", topic), WORDS, query)
+        run_once(
+            counting.spark, settings(counting.kafka, counting.database_url, "words", topic), WORDS, query
+        )
     error = refused.value
     assert (error.job, error.topic, error.partition, error.offset) == (
         "words",
@@ -91,70 +89,63 @@ def test_a_message_that_cannot_be_merged_stops_the_job_in_one_line_naming_its_of
     assert "\n" not in line and f"partition {bad_partition} offset {bad_offset}" in line
     assert "--on-bad-message skip" in line
     # Nothing committed: no offsets moved, no rows merged.
-    assert set(offsets(db, topic, "words").values()) <= {0}
-    assert stored_words(db) == {}
+    assert set(counting.offsets(topic, "words").values()) <= {0}
+    assert stored_words(counting.db) == {}
 
 
 def test_on_bad_message_skip_records_what_cannot_be_stored_and_merges_the_rest_exactly(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    words_table(db)
-    topic = new_topic(2)
+    words_table(counting.db)
+    topic = counting.new_topic(2)
     # Partition 0: a NUL byte at offset 7 and bytes that are not UTF-8 at its last offset;
     # partition 1: clean. Each partition's offsets count up from 0.
     values = {0: [GOOD[i % 4] for i in range(30)], 1: [GOOD[(i + 1) % 4] for i in range(25)]}
     values[0][7] = b"nul\x00here"
     values[0][29] = b"\xff\xfe not utf-8"
-    send(kafka.bootstrap_servers, topic, [(p, None, v, None) for p, vs in values.items() for v in vs])
-    s = settings(kafka, database_url, "words", topic, on_bad_message="skip")
-    assert run_once(spark, s, WORDS, WORDS_SQL) == {COMMITTED}
+    send(
+        counting.kafka.bootstrap_servers, topic, [(p, None, v, None) for p, vs in values.items() for v in vs]
+    )
+    s = settings(counting.kafka, counting.database_url, "words", topic, on_bad_message="skip")
+    assert run_once(counting.spark, s, WORDS, WORDS_SQL) == {COMMITTED}
     good = Counter(
         v.decode() for p, vs in values.items() for i, v in enumerate(vs) if (p, i) not in {(0, 7), (0, 29)}
     )
-    assert stored_words(db) == dict(good)
-    recorded = db.execute(
+    assert stored_words(counting.db) == dict(good)
+    recorded = counting.db.execute(
         "SELECT topic, part, off, reason FROM txn_bad_messages WHERE job = 'words' ORDER BY part, off"
     ).fetchall()
     assert [(t, p, o) for t, p, o, _ in recorded] == [(topic, 0, 7), (topic, 0, 29)]
     assert all(r.startswith(("CharacterNotInRepertoire", "UntranslatableCharacter")) for *_, r in recorded)
-    assert offsets(db, topic, "words") == log_ends(kafka, topic)
+    assert counting.offsets(topic, "words") == counting.log_ends(topic)
     # The next batch: only new messages, merged onto the same rows.
-    send(kafka.bootstrap_servers, topic, [(1, None, b"apple", None)])
-    assert run_once(spark, s, WORDS, WORDS_SQL) == {COMMITTED}
+    send(counting.kafka.bootstrap_servers, topic, [(1, None, b"apple", None)])
+    assert run_once(counting.spark, s, WORDS, WORDS_SQL) == {COMMITTED}
     good["apple"] += 1
-    assert stored_words(db) == dict(good)
-    assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (2,)
+    assert stored_words(counting.db) == dict(good)
+    assert counting.db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (2,)
 
 
 def test_a_table_that_refuses_every_row_stops_the_search_and_records_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every message is "bad" (each try is a Spark job): past the limit the search stops and the
     # job says the table or the query is at fault, not skipping the whole topic one by one.
     import txstore.modes.results_table as mode
 
     monkeypatch.setattr(mode, "MAX_BAD_MESSAGES", 2)
-    words_table(db)
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, None, b"nul\x00%d" % i, None) for i in range(12)])
-    s = settings(kafka, database_url, "words", topic, on_bad_message="skip")
+    words_table(counting.db)
+    topic = counting.new_topic(1)
+    send(counting.kafka.bootstrap_servers, topic, [(0, None, b"nul\x00%d" % i, None) for i in range(12)])
+    s = settings(counting.kafka, counting.database_url, "words", topic, on_bad_message="skip")
     with pytest.raises(TooManyBadMessages) as stopped:
-        run_once(spark, s, WORDS, WORDS_SQL)
+        run_once(counting.spark, s, WORDS, WORDS_SQL)
     line = str(stopped.value)
     assert "\n" not in line
     assert line.startswith(
         f"job 'words': more than 2 messages of this batch fail (the first: topic {topic!r} "
     )
     assert "partition 0 offset 0 (CharacterNotInRepertoire" in line
-    assert db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (0,)
-    assert set(offsets(db, topic, "words").values()) <= {0}
-    assert stored_words(db) == {}
+    assert counting.db.execute("SELECT count(*) FROM txn_bad_messages").fetchone() == (0,)
+    assert set(counting.offsets(topic, "words").values()) <= {0}
+    assert stored_words(counting.db) == {}

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import produce_in_transactions, send
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, Counting
 from txstore import ResultsTable, TransactionalJob
 from txstore.core.ranges import OffsetRange
 from txstore.job import JobSettings
@@ -131,19 +131,18 @@ def dataframe_job(spark: Any, kafka: MockKafkaCluster, url: str, topic: str, job
 @pytest.mark.spark
 @pytest.mark.parametrize("case", list(QUERIES))
 def test_each_range_reports_its_messages_once_whatever_the_query_does(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    case: str,
+    any_spark: Any, broker_db: BrokerDb, case: str
 ) -> None:
     query, times = QUERIES[case]
-    topic = new_topic(2)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=6, partitions=2)
-    ends = log_ends(kafka, topic)
+    topic = broker_db.new_topic(2)
+    produce_in_transactions(
+        broker_db.kafka.bootstrap_servers, topic, transactions=4, per_transaction=6, partitions=2
+    )
+    ends = broker_db.log_ends(topic)
     assert ends == {0: 16, 1: 16}  # 12 messages and 4 markers each
-    report = dataframe_job(any_spark, kafka, database_url, topic, "twice", query).run_batch()
+    report = dataframe_job(
+        any_spark, broker_db.kafka, broker_db.database_url, topic, "twice", query
+    ).run_batch()
     # A Spark Connect client older than PySpark 4.2 cannot send one observation in two branches
     # of a plan: there nothing is observed (the query still runs) and the spans are reported.
     messages = 12 if not is_connect(any_spark) or observations_merge() else 16
@@ -151,37 +150,27 @@ def test_each_range_reports_its_messages_once_whatever_the_query_does(
         (0, 16, messages),
         (1, 16, messages),
     ]
-    assert totals(db, topic, job="twice") == {topic: 24 * times}
-    assert offsets(db, topic, "twice") == ends
+    assert broker_db.totals(topic, job="twice") == {topic: 24 * times}
+    assert broker_db.offsets(topic, "twice") == ends
 
 
 @pytest.mark.spark
-def test_a_query_that_stops_reading_early_reports_the_offsets_it_passed(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(1)
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=1)
+def test_a_query_that_stops_reading_early_reports_the_offsets_it_passed(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    produce_in_transactions(
+        counting.kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=1
+    )
     report = dataframe_job(
-        spark, kafka, database_url, topic, "early", lambda f: per_topic(f.limit(3))
+        counting.spark, counting.kafka, counting.database_url, topic, "early", lambda f: per_topic(f.limit(3))
     ).run_batch()
-    assert totals(db, topic, job="early") == {topic: 3}
+    assert counting.totals(topic, job="early") == {topic: 3}
     assert [(r.range.size, r.messages) for r in report.ranges] == [(24, 24)]  # no task read it all
 
 
 @pytest.mark.spark
-def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batch(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batch(counting: Counting) -> None:
     """Both jobs' tasks hand counts to the one accumulator of the SparkContext at once."""
-    topics = {"left": new_topic(2), "right": new_topic(3)}
+    topics = {"left": counting.new_topic(2), "right": counting.new_topic(3)}
     reports: dict[str, list[list[tuple[int, int]]]] = {job: [] for job in topics}
     errors: list[BaseException] = []
 
@@ -189,9 +178,15 @@ def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batc
         try:
             for n in range(batches):
                 produce_in_transactions(
-                    kafka.bootstrap_servers, topics[job], transactions=2, per_transaction=6 + n, partitions=2
+                    counting.kafka.bootstrap_servers,
+                    topics[job],
+                    transactions=2,
+                    per_transaction=6 + n,
+                    partitions=2,
                 )
-                report = dataframe_job(spark, kafka, database_url, topics[job], job, per_topic).run_batch()
+                report = dataframe_job(
+                    counting.spark, counting.kafka, counting.database_url, topics[job], job, per_topic
+                ).run_batch()
                 reports[job].append([(r.range.partition, r.messages) for r in report.ranges])
         except BaseException as e:  # re-raised in the test's thread below
             errors.append(e)
@@ -207,7 +202,7 @@ def test_two_jobs_in_one_process_each_report_their_own_messages_batch_after_batc
     # third partition gets none: no range).
     for job in topics:
         assert reports[job] == [[(0, 6), (1, 6)], [(0, 8), (1, 6)], [(0, 8), (1, 8)]], job
-        assert totals(db, topics[job], job=job) == {topics[job]: 12 + 14 + 16}
+        assert counting.totals(topics[job], job=job) == {topics[job]: 12 + 14 + 16}
 
 
 @pytest.mark.spark

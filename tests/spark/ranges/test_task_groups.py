@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import psycopg
 import pytest
 
-from tests.conftest import produce
-from tests.e2e.test_count_topic import job_for, log_ends, offsets, totals
+from tests.helpers.counting import Counting
 from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 from txstore.spark.ranges.tasks import TASKS_PER_CORE, task_groups
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 
 def ranges(*sizes: int) -> list[OffsetRange]:
@@ -58,41 +52,28 @@ def test_one_run_holds_every_range_and_no_run_is_refused() -> None:
 
 
 @pytest.mark.spark
-def test_a_batch_over_many_partitions_counts_each_range_exactly_once(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    partitions = 5 * TASKS_PER_CORE * spark.sparkContext.defaultParallelism
-    topic = new_topic(partitions)
+def test_a_batch_over_many_partitions_counts_each_range_exactly_once(counting: Counting) -> None:
+    partitions = 5 * TASKS_PER_CORE * counting.spark.sparkContext.defaultParallelism
+    topic = counting.new_topic(partitions)
     counts = {p: p + 1 for p in range(partitions)}
-    produce(kafka.bootstrap_servers, topic, counts)
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    counting.produce(topic, counts)
+    report = counting.job(topic).run_batch()
     assert [r.range.partition for r in report.ranges] == list(range(partitions))
     assert all(r.outcome == COMMITTED for r in report.ranges)
-    assert totals(db, topic) == {topic: sum(counts.values())}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, sum(counts.values()))
 
 
 @pytest.mark.spark
 def test_a_task_of_many_ranges_commits_them_in_one_transaction_that_a_retry_recognises(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    partitions = 3 * TASKS_PER_CORE * spark.sparkContext.defaultParallelism
-    topic = new_topic(partitions)
-    produce(kafka.bootstrap_servers, topic, dict.fromkeys(range(partitions), 7))
+    partitions = 3 * TASKS_PER_CORE * counting.spark.sparkContext.defaultParallelism
+    topic = counting.new_topic(partitions)
+    counting.produce(topic, dict.fromkeys(range(partitions), 7))
     # Every first attempt dies right after its one COMMIT of all its ranges: the retry
     # finds every one of them committed and adds nothing.
     monkeypatch.setenv("TXSTORE_FAILPOINTS", "after-commit@first")
-    report = job_for(spark, kafka, database_url, topic).run_batch()
+    report = counting.job(topic).run_batch()
     assert len(report.ranges) == partitions
     assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
-    assert totals(db, topic) == {topic: 7 * partitions}
-    assert offsets(db, topic) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, 7 * partitions)

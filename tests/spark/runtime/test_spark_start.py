@@ -15,12 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from py4j.protocol import Py4JJavaError
 
 from tests.conftest import REPO, produce
-from tests.e2e.test_count_topic import totals
+from tests.helpers.counting import BrokerDb
 from tests.helpers.job_processes import StderrLines, count_topic_args, job_env, kill_group, start_job
 from txstore.spark.runtime.startup import java_cause
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -89,19 +88,14 @@ def test_an_unreachable_connect_server_ends_the_job_in_bounded_time_with_one_lin
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_ends_the_wait_for_a_connect_server_at_once(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    silent_server: socket.socket,
-    signum: signal.Signals,
+    broker_db: BrokerDb, silent_server: socket.socket, signum: signal.Signals
 ) -> None:
     port = silent_server.getsockname()[1]
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3})
+    topic = broker_db.new_topic(1)
+    broker_db.produce(topic, {0: 3})
     args = count_topic_args(
-        kafka,
-        database_url,
+        broker_db.kafka,
+        broker_db.database_url,
         topic,
         "--interval",
         "1",
@@ -129,7 +123,7 @@ def test_sigterm_or_ctrl_c_ends_the_wait_for_a_connect_server_at_once(
         in err
     ), err[-3000:]
     assert "Traceback" not in err and "interrupted" not in err
-    assert totals(db, topic) == {topic: 0}  # nothing counted
+    assert broker_db.totals(topic) == {topic: 0}  # nothing counted
 
 
 def test_a_standalone_master_that_cannot_be_reached_is_named_with_its_cause(

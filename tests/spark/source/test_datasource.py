@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 import txstore
 from tests.conftest import produce, produce_in_transactions
-from tests.e2e.test_count_topic import job_for, log_ends, offsets
+from tests.helpers.counting import job_for, log_ends, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from tests.conftest import Outgoing, send
 from tests.e2e.test_aggregates import KEYS, keyed_messages, settings, stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import BrokerDb
 from txstore import ResultsTable
 from txstore.aggregate import SqlAggregate
 from txstore.core.results import decode_key
@@ -345,23 +345,20 @@ def values_per_key(frame: Any) -> Any:
 @pytest.mark.spark
 @pytest.mark.parametrize("aggregate", [per_key, values_per_key], ids=["rows", "values"])
 def test_a_pushed_down_job_stores_what_spark_running_the_query_stores(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    aggregate: Callable[[Any], Any],
+    any_spark: Any, broker_db: BrokerDb, aggregate: Callable[[Any], Any]
 ) -> None:
-    topic = new_topic(3)
+    topic = broker_db.new_topic(3)
     rng = random.Random(23)
     messages: list[Outgoing] = [
         (p, k, None if rng.random() < 0.3 else v, ts) for p, k, v, ts in keyed_messages(rng, 900, 3)
     ]
-    send(kafka.bootstrap_servers, topic, messages)
+    send(broker_db.kafka.bootstrap_servers, topic, messages)
     jobs = {"pushed": True, "as-written": False}
     for name, push in jobs.items():
         # min_partitions: ranges cut into pieces, several tasks per partition.
-        s = settings(kafka, database_url, name, topic, commit="per-batch", min_partitions=5)
+        s = settings(
+            broker_db.kafka, broker_db.database_url, name, topic, commit="per-batch", min_partitions=5
+        )
         with TransactionalJob(any_spark, s, dataframe_aggregate=aggregate, push_down_counts=push) as job:
             assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
             assert (job.pushdown is not None) == push
@@ -372,10 +369,14 @@ def test_a_pushed_down_job_stores_what_spark_running_the_query_stores(
             1 if aggregate is per_key or value is not None else 0
         )
     expected = {k: Decimal(v) for k, v in want.items() if v or aggregate is per_key}
-    pushed, written = stored(db, "pushed", topic), stored(db, "as-written", topic)
+    pushed, written = stored(broker_db.db, "pushed", topic), stored(broker_db.db, "as-written", topic)
     assert {k: v for k, v in pushed.items() if v} == expected
     assert pushed == written
-    assert offsets(db, topic, "pushed") == offsets(db, topic, "as-written") == log_ends(kafka, topic)
+    assert (
+        broker_db.offsets(topic, "pushed")
+        == broker_db.offsets(topic, "as-written")
+        == broker_db.log_ends(topic)
+    )
 
 
 @pytest.mark.spark

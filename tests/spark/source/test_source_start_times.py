@@ -18,7 +18,7 @@ import pytest
 
 import txstore
 from tests.conftest import send
-from tests.e2e.test_count_topic import offsets, totals
+from tests.helpers.counting import offsets, totals
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.starting import (

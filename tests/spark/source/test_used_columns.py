@@ -14,12 +14,11 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.conftest import send
 from tests.e2e.test_aggregates import keyed_messages, settings, stored
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.counting import Counting
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
 from txstore.spark.ranges.range_task import COMMITTED
@@ -143,15 +142,11 @@ def test_the_columns_spark_keeps_for_an_aggregate_are_the_ones_inferred(any_spar
 
 @pytest.mark.spark
 def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exact_sums(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(3)
+    topic = counting.new_topic(3)
     messages = keyed_messages(random.Random(11), 700, 3)
-    send(kafka.bootstrap_servers, topic, messages)
+    send(counting.kafka.bootstrap_servers, topic, messages)
     seen: list[list[str]] = []
 
     def value_bytes_per_key(frame: Any) -> Any:
@@ -163,8 +158,8 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
             .withColumnRenamed("sum(n)", "metric")
         )
 
-    s = settings(kafka, database_url, "inferred", topic)
-    with TransactionalJob(spark, s, dataframe_aggregate=value_bytes_per_key) as job:
+    s = settings(counting.kafka, counting.database_url, "inferred", topic)
+    with TransactionalJob(counting.spark, s, dataframe_aggregate=value_bytes_per_key) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
         assert job.read_columns == ("key", "value", "topic")
     # The probe's frame had every column; the batch's only the inferred ones.
@@ -172,8 +167,8 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
     want: Counter[tuple[str, str | None, None]] = Counter()
     for _, key, value, _ in messages:
         want[("key", decode_key(key), None)] += len(value or b"")
-    assert stored(db, "inferred", topic) == {k: Decimal(v) for k, v in want.items()}
-    assert offsets(db, topic, "inferred") == log_ends(kafka, topic)
+    assert stored(counting.db, "inferred", topic) == {k: Decimal(v) for k, v in want.items()}
+    assert counting.offsets(topic, "inferred") == counting.log_ends(topic)
 
 
 @pytest.mark.spark

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 import txstore
+from tests.helpers.counting import Counting
+from txstore.testing.mock_kafka import MockKafkaCluster
 
 
 @pytest.fixture
@@ -17,3 +21,16 @@ def session(request: pytest.FixtureRequest) -> Any:
     )
     txstore.register(spark)
     return spark
+
+
+@pytest.fixture
+def streaming(
+    session: Any,
+    kafka: MockKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_topic: Callable[..., str],
+) -> Counting:
+    """``counting`` (tests/conftest.py) on ``session``: ``streaming.run_available_now(topic, checkpoint)``,
+    ``streaming.stream(topic)``, ``streaming.assert_counted_exactly(topic, 3, job=JOB)``."""
+    return Counting(kafka, database_url, db, new_topic, spark=session)

@@ -19,10 +19,10 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import log_ends, offsets, totals
 from tests.helpers.streams import JOB, QueryFailed, run_available_now
 from tests.kafka.test_real_kafka_lifecycle import delete_records
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.core.errors import (
     ConfigError,
     DataLoss,

@@ -10,7 +10,6 @@ does not read must not be in the checkpoint. Real Spark, real PostgreSQL, the mo
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,10 @@ import psycopg
 import pytest
 
 import txstore
-from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
 from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -90,23 +87,20 @@ def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
 
 
 def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_and_another_start_is_not(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    broker_db: BrokerDb,
 ) -> None:
     """The source's planning as Spark calls it, without Spark. startingOffsets latest: the start
     is the log end when the query takes its initial offset, stored then (as count_topic stores
     its start); the first micro-batch, planned after more messages came, starts there and is the
     job's. A start that is not where a job would start is refused before its rows are made."""
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 2})
-    reader = counting_planner(kafka, database_url, topic, A, startingOffsets="latest")
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 5, 1: 2})
+    reader = counting_planner(broker_db.kafka, broker_db.database_url, topic, A, startingOffsets="latest")
     try:
         start = reader.initialOffset()
         assert start == {topic: {"0": 5, "1": 2}}
-        assert rows(db, A) == [(topic, 0, 5, 0), (topic, 1, 2, 0)]
-        produce(kafka.bootstrap_servers, topic, {0: 3})
+        assert rows(broker_db.db, A) == [(topic, 0, 5, 0), (topic, 1, 2, 0)]
+        broker_db.produce(topic, {0: 3})
         end = reader.latestOffset(start, None)
         assert end == {topic: {"0": 8, "1": 2}}
         ranges = [
@@ -118,7 +112,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
     finally:
         reader.stop()
 
-    other = counting_planner(kafka, database_url, topic, B, startingOffsets="latest")
+    other = counting_planner(broker_db.kafka, broker_db.database_url, topic, B, startingOffsets="latest")
     try:
         with pytest.raises(
             ForeignCheckpoint,
@@ -131,7 +125,7 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
             other.latestOffset(start, None)
     finally:
         other.stop()
-    assert rows(db, B) == []
+    assert rows(broker_db.db, B) == []
 
 
 # -- real queries --------------------------------------------------------------------------------
@@ -139,32 +133,26 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
 
 @pytest.mark.parametrize("count_messages", [False, True], ids=["per-message", "counted"])
 def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-    count_messages: bool,
+    counting: Counting, tmp_path: Path, count_messages: bool
 ) -> None:
     """Job A's checkpoint copied for new job B (no rows, startingOffsets earliest), then pointed at
     directly: B stops in one line naming the offsets, writes nothing, and leaves A alone. B with a
     checkpoint of its own then counts the topic from its start. A checkpoint of A given to B once
     B has rows is the older-copy case: B's rows decide, and it stops too."""
-    txstore.register(spark)
+    txstore.register(counting.spark)
     options = {"txstore.countMessages": "true"} if count_messages else {}
-    topic = new_topic(2)
+    topic = counting.new_topic(2)
     chk_a, chk_b = tmp_path / "a", tmp_path / "b"
-    produce(kafka.bootstrap_servers, topic, {0: 8, 1: 3})
-    run_as(A, spark, kafka, database_url, topic, chk_a, **options)
-    produce(kafka.bootstrap_servers, topic, {0: 2, 1: 1})
-    a_rows, a_totals = rows(db, A), totals(db, topic, job=A)
+    counting.produce(topic, {0: 8, 1: 3})
+    run_as(A, counting.spark, counting.kafka, counting.database_url, topic, chk_a, **options)
+    counting.produce(topic, {0: 2, 1: 1})
+    a_rows, a_totals = rows(counting.db, A), counting.totals(topic, job=A)
     assert a_totals == {topic: 11}
 
     shutil.copytree(chk_a, chk_b)
     for checkpoint in (chk_b, chk_a):  # a copy, and A's own directory
         with pytest.raises(QueryFailed) as e:
-            run_as(B, spark, kafka, database_url, topic, checkpoint, **options)
+            run_as(B, counting.spark, counting.kafka, counting.database_url, topic, checkpoint, **options)
         message = str(e.value)
         expected = (
             f"job '{B}' topic '{topic}' partition 0: the checkpoint starts this micro-batch at offset 8, "
@@ -173,45 +161,41 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
         )
         assert expected in message, message
         assert "nothing was read" in message and "new checkpointLocation" in message
-        assert rows(db, B) == []
-        assert totals(db, topic, job=B) == {topic: 0}
-        assert rows(db, A) == a_rows and totals(db, topic, job=A) == a_totals
+        assert rows(counting.db, B) == []
+        assert counting.totals(topic, job=B) == {topic: 0}
+        assert rows(counting.db, A) == a_rows and counting.totals(topic, job=A) == a_totals
 
     shutil.rmtree(chk_b)
-    run_as(B, spark, kafka, database_url, topic, chk_b, **options)  # its own: from the start
-    assert totals(db, topic, job=B) == {topic: 14}
-    assert offsets(db, topic, job=B) == log_ends(kafka, topic)
+    run_as(
+        B, counting.spark, counting.kafka, counting.database_url, topic, chk_b, **options
+    )  # its own: from the start
+    counting.assert_counted_exactly(topic, 14, job=B)
 
     # B has rows now: A's checkpoint is an older copy. (Had the log not grown, its next batch
     # would end where B's rows are: taken as B's own batch replayed, and not counted again.)
-    produce(kafka.bootstrap_servers, topic, {0: 1})
+    counting.produce(topic, {0: 1})
     with pytest.raises(QueryFailed) as e:
-        run_as(B, spark, kafka, database_url, topic, chk_a, **options)
+        run_as(B, counting.spark, counting.kafka, counting.database_url, topic, chk_a, **options)
     assert f"job '{B}' topic '{topic}' partition 0: txn_offsets stores offset 10 but the checkpoint" in str(
         e.value
     )
-    assert totals(db, topic, job=B) == {topic: 14}
-    assert rows(db, A) == a_rows and totals(db, topic, job=A) == a_totals
+    assert counting.totals(topic, job=B) == {topic: 14}
+    assert rows(counting.db, A) == a_rows and counting.totals(topic, job=A) == a_totals
 
 
 def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """A's checkpoint (topic X) for B reading topic Y, and for B reading X and Y: refused, one
     line each, before anything is read (not as a partition Kafka "no longer has")."""
-    txstore.register(spark)
-    x, y = new_topic(1), new_topic(1)
-    produce(kafka.bootstrap_servers, x, {0: 5})
-    produce(kafka.bootstrap_servers, y, {0: 4})
+    txstore.register(counting.spark)
+    x, y = counting.new_topic(1), counting.new_topic(1)
+    counting.produce(x, {0: 5})
+    counting.produce(y, {0: 4})
     checkpoint = tmp_path / "a"
-    run_as(A, spark, kafka, database_url, x, checkpoint)
+    run_as(A, counting.spark, counting.kafka, counting.database_url, x, checkpoint)
     with pytest.raises(QueryFailed) as e:
-        run_as(B, spark, kafka, database_url, y, checkpoint)
+        run_as(B, counting.spark, counting.kafka, counting.database_url, y, checkpoint)
     message = str(e.value)
     assert (
         f"job '{B}': the checkpoint names topic '{x}', which this query does not read (it reads '{y}')"
@@ -219,11 +203,11 @@ def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
     ), message
     assert "new checkpointLocation" in message
     with pytest.raises(QueryFailed) as e:
-        run_as(B, spark, kafka, database_url, f"{x},{y}", checkpoint)
+        run_as(B, counting.spark, counting.kafka, counting.database_url, f"{x},{y}", checkpoint)
     assert (
         f"job '{B}' topic '{x}' partition 0: the checkpoint starts this micro-batch at offset 5, but the job "
         "has no offset stored for this partition and would start it at earliest offset 0"
     ) in str(e.value)
-    assert rows(db, B) == []
-    assert totals(db, x, y, job=B) == {x: 0, y: 0}
-    assert totals(db, x, job=A) == {x: 5}
+    assert rows(counting.db, B) == []
+    assert counting.totals(x, y, job=B) == {x: 0, y: 0}
+    assert counting.totals(x, job=A) == {x: 5}

@@ -12,10 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import Counting
 from tests.helpers.streams import JOB, stream
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -29,21 +26,18 @@ def _expected(counts: dict[int, int]) -> list[tuple[int, int]]:
 
 
 def test_the_source_into_spark_file_sink_writes_each_message_once_over_restarts_and_moves_txn_offsets(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     import txstore
 
-    txstore.register(spark)
-    topic = new_topic(2)
+    txstore.register(counting.spark)
+    topic = counting.new_topic(2)
     out, checkpoint = tmp_path / "out", tmp_path / "chk"
 
     def run(**options: str) -> None:
-        df = stream(spark, kafka, database_url, topic, **options).select("partition", "offset")
+        df = stream(counting.spark, counting.kafka, counting.database_url, topic, **options).select(
+            "partition", "offset"
+        )
         query = (
             df.writeStream.format("parquet")
             .option("path", str(out))
@@ -55,38 +49,33 @@ def test_the_source_into_spark_file_sink_writes_each_message_once_over_restarts_
         assert query.exception() is None
 
     produced = {0: 6, 1: 3}
-    produce(kafka.bootstrap_servers, topic, produced)
+    counting.produce(topic, produced)
     run(maxOffsetsPerTrigger="4")  # several micro-batches in one run
-    assert _parquet_rows(spark, out) == _expected(produced)
-    moved = offsets(db, topic, job=JOB)
-    assert all(moved[p] <= log_ends(kafka, topic)[p] for p in moved)
+    assert _parquet_rows(counting.spark, out) == _expected(produced)
+    moved = counting.offsets(topic, job=JOB)
+    assert all(moved[p] <= counting.log_ends(topic)[p] for p in moved)
 
     for more in ({0: 2, 1: 5}, {}, {1: 1}):  # restarts: new messages, none, a few
-        produce(kafka.bootstrap_servers, topic, more)
+        counting.produce(topic, more)
         for p, n in more.items():
             produced[p] += n
         run()
-        assert _parquet_rows(spark, out) == _expected(produced)
+        assert _parquet_rows(counting.spark, out) == _expected(produced)
     # Spark commits a micro-batch to its source when it starts the next: by now every one but
     # the last is in txn_offsets, and none is ever ahead of what the file sink holds.
-    final = offsets(db, topic, job=JOB)
+    final = counting.offsets(topic, job=JOB)
     assert all(final[p] <= produced[p] for p in produced)
     assert sum(final.values()) >= sum(produced.values()) - 1 - 5
-    assert totals(db, topic, job=JOB) == {topic: 0}  # the file sink's data is not txstore's counts
+    assert counting.totals(topic, job=JOB) == {topic: 0}  # the file sink's data is not txstore's counts
 
 
 def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_follow(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     import txstore
 
-    txstore.register(spark)
-    topic = new_topic(1)
+    txstore.register(counting.spark)
+    topic = counting.new_topic(1)
     checkpoint = tmp_path / "chk"
     seen: list[int] = []
 
@@ -95,7 +84,7 @@ def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_fo
 
     def run() -> None:
         query = (
-            stream(spark, kafka, database_url, topic, maxOffsetsPerTrigger="3")
+            stream(counting.spark, counting.kafka, counting.database_url, topic, maxOffsetsPerTrigger="3")
             .writeStream.foreachBatch(collect)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
@@ -104,13 +93,13 @@ def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_fo
         query.awaitTermination(120)
         assert query.exception() is None
 
-    produce(kafka.bootstrap_servers, topic, {0: 7})
+    counting.produce(topic, {0: 7})
     run()
-    produce(kafka.bootstrap_servers, topic, {0: 4})
+    counting.produce(topic, {0: 4})
     run()
     run()
     assert sorted(seen) == list(range(11))
-    stored = offsets(db, topic, job=JOB)[0]
+    stored = counting.offsets(topic, job=JOB)[0]
     assert 8 <= stored <= 11
 
 

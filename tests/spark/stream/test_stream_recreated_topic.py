@@ -20,10 +20,10 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.recreated import snapshot
 from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink, stream
-from tests.kafka.test_recreated_topic import snapshot
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -20,8 +20,9 @@ import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
-from tests.helpers.private_postgres import free_port, restartable_postgres, url
+from tests.helpers.counting import BrokerDb, Counting, assert_counted_exactly
+from tests.helpers.local import free_port
+from tests.helpers.private_postgres import restartable_postgres, url
 from tests.helpers.streams import JOB, counting_planner, sink, stream
 from txstore.core.errors import DatabaseUnavailable
 from txstore.postgres.migrate import upgrade
@@ -98,59 +99,51 @@ def end_planning_session(db: psycopg.Connection) -> int:
     return pid
 
 
-def test_each_planning_method_survives_its_session_ended_before_it(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_each_planning_method_survives_its_session_ended_before_it(broker_db: BrokerDb) -> None:
     """initialOffset, latestOffset, partitions, prepareForTriggerAvailableNow and commit, each
     called after the planning session was ended: each answers, on a new session that holds the
     stream lock again."""
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 2})
-    reader = counting_planner(kafka, database_url, topic, JOB)
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 4, 1: 2})
+    reader = counting_planner(broker_db.kafka, broker_db.database_url, topic, JOB)
     try:
         start = reader.initialOffset()
-        ended = [end_planning_session(db)]
+        ended = [end_planning_session(broker_db.db)]
         assert reader.initialOffset() == start == {topic: {"0": 0, "1": 0}}
-        ended.append(end_planning_session(db))
+        ended.append(end_planning_session(broker_db.db))
         end = reader.latestOffset(start, None)
         assert end == {topic: {"0": 4, "1": 2}}
-        ended.append(end_planning_session(db))
+        ended.append(end_planning_session(broker_db.db))
         parts = reader.partitions(start, end)
         assert [(r.partition, r.from_offset, r.until_offset) for p in parts for r in p.ranges] == [
             (0, 0, 4),
             (1, 0, 2),
         ]
-        ended.append(end_planning_session(db))
+        ended.append(end_planning_session(broker_db.db))
         reader.prepareForTriggerAvailableNow()
         reader.commit(end)
         assert reader.latestOffset(start, None) == end
-        holders = stream_lock_holders(db)
+        holders = stream_lock_holders(broker_db.db)
         assert len(holders) == 1 and holders[0] not in ended
     finally:
         reader.stop()
-    wait_until(lambda: not stream_lock_holders(db), 30, "the lock released by stop()")
+    wait_until(lambda: not stream_lock_holders(broker_db.db), 30, "the lock released by stop()")
 
 
 def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_a_new_one(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    broker_db: BrokerDb,
 ) -> None:
     """partitions() waits on the micro-batch plan's row (locked here); its session is ended while
     it waits: the call is run once more on a new session and stores the plan."""
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3})
-    reader = counting_planner(kafka, database_url, topic, JOB)
+    topic = broker_db.new_topic(1)
+    broker_db.produce(topic, {0: 3})
+    reader = counting_planner(broker_db.kafka, broker_db.database_url, topic, JOB)
     try:
         start = reader.initialOffset()
         end = reader.latestOffset(start, None)
         reader.partitions(start, end)  # the plan's row exists
-        produce(kafka.bootstrap_servers, topic, {0: 2})
-        with psycopg.connect(database_url) as blocker:
+        broker_db.produce(topic, {0: 2})
+        with psycopg.connect(broker_db.database_url) as blocker:
             blocker.execute("SELECT 1 FROM txn_stream_plans WHERE job = %s FOR UPDATE", (JOB,))
             done: list[object] = []
 
@@ -164,56 +157,53 @@ def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_
             thread.start()
             waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
             wait_until(
-                lambda: bool(db.execute(waiting).fetchall()), 30, "partitions() waiting on the plan's row"
+                lambda: bool(broker_db.db.execute(waiting).fetchall()),
+                30,
+                "partitions() waiting on the plan's row",
             )
-            (pid,) = [p for (p,) in db.execute(waiting).fetchall()]
-            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            (pid,) = [p for (p,) in broker_db.db.execute(waiting).fetchall()]
+            broker_db.db.execute("SELECT pg_terminate_backend(%s)", (pid,))
             time.sleep(0.5)
             blocker.rollback()  # the new session's statement then takes the row
             thread.join(60)
             assert not thread.is_alive() and done, "partitions() did not return"
             assert not isinstance(done[0], Exception), done[0]
-        with psycopg.connect(database_url) as conn:
+        with psycopg.connect(broker_db.database_url) as conn:
             assert [(r.from_offset, r.until_offset) for r in load_plan(conn, JOB).ranges] == [(0, 5)]
-        assert stream_lock_holders(db) and pid not in stream_lock_holders(db)
+        assert stream_lock_holders(broker_db.db) and pid not in stream_lock_holders(broker_db.db)
     finally:
         reader.stop()
 
 
 def test_ending_the_querys_postgresql_sessions_between_micro_batches_costs_a_pause_not_the_query(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """pg_terminate_backend of the source's planning session (the stream lock's holder) and of
     every other session of the query (the sink's kept connection), twice: the query goes on,
     holds its stream lock again, and counts each message once."""
-    txstore.register(spark)
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 3})
-    query = running_query(spark, kafka, database_url, topic, tmp_path / "chk")
+    txstore.register(counting.spark)
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 7, 1: 3})
+    query = running_query(counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "chk")
     try:
         query.processAllAvailable()
-        assert totals(db, topic, job=JOB) == {topic: 10}
+        assert counting.totals(topic, job=JOB) == {topic: 10}
         for round_, more in enumerate(({0: 4, 1: 2}, {1: 5})):
-            (planner,) = stream_lock_holders(db)
-            ended = db.execute(
+            (planner,) = stream_lock_holders(counting.db)
+            ended = counting.db.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             ).fetchone()
             assert ended is not None and ended[0] >= 2, ended  # the planner's and the sink's, at least
-            produce(kafka.bootstrap_servers, topic, more)
+            counting.produce(topic, more)
             query.processAllAvailable()
             assert query.isActive, round_
-            holders = stream_lock_holders(db)
+            holders = stream_lock_holders(counting.db)
             assert len(holders) == 1 and holders != [planner]  # a new session holds the lock again
-        assert totals(db, topic, job=JOB) == {topic: 21}
+        assert counting.totals(topic, job=JOB) == {topic: 21}
     finally:
         query.stop()
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
 
 
 def test_a_postgresql_restart_under_a_running_query_costs_a_pause_not_the_query(
@@ -247,28 +237,22 @@ def test_a_postgresql_restart_under_a_running_query_costs_a_pause_not_the_query(
         finally:
             query.stop()
         with psycopg.connect(database_url, autocommit=True) as db:
-            assert totals(db, topic, job=JOB) == {topic: 19}
-            assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+            assert_counted_exactly(db, kafka, topic, 19, job=JOB)
 
 
 def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone_stops_in_one_line(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """The first query's planning session is ended; before it takes its stream lock again (held
     back 20 s by a fail point), a second query of the job starts and takes it. The first stops
     in one line saying so; the second counts the rest; nothing is counted twice."""
-    txstore.register(spark)
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 6, 1: 4})
+    txstore.register(counting.spark)
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 6, 1: 4})
     first = running_query(
-        spark,
-        kafka,
-        database_url,
+        counting.spark,
+        counting.kafka,
+        counting.database_url,
         topic,
         tmp_path / "first",
         **{"txstore.failpoints": "before-stream-relock:sleep=20"},
@@ -276,12 +260,16 @@ def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone
     second = None
     try:
         first.processAllAvailable()
-        assert totals(db, topic, job=JOB) == {topic: 10}
-        (planner,) = stream_lock_holders(db)
-        db.execute("SELECT pg_terminate_backend(%s)", (planner,))
-        wait_until(lambda: not stream_lock_holders(db), 30, "the first query's planning session ended")
-        second = running_query(spark, kafka, database_url, topic, tmp_path / "second")
-        produce(kafka.bootstrap_servers, topic, {0: 2, 1: 3})
+        assert counting.totals(topic, job=JOB) == {topic: 10}
+        (planner,) = stream_lock_holders(counting.db)
+        counting.db.execute("SELECT pg_terminate_backend(%s)", (planner,))
+        wait_until(
+            lambda: not stream_lock_holders(counting.db), 30, "the first query's planning session ended"
+        )
+        second = running_query(
+            counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "second"
+        )
+        counting.produce(topic, {0: 2, 1: 3})
         second.processAllAvailable()
         with pytest.raises(Exception) as stopped:  # Spark's StreamingQueryException
             first.awaitTermination(90)
@@ -295,11 +283,10 @@ def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone
         ) in line, line
         assert "restart this one with a new checkpointLocation" in line, line
         assert second.isActive
-        produce(kafka.bootstrap_servers, topic, {1: 1})
+        counting.produce(topic, {1: 1})
         second.processAllAvailable()
     finally:
         first.stop()
         if second is not None:
             second.stop()
-    assert totals(db, topic, job=JOB) == {topic: 16}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, 16, job=JOB)

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import txstore
 from tests.conftest import produce
-from tests.e2e.test_count_topic import log_ends, offsets, totals
+from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, group_ranges
@@ -154,89 +153,74 @@ def _data_stages(spark: Any, query: Any) -> list[Any]:
 @CLASSIC_AND_CONNECT
 @pytest.mark.parametrize("counted", [True, False], ids=["countMessages", "topic-column"])
 def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_exactly(
-    session: Any,
-    counted: bool,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    session: Any, counted: bool, broker_db: BrokerDb, tmp_path: Path
 ) -> None:
     """Without txstore.tasks the default is the parallelism register() measured (on Connect
     too); progress still counts a row per range (countMessages) or per message."""
-    topic = new_topic(5)
+    topic = broker_db.new_topic(5)
     checkpoint = tmp_path / "chk"
     options = COUNT if counted else {}
     rows: Callable[[Any], Any] | None = (
         None if counted else (lambda df: df.select("topic", "partition", "offset"))
     )
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 14, 2: 5, 3: 16, 4: 7})
-    query = run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
-    assert totals(db, topic, job=JOB) == {topic: 45}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    broker_db.produce(topic, {0: 3, 1: 14, 2: 5, 3: 16, 4: 7})
+    query = run_available_now(
+        session, broker_db.kafka, broker_db.database_url, topic, checkpoint, rows=rows, **options
+    )
+    broker_db.assert_counted_exactly(topic, 45, job=JOB)
     data = [p for p in query.recentProgress if p.numInputRows > 0]
     assert [p.numInputRows for p in data] == ([5] if counted else [45])
     (source,) = data[0].sources  # the progress ends where txstore committed
-    assert {int(p): o for p, o in json.loads(source.endOffset)[topic].items()} == offsets(db, topic, job=JOB)
+    assert {int(p): o for p, o in json.loads(source.endOffset)[topic].items()} == broker_db.offsets(
+        topic, job=JOB
+    )
     if not is_connect(session):
         (stage,) = [s for s in _data_stages(session, query) if s.numTasks > 0]
         assert stage.numTasks == default_parallelism(session) == 2
 
-    produce(kafka.bootstrap_servers, topic, {1: 2, 4: 9})
-    run_available_now(session, kafka, database_url, topic, checkpoint, rows=rows, **options)
-    assert totals(db, topic, job=JOB) == {topic: 56}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    broker_db.produce(topic, {1: 2, 4: 9})
+    run_available_now(
+        session, broker_db.kafka, broker_db.database_url, topic, checkpoint, rows=rows, **options
+    )
+    broker_db.assert_counted_exactly(topic, 56, job=JOB)
 
 
-def test_a_retried_task_reads_exactly_its_planned_ranges_again(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
+def test_a_retried_task_reads_exactly_its_planned_ranges_again(counting: Counting, tmp_path: Path) -> None:
     """Each task's first attempt fails after reading its first range (a fail point); Spark
     retries it (local[2,4]) and the retry reads the task's ranges, fixed at planning, again:
     the counts are exact, a row per planned range, the offsets the plan's ends."""
-    txstore.register(spark)
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 11, 1: 22, 2: 33, 3: 44})
+    txstore.register(counting.spark)
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 11, 1: 22, 2: 33, 3: 44})
     query = run_available_now(
-        spark,
-        kafka,
-        database_url,
+        counting.spark,
+        counting.kafka,
+        counting.database_url,
         topic,
         tmp_path / "chk",
         **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range@first"},
     )
-    assert totals(db, topic, job=JOB) == {topic: 110}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    counting.assert_counted_exactly(topic, 110, job=JOB)
     assert [p.numInputRows for p in query.recentProgress if p.numInputRows > 0] == [4]
-    (stage,) = [s for s in _data_stages(spark, query) if s.numTasks > 0]
+    (stage,) = [s for s in _data_stages(counting.spark, query) if s.numTasks > 0]
     assert (stage.numTasks, stage.numCompletedTasks, stage.numFailedTasks) == (2, 2, 2)
 
 
 def test_a_task_that_keeps_failing_stops_the_query_and_commits_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
-    txstore.register(spark)
-    topic = new_topic(4)
-    produce(kafka.bootstrap_servers, topic, {0: 1, 1: 2, 2: 3, 3: 4})
+    txstore.register(counting.spark)
+    topic = counting.new_topic(4)
+    counting.produce(topic, {0: 1, 1: 2, 2: 3, 3: 4})
     with pytest.raises(QueryFailed) as e:
         run_available_now(
-            spark,
-            kafka,
-            database_url,
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
             topic,
             tmp_path / "chk",
             **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range"},
         )
     assert "fail point after-first-range" in str(e.value)
-    assert totals(db, topic, job=JOB) == {topic: 0}  # the start rows only: nothing counted
-    assert offsets(db, topic, job=JOB) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert counting.totals(topic, job=JOB) == {topic: 0}  # the start rows only: nothing counted
+    assert counting.offsets(topic, job=JOB) == {0: 0, 1: 0, 2: 0, 3: 0}

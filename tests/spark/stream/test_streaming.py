@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,12 @@ import psycopg
 import pytest
 
 import txstore
-from tests.conftest import produce, produce_in_transactions, send
-from tests.e2e.test_count_topic import log_ends, offsets, totals
-from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink, stream
-from tests.ops.test_operator_cli import txstore as txstore_cli
+from tests.conftest import produce_in_transactions, send
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import BrokerDb, Counting, offsets
+from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
 from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -71,100 +70,68 @@ def test_rows_of_messages_outside_the_micro_batch_are_refused_in_one_line() -> N
 # -- real queries --------------------------------------------------------------------------------
 
 
-def test_stream_counts_each_message_once_over_restarts(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
-    topic = new_topic(3)
+def test_stream_counts_each_message_once_over_restarts(streaming: Counting, tmp_path: Path) -> None:
+    topic = streaming.new_topic(3)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 30, 1: 20, 2: 1})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 51}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    streaming.produce(topic, {0: 30, 1: 20, 2: 1})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.assert_counted_exactly(topic, 51, job=JOB)
 
-    produce(kafka.bootstrap_servers, topic, {1: 5})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 56}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    streaming.produce(topic, {1: 5})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.assert_counted_exactly(topic, 56, job=JOB)
 
 
 def test_max_offsets_per_trigger_cuts_batches_and_available_now_reads_them_all(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 40, 1: 10})
-    query = run_available_now(
-        session, kafka, database_url, topic, tmp_path / "chk", maxOffsetsPerTrigger="10"
-    )
+    topic = streaming.new_topic(2)
+    streaming.produce(topic, {0: 40, 1: 10})
+    query = streaming.run_available_now(topic, tmp_path / "chk", maxOffsetsPerTrigger="10")
     batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
     if not ADMISSION_CONTROL:
         # PySpark before 4.2: latestOffset() gets no limit and Trigger.AvailableNow fixes its
         # end with one call, so each run reads one batch capped by the option.
         assert batches == [10]
-        assert totals(db, topic, job=JOB) == {topic: 10}
+        assert streaming.totals(topic, job=JOB) == {topic: 10}
         for _ in range(4):
-            run_available_now(
-                session, kafka, database_url, topic, tmp_path / "chk", maxOffsetsPerTrigger="10"
-            )
+            streaming.run_available_now(topic, tmp_path / "chk", maxOffsetsPerTrigger="10")
     else:
         assert len(batches) == 5, batches
-    assert totals(db, topic, job=JOB) == {topic: 50}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    streaming.assert_counted_exactly(topic, 50, job=JOB)
 
 
 @CLASSIC_AND_CONNECT
-def test_checkpoint_deleted_starts_where_postgresql_says(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
-    topic = new_topic(2)
+def test_checkpoint_deleted_starts_where_postgresql_says(streaming: Counting, tmp_path: Path) -> None:
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 8, 1: 3})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
+    streaming.produce(topic, {0: 8, 1: 3})
+    streaming.run_available_now(topic, checkpoint)
     shutil.rmtree(checkpoint)
-    produce(kafka.bootstrap_servers, topic, {0: 2, 1: 4})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 17}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    streaming.produce(topic, {0: 2, 1: 4})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.assert_counted_exactly(topic, 17, job=JOB)
 
 
 @CLASSIC_AND_CONNECT
 def test_older_checkpoint_copy_stops_in_one_line_and_writes_nothing(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    topic = new_topic(2)
+    topic = streaming.new_topic(2)
     checkpoint, old = tmp_path / "chk", tmp_path / "old"
-    produce(kafka.bootstrap_servers, topic, {0: 8, 1: 3})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
+    streaming.produce(topic, {0: 8, 1: 3})
+    streaming.run_available_now(topic, checkpoint)
     shutil.copytree(checkpoint, old)
-    produce(kafka.bootstrap_servers, topic, {0: 5})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 16}
-    stored = offsets(db, topic, job=JOB)
+    streaming.produce(topic, {0: 5})
+    streaming.run_available_now(topic, checkpoint)
+    assert streaming.totals(topic, job=JOB) == {topic: 16}
+    stored = streaming.offsets(topic, job=JOB)
 
     shutil.rmtree(checkpoint)
     shutil.copytree(old, checkpoint)  # the older copy "restored"
-    produce(kafka.bootstrap_servers, topic, {1: 2})
+    streaming.produce(topic, {1: 2})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(session, kafka, database_url, topic, checkpoint)
+        streaming.run_available_now(topic, checkpoint)
     message = str(e.value)
     expected = (
         f"job '{JOB}' topic '{topic}' partition 0: txn_offsets stores offset 13 but the checkpoint "
@@ -172,62 +139,49 @@ def test_older_checkpoint_copy_stops_in_one_line_and_writes_nothing(
     )
     assert expected in message, message
     assert "new checkpointLocation" in message
-    assert totals(db, topic, job=JOB) == {topic: 16}
-    assert offsets(db, topic, job=JOB) == stored
+    assert streaming.totals(topic, job=JOB) == {topic: 16}
+    assert streaming.offsets(topic, job=JOB) == stored
 
 
 @CLASSIC_AND_CONNECT
 def test_batch_replayed_after_a_crash_is_recognised_as_committed_and_applied_once(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    topic = new_topic(2)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 6, 1: 4})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    produce(kafka.bootstrap_servers, topic, {0: 2})
-    second = run_available_now(session, kafka, database_url, topic, checkpoint)
+    streaming.produce(topic, {0: 6, 1: 4})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.produce(topic, {0: 2})
+    second = streaming.run_available_now(topic, checkpoint)
     last_batch = max(p.batchId for p in second.recentProgress if p.numInputRows > 0)
     assert last_batch >= 1  # a batch after the first, whose start comes from the checkpoint
-    assert totals(db, topic, job=JOB) == {topic: 12}
+    assert streaming.totals(topic, job=JOB) == {topic: 12}
     # The state a crash leaves between the sink's PostgreSQL commit and Spark's commit log:
     # the batch is in offsets/ but not in commits/. The restart replays it (same id, same ranges).
     (checkpoint / "commits" / str(last_batch)).unlink()
     (checkpoint / "commits" / f".{last_batch}.crc").unlink(missing_ok=True)
-    again = run_available_now(session, kafka, database_url, topic, checkpoint)
+    again = streaming.run_available_now(topic, checkpoint)
     replayed = [p for p in again.recentProgress if p.batchId == last_batch]
     assert replayed and replayed[0].numInputRows == 2  # read again, not counted again
-    assert totals(db, topic, job=JOB) == {topic: 12}
-    produce(kafka.bootstrap_servers, topic, {1: 3})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 15}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert streaming.totals(topic, job=JOB) == {topic: 12}
+    streaming.produce(topic, {1: 3})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.assert_counted_exactly(topic, 15, job=JOB)
 
 
 @CLASSIC_AND_CONNECT
-def test_a_second_query_on_the_same_job_is_refused(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
+def test_a_second_query_on_the_same_job_is_refused(streaming: Counting, tmp_path: Path) -> None:
+    topic = streaming.new_topic(2)
+    streaming.produce(topic, {0: 5, 1: 5})
     running = (
-        sink(stream(session, kafka, database_url, topic), database_url, tmp_path / "a")
+        sink(streaming.stream(topic), streaming.database_url, tmp_path / "a")
         .trigger(processingTime="500 milliseconds")
         .start()
     )
     try:
         running.processAllAvailable()
         with pytest.raises(QueryFailed) as e:
-            run_available_now(session, kafka, database_url, topic, tmp_path / "b")
+            streaming.run_available_now(topic, tmp_path / "b")
         # Both queries run in this test's Spark application: the line says so, and names both
         # ways that happens (a second query, or two sources of the job in one query).
         line = str(e.value)
@@ -235,115 +189,94 @@ def test_a_second_query_on_the_same_job_is_refused(
             f"job '{JOB}': another readStream.format('txstore') of this job in this Spark application" in line
         )
         assert "or a second running query of this job; nothing was read" in line
-        produce(kafka.bootstrap_servers, topic, {0: 2})
+        streaming.produce(topic, {0: 2})
         running.processAllAvailable()
         assert running.isActive
     finally:
         running.stop()
-    assert totals(db, topic, job=JOB) == {topic: 12}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    streaming.assert_counted_exactly(topic, 12, job=JOB)
 
 
 def test_a_recreated_topic_stops_the_query_with_count_topics_line(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    topic = new_topic(1)
+    topic = streaming.new_topic(1)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 8})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    kafka.recreate_topic(topic, 1)
-    produce(kafka.bootstrap_servers, topic, {0: 2})
+    streaming.produce(topic, {0: 8})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.kafka.recreate_topic(topic, 1)
+    streaming.produce(topic, {0: 2})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(session, kafka, database_url, topic, checkpoint)
+        streaming.run_available_now(topic, checkpoint)
     expected = (
         f"job '{JOB}' topic '{topic}' partition 0: stored offset 8 is beyond the log-end offset 2 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its "
         f"earliest offset: txstore reset --job {JOB} --topic {topic} --partition 0 --to-earliest --execute"
     )
     assert expected in str(e.value)
-    assert totals(db, topic, job=JOB) == {topic: 8}
+    assert streaming.totals(topic, job=JOB) == {topic: 8}
 
 
 def test_a_topic_deleted_after_the_query_counted_it_stops_it_saying_so_not_check_the_topic(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
     """Between a recreation's delete and its create the topic is gone: the job counted it, so
     its name is no typo. The query stops with count_topic's line for that (what to run then),
     not the client's "check --topic"."""
-    txstore.register(spark)
-    topic = new_topic(2)
+    txstore.register(counting.spark)
+    topic = counting.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 2})
-    run_available_now(spark, kafka, database_url, topic, checkpoint)
-    kafka.delete_topic(topic)
+    counting.produce(topic, {0: 3, 1: 2})
+    run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
+    counting.kafka.delete_topic(topic)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(spark, kafka, database_url, topic, checkpoint)
+        run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
     assert (
-        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {kafka.bootstrap_servers} now, though the "
+        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {counting.kafka.bootstrap_servers} now, though the "
         "job stored offsets for 2 of its partitions: it may be being deleted and recreated." in str(e.value)
     )
     assert f"txstore reset --job {JOB} --topic {topic} --forget --execute" in str(e.value)
     assert "check --topic" not in str(e.value)
-    assert totals(db, topic, job=JOB) == {topic: 5}
+    assert counting.totals(topic, job=JOB) == {topic: 5}
 
 
 def test_a_partition_added_to_the_topic_between_micro_batches_is_read_from_its_start(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """The test brokers cannot add partitions to a live topic (no CreatePartitions): the topic is
     recreated with one more partition and its old partitions' messages, byte for byte and with
     the same timestamps, which a consumer cannot tell from a partition added. The query, with
     its checkpoint, goes on: the new partition enters at its earliest offset."""
-    topic = new_topic(2)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
     old = [(i % 2, b"k", f"m{i}".encode(), 1_700_000_000_000 + i) for i in range(9)]
-    send(kafka.bootstrap_servers, topic, old)
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 9}
+    send(streaming.kafka.bootstrap_servers, topic, old)
+    streaming.run_available_now(topic, checkpoint)
+    assert streaming.totals(topic, job=JOB) == {topic: 9}
 
-    kafka.recreate_topic(topic, 3)  # "ALTER TOPIC ... PARTITIONS 3"
-    send(kafka.bootstrap_servers, topic, old)
-    assert log_ends(kafka, topic) == {0: 5, 1: 4, 2: 0}
-    produce(kafka.bootstrap_servers, topic, {2: 6, 0: 2})
-    query = run_available_now(session, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 17}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic) == {0: 7, 1: 4, 2: 6}
+    streaming.kafka.recreate_topic(topic, 3)  # "ALTER TOPIC ... PARTITIONS 3"
+    send(streaming.kafka.bootstrap_servers, topic, old)
+    assert streaming.log_ends(topic) == {0: 5, 1: 4, 2: 0}
+    streaming.produce(topic, {2: 6, 0: 2})
+    query = streaming.run_available_now(topic, checkpoint)
+    assert streaming.totals(topic, job=JOB) == {topic: 17}
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic) == {0: 7, 1: 4, 2: 6}
     ends = [p["sources"][0]["endOffset"] for p in query.recentProgress if p["numInputRows"] > 0]
     assert ends and json.loads(ends[-1]) == {topic: {"0": 7, "1": 4, "2": 6}}
 
 
 def test_the_querys_progress_and_txstore_status_agree_with_what_txstore_committed(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Each micro-batch's numInputRows is its sources' endOffset - startOffset, the batches
     follow each other, the last end is txn_offsets and the rows sum to txn_data's count; and
     `txstore status` shows the streaming job like any other: offsets, lag, running."""
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 23, 1: 12})
+    topic = streaming.new_topic(2)
+    streaming.produce(topic, {0: 23, 1: 12})
     query = (
         sink(
-            stream(session, kafka, database_url, topic, maxOffsetsPerTrigger="10"),
-            database_url,
+            streaming.stream(topic, maxOffsetsPerTrigger="10"),
+            streaming.database_url,
             tmp_path / "c",
         )
         .trigger(processingTime="200 milliseconds")
@@ -352,7 +285,9 @@ def test_the_querys_progress_and_txstore_status_agree_with_what_txstore_committe
     try:
         query.processAllAvailable()
         status = json.loads(
-            txstore_cli("status", "--job", JOB, "--json", url=database_url, kafka=kafka).stdout
+            txstore_cli(
+                "status", "--job", JOB, "--json", url=streaming.database_url, kafka=streaming.kafka
+            ).stdout
         )
         assert [(r["partition"], r["offset"], r["lag"], r["running"]) for r in status] == [
             (0, 23, 0, True),
@@ -374,11 +309,11 @@ def test_the_querys_progress_and_txstore_status_agree_with_what_txstore_committe
         read = sum(end[topic][p] - start[topic].get(p, 0) for p in end[topic])
         assert progress["numInputRows"] == source["numInputRows"] == read <= 10
         previous_end = end
-    assert {int(p): o for p, o in previous_end[topic].items()} == offsets(db, topic, job=JOB)
-    assert sum(p["numInputRows"] for p in batches) == totals(db, topic, job=JOB)[topic] == 35
+    assert {int(p): o for p, o in previous_end[topic].items()} == streaming.offsets(topic, job=JOB)
+    assert sum(p["numInputRows"] for p in batches) == streaming.totals(topic, job=JOB)[topic] == 35
 
-    produce(kafka.bootstrap_servers, topic, {1: 4})
-    stopped = txstore_cli("status", "--job", JOB, url=database_url, kafka=kafka)
+    streaming.produce(topic, {1: 4})
+    stopped = txstore_cli("status", "--job", JOB, url=streaming.database_url, kafka=streaming.kafka)
     assert [line.split()[:8] + line.split()[9:10] for line in stopped.stdout.splitlines()[1:]] == [
         [JOB, topic, "0", "23", "0", "0", "23", "0", "no"],
         [JOB, topic, "1", "12", "0", "0", "16", "4", "no"],
@@ -386,107 +321,82 @@ def test_the_querys_progress_and_txstore_status_agree_with_what_txstore_committe
 
 
 def test_a_source_that_counts_its_messages_commits_the_counts_a_row_per_message_would(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """txstore.countMessages: each task reads its range and yields one row with its count;
     transaction markers take offsets but are not messages, so the count is not end - start."""
-    topic = new_topic(3)
+    topic = streaming.new_topic(3)
     checkpoint = tmp_path / "chk"
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=3)
-    produce(kafka.bootstrap_servers, topic, {2: 3})
-    query = run_available_now(
-        session, kafka, database_url, topic, checkpoint, **{"txstore.countMessages": "true"}
+    produce_in_transactions(
+        streaming.kafka.bootstrap_servers, topic, transactions=4, per_transaction=5, partitions=3
     )
-    assert totals(db, topic, job=JOB) == {topic: 23}
+    streaming.produce(topic, {2: 3})
+    query = streaming.run_available_now(topic, checkpoint, **{"txstore.countMessages": "true"})
+    assert streaming.totals(topic, job=JOB) == {topic: 23}
     rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
     assert rows == [3]  # one row per range, not per message
-    produce(kafka.bootstrap_servers, topic, {0: 4})
-    run_available_now(session, kafka, database_url, topic, checkpoint, **{"txstore.countMessages": "true"})
-    assert totals(db, topic, job=JOB) == {topic: 27}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    streaming.produce(topic, {0: 4})
+    streaming.run_available_now(topic, checkpoint, **{"txstore.countMessages": "true"})
+    streaming.assert_counted_exactly(topic, 27, job=JOB)
 
 
 @pytest.mark.parametrize("count_messages", ["true", "false"])
 def test_min_partitions_reads_a_partition_s_range_in_several_tasks_and_counts_each_message_once(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-    count_messages: str,
+    any_spark: Any, broker_db: BrokerDb, tmp_path: Path, count_messages: str
 ) -> None:
     """minPartitions 4 on one partition with transactions: 4 reading tasks a micro-batch, each a
     piece of the range (markers included), committed as the whole range, once. On classic Spark
     and through a Spark Connect client (the source and sink on its server)."""
     spark = any_spark
     txstore.register(spark)
-    topic = new_topic(1)
+    topic = broker_db.new_topic(1)
     checkpoint = tmp_path / "chk"
-    produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=7, partitions=1)
+    produce_in_transactions(
+        broker_db.kafka.bootstrap_servers, topic, transactions=3, per_transaction=7, partitions=1
+    )
     options = {"minPartitions": "4", "txstore.countMessages": count_messages}
-    query = run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
-    assert totals(db, topic, job=JOB) == {topic: 21}
+    query = run_available_now(spark, broker_db.kafka, broker_db.database_url, topic, checkpoint, **options)
+    assert broker_db.totals(topic, job=JOB) == {topic: 21}
     if count_messages == "true":
         # The source's own numInputRows (its only source's): a Spark Connect client's progress
         # leaves out the query's total (None there; PySpark 4.3, any source, e.g. rate).
         rows = [p["sources"][0]["numInputRows"] for p in query.recentProgress]
         assert [n for n in rows if n > 0] == [4]  # a row a piece
-    produce(kafka.bootstrap_servers, topic, {0: 9})
-    run_available_now(spark, kafka, database_url, topic, checkpoint, **options)
-    assert totals(db, topic, job=JOB) == {topic: 30}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    broker_db.produce(topic, {0: 9})
+    run_available_now(spark, broker_db.kafka, broker_db.database_url, topic, checkpoint, **options)
+    broker_db.assert_counted_exactly(topic, 30, job=JOB)
 
 
 @pytest.mark.connect
-def test_stream_through_spark_connect(
-    spark_connect: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
+def test_stream_through_spark_connect(spark_connect: Any, broker_db: BrokerDb, tmp_path: Path) -> None:
     """The same query from a Spark Connect client: source and sink run on the server."""
     txstore.register(spark_connect)
-    topic = new_topic(2)
+    topic = broker_db.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 7, 1: 2})
-    run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
-    produce(kafka.bootstrap_servers, topic, {1: 4})
-    run_available_now(spark_connect, kafka, database_url, topic, checkpoint)
-    assert totals(db, topic, job=JOB) == {topic: 13}
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    broker_db.produce(topic, {0: 7, 1: 2})
+    run_available_now(spark_connect, broker_db.kafka, broker_db.database_url, topic, checkpoint)
+    broker_db.produce(topic, {1: 4})
+    run_available_now(spark_connect, broker_db.kafka, broker_db.database_url, topic, checkpoint)
+    broker_db.assert_counted_exactly(topic, 13, job=JOB)
 
 
 def test_sink_process_killed_after_its_commit_replays_the_batch_once(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """The sink's process dies (like kill -9) right after PostgreSQL committed, before Spark's
     commit log has the batch: the restarted query replays it, which is recognised and skipped."""
-    topic = new_topic(2)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
-    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 1})
-    run_available_now(session, kafka, database_url, topic, checkpoint)
-    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 6})
+    streaming.produce(topic, {0: 4, 1: 1})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.produce(topic, {0: 3, 1: 6})
     with pytest.raises(QueryFailed):
-        run_available_now(session, kafka, database_url, topic, checkpoint, failpoints="after-commit:exit")
-    assert totals(db, topic, job=JOB) == {topic: 14}  # committed before the process died
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
-    again = run_available_now(session, kafka, database_url, topic, checkpoint)
+        streaming.run_available_now(topic, checkpoint, failpoints="after-commit:exit")
+    streaming.assert_counted_exactly(topic, 14, job=JOB)  # committed before the process died
+    again = streaming.run_available_now(topic, checkpoint)
     replayed = [p["numInputRows"] for p in again.recentProgress if p["numInputRows"] > 0]
     assert replayed == [9]  # the same ranges read again, not counted again
-    assert totals(db, topic, job=JOB) == {topic: 14}
+    assert streaming.totals(topic, job=JOB) == {topic: 14}
 
 
 # -- a results table -------------------------------------------------------------------------------
@@ -550,25 +460,17 @@ def sale_messages(n: int, partitions: int, seed: int) -> list[tuple[int, bytes, 
 
 @CLASSIC_AND_CONNECT
 def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_when_replayed(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Per-message rows, aggregated by the sink per micro-batch under the merge rules; a restart,
     more messages, and a micro-batch replayed after its commit change nothing twice."""
-    create_sales(db)
-    topic = new_topic(2)
+    create_sales(streaming.db)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
     first, second = sale_messages(40, 2, 1), sale_messages(25, 2, 2)
 
     def run() -> Any:
-        return run_available_now(
-            session,
-            kafka,
-            database_url,
+        return streaming.run_available_now(
             topic,
             checkpoint,
             rows=sales_rows,
@@ -576,17 +478,17 @@ def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_w
             maxOffsetsPerTrigger="30",
         )
 
-    send(kafka.bootstrap_servers, topic, first)
+    send(streaming.kafka.bootstrap_servers, topic, first)
     run()
     if not ADMISSION_CONTROL:  # PySpark 4.0/4.1: one capped batch per AvailableNow run
         run()
-    assert sales(db) == expected_sales(first)
-    send(kafka.bootstrap_servers, topic, second)
+    assert sales(streaming.db) == expected_sales(first)
+    send(streaming.kafka.bootstrap_servers, topic, second)
     query = run()
-    assert sales(db) == expected_sales(first + second)
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert sales(streaming.db) == expected_sales(first + second)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
     # The rows went to the table, not to txstore's own counts.
-    assert db.execute("SELECT count(*) FROM txn_data WHERE job = %s", (JOB,)).fetchone() == (0,)
+    assert streaming.db.execute("SELECT count(*) FROM txn_data WHERE job = %s", (JOB,)).fetchone() == (0,)
 
     # The crash between the sink's PostgreSQL commit and Spark's commit log: the batch replays.
     last_batch = max(p.batchId for p in query.recentProgress if p.numInputRows > 0)
@@ -595,8 +497,8 @@ def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_w
     again = run()
     replayed = [p for p in again.recentProgress if p.batchId == last_batch]
     assert replayed and replayed[0].numInputRows > 0  # read again, merged once
-    assert sales(db) == expected_sales(first + second)
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert sales(streaming.db) == expected_sales(first + second)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
 
 
 def _nothing_committed(db: psycopg.Connection, topic: str) -> None:
@@ -607,43 +509,31 @@ def _nothing_committed(db: psycopg.Connection, topic: str) -> None:
 
 
 def test_a_column_that_would_round_the_sums_is_refused_before_anything_is_read(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    create_sales(db, revenue="numeric(18,1)")  # the query's revenue has 2 decimal places
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
+    create_sales(streaming.db, revenue="numeric(18,1)")  # the query's revenue has 2 decimal places
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            session, kafka, database_url, topic, tmp_path / "chk", rows=sales_rows, sink_options=SALES
-        )
+        streaming.run_available_now(topic, tmp_path / "chk", rows=sales_rows, sink_options=SALES)
     message = str(e.value)
     line = next(x for x in message.splitlines() if "column revenue" in x)
     assert (
         f"job {JOB}: column revenue: the query's revenue is decimal(12,2), which stream_sales.revenue" in line
     )
     assert "ALTER TABLE stream_sales ALTER COLUMN revenue TYPE numeric(" in line
-    _nothing_committed(db, topic)
+    _nothing_committed(streaming.db, topic)
 
 
 def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_they_double_count(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Update and complete modes hand the sink running totals every micro-batch: merged by sum,
     each message would count again in every later batch. Spark refuses update mode for this
     sink; txstore refuses complete mode, and any rows that are not per message (no offset)."""
-    create_sales(db)
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
+    create_sales(streaming.db)
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
 
     def running_totals(df: Any) -> Any:
         totals = sales_rows(df).groupBy("country").agg({"revenue": "sum", "orders": "sum", "biggest": "max"})
@@ -659,10 +549,7 @@ def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_
     }
     for mode, line in refusals.items():
         with pytest.raises(QueryFailed) as e:
-            run_available_now(
-                session,
-                kafka,
-                database_url,
+            streaming.run_available_now(
                 topic,
                 tmp_path / mode,
                 rows=running_totals,
@@ -670,27 +557,17 @@ def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_
                 output_mode=mode,
             )
         assert line in str(e.value), str(e.value)
-    _nothing_committed(db, topic)
+    _nothing_committed(streaming.db, topic)
 
 
-def test_rows_without_their_message_are_refused_in_one_line(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-) -> None:
+def test_rows_without_their_message_are_refused_in_one_line(streaming: Counting, tmp_path: Path) -> None:
     """Rows that do not say which message they came from (an append-mode aggregation's, say)
     cannot be checked against the micro-batch's ranges: refused at the first micro-batch."""
-    create_sales(db)
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
+    create_sales(streaming.db)
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            session,
-            kafka,
-            database_url,
+        streaming.run_available_now(
             topic,
             tmp_path / "chk",
             rows=lambda df: sales_rows(df).drop("offset"),
@@ -700,26 +577,18 @@ def test_rows_without_their_message_are_refused_in_one_line(
         f"job {JOB}: writeStream.format('txstore') with txstore.table merges each micro-batch's own "
         "rows, one or more per message, and the query's rows have no offset column"
     ) in str(e.value)
-    _nothing_committed(db, topic)
+    _nothing_committed(streaming.db, topic)
 
 
 def test_the_counts_sink_refuses_complete_modes_running_totals_in_one_line(
-    session: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Complete mode hands the sink every group's running total each micro-batch: counted as
     rows per topic, every message would be counted again in each later batch."""
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 5)
+    topic = streaming.new_topic(1)
+    send(streaming.kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 5)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            session,
-            kafka,
-            database_url,
+        streaming.run_available_now(
             topic,
             tmp_path / "complete",
             rows=lambda df: df.groupBy("topic").count(),
@@ -729,5 +598,5 @@ def test_the_counts_sink_refuses_complete_modes_running_totals_in_one_line(
         f"job {JOB}: writeStream.format('txstore') counts the rows of each micro-batch and does not take "
         "outputMode('complete')"
     ) in str(e.value), str(e.value)
-    assert set(offsets(db, topic, job=JOB).values()) <= {0}
-    assert sum(totals(db, topic, job=JOB).values()) == 0  # not one message counted
+    assert set(streaming.offsets(topic, job=JOB).values()) <= {0}
+    assert sum(streaming.totals(topic, job=JOB).values()) == 0  # not one message counted

@@ -25,9 +25,9 @@ import pytest
 
 import txstore
 from tests.conftest import send
-from tests.e2e.test_count_topic import log_ends, offsets
+from tests.helpers.cli import txstore as txstore_cli
+from tests.helpers.counting import Counting, offsets
 from tests.helpers.streams import JOB, QueryFailed, run_available_now
-from tests.ops.test_operator_cli import txstore as txstore_cli
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
 from txstore.spark.stream.stream_bad_rows import RowsByMessage, origins_of
@@ -199,16 +199,11 @@ def test_a_row_the_table_refuses_stops_the_query_in_one_line_naming_its_message_
 
 
 def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_rest(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
-    txstore.register(spark)
-    create_orders(db)
-    topic = new_topic(2)
+    txstore.register(counting.spark)
+    create_orders(counting.db)
+    topic = counting.new_topic(2)
     checkpoint = tmp_path / "chk"
     earlier = good_messages(3, 2)  # a first micro-batch, so that the one replayed is not the first
     messages = good_messages(20, 2)
@@ -220,26 +215,26 @@ def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_re
 
     def run() -> Any:
         return run_available_now(
-            spark,
-            kafka,
-            database_url,
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
             topic,
             checkpoint,
             rows=order_rows,
             sink_options={**ORDERS, "txstore.onBadMessage": "skip"},
         )
 
-    produce(kafka, topic, earlier)
+    produce(counting.kafka, topic, earlier)
     run()
-    produce(kafka, topic, messages)
+    produce(counting.kafka, topic, messages)
     query = run()
     both = {p: earlier[p] + messages[p] for p in messages}
     skipped = {(p, i + 3) for p, i in bad}  # their offsets: after the first micro-batch's 3
-    assert orders(db) == expected(both, skipped)
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert orders(counting.db) == expected(both, skipped)
+    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
 
     def recorded() -> list[tuple[str, int, int, str]]:
-        return db.execute(
+        return counting.db.execute(
             "SELECT topic, part, off, reason FROM txn_bad_messages WHERE job = %s ORDER BY part, off", (JOB,)
         ).fetchall()
 
@@ -256,20 +251,22 @@ def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_re
     again = run()
     assert [p for p in again.recentProgress if p.batchId == last_batch and p.numInputRows > 0]
     assert recorded() == first
-    assert orders(db) == expected(both, skipped)
+    assert orders(counting.db) == expected(both, skipped)
 
     # `txstore status` shows the skipped messages per partition, as for the batch job.
-    status = json.loads(txstore_cli("status", "--job", JOB, "--json", url=database_url, kafka=kafka).stdout)
+    status = json.loads(
+        txstore_cli("status", "--job", JOB, "--json", url=counting.database_url, kafka=counting.kafka).stdout
+    )
     assert [(r["partition"], r["skipped"]) for r in status] == [(0, 3), (1, 3)]
 
     # The next micro-batch: only the new message, merged onto the same rows.
-    send(kafka.bootstrap_servers, topic, [(0, b"fr", GOOD_VALUE, None)])
+    send(counting.kafka.bootstrap_servers, topic, [(0, b"fr", GOOD_VALUE, None)])
     run()
     more = expected(both, skipped)
     more["fr"] = (more["fr"][0] + 1, more["fr"][1])
-    assert orders(db) == more
+    assert orders(counting.db) == more
     assert recorded() == first
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
+    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
 
 
 def test_skip_stops_in_one_line_past_the_batch_jobs_bound_and_records_nothing(
@@ -304,22 +301,17 @@ def test_skip_stops_in_one_line_past_the_batch_jobs_bound_and_records_nothing(
 
 
 def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    counting: Counting, tmp_path: Path
 ) -> None:
-    txstore.register(spark)
-    create_orders(db)
-    topic = new_topic(1)
-    produce(kafka, topic, {0: [(b"fr", GOOD_VALUE)]})
+    txstore.register(counting.spark)
+    create_orders(counting.db)
+    topic = counting.new_topic(1)
+    produce(counting.kafka, topic, {0: [(b"fr", GOOD_VALUE)]})
     with pytest.raises(QueryFailed) as e:
         run_available_now(
-            spark,
-            kafka,
-            database_url,
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
             topic,
             tmp_path / "a",
             rows=order_rows,
@@ -328,7 +320,12 @@ def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
     assert "option txstore.onBadMessage must be fail or skip, got 'ignore'" in str(e.value), str(e.value)
     with pytest.raises(QueryFailed) as e:
         run_available_now(
-            spark, kafka, database_url, topic, tmp_path / "b", sink_options={"txstore.onBadMessage": "skip"}
+            counting.spark,
+            counting.kafka,
+            counting.database_url,
+            topic,
+            tmp_path / "b",
+            sink_options={"txstore.onBadMessage": "skip"},
         )
     assert "txstore.onBadMessage skip needs txstore.table" in str(e.value), str(e.value)
-    assert set(offsets(db, topic, job=JOB).values()) <= {0}
+    assert set(counting.offsets(topic, job=JOB).values()) <= {0}
