@@ -13,8 +13,9 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from tests.conftest import send
+from tests.helpers.any_outbox import publish_one_batch
 from tests.helpers.cli import txstore
-from tests.helpers.real_kafka_fixture import AnyKafka
+from tests.helpers.counting import Counting
 from tests.postgres.test_idempotent_and_outbox import read_topic
 from tests.postgres.test_sink import seed
 from txstore.core.errors import BatchFailed
@@ -55,23 +56,14 @@ def outbox_rows(db: psycopg.Connection, job: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.spark
 def test_a_commit_too_big_for_one_kafka_message_is_published_in_parts_that_reassemble_to_its_results(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
+    any_counting: Counting,
 ) -> None:
-    topic, results = new_any_topic(1), new_any_topic(1, prefix="results")
+    topic, results = any_counting.new_topic(1), any_counting.new_topic(1, prefix="results")
     keys = 20_000  # about 2 MB of results: twice Kafka's default maximum message size
-    send(any_kafka.bootstrap_servers, topic, [(0, b"key-%05d" % i, b"v", None) for i in range(keys)])
-    s = JobSettings("parts", (topic,), any_kafka.bootstrap_servers, database_url, publish_topic=results)
-    try:
-        with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
-            job.run_batch()
-    finally:
-        close_producers()
-    assert pending_count(db, "parts") == 0
-    messages = read_topic(any_kafka, results)
+    any_counting.send(topic, [(0, b"key-%05d" % i, b"v", None) for i in range(keys)])
+    publish_one_batch(any_counting.spark, any_counting.settings("parts", topic, publish_topic=results))
+    assert pending_count(any_counting.db, "parts") == 0
+    messages = read_topic(any_counting.kafka, results)
     assert len(messages) >= 3
     assert all(message_size(m) <= PUBLISH_MAX_BYTES for m in messages)
     headers = [headers_of(m) for m in messages]

@@ -8,7 +8,6 @@ Kafka-protocol test broker.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
@@ -16,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import send
-from tests.e2e.test_aggregates import keyed_messages, settings, stored
+from tests.e2e.test_aggregates import assert_stored, keyed_topic, settings
 from tests.helpers.counting import Counting
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
@@ -144,9 +142,7 @@ def test_the_columns_spark_keeps_for_an_aggregate_are_the_ones_inferred(any_spar
 def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exact_sums(
     counting: Counting,
 ) -> None:
-    topic = counting.new_topic(3)
-    messages = keyed_messages(random.Random(11), 700, 3)
-    send(counting.kafka.bootstrap_servers, topic, messages)
+    topic, messages = keyed_topic(counting, 11, 700)
     seen: list[list[str]] = []
 
     def value_bytes_per_key(frame: Any) -> Any:
@@ -167,8 +163,7 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
     want: Counter[tuple[str, str | None, None]] = Counter()
     for _, key, value, _ in messages:
         want[("key", decode_key(key), None)] += len(value or b"")
-    assert stored(counting.db, "inferred", topic) == {k: Decimal(v) for k, v in want.items()}
-    assert counting.offsets(topic, "inferred") == counting.log_ends(topic)
+    assert_stored(counting, "inferred", topic, {k: Decimal(v) for k, v in want.items()})
 
 
 @pytest.mark.spark
