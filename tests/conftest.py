@@ -362,3 +362,12 @@ def any_counting(
     from tests.helpers.counting import Counting
 
     return Counting(any_kafka, database_url, db, new_any_topic, spark=spark)
+
+
+@pytest.fixture
+def txstore_spark(spark: Any) -> Any:
+    """The classic ``spark`` session with the txstore source (``spark.read.format("txstore")``) registered."""
+    import txstore
+
+    txstore.register(spark)
+    return spark

@@ -91,34 +91,35 @@ def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_app
     assert counting.offsets(added) == {0: 5, 1: 7}
 
 
-def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(counting: Counting) -> None:
+def out_of_log_line(counting: Counting, counts: dict[int, int], change: str) -> tuple[str, str]:
+    """A new 2-partition topic holding ``counts``, counted; its offset rows then changed by ``change``
+    (SQL, ``%s`` the topic): the topic, and the line (:class:`OffsetOutOfLog`) the next batch stops
+    with, having left the offsets and results as they were."""
     topic = counting.new_topic(2)
-    counting.produce(topic, {0: 5, 1: 5})
+    counting.produce(topic, counts)
     counting.job(topic).run_batch()
-    counting.db.execute(
-        "UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1", (topic,)
-    )  # as if recreated
+    counting.db.execute(change, (topic,))
     before = snapshot(counting.db)
     with pytest.raises(OffsetOutOfLog) as raised:
         counting.job(topic).run_batch()
-    assert str(raised.value) == (
+    assert snapshot(counting.db) == before
+    return topic, str(raised.value)
+
+
+def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(counting: Counting) -> None:
+    as_if_recreated = "UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1"
+    topic, line = out_of_log_line(counting, {0: 5, 1: 5}, as_if_recreated)
+    assert line == (
         f"job 'count_topic' topic '{topic}' partition 1: stored offset 900 is beyond the log-end offset 5 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute"
     )
-    assert snapshot(counting.db) == before
 
 
 def test_a_vanished_partition_stops_the_job_with_the_reset_command(counting: Counting) -> None:
-    topic = counting.new_topic(2)
-    counting.produce(topic, {0: 5})
-    counting.job(topic).run_batch()
-    counting.db.execute(
-        "INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)", (topic,)
-    )
-    with pytest.raises(OffsetOutOfLog) as raised:
-        counting.job(topic).run_batch()
-    assert str(raised.value) == (
+    vanished = "INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)"
+    topic, line = out_of_log_line(counting, {0: 5}, vanished)
+    assert line == (
         f"job 'count_topic' topic '{topic}' partition 7: stored offset 12 but Kafka no longer has this "
         "partition (topic deleted, or recreated with fewer partitions); to drop its offset: "
         f"txstore reset --job count_topic --topic {topic} --partition 7 --forget --execute"
