@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -90,6 +90,26 @@ def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: A
     return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
 
 
+def per_key_and_minute(frame: Any) -> Any:
+    """A DataFrame aggregate: the messages of each topic, key and minute (``window_start``) of their
+    timestamps, and no topic total."""
+    from pyspark.sql import functions as F
+
+    minute = F.window("timestamp", "1 minute").start.alias("window_start")
+    return frame.groupBy("topic", "key", minute).agg(F.count("*").alias("metric"))
+
+
+def columns_seen(aggregate: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], list[list[str]]]:
+    """``aggregate``, noting first the columns of each frame it is given; and the list of those notes."""
+    seen: list[list[str]] = []
+
+    def noting(frame: Any) -> Any:
+        seen.append(frame.columns)
+        return aggregate(frame)
+
+    return noting, seen
+
+
 def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_order_timestamps(
     any_counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,7 +129,7 @@ def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_o
             monkeypatch.delenv(FAILPOINTS_ENV, raising=False)
         for job, (by_key, window_ms) in variants.items():
             # A new job object per run: a restart that knows only what the database says.
-            s = settings(any_counting.kafka, any_counting.database_url, job, topic)
+            s = any_counting.settings(job, topic)
             with TransactionalJob(any_counting.spark, s, CountMessages(by_key, window_ms)) as runner:
                 report = runner.run_batch()
             outcomes = {r.outcome for r in report.ranges}
@@ -143,7 +163,7 @@ def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_commi
     topic, messages = keyed_topic(counting, 6, 600)
     # The driver's first COMMIT lands, then it fails before learning so; it commits again.
     monkeypatch.setenv(FAILPOINTS_ENV, "after-commit@first")
-    s = settings(counting.kafka, counting.database_url, "batch", topic, commit="per-batch")
+    s = counting.settings("batch", topic, commit="per-batch")
     with TransactionalJob(counting.spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
@@ -157,16 +177,8 @@ def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_commi
 
 
 def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(counting: Counting) -> None:
-    from pyspark.sql import functions as F
-
     topic, messages = keyed_topic(counting, 8, 900)
-
-    def per_key_and_minute(frame: Any) -> Any:
-        return frame.groupBy(
-            "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
-        ).agg(F.count("*").alias("metric"))
-
-    s = settings(counting.kafka, counting.database_url, "frames", topic)
+    s = counting.settings("frames", topic)
     with TransactionalJob(counting.spark, s, dataframe_aggregate=per_key_and_minute) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {COMMITTED}
@@ -179,22 +191,11 @@ def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(counting: C
 def test_a_dataframe_aggregate_given_only_its_read_columns_counts_exactly_the_same(
     counting: Counting,
 ) -> None:
-    from pyspark.sql import functions as F
-
     topic, messages = keyed_topic(counting, 9, 900)
-    seen: list[list[str]] = []
-
-    def per_key_and_minute(frame: Any) -> Any:
-        seen.append(frame.columns)
-        return frame.groupBy(
-            "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
-        ).agg(F.count("*").alias("metric"))
-
-    s = settings(counting.kafka, counting.database_url, "frames-columns", topic)
+    aggregate, seen = columns_seen(per_key_and_minute)
+    s = counting.settings("frames-columns", topic)
     columns = ("key", "timestamp", "topic")
-    with TransactionalJob(
-        counting.spark, s, dataframe_aggregate=per_key_and_minute, read_columns=columns
-    ) as job:
+    with TransactionalJob(counting.spark, s, dataframe_aggregate=aggregate, read_columns=columns) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
     assert seen and all(c == list(columns) for c in seen)  # the check's frame and the batch's
     want = expected(messages, True, MINUTE)
@@ -210,7 +211,7 @@ def test_a_dataframe_aggregate_using_a_column_its_read_columns_leave_out_stops_b
     def per_key(frame: Any) -> Any:
         return frame.groupBy("topic", "key").count().withColumnRenamed("count", "metric")
 
-    s = settings(counting.kafka, counting.database_url, "frames-missing", topic)
+    s = counting.settings("frames-missing", topic)
     with (
         TransactionalJob(counting.spark, s, dataframe_aggregate=per_key, read_columns=("topic",)) as job,
         pytest.raises(ConfigError) as caught,

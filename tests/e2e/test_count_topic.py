@@ -14,7 +14,7 @@ from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
 from txstore.count_topic import count_messages
-from txstore.job import BatchReport, JobSettings, TransactionalJob
+from txstore.job import BatchReport, TransactionalJob
 from txstore.kafka.client import fetch_watermarks
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 
@@ -177,13 +177,7 @@ def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_of
     def metadata(conf: Any, topics: Any) -> list[Any]:
         return [w for w in fetch_watermarks(conf, topics) if w.partition < visible["partitions"]]
 
-    settings = JobSettings(
-        "count_topic",
-        (topic,),
-        counting.kafka.bootstrap_servers,
-        counting.database_url,
-        parse_starting_offsets("latest"),
-    )
+    settings = counting.settings("count_topic", topic, starting_offsets=parse_starting_offsets("latest"))
     with TransactionalJob(counting.spark, settings, count_messages, watermarks=metadata) as job:
         assert job.run_batch().ranges == ()  # first run: starts at latest
         counting.produce(topic, {0: 1})
@@ -221,7 +215,7 @@ def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_a
                 )
         return fetch_watermarks(conf, topics)
 
-    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
+    settings = counting.settings("count_topic", topic)
     with TransactionalJob(
         counting.spark, settings, count_messages, watermarks=watermarks_then_another_writer
     ) as job:

@@ -21,7 +21,7 @@ from txstore.core.errors import AlreadyCommitted, OffsetGap, PublishFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
-from txstore.job import JobSettings, TransactionalJob
+from txstore.job import TransactionalJob
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
@@ -95,9 +95,7 @@ def test_an_idempotent_job_stores_what_its_transform_returns(counting: Counting)
     def upper_if_kept(m: Message) -> tuple[bytes | None, bytes | None] | None:
         return (m.key(), (m.value() or b"").upper()) if m.key() == b"keep" else None
 
-    s = JobSettings(
-        "upper", (topic,), counting.kafka.bootstrap_servers, counting.database_url, sink="idempotent"
-    )
+    s = counting.settings("upper", topic, sink="idempotent")
     with TransactionalJob(counting.spark, s, transform=upper_if_kept) as job:
         job.run_batch()
     assert stored_messages(counting.db, "upper") == [(topic, 0, 0, b"keep", b"ABC")]
@@ -198,9 +196,7 @@ def published(kafka: AnyKafka, topic: str) -> Counter[str]:
 @pytest.mark.spark
 def test_every_committed_result_is_published_through_broker_faults(counting: Counting) -> None:
     topic, results = counting.new_topic(3), counting.new_topic(1, prefix="results")
-    s = JobSettings(
-        "pub", (topic,), counting.kafka.bootstrap_servers, counting.database_url, publish_topic=results
-    )
+    s = counting.settings("pub", topic, publish_topic=results)
 
     def committed_keys() -> set[str]:
         return {

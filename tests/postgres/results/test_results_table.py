@@ -307,7 +307,7 @@ def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_a
 
     def run(job: str, topic: str) -> None:
         # Small batches: many commits of each job land while the other's are in flight.
-        s = settings(counting.kafka, counting.database_url, job, topic, max_offsets_per_batch=100)
+        s = counting.settings(job, topic, max_offsets_per_batch=100)
         try:
             with TransactionalJob(
                 counting.spark, s, dataframe_aggregate=by_country, results_table=table
@@ -644,7 +644,7 @@ def test_columns_that_would_round_the_querys_numbers_are_refused_before_anything
         "max(CAST(9007199254740993 AS BIGINT)) AS big FROM batch"
     )
     table = ResultsTable("counters", ("id",), (("n", "sum"), ("amount", "sum"), ("big", "max")))
-    s = settings(counting.kafka, counting.database_url, "counters", topic, max_offsets_per_batch=1)
+    s = counting.settings("counters", topic, max_offsets_per_batch=1)
     lines = refusal(counting.spark, s, table, query)
     assert [line[line.index("column ") :] for line in lines] == [
         "column n: the query's n is bigint, which counters.n (real) cannot hold exactly: real holds integers "
@@ -687,7 +687,7 @@ def test_a_count_too_large_for_an_integer_column_stops_the_batch_and_commits_not
     send(counting.kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
     query = "SELECT 'c' AS id, count(*) AS n FROM batch"
     table = ResultsTable("small", ("id",), (("n", "sum"),))
-    s = settings(counting.kafka, counting.database_url, "small", topic)
+    s = counting.settings("small", topic)
     with (
         TransactionalJob(
             counting.spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table
@@ -717,7 +717,7 @@ def test_two_instants_of_a_daylight_saving_fold_stay_two_rows_and_timestamp_with
     )
     query = "SELECT date_trunc('HOUR', timestamp) AS hour, count(*) AS n FROM batch GROUP BY 1"
     table = ResultsTable("hourly", ("hour",), (("n", "sum"),))
-    s = settings(counting.kafka, counting.database_url, "hourly", topic)
+    s = counting.settings("hourly", topic)
     zone = counting.spark.conf.get("spark.sql.session.timeZone")
     counting.spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_aggregates import assert_stored, keyed_topic, settings
+from tests.e2e.test_aggregates import assert_stored, columns_seen, keyed_topic, settings
 from tests.helpers.counting import Counting
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
@@ -143,10 +143,8 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
     counting: Counting,
 ) -> None:
     topic, messages = keyed_topic(counting, 11, 700)
-    seen: list[list[str]] = []
 
     def value_bytes_per_key(frame: Any) -> Any:
-        seen.append(frame.columns)
         return (
             frame.selectExpr("topic", "key", "length(value) AS n")
             .groupBy("topic", "key")
@@ -154,8 +152,9 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
             .withColumnRenamed("sum(n)", "metric")
         )
 
-    s = settings(counting.kafka, counting.database_url, "inferred", topic)
-    with TransactionalJob(counting.spark, s, dataframe_aggregate=value_bytes_per_key) as job:
+    aggregate, seen = columns_seen(value_bytes_per_key)
+    s = counting.settings("inferred", topic)
+    with TransactionalJob(counting.spark, s, dataframe_aggregate=aggregate) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
         assert job.read_columns == ("key", "value", "topic")
     # The probe's frame had every column; the batch's only the inferred ones.
