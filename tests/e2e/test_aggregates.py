@@ -142,9 +142,7 @@ def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions
     any_counting: Counting,
 ) -> None:
     topic, messages = keyed_topic(any_counting, 5, 2_000, partitions=2)
-    s = settings(
-        any_counting.kafka, any_counting.database_url, "batch", topic, commit="per-batch", min_partitions=6
-    )
+    s = any_counting.settings("batch", topic, commit="per-batch", min_partitions=6)
     with TransactionalJob(any_counting.spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
     assert [r.outcome for r in report.ranges] == [COMMITTED, COMMITTED]
