@@ -347,3 +347,27 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
     from tests.helpers.standalone import standalone_cluster
 
     yield from standalone_cluster(tmp_path)
+
+
+@pytest.fixture
+def any_counting(
+    spark: Any,
+    any_kafka: Any,
+    database_url: str,
+    db: psycopg.Connection,
+    new_any_topic: Callable[..., str],
+) -> Counting:
+    """``counting`` on ``any_kafka``: the mock broker, then Apache Kafka (a test taking it runs on
+    both), its topics made by ``new_any_topic`` (``any_counting.new_topic(2, config={...})``)."""
+    from tests.helpers.counting import Counting
+
+    return Counting(any_kafka, database_url, db, new_any_topic, spark=spark)
+
+
+@pytest.fixture
+def txstore_spark(spark: Any) -> Any:
+    """The classic ``spark`` session with the txstore source (``spark.read.format("txstore")``) registered."""
+    import txstore
+
+    txstore.register(spark)
+    return spark

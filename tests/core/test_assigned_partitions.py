@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import txstore
-from tests.conftest import produce
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import BrokerDb, job_for, log_ends, offsets, totals
-from tests.helpers.real_kafka_fixture import AnyKafka
+from tests.helpers.counting import BrokerDb, Counting
 from txstore.core.assignment import assigned_only, check_assigned_starts, parse_assignment
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
@@ -163,49 +159,45 @@ def test_a_bad_assign_flag_is_refused_in_one_line(argv: tuple[str, ...], expecte
 
 @pytest.mark.spark
 def test_two_jobs_splitting_a_topic_s_partitions_count_every_message_once_between_them(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
+    any_counting: Counting,
 ) -> None:
-    topic = new_any_topic(4)
+    topic = any_counting.new_topic(4)
     halves = {"left": {topic: (0, 2)}, "right": {topic: (1, 3)}}
     produced: dict[int, int] = {p: 0 for p in range(4)}
     for counts in ({0: 30, 1: 20, 2: 10, 3: 1}, {1: 5, 2: 7}, {3: 40}):
-        produce(any_kafka.bootstrap_servers, topic, counts)
+        any_counting.produce(topic, counts)
         for p, n in counts.items():
             produced[p] += n
         for job, assignment in halves.items():
-            job_for(spark, any_kafka, database_url, topic, job=job, assignment=assignment).run_batch()
-        left, right = offsets(db, topic, job="left"), offsets(db, topic, job="right")
+            any_counting.job(topic, job=job, assignment=assignment).run_batch()
+        left, right = any_counting.offsets(topic, job="left"), any_counting.offsets(topic, job="right")
         assert set(left) == {0, 2} and set(right) == {1, 3}  # each job's rows: its partitions only
-        assert {**left, **right} == log_ends(any_kafka, topic)
-        counted = totals(db, topic, job="left")[topic] + totals(db, topic, job="right")[topic]
+        assert {**left, **right} == any_counting.log_ends(topic)
+        counted = sum(any_counting.totals(topic, job=job)[topic] for job in halves)
         assert counted == sum(produced.values())
-        assert totals(db, topic, job="left") == {topic: produced[0] + produced[2]}
+        assert any_counting.totals(topic, job="left") == {topic: produced[0] + produced[2]}
 
     # Neither job is running, and each has counted all of its partitions: txstore status shows
     # each job's own partitions only, and --check finds nothing to start (the other job's
     # partitions are not this one's lag).
     for job, mine in (("left", [0, 2]), ("right", [1, 3])):
-        shown = txstore_cli("status", "--job", job, "--json", url=database_url, kafka=any_kafka)
+        shown = any_counting.txstore("status", "--job", job, "--json")
         assert shown.returncode == 0, shown.stderr
         assert [(r["partition"], r["lag"]) for r in json.loads(shown.stdout)] == [(p, 0) for p in mine]
-        check = txstore_cli("status", "--job", job, "--check", url=database_url, kafka=any_kafka)
+        check = any_counting.txstore("status", "--job", job, "--check")
         assert (check.returncode, check.stdout.splitlines()[0]) == (0, f"OK: job {job!r}: 2 OK"), check.stdout
 
     # The batch source reads the same split: its two halves are every message, once.
     def read(assign: str) -> list[tuple[int, int]]:
         frame = (
-            spark.read.format("txstore")
-            .option("kafka.bootstrap.servers", any_kafka.bootstrap_servers)
+            any_counting.spark.read.format("txstore")
+            .option("kafka.bootstrap.servers", any_counting.kafka.bootstrap_servers)
             .option("assign", assign)
             .load()
         )
         return [(r.partition, r.offset) for r in frame.select("partition", "offset").collect()]
 
-    txstore.register(spark)
+    txstore.register(any_counting.spark)
     both = read(json.dumps({topic: [0, 2]})) + read(json.dumps({topic: [3, 1]}))
     assert sorted(both) == sorted((p, o) for p, n in produced.items() for o in range(n))
     assert {p for p, _ in read(json.dumps({topic: [3]}))} == {3}

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import Outgoing, send
-from tests.helpers.counting import Counting, log_ends, offsets
+from tests.conftest import Outgoing
+from tests.helpers.counting import Counting
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FAILPOINTS_ENV
@@ -71,25 +71,55 @@ def keyed_messages(rng: random.Random, n: int, partitions: int) -> list[Outgoing
     ]
 
 
+def keyed_topic(counting: Counting, seed: int, n: int, partitions: int = 3) -> tuple[str, list[Outgoing]]:
+    """A new topic on ``counting``'s broker holding ``n`` :func:`keyed_messages` (``random.Random(seed)``)
+    over its ``partitions``: the topic and the messages sent."""
+    topic = counting.new_topic(partitions)
+    messages = keyed_messages(random.Random(seed), n, partitions)
+    counting.send(topic, messages)
+    return topic, messages
+
+
+def assert_stored(counting: Counting, job: str, topic: str, want: dict[Address, Any]) -> None:
+    """``job`` stored exactly ``want`` for ``topic`` and committed every partition up to the log end."""
+    assert stored(counting.db, job, topic) == want
+    assert counting.offsets(topic, job) == counting.log_ends(topic)
+
+
 def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
     return JobSettings(job, (topic,), kafka.bootstrap_servers, database_url, **more)
 
 
+def per_key_and_minute(frame: Any) -> Any:
+    """A DataFrame aggregate: the messages of each topic, key and minute (``window_start``) of their
+    timestamps, and no topic total."""
+    from pyspark.sql import functions as F
+
+    minute = F.window("timestamp", "1 minute").start.alias("window_start")
+    return frame.groupBy("topic", "key", minute).agg(F.count("*").alias("metric"))
+
+
+def columns_seen(aggregate: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], list[list[str]]]:
+    """``aggregate``, noting first the columns of each frame it is given; and the list of those notes."""
+    seen: list[list[str]] = []
+
+    def noting(frame: Any) -> Any:
+        seen.append(frame.columns)
+        return aggregate(frame)
+
+    return noting, seen
+
+
 def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_order_timestamps(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    any_counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = new_any_topic(3)
+    topic = any_counting.new_topic(3)
     rng = random.Random(20261122)
     variants = {"by-key": (True, None), "by-window": (False, MINUTE), "by-both": (True, MINUTE)}
     produced: list[Outgoing] = []
     for run in range(3):
         batch = keyed_messages(rng, 300, 3)
-        send(any_kafka.bootstrap_servers, topic, batch)
+        any_counting.send(topic, batch)
         produced += batch
         if run == 1:
             # Every task's first attempt commits, then dies before Spark hears of it:
@@ -99,124 +129,87 @@ def test_per_key_and_window_counts_stay_exact_over_restarts_replays_and_out_of_o
             monkeypatch.delenv(FAILPOINTS_ENV, raising=False)
         for job, (by_key, window_ms) in variants.items():
             # A new job object per run: a restart that knows only what the database says.
-            with TransactionalJob(
-                spark, settings(any_kafka, database_url, job, topic), CountMessages(by_key, window_ms)
-            ) as runner:
+            s = any_counting.settings(job, topic)
+            with TransactionalJob(any_counting.spark, s, CountMessages(by_key, window_ms)) as runner:
                 report = runner.run_batch()
             outcomes = {r.outcome for r in report.ranges}
             assert outcomes == ({ALREADY_COMMITTED} if run == 1 else {COMMITTED}), (job, run)
-            assert stored(db, job, topic) == expected(produced, by_key, window_ms), (job, run)
-            assert offsets(db, topic, job) == log_ends(any_kafka, topic)
+            assert stored(any_counting.db, job, topic) == expected(produced, by_key, window_ms), (job, run)
+            assert any_counting.offsets(topic, job) == any_counting.log_ends(topic)
 
 
 def test_per_batch_commits_sum_across_partitions_with_more_tasks_than_partitions(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
+    any_counting: Counting,
 ) -> None:
-    topic = new_any_topic(2)
-    messages = keyed_messages(random.Random(5), 2_000, 2)
-    send(any_kafka.bootstrap_servers, topic, messages)
-    s = settings(any_kafka, database_url, "batch", topic, commit="per-batch", min_partitions=6)
-    with TransactionalJob(spark, s, CountMessages(by_key=True)) as job:
+    topic, messages = keyed_topic(any_counting, 5, 2_000, partitions=2)
+    s = any_counting.settings("batch", topic, commit="per-batch", min_partitions=6)
+    with TransactionalJob(any_counting.spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
     assert [r.outcome for r in report.ranges] == [COMMITTED, COMMITTED]
     assert report.messages == 2_000
-    tracker = spark.sparkContext.statusTracker()
+    tracker = any_counting.spark.sparkContext.statusTracker()
     last_job = max(tracker.getJobIdsForGroup(None))
     map_stage = min(tracker.getJobInfo(last_job).stageIds)
     assert tracker.getStageInfo(map_stage).numTasks == len(split_ranges([r.range for r in report.ranges], 6))
     assert tracker.getStageInfo(map_stage).numTasks >= 6
-    assert stored(db, "batch", topic) == expected(messages, True, None)
-    assert offsets(db, topic, "batch") == log_ends(any_kafka, topic)
+    assert_stored(any_counting, "batch", topic, expected(messages, True, None))
 
 
 def test_a_per_batch_commit_whose_acknowledgement_is_lost_is_recognised_as_committed(
     counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = counting.new_topic(3)
-    messages = keyed_messages(random.Random(6), 600, 3)
-    send(counting.kafka.bootstrap_servers, topic, messages)
+    topic, messages = keyed_topic(counting, 6, 600)
     # The driver's first COMMIT lands, then it fails before learning so; it commits again.
     monkeypatch.setenv(FAILPOINTS_ENV, "after-commit@first")
-    s = settings(counting.kafka, counting.database_url, "batch", topic, commit="per-batch")
+    s = counting.settings("batch", topic, commit="per-batch")
     with TransactionalJob(counting.spark, s, CountMessages(by_key=True)) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {ALREADY_COMMITTED}
         assert stored(counting.db, "batch", topic) == expected(messages, True, None)
         monkeypatch.delenv(FAILPOINTS_ENV)
         more = keyed_messages(random.Random(7), 100, 3)
-        send(counting.kafka.bootstrap_servers, topic, more)
+        counting.send(topic, more)
         job.failpoints = type(job.failpoints)()
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-    assert stored(counting.db, "batch", topic) == expected(messages + more, True, None)
-    assert counting.offsets(topic, "batch") == counting.log_ends(topic)
+    assert_stored(counting, "batch", topic, expected(messages + more, True, None))
 
 
 def test_a_dataframe_aggregate_commits_per_batch_like_the_python_one(counting: Counting) -> None:
-    from pyspark.sql import functions as F
-
-    topic = counting.new_topic(3)
-    messages = keyed_messages(random.Random(8), 900, 3)
-    send(counting.kafka.bootstrap_servers, topic, messages)
-
-    def per_key_and_minute(frame: Any) -> Any:
-        return frame.groupBy(
-            "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
-        ).agg(F.count("*").alias("metric"))
-
-    s = settings(counting.kafka, counting.database_url, "frames", topic)
+    topic, messages = keyed_topic(counting, 8, 900)
+    s = counting.settings("frames", topic)
     with TransactionalJob(counting.spark, s, dataframe_aggregate=per_key_and_minute) as job:
         report = job.run_batch()
         assert {r.outcome for r in report.ranges} == {COMMITTED}
         assert job.run_batch().ranges == ()  # nothing new: no Spark job, nothing committed
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]  # this aggregate keeps no topic total
-    assert stored(counting.db, "frames", topic) == want
-    assert counting.offsets(topic, "frames") == counting.log_ends(topic)
+    assert_stored(counting, "frames", topic, want)
 
 
 def test_a_dataframe_aggregate_given_only_its_read_columns_counts_exactly_the_same(
     counting: Counting,
 ) -> None:
-    from pyspark.sql import functions as F
-
-    topic = counting.new_topic(3)
-    messages = keyed_messages(random.Random(9), 900, 3)
-    send(counting.kafka.bootstrap_servers, topic, messages)
-    seen: list[list[str]] = []
-
-    def per_key_and_minute(frame: Any) -> Any:
-        seen.append(frame.columns)
-        return frame.groupBy(
-            "topic", "key", F.window("timestamp", "1 minute").start.alias("window_start")
-        ).agg(F.count("*").alias("metric"))
-
-    s = settings(counting.kafka, counting.database_url, "frames-columns", topic)
+    topic, messages = keyed_topic(counting, 9, 900)
+    aggregate, seen = columns_seen(per_key_and_minute)
+    s = counting.settings("frames-columns", topic)
     columns = ("key", "timestamp", "topic")
-    with TransactionalJob(
-        counting.spark, s, dataframe_aggregate=per_key_and_minute, read_columns=columns
-    ) as job:
+    with TransactionalJob(counting.spark, s, dataframe_aggregate=aggregate, read_columns=columns) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
     assert seen and all(c == list(columns) for c in seen)  # the check's frame and the batch's
     want = expected(messages, True, MINUTE)
     del want[("topic", None, None)]
-    assert stored(counting.db, "frames-columns", topic) == want
-    assert counting.offsets(topic, "frames-columns") == counting.log_ends(topic)
+    assert_stored(counting, "frames-columns", topic, want)
 
 
 def test_a_dataframe_aggregate_using_a_column_its_read_columns_leave_out_stops_before_reading(
     counting: Counting,
 ) -> None:
-    topic = counting.new_topic(1)
-    send(counting.kafka.bootstrap_servers, topic, keyed_messages(random.Random(10), 20, 1))
+    topic, _ = keyed_topic(counting, 10, 20, partitions=1)
 
     def per_key(frame: Any) -> Any:
         return frame.groupBy("topic", "key").count().withColumnRenamed("count", "metric")
 
-    s = settings(counting.kafka, counting.database_url, "frames-missing", topic)
+    s = counting.settings("frames-missing", topic)
     with (
         TransactionalJob(counting.spark, s, dataframe_aggregate=per_key, read_columns=("topic",)) as job,
         pytest.raises(ConfigError) as caught,

@@ -3,48 +3,35 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.conftest import produce, produce_in_transactions
-from tests.helpers.counting import (
-    Counting,
-    assert_counted_exactly,
-    job_for,
-    spark_job_count,
-)
-from tests.helpers.real_kafka_fixture import AnyKafka
+from tests.conftest import produce_in_transactions
+from tests.helpers.counting import Counting, spark_job_count
 from txstore.core.errors import BatchFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
 from txstore.count_topic import count_messages
-from txstore.job import BatchReport, JobSettings, TransactionalJob
+from txstore.job import BatchReport, TransactionalJob
 from txstore.kafka.client import fetch_watermarks
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
 
 pytestmark = pytest.mark.spark
 
 
-def test_counts_equal_messages_produced_over_several_runs(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
-) -> None:
-    topic = new_any_topic(4)
+def test_counts_equal_messages_produced_over_several_runs(any_counting: Counting) -> None:
+    topic = any_counting.new_topic(4)
     produced = 0
     for run, counts in enumerate([{0: 300, 1: 200, 2: 100, 3: 1}, {1: 50}, {0: 7, 3: 700}]):
-        produce(any_kafka.bootstrap_servers, topic, counts)
+        any_counting.produce(topic, counts)
         produced += sum(counts.values())
-        report = job_for(spark, any_kafka, database_url, topic).run_batch()
+        report = any_counting.job(topic).run_batch()
         assert report.messages == sum(counts.values()), f"run {run}"
         assert {r.range.partition for r in report.ranges} == set(counts)
         assert all(r.outcome == COMMITTED for r in report.ranges)
-        assert_counted_exactly(db, any_kafka, topic, produced)
+        any_counting.assert_counted_exactly(topic, produced)
 
 
 def test_several_topics_in_one_job_keep_separate_totals(counting: Counting) -> None:
@@ -190,13 +177,7 @@ def test_partitions_added_under_a_running_job_are_counted_from_their_earliest_of
     def metadata(conf: Any, topics: Any) -> list[Any]:
         return [w for w in fetch_watermarks(conf, topics) if w.partition < visible["partitions"]]
 
-    settings = JobSettings(
-        "count_topic",
-        (topic,),
-        counting.kafka.bootstrap_servers,
-        counting.database_url,
-        parse_starting_offsets("latest"),
-    )
+    settings = counting.settings("count_topic", topic, starting_offsets=parse_starting_offsets("latest"))
     with TransactionalJob(counting.spark, settings, count_messages, watermarks=metadata) as job:
         assert job.run_batch().ranges == ()  # first run: starts at latest
         counting.produce(topic, {0: 1})
@@ -234,7 +215,7 @@ def test_a_range_committed_in_part_by_another_writer_after_planning_is_planned_a
                 )
         return fetch_watermarks(conf, topics)
 
-    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
+    settings = counting.settings("count_topic", topic)
     with TransactionalJob(
         counting.spark, settings, count_messages, watermarks=watermarks_then_another_writer
     ) as job:

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from tests.conftest import produce
+from tests.conftest import Outgoing, produce, send
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
@@ -79,6 +80,20 @@ class BrokerDb:
 
     def assert_counted_exactly(self, topic: str, total: int, job: str = "count_topic") -> None:
         assert_counted_exactly(self.db, self.kafka, topic, total, job)
+
+    def settings(self, job: str, *topics: str, **more: Any) -> JobSettings:
+        """``job``'s settings for ``topics`` on this broker and database (``more``: JobSettings' others)."""
+        return JobSettings(job, topics, self.kafka.bootstrap_servers, self.database_url, **more)
+
+    def send(self, topic: str, messages: Iterable[Outgoing]) -> int:
+        """tests/conftest.py's ``send`` to this broker: each message as given, all acknowledged."""
+        return send(self.kafka.bootstrap_servers, topic, messages)
+
+    def txstore(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The ``txstore`` operator command (tests/helpers/cli.py) on this database and broker."""
+        from tests.helpers.cli import txstore
+
+        return txstore(*args, url=self.database_url, kafka=self.kafka)
 
 
 @dataclass(frozen=True)

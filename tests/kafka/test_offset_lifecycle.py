@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 import pytest
 
 from tests.conftest import produce
-from tests.helpers.counting import Counting, job_for, log_ends, offsets
+from tests.helpers.counting import Counting, log_ends
 from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import DataLoss, OffsetOutOfLog
@@ -28,6 +27,14 @@ def fall_behind_retention(kafka: AnyKafka, topic: str) -> tuple[int, int]:
     return marks.low, marks.high
 
 
+def counted_then_aged_out(counting: Counting, topic: str) -> tuple[int, int]:
+    """Partition 0 of ``topic``: 3 large messages counted by count_topic, then
+    :func:`fall_behind_retention` (the first 3 and more age out); its log start and end after."""
+    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
+    counting.job(topic).run_batch()
+    return fall_behind_retention(counting.kafka, topic)
+
+
 def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
     return (
         db.execute("SELECT * FROM txn_offsets ORDER BY topic, part").fetchall(),
@@ -37,9 +44,7 @@ def snapshot(db: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
 
 def test_retention_loss_stops_the_job_by_default_with_how_many_were_lost(counting: Counting) -> None:
     topic = counting.new_topic(1)
-    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
-    counting.job(topic).run_batch()
-    low, _ = fall_behind_retention(counting.kafka, topic)
+    low, _ = counted_then_aged_out(counting, topic)
     before = snapshot(counting.db)
     with pytest.raises(DataLoss) as raised:
         counting.job(topic).run_batch()
@@ -55,9 +60,7 @@ def test_retention_loss_with_fail_on_data_loss_false_moves_on_and_records_the_lo
     counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = counting.new_topic(1)
-    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
-    counting.job(topic).run_batch()
-    low, high = fall_behind_retention(counting.kafka, topic)
+    low, high = counted_then_aged_out(counting, topic)
     with caplog.at_level(logging.WARNING, logger="txstore"):
         counting.job(topic, fail_on_data_loss=False).run_batch()
     assert f"{topic}/0: offsets 3 -> {low} ({low - 3} messages) aged out of Kafka" in caplog.text
@@ -75,9 +78,7 @@ def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_app
     counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic, added = counting.new_topic(1), counting.new_topic(2)
-    counting.produce(topic, {0: 3}, value=b"x" * 100_000)
-    counting.job(topic).run_batch()
-    low, high = fall_behind_retention(counting.kafka, topic)
+    low, high = counted_then_aged_out(counting, topic)
     counting.produce(added, {0: 5, 1: 7})
     # The next batch both starts the new topic's partitions and meets the aged-out offsets.
     with caplog.at_level(logging.WARNING, logger="txstore"):
@@ -90,34 +91,35 @@ def test_fail_on_data_loss_false_skips_aged_out_offsets_when_a_new_partition_app
     assert counting.offsets(added) == {0: 5, 1: 7}
 
 
-def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(counting: Counting) -> None:
+def out_of_log_line(counting: Counting, counts: dict[int, int], change: str) -> tuple[str, str]:
+    """A new 2-partition topic holding ``counts``, counted; its offset rows then changed by ``change``
+    (SQL, ``%s`` the topic): the topic, and the line (:class:`OffsetOutOfLog`) the next batch stops
+    with, having left the offsets and results as they were."""
     topic = counting.new_topic(2)
-    counting.produce(topic, {0: 5, 1: 5})
+    counting.produce(topic, counts)
     counting.job(topic).run_batch()
-    counting.db.execute(
-        "UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1", (topic,)
-    )  # as if recreated
+    counting.db.execute(change, (topic,))
     before = snapshot(counting.db)
     with pytest.raises(OffsetOutOfLog) as raised:
         counting.job(topic).run_batch()
-    assert str(raised.value) == (
+    assert snapshot(counting.db) == before
+    return topic, str(raised.value)
+
+
+def test_an_offset_beyond_the_log_end_stops_the_job_with_the_reset_command(counting: Counting) -> None:
+    as_if_recreated = "UPDATE txn_offsets SET off = 900 WHERE topic = %s AND part = 1"
+    topic, line = out_of_log_line(counting, {0: 5, 1: 5}, as_if_recreated)
+    assert line == (
         f"job 'count_topic' topic '{topic}' partition 1: stored offset 900 is beyond the log-end offset 5 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute"
     )
-    assert snapshot(counting.db) == before
 
 
 def test_a_vanished_partition_stops_the_job_with_the_reset_command(counting: Counting) -> None:
-    topic = counting.new_topic(2)
-    counting.produce(topic, {0: 5})
-    counting.job(topic).run_batch()
-    counting.db.execute(
-        "INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)", (topic,)
-    )
-    with pytest.raises(OffsetOutOfLog) as raised:
-        counting.job(topic).run_batch()
-    assert str(raised.value) == (
+    vanished = "INSERT INTO txn_offsets (job, topic, part, off) VALUES ('count_topic', %s, 7, 12)"
+    topic, line = out_of_log_line(counting, {0: 5}, vanished)
+    assert line == (
         f"job 'count_topic' topic '{topic}' partition 7: stored offset 12 but Kafka no longer has this "
         "partition (topic deleted, or recreated with fewer partitions); to drop its offset: "
         f"txstore reset --job count_topic --topic {topic} --partition 7 --forget --execute"
@@ -168,21 +170,19 @@ def group_offsets(kafka: AnyKafka, group: str, topic: str, partitions: int) -> d
     return {tp.partition: tp.offset for tp in found}
 
 
-def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
-) -> None:
-    topic = new_any_topic(3)
-    produce(any_kafka.bootstrap_servers, topic, {0: 4, 1: 6})
+def test_committed_offsets_are_mirrored_to_a_kafka_consumer_group(any_counting: Counting) -> None:
+    topic = any_counting.new_topic(3)
+    any_counting.produce(topic, {0: 4, 1: 6})
     group = f"mirror-{topic}"
-    with job_for(spark, any_kafka, database_url, topic, commit_to_kafka_group=group) as job:
+    with any_counting.job(topic, commit_to_kafka_group=group) as job:
         job.run_batch()
-        produce(any_kafka.bootstrap_servers, topic, {2: 9})
+        any_counting.produce(topic, {2: 9})
         job.run_batch()
-    assert group_offsets(any_kafka, group, topic, 3) == {0: 4, 1: 6, 2: 9} == offsets(db, topic)
+    assert (
+        group_offsets(any_counting.kafka, group, topic, 3)
+        == {0: 4, 1: 6, 2: 9}
+        == any_counting.offsets(topic)
+    )
 
 
 def test_a_failing_group_mirror_is_logged_and_never_affects_the_counts(

@@ -7,6 +7,7 @@ recreates topics, but has no topic IDs: those are tested on Tansu).
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,9 +17,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tests.conftest import produce_in_transactions, send, send_one_by_one
-from tests.helpers.cli import txstore
-from tests.helpers.counting import Counting, job_for, totals
-from tests.helpers.real_kafka_fixture import AnyKafka
+from tests.helpers.counting import Counting, totals
 from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line, snapshot, topic_id_changed_line
 from tests.spark.source.test_datasource import read as read_frame
 from txstore import register
@@ -123,47 +122,52 @@ def test_a_last_counted_message_that_aged_out_is_not_an_error(counting: Counting
     assert counting.offsets(topic) == {0: 83}
 
 
-def idempotent_job(spark: Any, kafka: MockKafkaCluster, database_url: str, topic: str) -> TransactionalJob:
-    return TransactionalJob(
-        spark, JobSettings("store", (topic,), kafka.bootstrap_servers, database_url, sink="idempotent")
-    )
+def idempotent_job(counting: Counting, topic: str) -> TransactionalJob:
+    """Job 'store': ``topic``'s messages kept by the idempotent sink."""
+    return TransactionalJob(counting.spark, counting.settings("store", topic, sink="idempotent"))
+
+
+def reset(counting: Counting, job: str, topic: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``txstore reset --job JOB --topic TOPIC FLAGS...`` on ``counting``'s database and broker."""
+    return counting.txstore("reset", "--job", job, "--topic", topic, *flags)
+
+
+def stored_generations(db: psycopg.Connection) -> list[tuple[Any, ...]]:
+    """Job 'store's messages as (generation, offset, value), in that order."""
+    return db.execute("SELECT generation, off, value FROM txn_messages ORDER BY generation, off").fetchall()
 
 
 def test_the_suggested_reset_starts_a_new_generation_and_the_new_topic_is_stored_apart(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    idempotent_job(spark, kafka, database_url, topic).run()
-    kafka.recreate_topic(topic, 1)
-    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    topic = counting.new_topic(1)
+    fill(counting.kafka, topic, 5, 1, b"old", OLD_TS)
+    idempotent_job(counting, topic).run()
+    counting.kafka.recreate_topic(topic, 1)
+    fill(counting.kafka, topic, 8, 1, b"new", NEW_TS)
     with pytest.raises(BatchFailed) as raised:
-        idempotent_job(spark, kafka, database_url, topic).run()
+        idempotent_job(counting, topic).run()
     assert str(raised.value) == mismatch_line("store", topic, 0, 4)
-    assert db.execute("SELECT count(*) FROM txn_messages").fetchone() == (5,)
+    assert counting.db.execute("SELECT count(*) FROM txn_messages").fetchone() == (5,)
 
     command = str(raised.value).split(": ")[-1].split()
     assert command[:2] == ["txstore", "reset"]
-    dry = txstore(*[a for a in command[1:] if a != "--execute"], url=database_url, kafka=kafka)
+    dry = counting.txstore(*[a for a in command[1:] if a != "--execute"])
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines()[1] == (
         f"  {topic}/0: 5 -> 0, new generation 1 (the message at offset 4 is not the one last counted); "
         "the new log is counted from there, results so far are kept"
     )
-    applied = txstore(*command[1:], url=database_url, kafka=kafka)
+    applied = counting.txstore(*command[1:])
     assert applied.returncode == 0, applied.stderr
-    assert db.execute(
+    assert counting.db.execute(
         "SELECT off, generation, last_off, last_timestamp, last_digest, topic_id FROM txn_offsets"
     ).fetchone() == (0, 1, None, None, None, None)
 
-    idempotent_job(spark, kafka, database_url, topic).run()
-    stored = db.execute("SELECT generation, off, value FROM txn_messages ORDER BY generation, off").fetchall()
+    idempotent_job(counting, topic).run()
+    stored = stored_generations(counting.db)
     assert stored == [(0, i, b"old-0-%d" % i) for i in range(5)] + [(1, i, b"new-0-%d" % i) for i in range(8)]
-    status = txstore("status", "--json", url=database_url, kafka=kafka)
+    status = counting.txstore("status", "--json")
     assert [(r["offset"], r["generation"]) for r in json.loads(status.stdout)] == [(8, 1)]
 
 
@@ -175,34 +179,14 @@ def test_reset_starts_a_new_generation_for_an_offset_beyond_the_log_end_or_when_
     counting.job(topic).run()
     counting.kafka.recreate_topic(topic, 2)
     fill(counting.kafka, topic, 3, 2, b"new", NEW_TS)
-    result = txstore(
-        "reset",
-        "--job",
-        "count_topic",
-        "--topic",
-        topic,
-        "--to-earliest",
-        url=counting.database_url,
-        kafka=counting.kafka,
-    )
+    result = reset(counting, "count_topic", topic, "--to-earliest")
     assert result.stdout.splitlines()[1:3] == [
         f"  {topic}/{p}: 5 -> 0, new generation 1 (stored offset 5 is beyond the log end 3); "
         "the new log is counted from there, results so far are kept"
         for p in range(2)
     ]
-    result = txstore(
-        "reset",
-        "--job",
-        "count_topic",
-        "--topic",
-        topic,
-        "--to-latest",
-        "--new-generation",
-        "--partition",
-        "0",
-        "--execute",
-        url=counting.database_url,
-        kafka=counting.kafka,
+    result = reset(
+        counting, "count_topic", topic, "--to-latest", "--new-generation", "--partition", "0", "--execute"
     )
     assert result.returncode == 0, result.stderr
     assert counting.db.execute("SELECT part, off, generation FROM txn_offsets ORDER BY part").fetchall() == [
@@ -264,7 +248,7 @@ def test_a_dataframe_aggregate_also_stops_at_a_recreated_topic(counting: Countin
     counting.kafka.recreate_topic(topic, 1)
     fill(counting.kafka, topic, 8, 1, b"new", NEW_TS)
     before = snapshot(counting.db)
-    settings = JobSettings("count_topic", (topic,), counting.kafka.bootstrap_servers, counting.database_url)
+    settings = counting.settings("count_topic", topic)
 
     def total(frame: Any) -> Any:
         return frame.groupBy("topic").agg(F.count("*").alias("metric"))
@@ -358,46 +342,29 @@ def test_a_counted_topic_deleted_and_not_yet_created_again_stops_the_job_saying_
 
 @pytest.mark.parametrize("recreated_by", ["the job", "a reset"])
 def test_a_forgotten_partition_that_returns_starts_a_new_generation_and_collides_with_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    recreated_by: str,
+    counting: Counting, recreated_by: str
 ) -> None:
     """``--forget`` drops the offset row, not the stored messages: a partition that comes back (the
     topic recreated) is a new log, so its row starts above every generation still stored. Otherwise
     the new log's first offsets would collide with the old messages and be dropped while the offset
     moves on."""
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    idempotent_job(spark, kafka, database_url, topic).run()
-    kafka.delete_topic(topic)
-    forgot = txstore(
-        "reset", "--job", "store", "--topic", topic, "--forget", "--execute", url=database_url, kafka=kafka
-    )
+    topic = counting.new_topic(1)
+    fill(counting.kafka, topic, 5, 1, b"old", OLD_TS)
+    idempotent_job(counting, topic).run()
+    counting.kafka.delete_topic(topic)
+    forgot = reset(counting, "store", topic, "--forget", "--execute")
     assert forgot.returncode == 0, forgot.stderr
-    kafka.create_topic(topic, 1)
-    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    counting.kafka.create_topic(topic, 1)
+    fill(counting.kafka, topic, 8, 1, b"new", NEW_TS)
     if recreated_by == "a reset":
-        reset = txstore(
-            "reset",
-            "--job",
-            "store",
-            "--topic",
-            topic,
-            "--to-earliest",
-            "--execute",
-            url=database_url,
-            kafka=kafka,
-        )
-        assert reset.returncode == 0, reset.stderr
-        assert db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(0, 1)]
+        again = reset(counting, "store", topic, "--to-earliest", "--execute")
+        assert again.returncode == 0, again.stderr
+        assert counting.db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(0, 1)]
 
-    idempotent_job(spark, kafka, database_url, topic).run()
-    stored = db.execute("SELECT generation, off, value FROM txn_messages ORDER BY generation, off").fetchall()
+    idempotent_job(counting, topic).run()
+    stored = stored_generations(counting.db)
     assert stored == [(0, i, b"old-0-%d" % i) for i in range(5)] + [(1, i, b"new-0-%d" % i) for i in range(8)]
-    assert db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(8, 1)]
+    assert counting.db.execute("SELECT off, generation FROM txn_offsets").fetchall() == [(8, 1)]
 
 
 @pytest.mark.parametrize("verified", [False, True], ids=["first-range", "verified-range"])
@@ -470,12 +437,7 @@ def test_a_range_planned_on_the_old_log_that_the_new_one_ends_below_is_a_recreat
 
 @pytest.mark.parametrize("mode", ["dataframe", "results-table"])
 def test_dataframe_and_results_table_jobs_record_their_last_message_and_stop_at_a_recreated_topic(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    mode: str,
+    counting: Counting, mode: str
 ) -> None:
     """Modes where Spark, not txstore, reads the messages used to store no fingerprint, so a job
     that only ever ran them counted a recreated topic refilled past its offsets as the old one.
@@ -486,68 +448,68 @@ def test_dataframe_and_results_table_jobs_record_their_last_message_and_stop_at_
     from tests.postgres.results.test_results_table import SALES, sales_table
     from txstore.aggregate import SqlAggregate
 
-    topic = new_topic(1)
-    fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    settings = JobSettings("frames", (topic,), kafka.bootstrap_servers, database_url)
+    topic = counting.new_topic(1)
+    fill(counting.kafka, topic, 5, 1, b"old", OLD_TS)
+    settings = counting.settings("frames", topic)
 
     def total(frame: Any) -> Any:
         return frame.groupBy("topic").agg(F.count("*").alias("metric"))
 
     def job() -> TransactionalJob:
         if mode == "dataframe":
-            return TransactionalJob(spark, settings, dataframe_aggregate=total)
+            return TransactionalJob(counting.spark, settings, dataframe_aggregate=total)
         query = (
             "SELECT 'all' AS country, CAST(count(*) AS DECIMAL(18, 2)) AS revenue, count(*) AS orders, "
             "CAST(NULL AS DECIMAL(12, 2)) AS smallest, CAST(NULL AS DECIMAL(12, 2)) AS largest, "
             "min(timestamp) AS first_seen, max(timestamp) AS last_seen FROM batch"
         )
         return TransactionalJob(
-            spark, settings, dataframe_aggregate=SqlAggregate(query), results_table=sales_table()
+            counting.spark, settings, dataframe_aggregate=SqlAggregate(query), results_table=sales_table()
         )
 
     if mode == "results-table":
-        db.execute(SALES.format(name="sales"))
+        counting.db.execute(SALES.format(name="sales"))
     job().run()
-    assert db.execute("SELECT off, last_off, last_timestamp FROM txn_offsets").fetchall() == [
+    assert counting.db.execute("SELECT off, last_off, last_timestamp FROM txn_offsets").fetchall() == [
         (5, 4, OLD_TS + 4)
     ]
-    kafka.recreate_topic(topic, 1)
-    fill(kafka, topic, 8, 1, b"new", NEW_TS)
+    counting.kafka.recreate_topic(topic, 1)
+    fill(counting.kafka, topic, 8, 1, b"new", NEW_TS)
     with pytest.raises(BatchFailed) as raised:
         job().run()
     assert f"TopicRecreated: {mismatch_line('frames', topic, 0, 4)}" in str(raised.value)
-    assert db.execute("SELECT off FROM txn_offsets").fetchall() == [(5,)]
+    assert counting.db.execute("SELECT off FROM txn_offsets").fetchall() == [(5,)]
 
 
 def test_a_txstore_job_read_of_a_recreated_topic_refuses_like_the_job_never_reads_the_new_log(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
+    any_counting: Counting,
 ) -> None:
     """``spark.read.format("txstore").option("txstore.job", J)`` previews J's next batch: on a topic
     deleted and recreated, refilled past J's offsets, it read the new log from the old offsets
     (J's own next batch stops). On Apache Kafka the new log holds byte-identical messages, so only
     the topic ID tells; on the mock cluster (no topic IDs) the last counted message does."""
-    real = isinstance(any_kafka, RealKafkaCluster)
-    register(spark)
-    topic = new_any_topic(2)
-    fill(any_kafka, topic, 5, 2, b"old", OLD_TS)
-    job_for(spark, any_kafka, database_url, topic).run()
-    assert totals(db, topic) == {topic: 10}
-    any_kafka.recreate_topic(topic, 2)
-    fill(any_kafka, topic, 8, 2, b"old" if real else b"new", OLD_TS if real else NEW_TS)
-    before = snapshot(db)
+    kafka = any_counting.kafka
+    real = isinstance(kafka, RealKafkaCluster)
+    register(any_counting.spark)
+    topic = any_counting.new_topic(2)
+    fill(kafka, topic, 5, 2, b"old", OLD_TS)
+    any_counting.job(topic).run()
+    assert any_counting.totals(topic) == {topic: 10}
+    kafka.recreate_topic(topic, 2)
+    fill(kafka, topic, 8, 2, b"old" if real else b"new", OLD_TS if real else NEW_TS)
+    before = snapshot(any_counting.db)
     frame = read_frame(
-        spark, topic, any_kafka, **{"txstore.job": "count_topic", "txstore.databaseUrl": database_url}
+        any_counting.spark,
+        topic,
+        kafka,
+        **{"txstore.job": "count_topic", "txstore.databaseUrl": any_counting.database_url},
     )
     with pytest.raises(Exception) as caught:
         frame.collect()
     reason = spark_failure_reason(caught.value)
     advice = f"txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
     if real:
-        ids = fetch_topic_ids(client_config(any_kafka.bootstrap_servers), [topic])
+        ids = fetch_topic_ids(client_config(kafka.bootstrap_servers), [topic])
         assert (
             f"job 'count_topic' topic '{topic}' partition 0: the topic was deleted and recreated " in reason
         )
@@ -558,4 +520,4 @@ def test_a_txstore_job_read_of_a_recreated_topic_refuses_like_the_job_never_read
         # first (local[2,4]: two at once, each tried up to four times) is Spark's scheduling.
         lines = [mismatch_line("count_topic", topic, p, 4) for p in (0, 1)]
         assert any(reason.endswith(line) for line in lines), reason
-    assert snapshot(db) == before
+    assert snapshot(any_counting.db) == before

@@ -14,14 +14,14 @@ import pytest
 from confluent_kafka import Message
 
 from tests.conftest import send
-from tests.helpers.counting import Counting, log_ends, offsets
+from tests.helpers.counting import Counting, offsets
 from tests.helpers.real_kafka_fixture import AnyKafka
 from tests.postgres.test_sink import seed, snapshot
 from txstore.core.errors import AlreadyCommitted, OffsetGap, PublishFailed
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
-from txstore.job import JobSettings, TransactionalJob
+from txstore.job import TransactionalJob
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
@@ -59,13 +59,10 @@ def read_topic(kafka: AnyKafka, topic: str) -> list[Message]:
 
 @pytest.mark.spark
 def test_the_idempotent_sink_stores_every_message_once_even_when_offsets_are_reset(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
+    any_counting: Counting,
 ) -> None:
-    topic = new_any_topic(2, config={"max.message.bytes": str(4 * MIB)})  # real Kafka's default: 1 MB
+    # max.message.bytes for Apache Kafka, whose default is 1 MB
+    topic = any_counting.new_topic(2, config={"max.message.bytes": str(4 * MIB)})
     big = b"x" * MIB
     outgoing = [
         (0, b"a", b"1", None),
@@ -74,20 +71,20 @@ def test_the_idempotent_sink_stores_every_message_once_even_when_offsets_are_res
         (1, b"b", big, None),
         (0, b"a", None, None),
     ]
-    send(any_kafka.bootstrap_servers, topic, outgoing)
-    s = JobSettings("copy", (topic,), any_kafka.bootstrap_servers, database_url, sink="idempotent")
-    with TransactionalJob(spark, s) as job:
+    any_counting.send(topic, outgoing)
+    s = any_counting.settings("copy", topic, sink="idempotent")
+    with TransactionalJob(any_counting.spark, s) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-    first = stored_messages(db, "copy")
+    first = stored_messages(any_counting.db, "copy")
     assert Counter((p, k, v) for _, p, _, k, v in first) == Counter((p, k, v) for p, k, v, _ in outgoing)
-    assert offsets(db, topic, "copy") == log_ends(any_kafka, topic)
+    assert any_counting.offsets(topic, "copy") == any_counting.log_ends(topic)
 
     # A forced replay: the offsets go back to the start and the job runs again.
-    db.execute("UPDATE txn_offsets SET off = 0 WHERE job = 'copy'")
-    with TransactionalJob(spark, s) as job:
+    any_counting.db.execute("UPDATE txn_offsets SET off = 0 WHERE job = 'copy'")
+    with TransactionalJob(any_counting.spark, s) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
-    assert stored_messages(db, "copy") == first
-    assert offsets(db, topic, "copy") == log_ends(any_kafka, topic)
+    assert stored_messages(any_counting.db, "copy") == first
+    assert any_counting.offsets(topic, "copy") == any_counting.log_ends(topic)
 
 
 @pytest.mark.spark
@@ -98,9 +95,7 @@ def test_an_idempotent_job_stores_what_its_transform_returns(counting: Counting)
     def upper_if_kept(m: Message) -> tuple[bytes | None, bytes | None] | None:
         return (m.key(), (m.value() or b"").upper()) if m.key() == b"keep" else None
 
-    s = JobSettings(
-        "upper", (topic,), counting.kafka.bootstrap_servers, counting.database_url, sink="idempotent"
-    )
+    s = counting.settings("upper", topic, sink="idempotent")
     with TransactionalJob(counting.spark, s, transform=upper_if_kept) as job:
         job.run_batch()
     assert stored_messages(counting.db, "upper") == [(topic, 0, 0, b"keep", b"ABC")]
@@ -201,9 +196,7 @@ def published(kafka: AnyKafka, topic: str) -> Counter[str]:
 @pytest.mark.spark
 def test_every_committed_result_is_published_through_broker_faults(counting: Counting) -> None:
     topic, results = counting.new_topic(3), counting.new_topic(1, prefix="results")
-    s = JobSettings(
-        "pub", (topic,), counting.kafka.bootstrap_servers, counting.database_url, publish_topic=results
-    )
+    s = counting.settings("pub", topic, publish_topic=results)
 
     def committed_keys() -> set[str]:
         return {

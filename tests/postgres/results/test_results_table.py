@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO, Outgoing, pg_url, send
-from tests.helpers.counting import BrokerDb, Counting, log_ends, offsets
+from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.job_processes import count_topic_args, job_env
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore import ResultsTable, ResultsTableInvalid, TransactionalJob
@@ -32,7 +32,6 @@ from txstore.aggregate import SqlAggregate
 from txstore.core.failpoints import FAILPOINTS_ENV
 from txstore.job import JobSettings
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -140,20 +139,25 @@ def sales_table(name: str = "sales", schema: str | None = None) -> ResultsTable:
 
 
 @pytest.fixture
-def sales_topic(
-    kafka: MockKafkaCluster, db: psycopg.Connection, new_topic: Callable[..., str]
-) -> Callable[..., tuple[str, list[Sale]]]:
+def sales_topic(broker_db: BrokerDb) -> Callable[..., tuple[str, list[Sale]]]:
     """``make(seed, n, partitions=2)``: the ``sales`` table created, and a new topic holding ``n``
     random orders (``random.Random(seed)``) spread over its partitions; the topic and the orders."""
 
     def make(seed: int, n: int, partitions: int = 2) -> tuple[str, list[Sale]]:
-        db.execute(SALES.format(name="sales"))
-        topic = new_topic(partitions)
+        broker_db.db.execute(SALES.format(name="sales"))
+        topic = broker_db.new_topic(partitions)
         orders = sales(random.Random(seed), n, 0)
-        send(kafka.bootstrap_servers, topic, to_messages(orders, partitions))
+        broker_db.send(topic, to_messages(orders, partitions))
         return topic, orders
 
     return make
+
+
+def assert_sales_stored(broker_db: BrokerDb, topic: str, runs: Sequence[Sequence[Sale]]) -> None:
+    """The ``sales`` table holds exactly what the orders of ``runs`` add up to, and job 'sales'
+    committed every partition of ``topic`` up to its log end."""
+    assert stored_sales(broker_db.db) == expected_sales(runs)
+    assert broker_db.offsets(topic, "sales") == broker_db.log_ends(topic)
 
 
 def settings(kafka: AnyKafka, database_url: str, job: str, topic: str, **more: Any) -> JobSettings:
@@ -166,53 +170,46 @@ def run_once(spark: Any, s: JobSettings, table: ResultsTable, query: str = SALES
 
 
 def test_sums_counts_min_max_and_first_and_last_seen_stay_exact_over_runs_retries_and_lost_acks(
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    any_counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_any_topic(3)
+    any_counting.db.execute(SALES.format(name="sales"))
+    topic = any_counting.new_topic(3)
     rng = random.Random(20261122)
-    s = settings(any_kafka, database_url, "sales", topic)
+    s = any_counting.settings("sales", topic)
     runs: list[list[Sale]] = []
     # Run 1 plain; run 2 rolls back its first commit (the retry commits); run 3 commits,
     # then the acknowledgement is lost (the retry finds it committed).
     for run, failpoint in enumerate((None, "before-commit@first", "after-commit@first")):
         orders = sales(rng, 400, run)
-        send(any_kafka.bootstrap_servers, topic, to_messages(orders, 3))
+        any_counting.send(topic, to_messages(orders, 3))
         runs.append(orders)
         if failpoint:
             monkeypatch.setenv(FAILPOINTS_ENV, failpoint)
         else:
             monkeypatch.delenv(FAILPOINTS_ENV, raising=False)
-        outcomes = run_once(spark, s, sales_table())
+        outcomes = run_once(any_counting.spark, s, sales_table())
         assert outcomes == ({ALREADY_COMMITTED} if run == 2 else {COMMITTED}), run
-        assert stored_sales(db) == expected_sales(runs), run
-        assert offsets(db, topic, "sales") == log_ends(any_kafka, topic)
+        assert stored_sales(any_counting.db) == expected_sales(runs), run
+        assert any_counting.offsets(topic, "sales") == any_counting.log_ends(topic)
     # Nothing new: an idle batch changes nothing.
     monkeypatch.delenv(FAILPOINTS_ENV)
-    assert run_once(spark, s, sales_table()) == set()
-    assert stored_sales(db) == expected_sales(runs)
+    assert run_once(any_counting.spark, s, sales_table()) == set()
+    assert stored_sales(any_counting.db) == expected_sales(runs)
 
 
 def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    sales_topic: Callable[..., tuple[str, list[Sale]]],
+    counting: Counting, sales_topic: Callable[..., tuple[str, list[Sale]]]
 ) -> None:
     topic, orders = sales_topic(3, 300)
-    s = settings(kafka, database_url, "sales", topic, metrics_port=0)
+    s = counting.settings("sales", topic, metrics_port=0)
     aggregate = SqlAggregate(SALES_SQL)
-    with TransactionalJob(spark, s, dataframe_aggregate=aggregate, results_table=sales_table()) as job:
+    with TransactionalJob(
+        counting.spark, s, dataframe_aggregate=aggregate, results_table=sales_table()
+    ) as job:
         job.check_query()
         ranges = job.plan()
         assert {r.outcome for r in job.execute(ranges).ranges} == {COMMITTED}
-        before = stored_sales(db)
+        before = stored_sales(counting.db)
         # The same planned batch again (a retried batch after a lost acknowledgement, or a
         # second instance that planned it too): recognised, nothing merged twice.
         assert {r.outcome for r in job.execute(ranges).ranges} == {ALREADY_COMMITTED}
@@ -221,38 +218,30 @@ def test_a_batch_run_again_after_it_committed_leaves_the_table_as_it_was(
         assert sample("txstore_messages_total", {"job": "sales", "topic": topic}) == 300
         assert sample("txstore_commit_duration_seconds_count", {"job": "sales"}) == 2
         assert sample("txstore_commit_conflicts_total", {"job": "sales", "kind": "already_committed"}) == 2
-    assert stored_sales(db) == before == expected_sales([orders])
+    assert stored_sales(counting.db) == before == expected_sales([orders])
 
 
 def test_a_schema_qualified_table_takes_the_rows(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    sales_topic: Callable[..., tuple[str, list[Sale]]],
+    counting: Counting, sales_topic: Callable[..., tuple[str, list[Sale]]]
 ) -> None:
-    db.execute("CREATE SCHEMA reporting")
-    db.execute(SALES.format(name="reporting.sales"))
+    counting.db.execute("CREATE SCHEMA reporting")
+    counting.db.execute(SALES.format(name="reporting.sales"))
     topic, orders = sales_topic(4, 200)  # makes "sales": the same name on the search path stays empty
-    assert run_once(spark, settings(kafka, database_url, "r", topic), sales_table(schema="reporting")) == {
+    assert run_once(counting.spark, counting.settings("r", topic), sales_table(schema="reporting")) == {
         COMMITTED
     }
-    assert stored_sales(db, "reporting.sales") == expected_sales([orders])
-    assert stored_sales(db) == {}
+    assert stored_sales(counting.db, "reporting.sales") == expected_sales([orders])
+    assert stored_sales(counting.db) == {}
 
 
 def test_rows_with_the_same_key_in_one_batch_merge_by_their_rules_in_output_order(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    db.execute(
+    counting.db.execute(
         "CREATE TABLE per_key (k text PRIMARY KEY, n bigint, lo bigint, hi bigint, latest bigint, first bigint)"
     )
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, None, str(v).encode(), None) for v in (5, 3, 9, 4)])
+    topic = counting.new_topic(1)
+    counting.send(topic, [(0, None, str(v).encode(), None) for v in (5, 3, 9, 4)])
     # One row per message, all with key 'a', in offset order: no GROUP BY in the query.
     query = (
         "SELECT 'a' AS k, CAST(1 AS BIGINT) AS n, CAST(CAST(value AS STRING) AS BIGINT) AS lo, "
@@ -264,11 +253,15 @@ def test_rows_with_the_same_key_in_one_batch_merge_by_their_rules_in_output_orde
         ("k",),
         (("n", "sum"), ("lo", "min"), ("hi", "max"), ("latest", "replace"), ("first", "keep")),
     )
-    assert run_once(spark, settings(kafka, database_url, "dups", topic), table, query) == {COMMITTED}
-    assert db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [("a", 4, 3, 9, 4, 5)]
-    send(kafka.bootstrap_servers, topic, [(0, None, b"7", None)])
-    assert run_once(spark, settings(kafka, database_url, "dups", topic), table, query) == {COMMITTED}
-    assert db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [("a", 5, 3, 9, 7, 5)]
+    assert run_once(counting.spark, counting.settings("dups", topic), table, query) == {COMMITTED}
+    assert counting.db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [
+        ("a", 4, 3, 9, 4, 5)
+    ]
+    counting.send(topic, [(0, None, b"7", None)])
+    assert run_once(counting.spark, counting.settings("dups", topic), table, query) == {COMMITTED}
+    assert counting.db.execute("SELECT k, n, lo, hi, latest, first FROM per_key").fetchall() == [
+        ("a", 5, 3, 9, 7, 5)
+    ]
 
 
 def by_country(frame: Any) -> Any:
@@ -314,7 +307,7 @@ def test_two_jobs_merging_into_the_same_rows_at_once_neither_deadlock_nor_lose_a
 
     def run(job: str, topic: str) -> None:
         # Small batches: many commits of each job land while the other's are in flight.
-        s = settings(counting.kafka, counting.database_url, job, topic, max_offsets_per_batch=100)
+        s = counting.settings(job, topic, max_offsets_per_batch=100)
         try:
             with TransactionalJob(
                 counting.spark, s, dataframe_aggregate=by_country, results_table=table
@@ -351,11 +344,7 @@ def aggregate_args(kafka: AnyKafka, database_url: str, topic: str, *more: str) -
 
 
 def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    sales_topic: Callable[..., tuple[str, list[Sale]]],
-    tmp_path: Path,
+    broker_db: BrokerDb, sales_topic: Callable[..., tuple[str, list[Sale]]], tmp_path: Path
 ) -> None:
     topic, orders = sales_topic(12, 900, partitions=3)
     query = tmp_path / "sales.sql"
@@ -365,7 +354,7 @@ def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
             [
                 sys.executable,
                 AGGREGATE,
-                *aggregate_args(kafka, database_url, topic, "--sql-file", str(query)),
+                *aggregate_args(broker_db.kafka, broker_db.database_url, topic, "--sql-file", str(query)),
             ],
             env=job_env(),
             stdout=subprocess.PIPE,
@@ -380,19 +369,14 @@ def test_two_aggregate_processes_started_at_once_merge_each_batch_once(
     for p, (_, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0 or "overlap" in err, err
     assert any(p.returncode == 0 for p in processes)
-    assert stored_sales(db) == expected_sales([orders])
-    assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+    assert_sales_stored(broker_db, topic, [orders])
 
 
 def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    db.execute("CREATE TABLE hits (id bigint PRIMARY KEY, hits bigint NOT NULL, last_offset bigint)")
-    topic = new_topic(2)
+    counting.db.execute("CREATE TABLE hits (id bigint PRIMARY KEY, hits bigint NOT NULL, last_offset bigint)")
+    topic = counting.new_topic(2)
     # Each message becomes half a million rows, one per id of its partition's half: a
     # message in each partition per run, so each run's result is a million rows, every id once.
     query = (
@@ -400,7 +384,7 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
         "explode(sequence(partition * 500000 + CAST(1 AS BIGINT), (partition + 1) * CAST(500000 AS BIGINT))) s AS n"
     )
     table = ResultsTable("hits", ("id",), (("hits", "sum"), ("last_offset", "replace")))
-    s = settings(kafka, database_url, "million", topic)
+    s = counting.settings("million", topic)
     peak = [0]
     stop = threading.Event()
 
@@ -410,8 +394,10 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
             time.sleep(0.05)
 
     for run in range(2):
-        send(kafka.bootstrap_servers, topic, [(0, None, b"x", None), (1, None, b"x", None)])
-        with TransactionalJob(spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table) as job:
+        counting.send(topic, [(0, None, b"x", None), (1, None, b"x", None)])
+        with TransactionalJob(
+            counting.spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table
+        ) as job:
             job.check_query()
             before = resident_bytes()
             peak[0] = before
@@ -426,7 +412,7 @@ def test_a_million_result_rows_stream_into_the_table_without_growing_the_driver(
                 stop.clear()
             seconds = time.monotonic() - started
         assert {r.outcome for r in report.ranges} == {COMMITTED}
-        row = db.execute(
+        row = counting.db.execute(
             "SELECT count(*), sum(hits), min(hits), max(hits), min(last_offset) FROM hits"
         ).fetchone()
         assert row == (1_000_000, 1_000_000 * (run + 1), run + 1, run + 1, run)
@@ -451,16 +437,12 @@ def refusal(spark: Any, s: JobSettings, table: ResultsTable, query: str) -> list
 
 
 def test_every_validation_problem_is_one_line_naming_its_column_before_anything_is_read(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, None, b"{}", None)])
-    s = settings(kafka, database_url, "checks", topic)
-    db.execute(
+    topic = counting.new_topic(1)
+    counting.send(topic, [(0, None, b"{}", None)])
+    s = counting.settings("checks", topic)
+    counting.db.execute(
         "CREATE TABLE bad (id bigint NOT NULL, day date NOT NULL, amount text, total numeric, flag boolean, "
         "gen bigint GENERATED ALWAYS AS (id * 2) STORED, UNIQUE (id))"
     )
@@ -469,7 +451,7 @@ def test_every_validation_problem_is_one_line_naming_its_column_before_anything_
         "CAST(1 AS DOUBLE) AS total, true AS flag, 'x' AS extra, CAST(1 AS BIGINT) AS gen FROM batch"
     )
     merge = (("amount", "sum"), ("total", "avg"), ("flag", "max"), ("missing", "max"), ("gen", "max"))
-    assert refusal(spark, s, ResultsTable("bad", ("id", "day"), merge), query) == [
+    assert refusal(counting.spark, s, ResultsTable("bad", ("id", "day"), merge), query) == [
         "--merge total=avg: unknown rule 'avg'; rules: sum, min, max, replace, keep",
         "--merge missing=max: bad has no column missing",
         "--merge missing=max: the query has no column missing (it has id, day, amount, total, flag, extra, gen)",
@@ -486,66 +468,60 @@ def test_every_validation_problem_is_one_line_naming_its_column_before_anything_
         "(it has: unique (id)); rows could not be merged by key",
     ]
     ok_query = "SELECT CAST(1 AS BIGINT) AS id, CAST(2 AS BIGINT) AS n FROM batch"
-    assert refusal(spark, s, ResultsTable("nowhere", ("id",), (("n", "sum"),)), ok_query) == [
+    assert refusal(counting.spark, s, ResultsTable("nowhere", ("id",), (("n", "sum"),)), ok_query) == [
         "--table nowhere: no such table (txstore never creates it: create it with your own migration, "
         "or check the name and schema)"
     ]
-    db.execute("CREATE TABLE nullable_key (id bigint UNIQUE, n bigint)")
-    assert refusal(spark, s, ResultsTable("nullable_key", ("id",), (("n", "sum"),)), ok_query) == [
+    counting.db.execute("CREATE TABLE nullable_key (id bigint UNIQUE, n bigint)")
+    assert refusal(counting.spark, s, ResultsTable("nullable_key", ("id",), (("n", "sum"),)), ok_query) == [
         "--key id: key column id of nullable_key may be NULL and its unique constraint treats NULLs as "
         "distinct, so rows with a NULL key would never merge; make it NOT NULL (or the constraint "
         "UNIQUE NULLS NOT DISTINCT)"
     ]
-    db.execute("CREATE VIEW a_view AS SELECT 1::bigint AS id, 1::bigint AS n")
-    assert refusal(spark, s, ResultsTable("a_view", ("id",), (("n", "sum"),)), ok_query)[0] == (
+    counting.db.execute("CREATE VIEW a_view AS SELECT 1::bigint AS id, 1::bigint AS n")
+    assert refusal(counting.spark, s, ResultsTable("a_view", ("id",), (("n", "sum"),)), ok_query)[0] == (
         "--table a_view: not a table (relkind v); give a table to merge into"
     )
-    [line] = refusal(spark, s, ResultsTable("bad", ("id",), (("n", "sum"),)), "SELECT nope FROM batch")
+    [line] = refusal(
+        counting.spark, s, ResultsTable("bad", ("id",), (("n", "sum"),)), "SELECT nope FROM batch"
+    )
     assert line.startswith("query: Spark cannot run it: [UNRESOLVED_COLUMN"), line
     # Nothing was planned, read or written: the job has no offsets at all.
-    assert db.execute("SELECT count(*) FROM txn_offsets WHERE job = 'checks'").fetchone() == (0,)
+    assert counting.db.execute("SELECT count(*) FROM txn_offsets WHERE job = 'checks'").fetchone() == (0,)
 
 
 def test_a_role_that_may_not_write_the_table_is_refused_in_one_line(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic = new_topic(1)
+    topic = counting.new_topic(1)
     role = f"results_reader_{os.getpid()}"
-    db.execute(SALES.format(name="sales"))
+    counting.db.execute(SALES.format(name="sales"))
     # With a password: a server that trusts only its superuser from loopback (CI's) asks for one.
     password = f"pw-{os.getpid()}"
-    db.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    counting.db.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     try:
-        db.execute(f"GRANT SELECT ON alembic_version TO {role}")
-        db.execute(
+        counting.db.execute(f"GRANT SELECT ON alembic_version TO {role}")
+        counting.db.execute(
             f"GRANT SELECT, INSERT, UPDATE ON txn_offsets, txn_data, txn_lost_ranges, txn_subscriptions TO {role}"
         )
-        db.execute(f"GRANT SELECT ON sales TO {role}")
-        s = settings(kafka, pg_url(db.info.dbname, role, password), "checks", topic)
-        assert refusal(spark, s, sales_table(), SALES_SQL) == [
+        counting.db.execute(f"GRANT SELECT ON sales TO {role}")
+        s = settings(counting.kafka, pg_url(counting.db.info.dbname, role, password), "checks", topic)
+        assert refusal(counting.spark, s, sales_table(), SALES_SQL) == [
             f"--table sales: role {role} lacks INSERT, UPDATE on it (GRANT SELECT, INSERT, UPDATE ON sales TO ...)"
         ]
     finally:
-        db.execute(f"DROP OWNED BY {role}")
-        db.execute(f"DROP ROLE {role}")
+        counting.db.execute(f"DROP OWNED BY {role}")
+        counting.db.execute(f"DROP ROLE {role}")
 
 
 def test_the_aggregate_command_exits_2_with_a_line_per_problem_and_writes_nothing(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    broker_db: BrokerDb,
 ) -> None:
-    db.execute(SALES.format(name="sales"))
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, None, b'{"country": "DE", "amount": "1"}', None)])
-    args = aggregate_args(
-        kafka, database_url, topic, "--sql", SALES_SQL.replace("count(*) AS orders", "count(*) AS n")
-    )
+    broker_db.db.execute(SALES.format(name="sales"))
+    topic = broker_db.new_topic(1)
+    broker_db.send(topic, [(0, None, b'{"country": "DE", "amount": "1"}', None)])
+    query = SALES_SQL.replace("count(*) AS orders", "count(*) AS n")
+    args = aggregate_args(broker_db.kafka, broker_db.database_url, topic, "--sql", query)
     args[args.index("--merge") + 1] += ",revenue=median"
     result = subprocess.run(
         [sys.executable, AGGREGATE, *args], env=job_env(), capture_output=True, text=True, timeout=300
@@ -560,8 +536,8 @@ def test_the_aggregate_command_exits_2_with_a_line_per_problem_and_writes_nothin
         "aggregate: error: query column n: neither a --key nor in --merge; give its rule (--merge n=sum, min, "
         "max, replace or keep) or leave it out of the query",
     ]
-    assert stored_sales(db) == {}
-    assert db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
+    assert stored_sales(broker_db.db) == {}
+    assert broker_db.db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
 
 
 @pytest.mark.connect
@@ -569,25 +545,24 @@ def test_sql_results_merge_exactly_under_spark_connect(spark_connect: Any, broke
     broker_db.db.execute(SALES.format(name="sales"))
     topic = broker_db.new_topic(2)
     rng = random.Random(21)
-    s = settings(broker_db.kafka, broker_db.database_url, "sales", topic)
+    s = broker_db.settings("sales", topic)
     runs: list[list[Sale]] = []
     for run in range(2):
         orders = sales(rng, 300, run)
-        send(broker_db.kafka.bootstrap_servers, topic, to_messages(orders, 2))
+        broker_db.send(topic, to_messages(orders, 2))
         runs.append(orders)
         assert run_once(spark_connect, s, sales_table()) == {COMMITTED}
-        assert stored_sales(broker_db.db) == expected_sales(runs)
-        assert broker_db.offsets(topic, "sales") == broker_db.log_ends(topic)
+        assert_sales_stored(broker_db, topic, runs)
 
 
 @pytest.mark.parametrize("problem", ["unreadable", "empty"])
 def test_an_unreadable_or_empty_query_exits_2_in_one_line_before_anything_is_read(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Path, problem: str
+    broker_db: BrokerDb, tmp_path: Path, problem: str
 ) -> None:
     query = tmp_path / "query.sql"
     if problem == "empty":
         query.write_text("  \n")
-    args = aggregate_args(kafka, database_url, "sales-events", "--sql-file", str(query))
+    args = aggregate_args(broker_db.kafka, broker_db.database_url, "sales-events", "--sql-file", str(query))
     result = subprocess.run(
         [sys.executable, AGGREGATE, *args], env=job_env(), capture_output=True, text=True, timeout=300
     )
@@ -599,7 +574,7 @@ def test_an_unreadable_or_empty_query_exits_2_in_one_line_before_anything_is_rea
         else f"aggregate: error: --sql-file {query}: the query is empty"
     )
     assert errors == [expected]
-    assert db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
+    assert broker_db.db.execute("SELECT count(*) FROM txn_offsets").fetchone() == (0,)
 
 
 def aggregate_flags(*given: str) -> dict[str, Any]:
@@ -616,29 +591,20 @@ def aggregate_flags(*given: str) -> dict[str, Any]:
 
 
 def test_read_columns_give_the_query_only_those_columns_and_the_same_rows(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    sales_topic: Callable[..., tuple[str, list[Sale]]],
+    counting: Counting, sales_topic: Callable[..., tuple[str, list[Sale]]]
 ) -> None:
     topic, orders = sales_topic(23, 200)
     options = aggregate_flags("--read-columns", "value, timestamp")
     assert options["read_columns"] == ("value", "timestamp")
 
-    with TransactionalJob(spark, settings(kafka, database_url, "sales", topic), **options) as job:
+    with TransactionalJob(counting.spark, counting.settings("sales", topic), **options) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
 
-    assert stored_sales(db) == expected_sales([orders])
-    assert offsets(db, topic, "sales") == log_ends(kafka, topic)
+    assert_sales_stored(counting, topic, [orders])
 
 
 def test_read_columns_that_leave_out_what_the_query_uses_are_refused_in_one_line(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    sales_topic: Callable[..., tuple[str, list[Sale]]],
+    counting: Counting, sales_topic: Callable[..., tuple[str, list[Sale]]]
 ) -> None:
     topic, _ = sales_topic(24, 5, partitions=1)
     with pytest.raises(ResultsTableInvalid) as raised:
@@ -649,14 +615,14 @@ def test_read_columns_that_leave_out_what_the_query_uses_are_refused_in_one_line
     ]
 
     options = aggregate_flags("--read-columns", "value")  # the query also uses timestamp
-    s = settings(kafka, database_url, "sales", topic)
-    with TransactionalJob(spark, s, **options) as job, pytest.raises(ResultsTableInvalid) as raised:
+    s = counting.settings("sales", topic)
+    with TransactionalJob(counting.spark, s, **options) as job, pytest.raises(ResultsTableInvalid) as raised:
         job.run_batch()
     [line] = raised.value.problems
     assert line.startswith("query: Spark cannot run it: ")
     assert "`timestamp`" in line
     assert line.endswith("; it reads only value: add the columns it uses")
-    assert offsets(db, topic, "sales") == {}
+    assert counting.offsets(topic, "sales") == {}
 
 
 def test_columns_that_would_round_the_querys_numbers_are_refused_before_anything_is_read(
@@ -678,7 +644,7 @@ def test_columns_that_would_round_the_querys_numbers_are_refused_before_anything
         "max(CAST(9007199254740993 AS BIGINT)) AS big FROM batch"
     )
     table = ResultsTable("counters", ("id",), (("n", "sum"), ("amount", "sum"), ("big", "max")))
-    s = settings(counting.kafka, counting.database_url, "counters", topic, max_offsets_per_batch=1)
+    s = counting.settings("counters", topic, max_offsets_per_batch=1)
     lines = refusal(counting.spark, s, table, query)
     assert [line[line.index("column ") :] for line in lines] == [
         "column n: the query's n is bigint, which counters.n (real) cannot hold exactly: real holds integers "
@@ -721,7 +687,7 @@ def test_a_count_too_large_for_an_integer_column_stops_the_batch_and_commits_not
     send(counting.kafka.bootstrap_servers, topic, [(0, None, b"x", None)])
     query = "SELECT 'c' AS id, count(*) AS n FROM batch"
     table = ResultsTable("small", ("id",), (("n", "sum"),))
-    s = settings(counting.kafka, counting.database_url, "small", topic)
+    s = counting.settings("small", topic)
     with (
         TransactionalJob(
             counting.spark, s, dataframe_aggregate=SqlAggregate(query), results_table=table
@@ -751,7 +717,7 @@ def test_two_instants_of_a_daylight_saving_fold_stay_two_rows_and_timestamp_with
     )
     query = "SELECT date_trunc('HOUR', timestamp) AS hour, count(*) AS n FROM batch GROUP BY 1"
     table = ResultsTable("hourly", ("hour",), (("n", "sum"),))
-    s = settings(counting.kafka, counting.database_url, "hourly", topic)
+    s = counting.settings("hourly", topic)
     zone = counting.spark.conf.get("spark.sql.session.timeZone")
     counting.spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
     try:

@@ -6,13 +6,12 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-import psycopg
 import pytest
 from confluent_kafka import Producer
 
 import txstore
 from tests.conftest import produce, produce_in_transactions
-from tests.helpers.counting import job_for, log_ends, offsets
+from tests.helpers.counting import Counting
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
@@ -135,10 +134,9 @@ def test_load_returns_exactly_the_messages_of_several_topics_with_the_kafka_sour
 
 
 def test_offsets_across_transaction_markers_are_each_messages_own(
-    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+    txstore_spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
     """Consecutive offsets are built as a range; a marker's hole must not be filled in."""
-    txstore.register(spark)
     topic = new_topic(2)
     produce_in_transactions(kafka.bootstrap_servers, topic, transactions=3, per_transaction=4, partitions=2)
     conf = client_config(kafka.bootstrap_servers)
@@ -152,7 +150,7 @@ def test_offsets_across_transaction_markers_are_each_messages_own(
     }
     assert all(len(offs) < high for (_, high), offs in expected.items())  # the markers' holes are there
 
-    found = read(spark, topic, kafka).select("partition", "offset").collect()
+    found = read(txstore_spark, topic, kafka).select("partition", "offset").collect()
 
     for (partition, _), offs in expected.items():
         assert sorted(r.offset for r in found if r.partition == partition) == offs
@@ -167,41 +165,36 @@ def test_an_empty_topic_is_an_empty_dataframe_with_the_kafka_source_schema(
 
 
 def test_txstore_job_reads_exactly_the_ranges_the_jobs_next_batch_reads_and_commits_nothing(
-    session: Any,
-    spark: Any,
-    any_kafka: AnyKafka,
-    database_url: str,
-    db: psycopg.Connection,
-    new_any_topic: Callable[..., str],
+    session: Any, any_counting: Counting
 ) -> None:
-    counted, never_counted = new_any_topic(3), new_any_topic(2)
-    produce(any_kafka.bootstrap_servers, counted, {0: 30, 1: 20, 2: 10})
-    job_for(spark, any_kafka, database_url, counted, max_offsets_per_batch=30).run_batch()  # commits a part
-    produce(any_kafka.bootstrap_servers, counted, {2: 5})
-    produce(any_kafka.bootstrap_servers, never_counted, {0: 4, 1: 3})
-    committed = offsets(db, counted)
+    counted, never_counted = any_counting.new_topic(3), any_counting.new_topic(2)
+    any_counting.produce(counted, {0: 30, 1: 20, 2: 10})
+    any_counting.job(counted, max_offsets_per_batch=30).run_batch()  # commits a part
+    any_counting.produce(counted, {2: 5})
+    any_counting.produce(never_counted, {0: 4, 1: 3})
+    committed = any_counting.offsets(counted)
     assert committed == {0: 15, 1: 10, 2: 5}
     tables = "SELECT (SELECT array_agg(t ORDER BY t::text) FROM txn_offsets t), (SELECT array_agg(d ORDER BY d::text) FROM txn_data d)"
-    before = db.execute(tables).fetchone()
+    before = any_counting.db.execute(tables).fetchone()
 
     frame = read(
         session,
         f"{counted},{never_counted}",
-        any_kafka,
-        **{"txstore.job": "count_topic", "txstore.databaseUrl": database_url},
+        any_counting.kafka,
+        **{"txstore.job": "count_topic", "txstore.databaseUrl": any_counting.database_url},
     )
     found = offsets_read(frame)
 
-    ends = log_ends(any_kafka, counted)
+    ends = any_counting.log_ends(counted)
     # From the committed offsets to the log end; the partitions the job never committed from earliest.
     assert found == {
         **{(counted, p): list(range(committed[p], ends[p])) for p in range(3)},
         (never_counted, 0): [0, 1, 2, 3],
         (never_counted, 1): [0, 1, 2],
     }
-    assert db.execute(tables).fetchone() == before  # no offset row created, nothing committed
+    assert any_counting.db.execute(tables).fetchone() == before  # no offset row created, nothing committed
     # And the job's own next batch reads exactly those ranges of the topic it counts.
-    report = job_for(spark, any_kafka, database_url, counted).run_batch()
+    report = any_counting.job(counted).run_batch()
     assert {(r.range.partition, r.range.from_offset, r.range.until_offset) for r in report.ranges} == {
         (p, committed[p], ends[p]) for p in range(3)
     }
@@ -219,32 +212,32 @@ def test_a_refused_option_fails_at_load_and_its_one_line_is_in_the_error(
 
 
 def test_starting_and_ending_offsets_choose_the_rows_like_sparks_kafka_source(
-    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+    txstore_spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
-    txstore.register(spark)
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 10, 1: 10})
 
-    assert read(spark, topic, kafka, startingOffsets="latest").collect() == []
-    everything = read(spark, topic, kafka, startingOffsets="earliest", endingOffsets="latest")
+    assert read(txstore_spark, topic, kafka, startingOffsets="latest").collect() == []
+    everything = read(txstore_spark, topic, kafka, startingOffsets="earliest", endingOffsets="latest")
     assert offsets_read(everything) == {(topic, 0): list(range(10)), (topic, 1): list(range(10))}
     some = read(
-        spark,
+        txstore_spark,
         topic,
         kafka,
         startingOffsets=f'{{"{topic}": {{"0": 3, "1": -2}}}}',
         endingOffsets=f'{{"{topic}": {{"0": 7, "1": 4}}}}',
     )
     assert offsets_read(some) == {(topic, 0): [3, 4, 5, 6], (topic, 1): [0, 1, 2, 3]}
-    only_partition_0 = read(spark, topic, kafka, startingOffsets=f'{{"{topic}": {{"0": 8, "1": -1}}}}')
+    only_partition_0 = read(
+        txstore_spark, topic, kafka, startingOffsets=f'{{"{topic}": {{"0": 8, "1": -1}}}}'
+    )
     assert offsets_read(only_partition_0) == {(topic, 0): [8, 9]}
-    assert len(read(spark, topic, kafka).limit(3).collect()) == 3  # a read stopped early
+    assert len(read(txstore_spark, topic, kafka).limit(3).collect()) == 3  # a read stopped early
 
 
-def test_an_unknown_topic_fails_naming_it(spark: Any, kafka: MockKafkaCluster) -> None:
-    txstore.register(spark)
+def test_an_unknown_topic_fails_naming_it(txstore_spark: Any, kafka: MockKafkaCluster) -> None:
     with pytest.raises(Exception) as caught:
-        read(spark, "no-such-topic", kafka).collect()
+        read(txstore_spark, "no-such-topic", kafka).collect()
     assert "UnknownTopic: topic 'no-such-topic' does not exist on Kafka at" in str(caught.value)
 
 
@@ -285,14 +278,13 @@ def test_a_declared_schema_reads_only_its_columns_in_its_order_with_the_same_val
 
 
 def test_a_declared_schema_of_another_type_fails_with_its_one_line(
-    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+    txstore_spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
-    txstore.register(spark)
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 2})
     with pytest.raises(Exception) as caught:
         (
-            spark.read.format("txstore")
+            txstore_spark.read.format("txstore")
             .schema("topic string, key string")
             .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
             .option("subscribe", topic)

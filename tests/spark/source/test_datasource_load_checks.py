@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-import txstore
 from tests.conftest import produce
 from txstore.spark.ranges.tasks import spark_failure_reason
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -17,13 +16,12 @@ pytestmark = pytest.mark.spark
 
 
 def test_a_starting_offset_beyond_the_log_end_fails_at_load_with_its_one_line(
-    spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
+    txstore_spark: Any, kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
-    txstore.register(spark)
     topic = new_topic(2)
     produce(kafka.bootstrap_servers, topic, {0: 5, 1: 5})
     reader = (
-        spark.read.format("txstore")
+        txstore_spark.read.format("txstore")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
         .option("subscribe", topic)
         .option("startingOffsets", json.dumps({topic: {"0": 9}}))

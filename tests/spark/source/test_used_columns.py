@@ -8,7 +8,6 @@ Kafka-protocol test broker.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
@@ -16,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import send
-from tests.e2e.test_aggregates import keyed_messages, settings, stored
+from tests.e2e.test_aggregates import assert_stored, columns_seen, keyed_topic, settings
 from tests.helpers.counting import Counting
 from txstore.core.results import decode_key
 from txstore.job import TransactionalJob
@@ -144,13 +142,9 @@ def test_the_columns_spark_keeps_for_an_aggregate_are_the_ones_inferred(any_spar
 def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exact_sums(
     counting: Counting,
 ) -> None:
-    topic = counting.new_topic(3)
-    messages = keyed_messages(random.Random(11), 700, 3)
-    send(counting.kafka.bootstrap_servers, topic, messages)
-    seen: list[list[str]] = []
+    topic, messages = keyed_topic(counting, 11, 700)
 
     def value_bytes_per_key(frame: Any) -> Any:
-        seen.append(frame.columns)
         return (
             frame.selectExpr("topic", "key", "length(value) AS n")
             .groupBy("topic", "key")
@@ -158,8 +152,9 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
             .withColumnRenamed("sum(n)", "metric")
         )
 
-    s = settings(counting.kafka, counting.database_url, "inferred", topic)
-    with TransactionalJob(counting.spark, s, dataframe_aggregate=value_bytes_per_key) as job:
+    aggregate, seen = columns_seen(value_bytes_per_key)
+    s = counting.settings("inferred", topic)
+    with TransactionalJob(counting.spark, s, dataframe_aggregate=aggregate) as job:
         assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
         assert job.read_columns == ("key", "value", "topic")
     # The probe's frame had every column; the batch's only the inferred ones.
@@ -167,8 +162,7 @@ def test_a_job_without_read_columns_reads_only_the_inferred_ones_and_stores_exac
     want: Counter[tuple[str, str | None, None]] = Counter()
     for _, key, value, _ in messages:
         want[("key", decode_key(key), None)] += len(value or b"")
-    assert stored(counting.db, "inferred", topic) == {k: Decimal(v) for k, v in want.items()}
-    assert counting.offsets(topic, "inferred") == counting.log_ends(topic)
+    assert_stored(counting, "inferred", topic, {k: Decimal(v) for k, v in want.items()})
 
 
 @pytest.mark.spark
