@@ -10,7 +10,6 @@ counted exactly.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +20,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import produce
-from tests.helpers.counting import Counting
-from tests.helpers.job_processes import count_topic_args, job_env, run_job
+from tests.helpers.counting import BrokerDb, Counting
+from tests.helpers.job_processes import count_topic_args, operator_cli, run_job
 from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
 from txstore.core.errors import ConfigError
@@ -55,6 +54,16 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+def refused(broker_db: BrokerDb, topic: str, *flags: str) -> str:
+    """The one-line error of count_topic run on ``topic`` with ``flags``, after checking that the
+    run left the txstore tables as they were."""
+    before = snapshot(broker_db.db)
+    result = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, *flags))
+    line = error_line(result)
+    assert snapshot(broker_db.db) == before
+    return line
+
+
 @pytest.fixture
 def counted_topic(
     kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
@@ -73,13 +82,17 @@ def counted_topic(
     return topic
 
 
+def schema_refusal(kafka: MockKafkaCluster, database_url: str, topic: str) -> str:
+    """count_topic's one-line error for ``topic`` (3 messages are there to count) in a database
+    without the schema this txstore needs."""
+    produce(kafka.bootstrap_servers, topic, {0: 3})
+    return error_line(run_job(*count_topic_args(kafka, database_url, topic, "--once")))
+
+
 def test_a_missing_schema_names_the_command_to_run_and_creates_nothing(
     kafka: MockKafkaCluster, empty_database_url: str, new_topic: Callable[..., str]
 ) -> None:
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3})
-    result = run_job(*count_topic_args(kafka, empty_database_url, topic, "--once"), timeout=180)
-    assert error_line(result) == (
+    assert schema_refusal(kafka, empty_database_url, new_topic(1)) == (
         f"count_topic: error: the txstore tables are missing in {empty_database_url}; "
         "run `txstore db upgrade` with TXSTORE_DATABASE_URL set to that database"
     )
@@ -90,10 +103,7 @@ def test_an_older_schema_names_both_revisions_and_the_upgrade_and_writes_nothing
     kafka: MockKafkaCluster, empty_database_url: str, new_topic: Callable[..., str]
 ) -> None:
     upgrade(empty_database_url, "0001")
-    topic = new_topic(1)
-    produce(kafka.bootstrap_servers, topic, {0: 3})
-    result = run_job(*count_topic_args(kafka, empty_database_url, topic, "--once"), timeout=180)
-    assert error_line(result) == (
+    assert schema_refusal(kafka, empty_database_url, new_topic(1)) == (
         f"count_topic: error: the database schema is at revision 0001 but this txstore needs {SCHEMA_REVISION}; "
         "run `txstore db upgrade` (or upgrade txstore if the database is newer)"
     )
@@ -125,19 +135,12 @@ def test_unreachable_kafka_times_out_with_the_brokers_complaint_and_writes_nothi
     assert snapshot(db) == before
 
 
-def test_an_unknown_topic_is_named_and_never_created(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, counted_topic: str
-) -> None:
-    before = snapshot(db)
-    missing = f"{counted_topic}-typo"
-    result = run_job(
-        *count_topic_args(kafka, database_url, counted_topic, "--topic", missing, "--once"), timeout=180
-    )
-    assert error_line(result) == (
+def test_an_unknown_topic_is_named_and_never_created(broker_db: BrokerDb, counted_topic: str) -> None:
+    kafka, missing = broker_db.kafka, f"{counted_topic}-typo"
+    assert refused(broker_db, counted_topic, "--topic", missing, "--once") == (
         f"count_topic: error: topic {missing!r} does not exist on Kafka at {kafka.bootstrap_servers}; "
         "check --topic (txstore never creates topics)"
     )
-    assert snapshot(db) == before
     # The broker auto-creates topics for clients that allow it; the job's requests did not.
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, "allow.auto.create.topics": False})
     assert admin.list_topics(missing, timeout=10).topics[missing].error is not None
@@ -164,46 +167,32 @@ def test_an_unknown_topic_is_named_and_never_created(
     ],
 )
 def test_malformed_starting_offsets_are_refused_before_anything_runs(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    counted_topic: str,
-    starting: str,
-    message: str,
+    broker_db: BrokerDb, counted_topic: str, starting: str, message: str
 ) -> None:
-    before = snapshot(db)
-    result = run_job(*count_topic_args(kafka, database_url, counted_topic, "--starting-offsets", starting))
-    assert error_line(result) == f"count_topic: error: {message}"
-    assert snapshot(db) == before
+    line = refused(broker_db, counted_topic, "--starting-offsets", starting)
+    assert line == f"count_topic: error: {message}"
 
 
 def test_starting_offsets_naming_partitions_kafka_does_not_have_are_refused_and_start_nothing(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, new_topic: Callable[..., str]
+    broker_db: BrokerDb,
 ) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 4})
-    before = snapshot(db)
+    topic = broker_db.new_topic(2)
+    broker_db.produce(topic, {0: 4, 1: 4})
     starting = f'{{"{topic}": {{"0": 1, "7": 0}}, "other": {{"0": 0}}}}'
-    result = run_job(
-        *count_topic_args(kafka, database_url, topic, "--starting-offsets", starting, "--once"), timeout=180
-    )
-    assert error_line(result) == (
+    # The tables stay as they were: not even the start rows of the partitions that exist.
+    assert refused(broker_db, topic, "--starting-offsets", starting, "--once") == (
         f"count_topic: error: --starting-offsets names 'other' partition 0, {topic!r} partition 7, "
         "which Kafka does not report for the job's topics; check the topic names (--topic) and partition numbers"
     )
-    assert snapshot(db) == before  # not even the start rows of the partitions that exist
 
 
 @pytest.mark.parametrize("interval", ["0", "-5", "nan"])
 def test_an_interval_that_is_not_above_zero_is_refused(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, counted_topic: str, interval: str
+    broker_db: BrokerDb, counted_topic: str, interval: str
 ) -> None:
-    before = snapshot(db)
-    result = run_job(*count_topic_args(kafka, database_url, counted_topic, "--interval", interval))
-    assert error_line(result) == (
+    assert refused(broker_db, counted_topic, "--interval", interval) == (
         f"count_topic: error: --interval must be a number of seconds above 0, got {float(interval):g}"
     )
-    assert snapshot(db) == before
 
 
 @pytest.mark.parametrize(
@@ -219,13 +208,11 @@ def test_an_interval_that_is_not_above_zero_is_refused(
     ],
 )
 def test_topic_names_kafka_cannot_have_are_refused_before_anything_runs(
-    kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection, counted_topic: str, topic: str
+    broker_db: BrokerDb, counted_topic: str, topic: str
 ) -> None:
-    before = snapshot(db)
-    result = run_job(*count_topic_args(kafka, database_url, counted_topic, "--topic", topic, "--once"))
-    assert error_line(result) == f"count_topic: error: --topic {topic!r} {TOPIC_RULE}"
-    assert snapshot(db) == before
-    assert tables(database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
+    line = refused(broker_db, counted_topic, "--topic", topic, "--once")
+    assert line == f"count_topic: error: --topic {topic!r} {TOPIC_RULE}"
+    assert tables(broker_db.database_url) >= {"txn_offsets", "txn_data", "txn_lost_ranges"}
 
 
 def test_a_reset_of_a_topic_kafka_cannot_have_is_refused_and_changes_nothing(
@@ -233,16 +220,9 @@ def test_a_reset_of_a_topic_kafka_cannot_have_is_refused_and_changes_nothing(
 ) -> None:
     before = snapshot(db)
     topic = "x'; UPDATE txn_offsets SET off = 0; --"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "txstore.ops.cli", "reset", "--database-url", database_url),
-            *("--bootstrap-servers", kafka.bootstrap_servers, "--job", "count_topic", "--topic", topic),
-            *("--to-earliest", "--execute"),
-        ],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = operator_cli(
+        *("reset", "--database-url", database_url, "--bootstrap-servers", kafka.bootstrap_servers),
+        *("--job", "count_topic", "--topic", topic, "--to-earliest", "--execute"),
     )
     assert result.returncode == 1
     assert result.stderr.strip() == f"txstore: error: --topic {topic!r} {TOPIC_RULE}"
@@ -254,10 +234,9 @@ def test_a_reset_of_a_topic_kafka_cannot_have_is_refused_and_changes_nothing(
     [("", "--topic must not be empty"), (".", "--topic '.' is not allowed as a Kafka topic name")],
 )
 def test_empty_and_dot_topic_names_are_refused(
-    kafka: MockKafkaCluster, database_url: str, counted_topic: str, topic: str, message: str
+    broker_db: BrokerDb, counted_topic: str, topic: str, message: str
 ) -> None:
-    result = run_job(*count_topic_args(kafka, database_url, counted_topic, "--topic", topic, "--once"))
-    assert error_line(result) == f"count_topic: error: {message}"
+    assert refused(broker_db, counted_topic, "--topic", topic, "--once") == f"count_topic: error: {message}"
 
 
 def test_sql_in_a_job_name_is_stored_as_text_and_never_run(counting: Counting) -> None:
@@ -289,28 +268,18 @@ def test_unknown_kafka_options_are_refused_with_the_setting_named(kafka: MockKaf
     ],
 )
 def test_kafka_options_that_would_change_what_is_read_are_refused_and_nothing_is_written(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    counted_topic: str,
-    option: str,
-    fixed: str,
+    broker_db: BrokerDb, counted_topic: str, option: str, fixed: str
 ) -> None:
-    before = snapshot(db)
-    result = run_job(
-        *count_topic_args(kafka, database_url, counted_topic, "--kafka-option", option, "--once")
-    )
-    assert error_line(result) == (
+    assert refused(broker_db, counted_topic, "--kafka-option", option, "--once") == (
         f"count_topic: error: --kafka-option {option} is refused: txstore sets {fixed} itself, "
         "which exact counts rely on; remove the option"
     )
-    assert snapshot(db) == before
     with pytest.raises(ConfigError, match=f"--kafka-option {option} is refused"):  # the library path too
         JobSettings(
             "count_topic",
             (counted_topic,),
-            kafka.bootstrap_servers,
-            database_url,
+            broker_db.kafka.bootstrap_servers,
+            broker_db.database_url,
             kafka_options=dict([option.split("=")]),
         )
 
@@ -401,13 +370,7 @@ def test_a_password_with_an_at_sign_not_percent_encoded_is_one_line_saying_to_en
 
     given = urlsplit(database_url)
     url = f"postgresql://{given.username}:{password}@{given.hostname}:{given.port}{given.path}"
-    result = subprocess.run(
-        [sys.executable, "-m", "txstore.ops.cli", "jobs", "--database-url", url],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = operator_cli("jobs", "--database-url", url)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == (
         f"txstore: error: cannot connect to PostgreSQL at postgresql://{given.username}:***@"

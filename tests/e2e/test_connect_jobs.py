@@ -21,12 +21,10 @@ import os
 import random
 import subprocess
 from collections import Counter
-from collections.abc import Callable
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.conftest import send
@@ -41,12 +39,11 @@ from txstore.core.ranges import OffsetRange, split_ranges
 from txstore.core.results import GRAIN_KEY, GRAIN_KEY_WINDOW, ResultKey
 from txstore.count_topic import CountMessages, count_messages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.postgres.outbox import close_producers, pending_count
+from txstore.postgres.outbox import pending_count
 from txstore.spark.ranges.deltas import dataframe_deltas
 from txstore.spark.ranges.range_task import COMMITTED
 from txstore.spark.ranges.tasks import default_parallelism, read_ranges, run_ranges, task_groups
 from txstore.spark.runtime.sessions import is_connect
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -105,17 +102,13 @@ def test_per_key_and_window_counts_are_exact(any_spark: Any, broker_db: BrokerDb
     assert broker_db.offsets(topic, "both") == broker_db.log_ends(topic)
 
 
-def test_the_idempotent_sink_stores_every_message_once(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
+def test_the_idempotent_sink_stores_every_message_once(any_spark: Any, broker_db: BrokerDb) -> None:
+    topic, db = broker_db.new_topic(2), broker_db.db
     outgoing = [(0, b"a", b"1", None), (1, None, b"\x00\x81", None), (0, b"a", None, None)]
-    send(kafka.bootstrap_servers, topic, outgoing)
-    s = JobSettings("copy", (topic,), kafka.bootstrap_servers, database_url, sink="idempotent")
+    send(broker_db.kafka.bootstrap_servers, topic, outgoing)
+    s = JobSettings(
+        "copy", (topic,), broker_db.kafka.bootstrap_servers, broker_db.database_url, sink="idempotent"
+    )
     for _ in range(2):  # the second time after a forced replay: nothing changes
         with TransactionalJob(any_spark, s) as job:
             assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}
@@ -124,21 +117,14 @@ def test_the_idempotent_sink_stores_every_message_once(
     assert Counter((p, k, v) for _, p, _, k, v in rows) == Counter((p, k, v) for p, k, v, _ in outgoing)
 
 
-def test_committed_results_are_published_through_the_outbox(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic, results = new_topic(3), new_topic(1, prefix="results")
+def test_committed_results_are_published_through_the_outbox(any_spark: Any, broker_db: BrokerDb) -> None:
+    kafka, db = broker_db.kafka, broker_db.db
+    topic, results = broker_db.new_topic(3), broker_db.new_topic(1, prefix="results")
     send(kafka.bootstrap_servers, topic, [(p, b"k", b"v", None) for p in (0, 1, 2) for _ in range(20)])
-    s = JobSettings("pub", (topic,), kafka.bootstrap_servers, database_url, publish_topic=results)
-    try:
-        with TransactionalJob(any_spark, s, CountMessages(by_key=True)) as job:
-            job.run_batch()
-    finally:
-        close_producers()
+    s = JobSettings("pub", (topic,), kafka.bootstrap_servers, broker_db.database_url, publish_topic=results)
+    # Closing the job flushes and closes the outbox's producers (close_producers).
+    with TransactionalJob(any_spark, s, CountMessages(by_key=True)) as job:
+        job.run_batch()
     assert pending_count(db, "pub") == 0
     keys = {r[0] for r in db.execute("SELECT dedup_key FROM txn_outbox WHERE job = 'pub'").fetchall()}
     assert len(keys) == 3
@@ -265,17 +251,11 @@ def test_a_thin_pyspark_client_runs_a_job_against_a_connect_server(
     broker_db.assert_counted_exactly(topic, 175)
 
 
-def test_a_failing_spark_task_stops_the_batch_with_its_one_line(
-    any_spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_a_failing_spark_task_stops_the_batch_with_its_one_line(any_spark: Any, broker_db: BrokerDb) -> None:
     """A recreated topic fails the DataFrame's reader task; the Python error's line is the batch's."""
-    topic = new_topic(1)
+    kafka, db, topic = broker_db.kafka, broker_db.db, broker_db.new_topic(1)
     fill(kafka, topic, 5, 1, b"old", OLD_TS)
-    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, database_url)
+    settings = JobSettings("count_topic", (topic,), kafka.bootstrap_servers, broker_db.database_url)
     TransactionalJob(any_spark, settings, count_messages).run()
     kafka.recreate_topic(topic, 1)
     fill(kafka, topic, 8, 1, b"new", NEW_TS)

@@ -77,16 +77,13 @@ def test_count_topic_by_key_and_window_per_batch_with_publishing_from_the_comman
     assert len(keys) == 1 and set(published(broker_db.kafka, results)) == keys
 
 
-def test_count_topic_with_the_idempotent_sink_from_the_command_line(
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
+def test_count_topic_with_the_idempotent_sink_from_the_command_line(broker_db: BrokerDb) -> None:
+    kafka, db, topic = broker_db.kafka, broker_db.db, broker_db.new_topic(2)
     send(kafka.bootstrap_servers, topic, [(p, b"k", b"v%d" % i, None) for i in range(30) for p in (0, 1)])
     for _ in range(2):
-        result = run_job(*count_topic_args(kafka, database_url, topic, "--sink", "idempotent", "--once"))
+        result = run_job(
+            *count_topic_args(kafka, broker_db.database_url, topic, "--sink", "idempotent", "--once")
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         db.execute("UPDATE txn_offsets SET off = 10")  # force a replay of most of it
     assert len(stored_messages(db, "count_topic")) == 60

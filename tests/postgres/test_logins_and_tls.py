@@ -11,7 +11,6 @@ import itertools
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,7 +23,7 @@ from tests.conftest import REPO, produce
 from tests.e2e.test_bad_input import error_line, snapshot
 from tests.helpers.counting import job_for, log_ends
 from tests.helpers.fake_kafka import FakeLog, install_with_admin
-from tests.helpers.job_processes import count_topic_args, job_env, run_job
+from tests.helpers.job_processes import count_topic_args, operator_cli, run_job
 from tests.helpers.private_postgres import SUPERUSER_PASSWORD, private_postgres, url
 from tests.postgres.test_schema import alembic
 from tests.spark.stream.test_stream_guards import age_out, grow, offsets, plan, read, source, total, writer
@@ -202,13 +201,7 @@ def test_the_readme_job_role_counts_exactly_and_cannot_change_the_tables(
     with psycopg.connect(owner) as conn:
         assert conn.execute("SELECT count(*) FROM txn_outbox WHERE sent_at IS NOT NULL").fetchone() == (3,)
         assert conn.execute("SELECT count(*) FROM txn_messages WHERE job = 'copied'").fetchone() == (60,)
-    status = subprocess.run(
-        [sys.executable, "-m", "txstore.ops.cli", "status", "--database-url", as_job],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    status = operator_cli("status", "--database-url", as_job)
     assert status.returncode == 0, status.stderr
 
     forbidden = [

@@ -195,22 +195,23 @@ ROUNDING = [
 ]
 
 
+def refusal(spark: str, pg: str, why: str) -> list[str]:
+    """The one problem of column v, a ``spark`` value that t.v (``pg``) cannot hold: ``why``."""
+    return [f"column v: the query's v is {spark}, which t.v ({pg}) cannot hold exactly: {why}"]
+
+
 @pytest.mark.parametrize(("spark", "pg", "typname", "category", "why"), ROUNDING)
 def test_a_column_that_would_change_the_querys_values_is_refused_in_one_line_saying_what_to_do(
     spark: str, pg: str, typname: str, category: str, why: str
 ) -> None:
-    assert problems_of(spark, pg, typname, category) == [
-        f"column v: the query's v is {spark}, which t.v ({pg}) cannot hold exactly: {why}"
-    ]
+    assert problems_of(spark, pg, typname, category) == refusal(spark, pg, why)
 
 
 @pytest.mark.parametrize(("spark", "pg", "typname", "category", "why"), ROUNDING)
 def test_key_columns_are_held_to_the_same_rule(
     spark: str, pg: str, typname: str, category: str, why: str
 ) -> None:
-    assert key_problems_of(spark, pg, typname, category) == [
-        f"column v: the query's v is {spark}, which t.v ({pg}) cannot hold exactly: {why}"
-    ]
+    assert key_problems_of(spark, pg, typname, category) == refusal(spark, pg, why)
 
 
 EXACT = [

@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 import pytest
 from pyspark import cloudpickle
 
 from tests.conftest import REPO, send
+from tests.helpers.counting import BrokerDb
 from tests.postgres.test_sink import seed
 from txstore.core.ranges import OffsetRange
 from txstore.count_topic import count_messages
 from txstore.kafka.client import client_config
-from txstore.postgres import store
 from txstore.spark.ranges.range_task import RangeTask
 from txstore.spark.ranges.tasks import _EachGroup, _RangeBatches
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 DRIVER_ONLY = ("sqlalchemy", "alembic", "prometheus_client")
 
@@ -63,19 +60,15 @@ assert not loaded, loaded
 
 @pytest.mark.slow
 def test_the_functions_tasks_run_need_none_of_the_driver_only_dependencies(
-    tmp_path: Path,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
+    tmp_path: Path, broker_db: BrokerDb
 ) -> None:
-    topic = new_topic(1)
-    send(kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 7)
-    seed(db, "w", topic, {0: 0})
-    conf = client_config(kafka.bootstrap_servers)
+    topic = broker_db.new_topic(1)
+    send(broker_db.kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 7)
+    seed(broker_db.db, "w", topic, {0: 0})
+    conf = client_config(broker_db.kafka.bootstrap_servers)
     groups = [[OffsetRange(topic, 0, 0, 7)]]
     functions = {
-        "count.pickle": _EachGroup(groups, RangeTask("w", database_url, conf, count_messages)),
+        "count.pickle": _EachGroup(groups, RangeTask("w", broker_db.database_url, conf, count_messages)),
         "read.pickle": _RangeBatches(groups, conf, job="w"),
     }
     for name, function in functions.items():
@@ -90,4 +83,4 @@ def test_the_functions_tasks_run_need_none_of_the_driver_only_dependencies(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:2] == ["_EachGroup 1", "_RangeBatches 7"]  # one report; 7 messages
-    assert store.topic_totals(db, "w", [topic]) == {topic: 7}
+    assert broker_db.totals(topic, job="w") == {topic: 7}

@@ -15,14 +15,13 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
 from tests.conftest import Outgoing, send
 from tests.e2e.test_aggregates import KEYS, keyed_messages, settings, stored
-from tests.helpers.counting import BrokerDb
+from tests.helpers.counting import BrokerDb, Counting
 from txstore import ResultsTable
 from txstore.aggregate import SqlAggregate
 from txstore.core.results import decode_key
@@ -38,7 +37,6 @@ from txstore.spark.source.pushdown import (
     partial_count_in_plan,
     task_counts,
 )
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 SOURCE = (
     "MapInArrow _no_rows(id#0L)#1, [key#2, value#3, topic#4, partition#5, offset#6L, timestamp#7, "
@@ -380,14 +378,8 @@ def test_a_pushed_down_job_stores_what_spark_running_the_query_stores(
 
 
 @pytest.mark.spark
-def test_a_results_table_of_counts_per_key_is_merged_exactly_when_pushed_down(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    topic = new_topic(2)
+def test_a_results_table_of_counts_per_key_is_merged_exactly_when_pushed_down(counting: Counting) -> None:
+    topic, db = counting.new_topic(2), counting.db
     db.execute("CREATE TABLE key_counts (topic text, key bytea, n bigint NOT NULL, PRIMARY KEY (topic, key))")
     db.commit()
     table = ResultsTable.of(
@@ -406,10 +398,10 @@ def test_a_results_table_of_counts_per_key_is_merged_exactly_when_pushed_down(
     query = SqlAggregate("SELECT topic, key, count(*) AS n FROM batch GROUP BY topic, key")
     for run in range(2):
         messages = [(p, k or b"none", v, ts) for p, k, v, ts in keyed_messages(rng, 400, 2)]
-        send(kafka.bootstrap_servers, topic, messages)
+        send(counting.kafka.bootstrap_servers, topic, messages)
         want.update((topic, k) for _, k, _, _ in messages)
-        s = settings(kafka, database_url, "key-counts", topic)
-        with TransactionalJob(spark, s, dataframe_aggregate=query, results_table=table) as job:
+        s = settings(counting.kafka, counting.database_url, "key-counts", topic)
+        with TransactionalJob(counting.spark, s, dataframe_aggregate=query, results_table=table) as job:
             assert {r.outcome for r in job.run_batch().ranges} == {COMMITTED}, run
             assert job.pushdown is not None and job.pushdown.describe() == "count(1) grouped by key, topic"
     rows = db.execute("SELECT topic, key, n FROM key_counts").fetchall()
