@@ -8,7 +8,11 @@ import pytest
 
 import txstore
 from tests.helpers.counting import Counting
+from tests.helpers.streams import readers
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.testing.real_kafka import RealKafkaCluster
+
+__all__ = ["readers"]  # the stream readers a test made, stopped after it (tests/helpers/streams.py)
 
 
 @pytest.fixture
@@ -34,3 +38,16 @@ def streaming(
     """``counting`` (tests/conftest.py) on ``session``: ``streaming.run_available_now(topic, checkpoint)``,
     ``streaming.stream(topic)``, ``streaming.assert_counted_exactly(topic, 3, job=JOB)``."""
     return Counting(kafka, database_url, db, new_topic, spark=session)
+
+
+@pytest.fixture
+def real_streaming(
+    session: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> Counting:
+    """``streaming`` on Apache Kafka: ``real_streaming.new_topic(1, prefix="x")`` creates a topic there,
+    ``real_streaming.kafka`` is the broker."""
+    return Counting(real_kafka, database_url, db, new_real_topic, spark=session)

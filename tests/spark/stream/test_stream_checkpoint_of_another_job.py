@@ -18,8 +18,7 @@ import pytest
 
 import txstore
 from tests.helpers.counting import BrokerDb, Counting
-from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
+from tests.helpers.streams import QueryFailed, counting_planner
 from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
 
 pytestmark = pytest.mark.spark
@@ -31,23 +30,6 @@ def rows(db: psycopg.Connection, job: str) -> list[tuple[Any, ...]]:
     return db.execute(
         "SELECT topic, part, off, generation FROM txn_offsets WHERE job = %s ORDER BY 1, 2", (job,)
     ).fetchall()
-
-
-def run_as(
-    job: str, spark: Any, kafka: AnyKafka, url: str, topic: str, checkpoint: Path, **options: str
-) -> Any:
-    """One Trigger.AvailableNow run of ``job``'s query (source and sink) on ``checkpoint``."""
-    query = (
-        sink(stream(spark, kafka, url, topic, job=job, **options), url, checkpoint, job=job)
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(120)
-    except Exception as e:  # the query failed: StreamingQueryException with the source's line
-        raise QueryFailed(str(e)) from None
-    assert not query.isActive
-    return query
 
 
 # -- pure ----------------------------------------------------------------------------------------
@@ -144,7 +126,7 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
     topic = counting.new_topic(2)
     chk_a, chk_b = tmp_path / "a", tmp_path / "b"
     counting.produce(topic, {0: 8, 1: 3})
-    run_as(A, counting.spark, counting.kafka, counting.database_url, topic, chk_a, **options)
+    counting.run_available_now(topic, chk_a, job=A, **options)
     counting.produce(topic, {0: 2, 1: 1})
     a_rows, a_totals = rows(counting.db, A), counting.totals(topic, job=A)
     assert a_totals == {topic: 11}
@@ -152,7 +134,7 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
     shutil.copytree(chk_a, chk_b)
     for checkpoint in (chk_b, chk_a):  # a copy, and A's own directory
         with pytest.raises(QueryFailed) as e:
-            run_as(B, counting.spark, counting.kafka, counting.database_url, topic, checkpoint, **options)
+            counting.run_available_now(topic, checkpoint, job=B, **options)
         message = str(e.value)
         expected = (
             f"job '{B}' topic '{topic}' partition 0: the checkpoint starts this micro-batch at offset 8, "
@@ -166,16 +148,14 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
         assert rows(counting.db, A) == a_rows and counting.totals(topic, job=A) == a_totals
 
     shutil.rmtree(chk_b)
-    run_as(
-        B, counting.spark, counting.kafka, counting.database_url, topic, chk_b, **options
-    )  # its own: from the start
+    counting.run_available_now(topic, chk_b, job=B, **options)  # its own: from the start
     counting.assert_counted_exactly(topic, 14, job=B)
 
     # B has rows now: A's checkpoint is an older copy. (Had the log not grown, its next batch
     # would end where B's rows are: taken as B's own batch replayed, and not counted again.)
     counting.produce(topic, {0: 1})
     with pytest.raises(QueryFailed) as e:
-        run_as(B, counting.spark, counting.kafka, counting.database_url, topic, chk_a, **options)
+        counting.run_available_now(topic, chk_a, job=B, **options)
     assert f"job '{B}' topic '{topic}' partition 0: txn_offsets stores offset 10 but the checkpoint" in str(
         e.value
     )
@@ -193,9 +173,9 @@ def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
     counting.produce(x, {0: 5})
     counting.produce(y, {0: 4})
     checkpoint = tmp_path / "a"
-    run_as(A, counting.spark, counting.kafka, counting.database_url, x, checkpoint)
+    counting.run_available_now(x, checkpoint, job=A)
     with pytest.raises(QueryFailed) as e:
-        run_as(B, counting.spark, counting.kafka, counting.database_url, y, checkpoint)
+        counting.run_available_now(y, checkpoint, job=B)
     message = str(e.value)
     assert (
         f"job '{B}': the checkpoint names topic '{x}', which this query does not read (it reads '{y}')"
@@ -203,7 +183,7 @@ def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
     ), message
     assert "new checkpointLocation" in message
     with pytest.raises(QueryFailed) as e:
-        run_as(B, counting.spark, counting.kafka, counting.database_url, f"{x},{y}", checkpoint)
+        counting.run_available_now(f"{x},{y}", checkpoint, job=B)
     assert (
         f"job '{B}' topic '{x}' partition 0: the checkpoint starts this micro-batch at offset 5, but the job "
         "has no offset stored for this partition and would start it at earliest offset 0"

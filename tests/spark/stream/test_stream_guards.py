@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -103,15 +103,6 @@ shared_database_url, database_url = module_database("stream")
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
     return install_with_admin(monkeypatch)
-
-
-@pytest.fixture
-def readers() -> Iterator[list[TxstoreStreamReader]]:
-    """Readers a test made: stopped after it (each holds its job's stream lock while it plans)."""
-    made: list[TxstoreStreamReader] = []
-    yield made
-    for r in made:
-        r.stop()
 
 
 def log(
