@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ from tests.conftest import REPO, produce, send
 from tests.helpers.cli import txstore
 from tests.helpers.counting import log_ends, offsets, spark_job_count, totals
 from tests.helpers.job_processes import JOB, job_env
+from tests.helpers.streams import QueryFailed, run_available_now, sink, stream
 from tests.helpers.topics import topic_name
 from tests.ops.test_metrics import scrape
 from txstore.core.errors import ConfigError, TopicRecreated, UnknownTopic
@@ -270,13 +272,7 @@ def test_a_deleted_topic_stops_a_pattern_job_with_the_vanished_topic_line_and_fo
     assert str(by_read.value) == str(raised.value)
 
     forget = txstore(
-        "reset",
-        "--job",
-        "gone_pattern_job",
-        "--topic",
-        gone,
-        "--forget",
-        "--execute",
+        *f"reset --job gone_pattern_job --topic {gone} --forget --execute".split(),
         url=database_url,
         kafka=real_kafka,
     )
@@ -433,22 +429,8 @@ def test_a_stream_with_subscribe_pattern_counts_topics_created_while_it_runs_sta
     base, pattern = family("pat-stream")
     servers = real_kafka.bootstrap_servers
     job = "pattern_stream_job"
-    frame = (
-        spark.readStream.format("txstore")
-        .option("kafka.bootstrap.servers", servers)
-        .option("subscribePattern", pattern)
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", database_url)
-        .load()
-    )
-    query = (
-        frame.writeStream.format("txstore")
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", database_url)
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(processingTime="1 second")
-        .start()
-    )
+    frame = stream(spark, real_kafka, database_url, pattern, job=job, by="subscribePattern")
+    query = sink(frame, database_url, tmp_path / "chk", job=job).trigger(processingTime="1 second").start()
     try:
         time.sleep(3)  # a few triggers with nothing matching: the same (empty) offsets, no batch
         assert query.exception() is None and store.job_topics(db, job) == []
@@ -478,6 +460,15 @@ def test_a_pattern_stream_s_line_for_a_deleted_topic_asks_for_no_change_of_subsc
 # -- what a pattern job holds: metrics and txstore status ---------------------------------------------
 
 
+def partitions_shown(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> dict[str, float]:
+    """``txstore_topic_partitions`` by topic, from a scrape's samples (tests/ops/test_metrics.py)."""
+    return {
+        dict(labels)["topic"]: v
+        for (name, labels), v in samples.items()
+        if name == "txstore_topic_partitions"
+    }
+
+
 @pytest.mark.spark
 def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
     spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection
@@ -503,12 +494,7 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
     with job:
         job.run_batch()
         _, samples = scrape(job)
-        shown = {
-            dict(labels)["topic"]: v
-            for (name, labels), v in samples.items()
-            if name == "txstore_topic_partitions"
-        }
-        assert shown == {a: 2, b: 1}
+        assert partitions_shown(samples) == {a: 2, b: 1}
         lag = {
             (dict(labels)["topic"], dict(labels)["partition"]): v
             for (name, labels), v in samples.items()
@@ -520,12 +506,7 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
         produce(kafka.bootstrap_servers, c, {0: 4})
         job.run_batch()
         _, samples = scrape(job)
-        shown = {
-            dict(labels)["topic"]: v
-            for (name, labels), v in samples.items()
-            if name == "txstore_topic_partitions"
-        }
-        assert shown == {a: 2, b: 1, c: 1}
+        assert partitions_shown(samples) == {a: 2, b: 1, c: 1}
         assert (
             samples[
                 (
@@ -565,32 +546,14 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
 
 
 def pattern_stream_available_now(
-    spark: Any, kafka: RealKafkaCluster, url: str, pattern: str, job: str, checkpoint: str
+    spark: Any, kafka: RealKafkaCluster, url: str, pattern: str, job: str, checkpoint: Path
 ) -> str:
     """One Trigger.AvailableNow run of a ``subscribePattern`` stream into the txstore sink: "" when
     it ends, else the line it stopped with."""
-    frame = (
-        spark.readStream.format("txstore")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribePattern", pattern)
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", url)
-        .load()
-    )
-    query = (
-        frame.writeStream.format("txstore")
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", url)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
     try:
-        query.awaitTermination(120)
-    except Exception as e:  # StreamingQueryException: the source's line
+        run_available_now(spark, kafka, url, pattern, checkpoint, job=job, by="subscribePattern")
+    except QueryFailed as e:  # the source's line
         return str(e)
-    finally:
-        query.stop()
     return ""
 
 
@@ -602,7 +565,7 @@ def test_a_pattern_stream_counts_a_topic_created_while_it_was_down_and_stops_on_
     txstore_register(spark)
     base, pattern = family("pat-down")
     servers = real_kafka.bootstrap_servers
-    job, checkpoint = "down_pattern_stream", str(tmp_path / "chk")
+    job, checkpoint = "down_pattern_stream", tmp_path / "chk"
     a, b = f"{base}-a", f"{base}-b"
     real_kafka.create_topic(a, 1)
     produce(servers, a, {0: 6})

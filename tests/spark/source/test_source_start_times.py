@@ -19,6 +19,7 @@ import pytest
 import txstore
 from tests.conftest import send
 from tests.helpers.counting import offsets, totals
+from tests.helpers.streams import run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.starting import (
@@ -227,27 +228,17 @@ def test_a_stream_started_at_a_time_counts_exactly_the_messages_from_it_and_stor
     job = f"times_{topic}"
 
     def run() -> None:
-        df = (
-            spark.readStream.format("txstore")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", topic)
-            .option("startingOffsetsByTimestamp", json.dumps({topic: {"0": T0 + 8_000, "1": T0 + 40_000}}))
-            .option("startingOffsetsByTimestampStrategy", "latest")
-            .option("txstore.job", job)
-            .option("txstore.databaseUrl", database_url)
-            .option("txstore.countMessages", "true")
-            .load()
+        run_available_now(
+            spark,
+            real_kafka,
+            database_url,
+            topic,
+            tmp_path / "checkpoint",
+            job=job,
+            startingOffsetsByTimestamp=json.dumps({topic: {"0": T0 + 8_000, "1": T0 + 40_000}}),
+            startingOffsetsByTimestampStrategy="latest",
+            **{"txstore.countMessages": "true"},
         )
-        query = (
-            df.writeStream.format("txstore")
-            .option("txstore.job", job)
-            .option("txstore.databaseUrl", database_url)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert not query.isActive
 
     run()
     # partition 0 from offset 8 (8 s): 2 messages; partition 1: none at 40 s, so at its end (6).

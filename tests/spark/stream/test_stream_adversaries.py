@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.counting import Counting
-from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink
+from tests.helpers.streams import JOB, QueryFailed, sink
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import (
     Delivery,
@@ -190,14 +190,8 @@ def test_a_self_union_is_refused_before_anything_is_committed(counting: Counting
     counting.produce(topic, {0: 6, 1: 4})
     for i, options in enumerate([{}, COUNT]):
         line = _refused(
-            lambda options=options, i=i: run_available_now(
-                counting.spark,
-                counting.kafka,
-                counting.database_url,
-                topic,
-                tmp_path / f"c{i}",
-                rows=lambda df: df.union(df),
-                **options,
+            lambda options=options, i=i: counting.run_available_now(
+                topic, tmp_path / f"c{i}", rows=lambda df: df.union(df), **options
             )
         )
         assert "read the micro-batch's messages twice" in line or "two rows of the message" in line
@@ -255,13 +249,8 @@ def test_a_filter_and_a_repartition_count_what_they_keep_and_move_the_whole_rang
     txstore.register(counting.spark)
     topic = counting.new_topic(3)
     counting.produce(topic, {0: 10, 1: 7, 2: 4})
-    run_available_now(
-        counting.spark,
-        counting.kafka,
-        counting.database_url,
-        topic,
-        tmp_path / "chk",
-        rows=lambda df: df.where("offset % 2 = 0").repartition(5),
+    counting.run_available_now(
+        topic, tmp_path / "chk", rows=lambda df: df.where("offset % 2 = 0").repartition(5)
     )
     counting.assert_counted_exactly(topic, 5 + 4 + 2, job=JOB)
 
@@ -274,13 +263,8 @@ def test_a_join_that_repeats_a_messages_row_is_refused(counting: Counting, tmp_p
     counting.produce(topic, {0: 4})
     static = counting.spark.createDataFrame([(0, "x"), (0, "y")], "partition int, tag string")
     line = _refused(
-        lambda: run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "chk",
-            rows=lambda df: df.join(static, "partition").select(*KEEP),
+        lambda: counting.run_available_now(
+            topic, tmp_path / "chk", rows=lambda df: df.join(static, "partition").select(*KEEP)
         )
     )
     assert f"two rows of the message at topic '{topic}' partition 0 offset 0" in line
@@ -296,14 +280,7 @@ def test_rows_without_their_partition_and_offset_are_refused_before_anything_is_
     topic = counting.new_topic(1)
     counting.produce(topic, {0: 4})
     line = _refused(
-        lambda: run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "chk",
-            rows=lambda df: df.select("topic"),
-        )
+        lambda: counting.run_available_now(topic, tmp_path / "chk", rows=lambda df: df.select("topic"))
     )
     assert "the query's rows have no partition, offset column" in line
     assert counting.totals(topic, job=JOB) == {topic: 0}
@@ -319,14 +296,7 @@ def test_a_rate_source_never_commits_the_plan_a_failed_query_left(counting: Coun
     topic = counting.new_topic(1)
     counting.produce(topic, {0: 6})
     with pytest.raises(QueryFailed):
-        run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "a",
-            failpoints="before-commit",
-        )
+        counting.run_available_now(topic, tmp_path / "a", failpoints="before-commit")
     assert set(counting.offsets(topic, job=JOB).values()) == {0}
     rate = (
         counting.spark.readStream.format("rate")
@@ -346,7 +316,7 @@ def test_a_rate_source_never_commits_the_plan_a_failed_query_left(counting: Coun
     assert set(counting.offsets(topic, job=JOB).values()) == {0}
     assert counting.totals(topic, job=JOB) == {topic: 0}
     # the job's own query then counts everything once
-    run_available_now(counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "a")
+    counting.run_available_now(topic, tmp_path / "a")
     counting.assert_counted_exactly(topic, 6, job=JOB)
 
 
@@ -362,7 +332,7 @@ def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_it
     checkpoint = tmp_path / "chk"
     for options in ({}, COUNT):
         counting.produce(topic, {0: 4}, value=b"old")
-        run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint, **options)
+        counting.run_available_now(topic, checkpoint, **options)
     row = counting.db.execute(
         "SELECT off, last_off, last_digest FROM txn_offsets WHERE job = %s AND topic = %s", (JOB, topic)
     ).fetchone()
@@ -370,9 +340,7 @@ def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_it
     assert row is not None and row[0] == 8 and row[1] == 7 and row[2]
     counting.kafka.recreate_topic(topic, 1)
     counting.produce(topic, {0: 12}, value=b"new")
-    line = _refused(
-        lambda: run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
-    )
+    line = _refused(lambda: counting.run_available_now(topic, checkpoint))
     assert f"job '{JOB}' topic '{topic}' partition 0: the topic was deleted and recreated" in line
     assert counting.totals(topic, job=JOB) == {topic: 8}
     assert counting.offsets(topic, job=JOB) == {0: 8}

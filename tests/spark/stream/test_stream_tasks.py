@@ -192,10 +192,7 @@ def test_a_retried_task_reads_exactly_its_planned_ranges_again(counting: Countin
     txstore.register(counting.spark)
     topic = counting.new_topic(4)
     counting.produce(topic, {0: 11, 1: 22, 2: 33, 3: 44})
-    query = run_available_now(
-        counting.spark,
-        counting.kafka,
-        counting.database_url,
+    query = counting.run_available_now(
         topic,
         tmp_path / "chk",
         **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range@first"},
@@ -213,10 +210,7 @@ def test_a_task_that_keeps_failing_stops_the_query_and_commits_nothing(
     topic = counting.new_topic(4)
     counting.produce(topic, {0: 1, 1: 2, 2: 3, 3: 4})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
+        counting.run_available_now(
             topic,
             tmp_path / "chk",
             **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range"},
