@@ -15,6 +15,14 @@ from txstore.testing.real_kafka import RealKafkaCluster
 __all__ = ["readers"]  # the stream readers a test made, stopped after it (tests/helpers/streams.py)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test taking ``session`` (or ``streaming``, ``real_streaming``) starts Spark: marked ``spark``,
+    as tests/conftest.py marks the tests taking ``spark`` (``session`` asks for it only when it runs)."""
+    for item in items:
+        if "session" in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture
 def session(request: pytest.FixtureRequest) -> Any:
     """The classic session, or (``@CLASSIC_AND_CONNECT``, tests/helpers/streams.py) also a Spark

@@ -218,26 +218,25 @@ def test_a_recreated_topic_stops_the_query_with_count_topics_line(
 
 
 def test_a_topic_deleted_after_the_query_counted_it_stops_it_saying_so_not_check_the_topic(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Between a recreation's delete and its create the topic is gone: the job counted it, so
     its name is no typo. The query stops with count_topic's line for that (what to run then),
     not the client's "check --topic"."""
-    txstore.register(counting.spark)
-    topic = counting.new_topic(2)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
-    counting.produce(topic, {0: 3, 1: 2})
-    counting.run_available_now(topic, checkpoint)
-    counting.kafka.delete_topic(topic)
+    streaming.produce(topic, {0: 3, 1: 2})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.kafka.delete_topic(topic)
     with pytest.raises(QueryFailed) as e:
-        counting.run_available_now(topic, checkpoint)
+        streaming.run_available_now(topic, checkpoint)
     assert (
-        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {counting.kafka.bootstrap_servers} now, though the "
+        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {streaming.kafka.bootstrap_servers} now, though the "
         "job stored offsets for 2 of its partitions: it may be being deleted and recreated." in str(e.value)
     )
     assert f"txstore reset --job {JOB} --topic {topic} --forget --execute" in str(e.value)
     assert "check --topic" not in str(e.value)
-    assert counting.totals(topic, job=JOB) == {topic: 5}
+    assert streaming.totals(topic, job=JOB) == {topic: 5}
 
 
 def test_a_partition_added_to_the_topic_between_micro_batches_is_read_from_its_start(
