@@ -159,6 +159,14 @@ def timed_messages(bootstrap: str, topic: str) -> None:
     send(bootstrap, topic, [(1, b"k", b"p1-%d" % s, T0 + s * 1000) for s in range(20, 25)])
 
 
+@pytest.fixture
+def timed_topic(real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]) -> str:
+    """A new topic of 2 partitions on Apache Kafka holding :func:`timed_messages`."""
+    topic = new_real_topic(2)
+    timed_messages(real_kafka.bootstrap_servers, topic)
+    return topic
+
+
 def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:
     reader = (
         spark.read.format("txstore").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
@@ -170,12 +178,10 @@ def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:
 
 @pytest.mark.spark
 def test_a_batch_read_by_timestamp_per_partition_reads_exactly_the_messages_from_each_time(
-    any_spark: Any, real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
+    any_spark: Any, real_kafka: RealKafkaCluster, timed_topic: str
 ) -> None:
     txstore.register(any_spark)
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    timed_messages(bootstrap, topic)
+    topic, bootstrap = timed_topic, real_kafka.bootstrap_servers
     times = json.dumps({topic: {"0": T0 + 6_500, "1": T0 + 22_000}})
     df = batch_read(any_spark, bootstrap, topic, startingOffsetsByTimestamp=times)
     rows = sorted(
@@ -195,12 +201,10 @@ def test_a_batch_read_by_timestamp_per_partition_reads_exactly_the_messages_from
 
 @pytest.mark.spark
 def test_a_partition_with_no_message_that_late_fails_load_by_default_and_reads_nothing_with_latest(
-    spark: Any, real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
+    spark: Any, real_kafka: RealKafkaCluster, timed_topic: str
 ) -> None:
     txstore.register(spark)
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    timed_messages(bootstrap, topic)
+    topic, bootstrap = timed_topic, real_kafka.bootstrap_servers
     late = str(T0 + 25_000)  # partition 0 ends at 9 s; partition 1 has its 30 s message at offset 0
     with pytest.raises(Exception, match=f"topic '{topic}' partition 0 has no message at or after"):
         batch_read(spark, bootstrap, topic, startingTimestamp=late)  # refused at load()
@@ -218,13 +222,11 @@ def test_a_stream_started_at_a_time_counts_exactly_the_messages_from_it_and_stor
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
+    timed_topic: str,
     tmp_path: Path,
 ) -> None:
     txstore.register(spark)
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    timed_messages(bootstrap, topic)
+    topic, bootstrap = timed_topic, real_kafka.bootstrap_servers
     job = f"times_{topic}"
 
     def run() -> None:
