@@ -176,7 +176,6 @@ def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:
     return reader.load()
 
 
-@pytest.mark.spark
 def test_a_batch_read_by_timestamp_per_partition_reads_exactly_the_messages_from_each_time(
     any_spark: Any, real_kafka: RealKafkaCluster, timed_topic: str
 ) -> None:
@@ -199,7 +198,6 @@ def test_a_batch_read_by_timestamp_per_partition_reads_exactly_the_messages_from
     ]
 
 
-@pytest.mark.spark
 def test_a_partition_with_no_message_that_late_fails_load_by_default_and_reads_nothing_with_latest(
     spark: Any, real_kafka: RealKafkaCluster, timed_topic: str
 ) -> None:
@@ -216,7 +214,6 @@ def test_a_partition_with_no_message_that_late_fails_load_by_default_and_reads_n
     ]
 
 
-@pytest.mark.spark
 def test_a_stream_started_at_a_time_counts_exactly_the_messages_from_it_and_stores_its_starts(
     spark: Any,
     real_kafka: RealKafkaCluster,
