@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,11 +16,17 @@ from txstore.testing.real_kafka import RealKafkaCluster
 __all__ = ["readers"]  # the stream readers a test made, stopped after it (tests/helpers/streams.py)
 
 
+HERE = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test taking ``session`` (or ``streaming``, ``real_streaming``) starts Spark: marked ``spark``,
-    as tests/conftest.py marks the tests taking ``spark`` (``session`` asks for it only when it runs)."""
+    """A test here taking ``session`` (or ``streaming``, ``real_streaming``) starts Spark: marked
+    ``spark``, as tests/conftest.py marks the tests taking ``spark`` (``session`` asks for it only
+    when it runs)."""
     for item in items:
-        if "session" in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
+        if not item.path.is_relative_to(HERE) or item.get_closest_marker("spark") is not None:
+            continue
+        if "session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
 
 
