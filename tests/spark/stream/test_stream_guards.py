@@ -149,6 +149,27 @@ class Guard:
     def writer(self, schema: StructType = ROWS_SCHEMA, overwrite: bool = False, **options: str) -> Any:
         return writer(self.url, schema, overwrite, **options)
 
+    def read_first(self, *sizes: int) -> tuple[TxstoreStreamReader, Any]:
+        """Partitions 0, 1, ... holding ``sizes`` messages and their source, with its first
+        micro-batch planned and read (its tasks' receipts recorded, nothing committed): the reader
+        and the batch's end."""
+        for partition, messages in enumerate(sizes):
+            self.log(partition, range(messages))
+        reader = self.source()
+        _, end, parts = plan(reader)
+        read(reader, parts)
+        return reader, end
+
+    def counted_first(self, messages: int, **options: str) -> tuple[FakeLog, TxstoreStreamReader, Any, Any]:
+        """Partition 0 holding ``messages`` messages, its source (``options``) and the sink, with the
+        first micro-batch planned, read and committed by the sink: the log, reader, sink and end."""
+        partition = self.log(0, range(messages))
+        reader = self.source(**options)
+        sink = self.writer()
+        _, end, parts = plan(reader)
+        sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+        return partition, reader, sink, end
+
 
 @pytest.fixture
 def guard(
@@ -800,11 +821,7 @@ def test_a_range_carries_its_partition_s_generation_and_verifies_the_last_messag
 
 
 def test_a_micro_batch_whose_offsets_moved_in_part_is_left_alone_by_the_source_s_commit(guard: Guard) -> None:
-    guard.log(0, range(4))
-    guard.log(1, range(4))
-    reader = guard.source()
-    _, end, parts = plan(reader)
-    read(reader, parts)
+    reader, end = guard.read_first(4, 4)
     guard.db.execute("UPDATE txn_offsets SET off = 4 WHERE job = %s AND part = 1", (JOB,))
     reader.commit(end)
     assert offsets(guard.db) == {0: 0, 1: 4} and committed_by(guard.db) is None
@@ -821,11 +838,7 @@ def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
 ) -> None:
     """Spark's file sink or foreachBatch wrote the micro-batch: the source's commit moves the
     offsets from the planned starts to the planned ends, with the last messages read."""
-    guard.log(0, range(6))
-    guard.log(1, range(2))
-    reader = guard.source()
-    _, end, parts = plan(reader)
-    read(reader, parts)
+    reader, end = guard.read_first(6, 2)
     reader.commit({"t": {"0": 5, "1": 2}})  # another micro-batch's end: nothing
     assert offsets(guard.db) == {0: 0, 1: 0}
     with caplog.at_level(logging.INFO, logger="txstore"):
@@ -853,11 +866,7 @@ def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
 
 
 def test_a_checkpoint_led_job_only_catches_up_from_the_batch_spark_committed(guard: Guard) -> None:
-    guard.log(0, range(6))
-    guard.log(1, range(6))
-    reader = guard.source()
-    _, end, parts = plan(reader)
-    read(reader, parts)
+    reader, end = guard.read_first(6, 6)
     # Not checkpoint-led (no commit noted): a start past txn_offsets is a mismatch.
     with pytest.raises(CheckpointMismatch):
         reader.partitions(end, {"t": {"0": 6, "1": 6}})
@@ -1519,11 +1528,7 @@ def age_out(fake_log: FakeLog, below: int) -> None:
 def test_with_fail_on_data_loss_false_a_stream_records_aged_out_offsets_and_counts_the_rest_once(
     guard: Guard,
 ) -> None:
-    partition = guard.log(0, range(3))
-    reader = guard.source(failOnDataLoss="false")
-    sink = guard.writer()
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    partition, reader, sink, end = guard.counted_first(3, failOnDataLoss="false")
     assert offsets(guard.db) == {0: 3} and total(guard.db) == 3
     grow(partition, 10)
     age_out(partition, 8)  # offsets 3-7 gone before the stream counted them
@@ -1554,11 +1559,7 @@ def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_stream_before_
     like an aged-out range; it is another topic: the query stops on the topic ID with nothing
     recorded as lost and the stored offset where it was (the reset then starts it over)."""
     guard.fake.topic_ids["t"] = "id-one"
-    partition = guard.log(0, range(3))
-    reader = guard.source(failOnDataLoss="false")
-    sink = guard.writer()
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    partition, reader, _, end = guard.counted_first(3, failOnDataLoss="false")
     assert offsets(guard.db) == {0: 3}
     guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated, then written and trimmed
     grow(partition, 20)
@@ -1571,11 +1572,7 @@ def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_stream_before_
 def test_a_replay_after_the_loss_was_recorded_reads_the_rest_and_records_what_aged_out_since(
     guard: Guard,
 ) -> None:
-    partition = guard.log(0, range(3))
-    first = guard.source(failOnDataLoss="false")
-    sink = guard.writer()
-    _, end, parts = plan(first)
-    sink.commit([sink.write(iter(task)) for task in read(first, parts)], 0)
+    partition, first, sink, end = guard.counted_first(3, failOnDataLoss="false")
     first.commit(end)
     grow(partition, 12)
     age_out(partition, 6)
@@ -1598,11 +1595,7 @@ def test_a_replay_after_the_loss_was_recorded_reads_the_rest_and_records_what_ag
 def test_a_micro_batch_wholly_aged_out_is_recorded_and_the_next_reads_from_the_log_start(
     guard: Guard,
 ) -> None:
-    partition = guard.log(0, range(2))
-    reader = guard.source(failOnDataLoss="false", maxOffsetsPerTrigger="3")
-    sink = guard.writer()
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    partition, reader, sink, end = guard.counted_first(2, failOnDataLoss="false", maxOffsetsPerTrigger="3")
     grow(partition, 20)
     start = end
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
@@ -1618,11 +1611,7 @@ def test_a_micro_batch_wholly_aged_out_is_recorded_and_the_next_reads_from_the_l
 
 
 def test_by_default_aged_out_offsets_stop_the_stream_naming_both_ways_on(guard: Guard) -> None:
-    partition = guard.log(0, range(3))
-    reader = guard.source()
-    sink = guard.writer()
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    partition, reader, _, end = guard.counted_first(3)
     grow(partition, 10)
     age_out(partition, 8)
     with pytest.raises(TxstoreError) as e:
