@@ -15,8 +15,6 @@ partition 7 (a partition Kafka no longer reports).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
@@ -75,15 +73,6 @@ def test_a_job_s_starting_offsets_naming_a_partition_kafka_lacks_say_to_check_th
         "--starting-offsets names 't' partition 7, which Kafka does not report for the job's topics; "
         f"check the topic names ({flag}) and partition numbers"
     )
-
-
-@pytest.fixture
-def readers() -> Iterator[list[TxstoreStreamReader]]:
-    """Readers a test made: stopped after it (each holds its job's stream lock while it plans)."""
-    made: list[TxstoreStreamReader] = []
-    yield made
-    for r in made:
-        r.stop()
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,8 +25,9 @@ import pytest
 
 from tests.conftest import REPO, produce, send
 from tests.helpers.cli import txstore
-from tests.helpers.counting import log_ends, offsets, spark_job_count, totals
+from tests.helpers.counting import Counting, log_ends, offsets, spark_job_count, totals
 from tests.helpers.job_processes import JOB, job_env
+from tests.helpers.streams import QueryFailed, sink, stream
 from tests.helpers.topics import topic_name
 from tests.ops.test_metrics import scrape
 from txstore.core.errors import ConfigError, TopicRecreated, UnknownTopic
@@ -115,21 +117,9 @@ def test_starting_offsets_are_for_the_first_run_and_a_topic_matching_later_joins
 # -- jobs on Apache Kafka --------------------------------------------------------------------------
 
 
-def pattern_job(
-    spark: Any, kafka: RealKafkaCluster, url: str, pattern: str, **settings: Any
-) -> TransactionalJob:
-    return TransactionalJob(
-        spark,
-        JobSettings(
-            settings.pop("job", "pattern_job"),
-            (),
-            kafka.bootstrap_servers,
-            url,
-            topic_pattern=pattern,
-            **settings,
-        ),
-        count_messages,
-    )
+def pattern_job(counting: Counting, pattern: str, **settings: Any) -> TransactionalJob:
+    """``counting``'s count_topic job of the topics ``pattern`` matches (job ``pattern_job`` unless named)."""
+    return counting.job(job=settings.pop("job", "pattern_job"), topic_pattern=pattern, **settings)
 
 
 def family(prefix: str) -> tuple[str, str]:
@@ -146,33 +136,30 @@ def exact(db: psycopg.Connection, kafka: RealKafkaCluster, job: str, produced: d
     assert totals(db, *produced, job=job) == produced
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_topics_created_while_the_job_runs_and_while_it_is_down_join_at_their_earliest_offset(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+    real_counting: Counting,
 ) -> None:
+    kafka, db = real_counting.kafka, real_counting.db
     base, pattern = family("pat-life")
-    servers = real_kafka.bootstrap_servers
+    servers = kafka.bootstrap_servers
     first = f"{base}-a"
-    real_kafka.create_topic(first, 2)
-    real_kafka.create_topic(f"{base}x", 1)  # matches a prefix only: never read
+    kafka.create_topic(first, 2)
+    kafka.create_topic(f"{base}x", 1)  # matches a prefix only: never read
     produce(servers, first, {0: 5, 1: 6})
     produce(servers, f"{base}x", {0: 3})
     # First run: --starting-offsets latest applies to every matched topic.
-    pattern_job(spark, real_kafka, database_url, pattern, starting_offsets=StartingOffsets(LATEST)).run()
+    pattern_job(real_counting, pattern, starting_offsets=StartingOffsets(LATEST)).run()
     assert offsets(db, first, job="pattern_job") == {0: 5, 1: 6}
     assert totals(db, first, job="pattern_job") == {first: 0}
 
     # Running (--interval): a topic created meanwhile joins at earliest, though latest was asked.
-    job = pattern_job(
-        spark, real_kafka, database_url, pattern, starting_offsets=StartingOffsets(LATEST), interval=0.5
-    )
+    job = pattern_job(real_counting, pattern, starting_offsets=StartingOffsets(LATEST), interval=0.5)
     stop = threading.Event()
     running = threading.Thread(target=job.run, args=(stop,))
     running.start()
     try:
         second = f"{base}-b"
-        real_kafka.create_topic(second, 3)
+        kafka.create_topic(second, 3)
         produce(servers, second, {0: 4, 1: 0, 2: 7})
         produce(servers, first, {1: 2})
         wait_for(lambda: offsets(db, second, job="pattern_job") == {0: 4, 1: 0, 2: 7})
@@ -181,20 +168,20 @@ def test_topics_created_while_the_job_runs_and_while_it_is_down_join_at_their_ea
         stop.set()
         running.join(60)
     assert not running.is_alive()
-    exact(db, real_kafka, "pattern_job", {first: 2, second: 11})
+    exact(db, kafka, "pattern_job", {first: 2, second: 11})
 
     # Down: a topic created and written meanwhile is counted whole at the next run.
     third = f"{base}-c"
-    real_kafka.create_topic(third, 1)
+    kafka.create_topic(third, 1)
     produce(servers, third, {0: 9})
-    pattern_job(spark, real_kafka, database_url, pattern, starting_offsets=StartingOffsets(LATEST)).run()
-    exact(db, real_kafka, "pattern_job", {first: 2, second: 11, third: 9})
+    pattern_job(real_counting, pattern, starting_offsets=StartingOffsets(LATEST)).run()
+    exact(db, kafka, "pattern_job", {first: 2, second: 11, third: 9})
 
     # A second job whose pattern overlaps owns its own offsets: it counts the b and c topics again.
-    other = pattern_job(spark, real_kafka, database_url, re.escape(base) + "-[bc]", job="other_pattern_job")
+    other = pattern_job(real_counting, re.escape(base) + "-[bc]", job="other_pattern_job")
     other.run()
-    exact(db, real_kafka, "other_pattern_job", {second: 11, third: 9})
-    exact(db, real_kafka, "pattern_job", {first: 2, second: 11, third: 9})
+    exact(db, kafka, "other_pattern_job", {second: 11, third: 9})
+    exact(db, kafka, "pattern_job", {first: 2, second: 11, third: 9})
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 120) -> None:
@@ -204,21 +191,16 @@ def wait_for(condition: Callable[[], bool], timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_a_pattern_matching_nothing_yet_reads_nothing_says_so_and_counts_the_first_topic_that_matches(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    caplog: pytest.LogCaptureFixture,
+    real_counting: Counting, caplog: pytest.LogCaptureFixture
 ) -> None:
+    kafka, db = real_counting.kafka, real_counting.db
     base, pattern = family("pat-none")
-    jobs_before = spark_job_count(spark)
+    jobs_before = spark_job_count(real_counting.spark)
     with caplog.at_level(logging.INFO, logger="txstore"):
-        report = pattern_job(spark, real_kafka, database_url, pattern, job="early_pattern_job").run_batch()
+        report = pattern_job(real_counting, pattern, job="early_pattern_job").run_batch()
     assert report.ranges == ()
-    assert spark_job_count(spark) == jobs_before  # no Spark job
+    assert spark_job_count(real_counting.spark) == jobs_before  # no Spark job
     assert store.job_topics(db, "early_pattern_job") == []
     said = [r.getMessage() for r in caplog.records if "matches no topic" in r.getMessage()]
     assert said == [
@@ -227,31 +209,30 @@ def test_a_pattern_matching_nothing_yet_reads_nothing_says_so_and_counts_the_fir
     assert all(r.levelno == logging.INFO for r in caplog.records if "matches no topic" in r.getMessage())
 
     topic = f"{base}-late"
-    real_kafka.create_topic(topic, 2)
-    produce(real_kafka.bootstrap_servers, topic, {0: 3, 1: 4})
-    pattern_job(spark, real_kafka, database_url, pattern, job="early_pattern_job").run()
-    exact(db, real_kafka, "early_pattern_job", {topic: 7})
+    kafka.create_topic(topic, 2)
+    produce(kafka.bootstrap_servers, topic, {0: 3, 1: 4})
+    pattern_job(real_counting, pattern, job="early_pattern_job").run()
+    exact(db, kafka, "early_pattern_job", {topic: 7})
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_a_deleted_topic_stops_a_pattern_job_with_the_vanished_topic_line_and_forgetting_it_lets_it_go_on(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+    real_counting: Counting,
 ) -> None:
+    kafka, db = real_counting.kafka, real_counting.db
     base, pattern = family("pat-gone")
     kept, gone = f"{base}-kept", f"{base}-gone"
     for topic in (kept, gone):
-        real_kafka.create_topic(topic, 2)
-        produce(real_kafka.bootstrap_servers, topic, {0: 2, 1: 3})
-    pattern_job(spark, real_kafka, database_url, pattern, job="gone_pattern_job").run()
-    exact(db, real_kafka, "gone_pattern_job", {kept: 5, gone: 5})
-    real_kafka.delete_topic(gone)
-    produce(real_kafka.bootstrap_servers, kept, {0: 1})
+        kafka.create_topic(topic, 2)
+        produce(kafka.bootstrap_servers, topic, {0: 2, 1: 3})
+    pattern_job(real_counting, pattern, job="gone_pattern_job").run()
+    exact(db, kafka, "gone_pattern_job", {kept: 5, gone: 5})
+    kafka.delete_topic(gone)
+    produce(kafka.bootstrap_servers, kept, {0: 1})
 
     with pytest.raises(UnknownTopic) as raised:
-        pattern_job(spark, real_kafka, database_url, pattern, job="gone_pattern_job").run()
+        pattern_job(real_counting, pattern, job="gone_pattern_job").run()
     assert str(raised.value) == (
-        f"job 'gone_pattern_job' topic {gone!r} does not exist on Kafka at {real_kafka.bootstrap_servers} "
+        f"job 'gone_pattern_job' topic {gone!r} does not exist on Kafka at {kafka.bootstrap_servers} "
         "now, though the job stored offsets for 2 of its partitions: it may be being deleted and recreated. "
         "Run the job again once the topic exists (a recreated topic then stops it in one line naming "
         "the reset to run); if it was deleted for good, forget its offsets: "
@@ -260,47 +241,40 @@ def test_a_deleted_topic_stops_a_pattern_job_with_the_vanished_topic_line_and_fo
     assert offsets(db, kept, job="gone_pattern_job") == {0: 2, 1: 3}  # nothing counted meanwhile
     # A batch read of the job's next batch stops on the same line.
     job_read = {
-        "kafka.bootstrap.servers": real_kafka.bootstrap_servers,
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "subscribePattern": pattern,
         "txstore.job": "gone_pattern_job",
-        "txstore.databaseUrl": database_url,
+        "txstore.databaseUrl": real_counting.database_url,
     }
     with pytest.raises(UnknownTopic) as by_read:
         plan(parse_read_options(job_read, {}))
     assert str(by_read.value) == str(raised.value)
 
     forget = txstore(
-        "reset",
-        "--job",
-        "gone_pattern_job",
-        "--topic",
-        gone,
-        "--forget",
-        "--execute",
-        url=database_url,
-        kafka=real_kafka,
+        *f"reset --job gone_pattern_job --topic {gone} --forget --execute".split(),
+        url=real_counting.database_url,
+        kafka=kafka,
     )
     assert forget.returncode == 0, forget.stderr
-    pattern_job(spark, real_kafka, database_url, pattern, job="gone_pattern_job").run()
+    pattern_job(real_counting, pattern, job="gone_pattern_job").run()
     assert store.job_topics(db, "gone_pattern_job") == [kept]
-    assert offsets(db, kept, job="gone_pattern_job") == log_ends(real_kafka, kept)
+    assert offsets(db, kept, job="gone_pattern_job") == log_ends(kafka, kept)
     assert totals(db, kept, job="gone_pattern_job") == {kept: 6}
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_a_topic_recreated_under_the_same_name_stops_a_pattern_job_by_its_topic_id(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+    real_counting: Counting,
 ) -> None:
+    kafka, db = real_counting.kafka, real_counting.db
     base, pattern = family("pat-again")
     topic = f"{base}-t"
-    real_kafka.create_topic(topic, 1)
-    produce(real_kafka.bootstrap_servers, topic, {0: 3})
-    pattern_job(spark, real_kafka, database_url, pattern, job="again_pattern_job").run()
-    real_kafka.recreate_topic(topic, 1)
-    produce(real_kafka.bootstrap_servers, topic, {0: 3})  # the same offsets as before: only the ID tells
+    kafka.create_topic(topic, 1)
+    produce(kafka.bootstrap_servers, topic, {0: 3})
+    pattern_job(real_counting, pattern, job="again_pattern_job").run()
+    kafka.recreate_topic(topic, 1)
+    produce(kafka.bootstrap_servers, topic, {0: 3})  # the same offsets as before: only the ID tells
     with pytest.raises(TopicRecreated) as raised:
-        pattern_job(spark, real_kafka, database_url, pattern, job="again_pattern_job").run()
+        pattern_job(real_counting, pattern, job="again_pattern_job").run()
     assert "topic ID" in str(raised.value) and topic in str(raised.value)
     assert totals(db, topic, job="again_pattern_job") == {topic: 3}
 
@@ -375,17 +349,16 @@ def test_subscribe_pattern_is_one_of_subscribe_assign_and_subscribe_pattern_and_
     assert stream.read.pattern == "a.*"
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_a_batch_read_with_subscribe_pattern_reads_every_matching_topic_and_nothing_before_one_exists(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+    real_counting: Counting,
 ) -> None:
-    txstore_register(spark)
+    kafka, db = real_counting.kafka, real_counting.db
+    txstore_register(real_counting.spark)
     base, pattern = family("pat-read")
-    servers = real_kafka.bootstrap_servers
+    servers = kafka.bootstrap_servers
 
     def read(**more: str) -> list[tuple[str, int, int]]:
-        reader = spark.read.format("txstore").option("kafka.bootstrap.servers", servers)
+        reader = real_counting.spark.read.format("txstore").option("kafka.bootstrap.servers", servers)
         for name, value in {"subscribePattern": pattern, **more}.items():
             reader = reader.option(name, value)
         frame = reader.load().select("topic", "partition", "offset")
@@ -394,19 +367,19 @@ def test_a_batch_read_with_subscribe_pattern_reads_every_matching_topic_and_noth
     assert read() == []  # nothing matches yet: an empty read, not an error
     a, b = f"{base}-a", f"{base}-b"
     for topic, counts in ((a, {0: 2, 1: 1}), (b, {0: 3})):
-        real_kafka.create_topic(topic, len(counts))
+        kafka.create_topic(topic, len(counts))
         produce(servers, topic, counts)
-    real_kafka.create_topic(f"{base}", 1)  # the prefix alone: no match
+    kafka.create_topic(f"{base}", 1)  # the prefix alone: no match
     produce(servers, base, {0: 4})
     expected = [(a, 0, 0), (a, 0, 1), (a, 1, 0), (b, 0, 0), (b, 0, 1), (b, 0, 2)]
     assert read() == expected
 
     # With txstore.job: what that job's next batch reads; a topic joining after its first run at earliest.
-    pattern_job(spark, real_kafka, database_url, re.escape(base) + "-a", job="read_pattern_job").run()
+    pattern_job(real_counting, re.escape(base) + "-a", job="read_pattern_job").run()
     produce(servers, a, {1: 1})
     job_read = {
         "txstore.job": "read_pattern_job",
-        "txstore.databaseUrl": database_url,
+        "txstore.databaseUrl": real_counting.database_url,
         "startingOffsets": "latest",
     }
     assert read(**job_read) == [(a, 1, 1), (b, 0, 0), (b, 0, 1), (b, 0, 2)]
@@ -433,22 +406,8 @@ def test_a_stream_with_subscribe_pattern_counts_topics_created_while_it_runs_sta
     base, pattern = family("pat-stream")
     servers = real_kafka.bootstrap_servers
     job = "pattern_stream_job"
-    frame = (
-        spark.readStream.format("txstore")
-        .option("kafka.bootstrap.servers", servers)
-        .option("subscribePattern", pattern)
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", database_url)
-        .load()
-    )
-    query = (
-        frame.writeStream.format("txstore")
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", database_url)
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(processingTime="1 second")
-        .start()
-    )
+    frame = stream(spark, real_kafka, database_url, pattern, job=job, by="subscribePattern")
+    query = sink(frame, database_url, tmp_path / "chk", job=job).trigger(processingTime="1 second").start()
     try:
         time.sleep(3)  # a few triggers with nothing matching: the same (empty) offsets, no batch
         assert query.exception() is None and store.job_topics(db, job) == []
@@ -478,6 +437,15 @@ def test_a_pattern_stream_s_line_for_a_deleted_topic_asks_for_no_change_of_subsc
 # -- what a pattern job holds: metrics and txstore status ---------------------------------------------
 
 
+def partitions_shown(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> dict[str, float]:
+    """``txstore_topic_partitions`` by topic, from a scrape's samples (tests/ops/test_metrics.py)."""
+    return {
+        dict(labels)["topic"]: v
+        for (name, labels), v in samples.items()
+        if name == "txstore_topic_partitions"
+    }
+
+
 @pytest.mark.spark
 def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
     spark: Any, kafka: MockKafkaCluster, database_url: str, db: psycopg.Connection
@@ -503,12 +471,7 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
     with job:
         job.run_batch()
         _, samples = scrape(job)
-        shown = {
-            dict(labels)["topic"]: v
-            for (name, labels), v in samples.items()
-            if name == "txstore_topic_partitions"
-        }
-        assert shown == {a: 2, b: 1}
+        assert partitions_shown(samples) == {a: 2, b: 1}
         lag = {
             (dict(labels)["topic"], dict(labels)["partition"]): v
             for (name, labels), v in samples.items()
@@ -520,12 +483,7 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
         produce(kafka.bootstrap_servers, c, {0: 4})
         job.run_batch()
         _, samples = scrape(job)
-        shown = {
-            dict(labels)["topic"]: v
-            for (name, labels), v in samples.items()
-            if name == "txstore_topic_partitions"
-        }
-        assert shown == {a: 2, b: 1, c: 1}
+        assert partitions_shown(samples) == {a: 2, b: 1, c: 1}
         assert (
             samples[
                 (
@@ -564,59 +522,38 @@ def test_metrics_and_status_show_the_topics_a_pattern_job_holds_as_they_join(
     assert f"topic {d!r} partition 0: lag 2 and no instance of the job is running" in check.stdout
 
 
-def pattern_stream_available_now(
-    spark: Any, kafka: RealKafkaCluster, url: str, pattern: str, job: str, checkpoint: str
-) -> str:
+def pattern_stream_available_now(counting: Counting, pattern: str, job: str, checkpoint: Path) -> str:
     """One Trigger.AvailableNow run of a ``subscribePattern`` stream into the txstore sink: "" when
     it ends, else the line it stopped with."""
-    frame = (
-        spark.readStream.format("txstore")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribePattern", pattern)
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", url)
-        .load()
-    )
-    query = (
-        frame.writeStream.format("txstore")
-        .option("txstore.job", job)
-        .option("txstore.databaseUrl", url)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
     try:
-        query.awaitTermination(120)
-    except Exception as e:  # StreamingQueryException: the source's line
+        counting.run_available_now(pattern, checkpoint, job=job, by="subscribePattern")
+    except QueryFailed as e:  # the source's line
         return str(e)
-    finally:
-        query.stop()
     return ""
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_a_pattern_stream_counts_a_topic_created_while_it_was_down_and_stops_on_a_deleted_one(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection, tmp_path: Any
+    real_counting: Counting, tmp_path: Path
 ) -> None:
-    txstore_register(spark)
+    kafka, db = real_counting.kafka, real_counting.db
+    txstore_register(real_counting.spark)
     base, pattern = family("pat-down")
-    servers = real_kafka.bootstrap_servers
-    job, checkpoint = "down_pattern_stream", str(tmp_path / "chk")
+    servers = kafka.bootstrap_servers
+    job, checkpoint = "down_pattern_stream", tmp_path / "chk"
     a, b = f"{base}-a", f"{base}-b"
-    real_kafka.create_topic(a, 1)
+    kafka.create_topic(a, 1)
     produce(servers, a, {0: 6})
-    assert pattern_stream_available_now(spark, real_kafka, database_url, pattern, job, checkpoint) == ""
-    exact(db, real_kafka, job, {a: 6})
+    assert pattern_stream_available_now(real_counting, pattern, job, checkpoint) == ""
+    exact(db, kafka, job, {a: 6})
 
-    real_kafka.create_topic(b, 2)  # while the query is down
+    kafka.create_topic(b, 2)  # while the query is down
     produce(servers, b, {0: 2, 1: 3})
-    assert pattern_stream_available_now(spark, real_kafka, database_url, pattern, job, checkpoint) == ""
-    exact(db, real_kafka, job, {a: 6, b: 5})
+    assert pattern_stream_available_now(real_counting, pattern, job, checkpoint) == ""
+    exact(db, kafka, job, {a: 6, b: 5})
 
-    real_kafka.delete_topic(b)
+    kafka.delete_topic(b)
     produce(servers, a, {0: 1})
-    stopped = pattern_stream_available_now(spark, real_kafka, database_url, pattern, job, checkpoint)
+    stopped = pattern_stream_available_now(real_counting, pattern, job, checkpoint)
     assert (
         f"job {job!r} topic {b!r} does not exist on Kafka at {servers} now, though the job stored offsets for 2 "
         "of its partitions" in stopped
@@ -626,12 +563,10 @@ def test_a_pattern_stream_counts_a_topic_created_while_it_was_down_and_stops_on_
     assert offsets(db, a, job=job) == {0: 6}  # nothing read meanwhile
 
 
-@pytest.mark.spark
-@pytest.mark.real_kafka
 def test_a_starting_timestamp_applies_to_a_pattern_job_s_first_topics_and_a_later_topic_joins_at_earliest(
-    spark: Any, real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection
+    real_counting: Counting,
 ) -> None:
-    kafka = real_kafka
+    kafka, db = real_counting.kafka, real_counting.db
     base, pattern = family("pat-time")
     a, b = f"{base}-a", f"{base}-b"
     kafka.create_topic(a, 1)
@@ -639,12 +574,12 @@ def test_a_starting_timestamp_applies_to_a_pattern_job_s_first_topics_and_a_late
     old = new - 86_400_000
     send(kafka.bootstrap_servers, a, [(0, b"k", b"v", old)] * 3 + [(0, b"k", b"v", new)] * 2)
     starting = StartingOffsets(timestamp_ms=new)
-    pattern_job(spark, kafka, database_url, pattern, job="time_pattern_job", starting_offsets=starting).run()
+    pattern_job(real_counting, pattern, job="time_pattern_job", starting_offsets=starting).run()
     assert offsets(db, a, job="time_pattern_job") == {0: 5}
     assert totals(db, a, job="time_pattern_job") == {a: 2}  # the first run: from the time on
 
     kafka.create_topic(b, 1)
     send(kafka.bootstrap_servers, b, [(0, b"k", b"v", old)] * 4)  # all before the time: still counted
-    pattern_job(spark, kafka, database_url, pattern, job="time_pattern_job", starting_offsets=starting).run()
+    pattern_job(real_counting, pattern, job="time_pattern_job", starting_offsets=starting).run()
     assert offsets(db, b, job="time_pattern_job") == {0: 4}
     assert totals(db, b, job="time_pattern_job") == {b: 4}

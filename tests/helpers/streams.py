@@ -3,12 +3,13 @@ built the way the stream tests build them, a Trigger.AvailableNow run, and the s
 methods called as Spark calls them (without Spark).
 
 The ``session`` fixture (the classic session, or with :data:`CLASSIC_AND_CONNECT` also a Spark
-Connect client) is in tests/spark/stream/conftest.py.
+Connect client) is in tests/spark/stream/conftest.py; the ``readers`` fixture below is imported by
+tests/spark/stream/conftest.py and tests/core/conftest.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,14 @@ class QueryFailed(Exception):
     pass
 
 
-def stream(spark: Any, kafka: AnyKafka, url: str, topic: str, job: str = JOB, **options: str) -> Any:
+def stream(
+    spark: Any, kafka: AnyKafka, url: str, topic: str, job: str = JOB, by: str = "subscribe", **options: str
+) -> Any:
+    """``job``'s streaming DataFrame of ``topic`` (``by``: the option naming it, e.g. ``subscribePattern``)."""
     reader = (
         spark.readStream.format("txstore")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", topic)
+        .option(by, topic)
         .option("txstore.job", job)
         .option("txstore.databaseUrl", url)
     )
@@ -82,12 +86,14 @@ def run_available_now(
     rows: Callable[[Any], Any] | None = None,
     sink_options: dict[str, str] | None = None,
     output_mode: str = "append",
+    job: str = JOB,
     **options: str,
 ) -> Any:
-    """One Trigger.AvailableNow run of the stream -> sink query; ``rows`` shapes the source's
-    DataFrame before the sink, ``sink_options`` are the sink's extra options."""
-    df = stream(spark, kafka, url, topic, **options)
-    writer = sink(df if rows is None else rows(df), url, checkpoint).outputMode(output_mode)
+    """One Trigger.AvailableNow run of ``job``'s stream -> sink query; ``rows`` shapes the source's
+    DataFrame before the sink, ``sink_options`` are the sink's extra options. A query that fails
+    raises :class:`QueryFailed` with its line."""
+    df = stream(spark, kafka, url, topic, job=job, **options)
+    writer = sink(df if rows is None else rows(df), url, checkpoint, job=job).outputMode(output_mode)
     if failpoints:
         writer = writer.option("txstore.failpoints", failpoints)
     for name, value in (sink_options or {}).items():
@@ -120,3 +126,12 @@ def counting_planner(kafka: AnyKafka, url: str, topic: str, job: str, **more: st
         kafka.bootstrap_servers, url, topic, job, **{"txstore.countMessages": "true", **more}
     )
     return stream_reader(options, COUNT_SCHEMA)
+
+
+@pytest.fixture
+def readers() -> Iterator[list[TxstoreStreamReader]]:
+    """Readers a test made: stopped after it (each holds its job's stream lock while it plans)."""
+    made: list[TxstoreStreamReader] = []
+    yield made
+    for r in made:
+        r.stop()

@@ -19,6 +19,7 @@ import pytest
 import txstore
 from tests.conftest import send
 from tests.helpers.counting import offsets, totals
+from tests.helpers.streams import run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.starting import (
@@ -158,6 +159,14 @@ def timed_messages(bootstrap: str, topic: str) -> None:
     send(bootstrap, topic, [(1, b"k", b"p1-%d" % s, T0 + s * 1000) for s in range(20, 25)])
 
 
+@pytest.fixture
+def timed_topic(real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]) -> str:
+    """A new topic of 2 partitions on Apache Kafka holding :func:`timed_messages`."""
+    topic = new_real_topic(2)
+    timed_messages(real_kafka.bootstrap_servers, topic)
+    return topic
+
+
 def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:
     reader = (
         spark.read.format("txstore").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
@@ -167,14 +176,11 @@ def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:
     return reader.load()
 
 
-@pytest.mark.spark
 def test_a_batch_read_by_timestamp_per_partition_reads_exactly_the_messages_from_each_time(
-    any_spark: Any, real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
+    any_spark: Any, real_kafka: RealKafkaCluster, timed_topic: str
 ) -> None:
     txstore.register(any_spark)
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    timed_messages(bootstrap, topic)
+    topic, bootstrap = timed_topic, real_kafka.bootstrap_servers
     times = json.dumps({topic: {"0": T0 + 6_500, "1": T0 + 22_000}})
     df = batch_read(any_spark, bootstrap, topic, startingOffsetsByTimestamp=times)
     rows = sorted(
@@ -192,14 +198,11 @@ def test_a_batch_read_by_timestamp_per_partition_reads_exactly_the_messages_from
     ]
 
 
-@pytest.mark.spark
 def test_a_partition_with_no_message_that_late_fails_load_by_default_and_reads_nothing_with_latest(
-    spark: Any, real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
+    spark: Any, real_kafka: RealKafkaCluster, timed_topic: str
 ) -> None:
     txstore.register(spark)
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    timed_messages(bootstrap, topic)
+    topic, bootstrap = timed_topic, real_kafka.bootstrap_servers
     late = str(T0 + 25_000)  # partition 0 ends at 9 s; partition 1 has its 30 s message at offset 0
     with pytest.raises(Exception, match=f"topic '{topic}' partition 0 has no message at or after"):
         batch_read(spark, bootstrap, topic, startingTimestamp=late)  # refused at load()
@@ -211,43 +214,30 @@ def test_a_partition_with_no_message_that_late_fails_load_by_default_and_reads_n
     ]
 
 
-@pytest.mark.spark
 def test_a_stream_started_at_a_time_counts_exactly_the_messages_from_it_and_stores_its_starts(
     spark: Any,
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
+    timed_topic: str,
     tmp_path: Path,
 ) -> None:
     txstore.register(spark)
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    timed_messages(bootstrap, topic)
+    topic, bootstrap = timed_topic, real_kafka.bootstrap_servers
     job = f"times_{topic}"
 
     def run() -> None:
-        df = (
-            spark.readStream.format("txstore")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", topic)
-            .option("startingOffsetsByTimestamp", json.dumps({topic: {"0": T0 + 8_000, "1": T0 + 40_000}}))
-            .option("startingOffsetsByTimestampStrategy", "latest")
-            .option("txstore.job", job)
-            .option("txstore.databaseUrl", database_url)
-            .option("txstore.countMessages", "true")
-            .load()
+        run_available_now(
+            spark,
+            real_kafka,
+            database_url,
+            topic,
+            tmp_path / "checkpoint",
+            job=job,
+            startingOffsetsByTimestamp=json.dumps({topic: {"0": T0 + 8_000, "1": T0 + 40_000}}),
+            startingOffsetsByTimestampStrategy="latest",
+            **{"txstore.countMessages": "true"},
         )
-        query = (
-            df.writeStream.format("txstore")
-            .option("txstore.job", job)
-            .option("txstore.databaseUrl", database_url)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert not query.isActive
 
     run()
     # partition 0 from offset 8 (8 s): 2 messages; partition 1: none at 40 s, so at its end (6).

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -8,7 +9,25 @@ import pytest
 
 import txstore
 from tests.helpers.counting import Counting
+from tests.helpers.streams import readers
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.testing.real_kafka import RealKafkaCluster
+
+__all__ = ["readers"]  # the stream readers a test made, stopped after it (tests/helpers/streams.py)
+
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test here taking ``session`` (or ``streaming``, ``real_streaming``) starts Spark: marked
+    ``spark``, as tests/conftest.py marks the tests taking ``spark`` (``session`` asks for it only
+    when it runs)."""
+    for item in items:
+        if not item.path.is_relative_to(HERE) or item.get_closest_marker("spark") is not None:
+            continue
+        if "session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture
@@ -34,3 +53,16 @@ def streaming(
     """``counting`` (tests/conftest.py) on ``session``: ``streaming.run_available_now(topic, checkpoint)``,
     ``streaming.stream(topic)``, ``streaming.assert_counted_exactly(topic, 3, job=JOB)``."""
     return Counting(kafka, database_url, db, new_topic, spark=session)
+
+
+@pytest.fixture
+def real_streaming(
+    session: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> Counting:
+    """``streaming`` on Apache Kafka: ``real_streaming.new_topic(1, prefix="x")`` creates a topic there,
+    ``real_streaming.kafka`` is the broker."""
+    return Counting(real_kafka, database_url, db, new_real_topic, spark=session)

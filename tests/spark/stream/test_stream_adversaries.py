@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.counting import Counting
-from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink
+from tests.helpers.streams import JOB, QueryFailed, sink
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import (
     Delivery,
@@ -181,161 +181,112 @@ def _refused(run: Callable[[], Any]) -> str:
     return str(e.value)
 
 
-def test_a_self_union_is_refused_before_anything_is_committed(counting: Counting, tmp_path: Path) -> None:
+def test_a_self_union_is_refused_before_anything_is_committed(streaming: Counting, tmp_path: Path) -> None:
     """df.union(df) reads every message twice: counted, it would double every count."""
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(2)
-    counting.produce(topic, {0: 6, 1: 4})
+    topic = streaming.new_topic(2)
+    streaming.produce(topic, {0: 6, 1: 4})
     for i, options in enumerate([{}, COUNT]):
         line = _refused(
-            lambda options=options, i=i: run_available_now(
-                counting.spark,
-                counting.kafka,
-                counting.database_url,
-                topic,
-                tmp_path / f"c{i}",
-                rows=lambda df: df.union(df),
-                **options,
+            lambda options=options, i=i: streaming.run_available_now(
+                topic, tmp_path / f"c{i}", rows=lambda df: df.union(df), **options
             )
         )
         assert "read the micro-batch's messages twice" in line or "two rows of the message" in line
         assert "nothing was written" in line
-        assert counting.totals(topic, job=JOB) == {topic: 0}
-        assert set(counting.offsets(topic, job=JOB).values()) <= {0}
+        assert streaming.totals(topic, job=JOB) == {topic: 0}
+        assert set(streaming.offsets(topic, job=JOB).values()) <= {0}
 
 
-def test_a_union_with_another_jobs_source_moves_neither_job(counting: Counting, tmp_path: Path) -> None:
+def test_a_union_with_another_jobs_source_moves_neither_job(streaming: Counting, tmp_path: Path) -> None:
     """Job A's sink handed job B's messages too: refused; neither job's offsets move, so following
     any advice cannot count B's messages twice."""
-    import txstore
-
-    txstore.register(counting.spark)
-    mine, theirs = counting.new_topic(1), counting.new_topic(1)
-    counting.produce(mine, {0: 5})
-    counting.produce(theirs, {0: 7})
-    a = counting.stream(mine).select(*KEEP)
-    b = counting.stream(theirs, job="other_job").select(*KEEP)
-    query = sink(a.union(b), counting.database_url, tmp_path / "chk").trigger(availableNow=True).start()
+    mine, theirs = streaming.new_topic(1), streaming.new_topic(1)
+    streaming.produce(mine, {0: 5})
+    streaming.produce(theirs, {0: 7})
+    a = streaming.stream(mine).select(*KEEP)
+    b = streaming.stream(theirs, job="other_job").select(*KEEP)
+    query = sink(a.union(b), streaming.database_url, tmp_path / "chk").trigger(availableNow=True).start()
     with pytest.raises(Exception) as e:
         query.awaitTermination(120)
     assert f"rows of topic '{theirs}' partition 0 offsets 0..6, outside this micro-batch's range none" in str(
         e.value
     )
-    assert counting.totals(mine, job=JOB) == {mine: 0}
-    assert set(counting.offsets(mine, job=JOB).values()) <= {0}
-    assert set(counting.offsets(theirs, job="other_job").values()) <= {0}
+    assert streaming.totals(mine, job=JOB) == {mine: 0}
+    assert set(streaming.offsets(mine, job=JOB).values()) <= {0}
+    assert set(streaming.offsets(theirs, job="other_job").values()) <= {0}
 
 
 def test_a_union_of_two_sources_of_the_same_job_says_what_is_wrong(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(1)
-    counting.produce(topic, {0: 3})
-    a = counting.stream(topic)
-    b = counting.stream(topic)
-    query = sink(a.union(b), counting.database_url, tmp_path / "chk").trigger(availableNow=True).start()
+    topic = streaming.new_topic(1)
+    streaming.produce(topic, {0: 3})
+    a = streaming.stream(topic)
+    b = streaming.stream(topic)
+    query = sink(a.union(b), streaming.database_url, tmp_path / "chk").trigger(availableNow=True).start()
     with pytest.raises(Exception) as e:
         query.awaitTermination(120)
     line = str(e.value)
     assert "another readStream.format('txstore') of this job in this Spark application" in line
     assert "a union or join of two sources of the same job" in line
-    assert counting.totals(topic, job=JOB) == {topic: 0}
+    assert streaming.totals(topic, job=JOB) == {topic: 0}
 
 
 def test_a_filter_and_a_repartition_count_what_they_keep_and_move_the_whole_range(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(3)
-    counting.produce(topic, {0: 10, 1: 7, 2: 4})
-    run_available_now(
-        counting.spark,
-        counting.kafka,
-        counting.database_url,
-        topic,
-        tmp_path / "chk",
-        rows=lambda df: df.where("offset % 2 = 0").repartition(5),
+    topic = streaming.new_topic(3)
+    streaming.produce(topic, {0: 10, 1: 7, 2: 4})
+    streaming.run_available_now(
+        topic, tmp_path / "chk", rows=lambda df: df.where("offset % 2 = 0").repartition(5)
     )
-    counting.assert_counted_exactly(topic, 5 + 4 + 2, job=JOB)
+    streaming.assert_counted_exactly(topic, 5 + 4 + 2, job=JOB)
 
 
-def test_a_join_that_repeats_a_messages_row_is_refused(counting: Counting, tmp_path: Path) -> None:
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(1)
-    counting.produce(topic, {0: 4})
-    static = counting.spark.createDataFrame([(0, "x"), (0, "y")], "partition int, tag string")
+def test_a_join_that_repeats_a_messages_row_is_refused(streaming: Counting, tmp_path: Path) -> None:
+    topic = streaming.new_topic(1)
+    streaming.produce(topic, {0: 4})
+    static = streaming.spark.createDataFrame([(0, "x"), (0, "y")], "partition int, tag string")
     line = _refused(
-        lambda: run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "chk",
-            rows=lambda df: df.join(static, "partition").select(*KEEP),
+        lambda: streaming.run_available_now(
+            topic, tmp_path / "chk", rows=lambda df: df.join(static, "partition").select(*KEEP)
         )
     )
     assert f"two rows of the message at topic '{topic}' partition 0 offset 0" in line
-    assert counting.totals(topic, job=JOB) == {topic: 0}
+    assert streaming.totals(topic, job=JOB) == {topic: 0}
 
 
 def test_rows_without_their_partition_and_offset_are_refused_before_anything_is_read(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(1)
-    counting.produce(topic, {0: 4})
+    topic = streaming.new_topic(1)
+    streaming.produce(topic, {0: 4})
     line = _refused(
-        lambda: run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "chk",
-            rows=lambda df: df.select("topic"),
-        )
+        lambda: streaming.run_available_now(topic, tmp_path / "chk", rows=lambda df: df.select("topic"))
     )
     assert "the query's rows have no partition, offset column" in line
-    assert counting.totals(topic, job=JOB) == {topic: 0}
+    assert streaming.totals(topic, job=JOB) == {topic: 0}
 
 
-def test_a_rate_source_never_commits_the_plan_a_failed_query_left(counting: Counting, tmp_path: Path) -> None:
+def test_a_rate_source_never_commits_the_plan_a_failed_query_left(
+    streaming: Counting, tmp_path: Path
+) -> None:
     """Job J's query fails in its sink's commit after reading: its plan stays in
     txn_stream_plans, read. A ``rate`` source shaped like txstore's rows into J's sink must not
     commit it (offsets moved, nothing counted, the messages lost)."""
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(1)
-    counting.produce(topic, {0: 6})
+    topic = streaming.new_topic(1)
+    streaming.produce(topic, {0: 6})
     with pytest.raises(QueryFailed):
-        run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "a",
-            failpoints="before-commit",
-        )
-    assert set(counting.offsets(topic, job=JOB).values()) == {0}
+        streaming.run_available_now(topic, tmp_path / "a", failpoints="before-commit")
+    assert set(streaming.offsets(topic, job=JOB).values()) == {0}
     rate = (
-        counting.spark.readStream.format("rate")
+        streaming.spark.readStream.format("rate")
         .option("rowsPerSecond", "5")
         .load()
         .selectExpr(f"'{topic}' AS topic", "0 AS partition", "value AS offset")
     )
     query = (
-        sink(rate, counting.database_url, tmp_path / "b").trigger(processingTime="200 milliseconds").start()
+        sink(rate, streaming.database_url, tmp_path / "b").trigger(processingTime="200 milliseconds").start()
     )
     try:
         with pytest.raises(Exception) as e:
@@ -343,39 +294,34 @@ def test_a_rate_source_never_commits_the_plan_a_failed_query_left(counting: Coun
     finally:
         query.stop()
     assert "was not read by this micro-batch" in str(e.value) or "outside this micro-batch" in str(e.value)
-    assert set(counting.offsets(topic, job=JOB).values()) == {0}
-    assert counting.totals(topic, job=JOB) == {topic: 0}
+    assert set(streaming.offsets(topic, job=JOB).values()) == {0}
+    assert streaming.totals(topic, job=JOB) == {topic: 0}
     # the job's own query then counts everything once
-    run_available_now(counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "a")
-    counting.assert_counted_exactly(topic, 6, job=JOB)
+    streaming.run_available_now(topic, tmp_path / "a")
+    streaming.assert_counted_exactly(topic, 6, job=JOB)
 
 
 def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_its_offsets_stops_it(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """The mock broker has no topic IDs: the fingerprint of the last message counted, stored by the
     sink, is what tells the new log from the old (200 of 600 would be skipped otherwise)."""
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(1)
+    topic = streaming.new_topic(1)
     checkpoint = tmp_path / "chk"
     for options in ({}, COUNT):
-        counting.produce(topic, {0: 4}, value=b"old")
-        run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint, **options)
-    row = counting.db.execute(
+        streaming.produce(topic, {0: 4}, value=b"old")
+        streaming.run_available_now(topic, checkpoint, **options)
+    row = streaming.db.execute(
         "SELECT off, last_off, last_digest FROM txn_offsets WHERE job = %s AND topic = %s", (JOB, topic)
     ).fetchone()
-    counting.db.rollback()
+    streaming.db.rollback()
     assert row is not None and row[0] == 8 and row[1] == 7 and row[2]
-    counting.kafka.recreate_topic(topic, 1)
-    counting.produce(topic, {0: 12}, value=b"new")
-    line = _refused(
-        lambda: run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
-    )
+    streaming.kafka.recreate_topic(topic, 1)
+    streaming.produce(topic, {0: 12}, value=b"new")
+    line = _refused(lambda: streaming.run_available_now(topic, checkpoint))
     assert f"job '{JOB}' topic '{topic}' partition 0: the topic was deleted and recreated" in line
-    assert counting.totals(topic, job=JOB) == {topic: 8}
-    assert counting.offsets(topic, job=JOB) == {0: 8}
+    assert streaming.totals(topic, job=JOB) == {topic: 8}
+    assert streaming.offsets(topic, job=JOB) == {0: 8}
 
 
 def test_the_stream_lock_line_tells_a_second_source_in_this_application_from_a_query_elsewhere() -> None:

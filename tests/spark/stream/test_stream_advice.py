@@ -14,14 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
-import txstore
-from tests.conftest import produce
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import log_ends, offsets, totals
-from tests.helpers.streams import JOB, QueryFailed, run_available_now
+from tests.helpers.counting import Counting
+from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed
 from tests.kafka.test_real_kafka_lifecycle import delete_records
 from txstore.core.errors import (
     ConfigError,
@@ -47,7 +44,6 @@ from txstore.postgres.locks import START_WAIT_SECONDS, JobLocked
 from txstore.spark.stream import stream_advice
 from txstore.spark.stream.stream_advice import data_loss_advice, for_stream, restate
 from txstore.testing.mock_kafka import MockKafkaCluster
-from txstore.testing.real_kafka import RealKafkaCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 NEW_CHECKPOINT = "then restart the query with a new checkpointLocation (or delete this one)"
@@ -200,26 +196,21 @@ def test_every_job_phrase_restated_is_still_the_shared_codes() -> None:
     assert restate("no advice here") == "no advice here"
 
 
+@pytest.mark.spark
 @pytest.mark.real_kafka
 def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that_works(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    tmp_path: Path,
+    real_streaming: Counting, tmp_path: Path
 ) -> None:
     """DeleteRecords on Apache Kafka takes messages the stream had not counted: the query stops in
     one line naming the reset; the same checkpoint stops again (it starts where the messages were
     lost); the reset, then a new checkpointLocation, count the rest exactly."""
-    txstore.register(spark)
-    topic = new_real_topic(1, prefix="stream_trim")
+    topic = real_streaming.new_topic(1, prefix="stream_trim")
     checkpoint = tmp_path / "chk"
-    produce(real_kafka.bootstrap_servers, topic, {0: 3})
-    run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
-    assert totals(db, topic, job=JOB) == {topic: 3}
-    produce(real_kafka.bootstrap_servers, topic, {0: 7})
-    delete_records(real_kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
+    real_streaming.produce(topic, {0: 3})
+    real_streaming.run_available_now(topic, checkpoint)
+    assert real_streaming.totals(topic, job=JOB) == {topic: 3}
+    real_streaming.produce(topic, {0: 7})
+    delete_records(real_streaming.kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
 
     expected = (
         f"job '{JOB}' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
@@ -231,57 +222,53 @@ def test_messages_aged_out_before_a_stream_counted_them_stop_it_with_advice_that
     )
     for _ in range(2):  # the same checkpoint stops the query again: the new checkpoint is needed
         with pytest.raises(QueryFailed) as e:
-            run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
+            real_streaming.run_available_now(topic, checkpoint)
         line = next(
             (x for x in str(e.value).splitlines() if "is below the log-start offset" in x), str(e.value)
         )
         assert expected in line, line
         assert "--fail-on-data-loss" not in str(e.value)
-        assert totals(db, topic, job=JOB) == {topic: 3}
+        assert real_streaming.totals(topic, job=JOB) == {topic: 3}
 
     reset = txstore_cli(
         *("reset", "--job", JOB, "--topic", topic, "--partition", "0", "--to-earliest", "--execute"),
-        url=database_url,
-        kafka=real_kafka,
+        url=real_streaming.database_url,
+        kafka=real_streaming.kafka,
     )
     assert reset.returncode == 0, reset.stderr
-    run_available_now(spark, real_kafka, database_url, topic, tmp_path / "new")  # type: ignore[arg-type]
-    assert totals(db, topic, job=JOB) == {topic: 5}  # 3, then offsets 8 and 9
-    assert offsets(db, topic, job=JOB) == log_ends(real_kafka, topic) == {0: 10}
+    real_streaming.run_available_now(topic, tmp_path / "new")
+    assert real_streaming.totals(topic, job=JOB) == {topic: 5}  # 3, then offsets 8 and 9
+    assert real_streaming.offsets(topic, job=JOB) == real_streaming.log_ends(topic) == {0: 10}
 
 
 @pytest.mark.spark
 @pytest.mark.real_kafka
+@CLASSIC_AND_CONNECT
 def test_a_stream_stopped_by_aged_out_messages_goes_on_with_fail_on_data_loss_false_and_records_them(
-    any_spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    tmp_path: Path,
+    real_streaming: Counting, tmp_path: Path
 ) -> None:
     """The first way the stop names: the same checkpoint, failOnDataLoss false. DeleteRecords on
     Apache Kafka takes offsets 3-7; the query records them in txn_lost_ranges, counts the rest once,
     and goes on counting what comes after. On classic Spark and through a Spark Connect client (the
     source and sink on its server)."""
-    spark = any_spark
-    txstore.register(spark)
-    topic = new_real_topic(2, prefix="stream_skip")
+    topic = real_streaming.new_topic(2, prefix="stream_skip")
     checkpoint = tmp_path / "chk"
-    produce(real_kafka.bootstrap_servers, topic, {0: 3, 1: 2})
-    run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
-    produce(real_kafka.bootstrap_servers, topic, {0: 7, 1: 1})
-    delete_records(real_kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
+    real_streaming.produce(topic, {0: 3, 1: 2})
+    real_streaming.run_available_now(topic, checkpoint)
+    real_streaming.produce(topic, {0: 7, 1: 1})
+    delete_records(real_streaming.kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
     with pytest.raises(QueryFailed, match="failOnDataLoss false"):
-        run_available_now(spark, real_kafka, database_url, topic, checkpoint)  # type: ignore[arg-type]
+        real_streaming.run_available_now(topic, checkpoint)
 
     skip = {"failOnDataLoss": "false"}
-    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **skip)  # type: ignore[arg-type]
-    assert totals(db, topic, job=JOB) == {topic: 3 + 2 + 2 + 1}  # partition 0: 8 and 9; partition 1: 2
-    assert offsets(db, topic, job=JOB) == log_ends(real_kafka, topic) == {0: 10, 1: 3}
+    real_streaming.run_available_now(topic, checkpoint, **skip)
+    assert real_streaming.totals(topic, job=JOB) == {
+        topic: 3 + 2 + 2 + 1
+    }  # partition 0: 8 and 9; partition 1: 2
+    assert real_streaming.offsets(topic, job=JOB) == real_streaming.log_ends(topic) == {0: 10, 1: 3}
     lost = "SELECT part, from_off, until_off FROM txn_lost_ranges WHERE job = %s AND topic = %s"
-    assert db.execute(lost, (JOB, topic)).fetchall() == [(0, 3, 8)]
-    produce(real_kafka.bootstrap_servers, topic, {0: 4})
-    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **skip)  # type: ignore[arg-type]
-    assert totals(db, topic, job=JOB) == {topic: 12}
-    assert db.execute(lost, (JOB, topic)).fetchall() == [(0, 3, 8)]
+    assert real_streaming.db.execute(lost, (JOB, topic)).fetchall() == [(0, 3, 8)]
+    real_streaming.produce(topic, {0: 4})
+    real_streaming.run_available_now(topic, checkpoint, **skip)
+    assert real_streaming.totals(topic, job=JOB) == {topic: 12}
+    assert real_streaming.db.execute(lost, (JOB, topic)).fetchall() == [(0, 3, 8)]

@@ -16,10 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-import txstore
 from tests.helpers.counting import BrokerDb, Counting
-from tests.helpers.real_kafka_fixture import AnyKafka
-from tests.helpers.streams import QueryFailed, counting_planner, sink, stream
+from tests.helpers.streams import QueryFailed, counting_planner
 from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
 
 pytestmark = pytest.mark.spark
@@ -31,23 +29,6 @@ def rows(db: psycopg.Connection, job: str) -> list[tuple[Any, ...]]:
     return db.execute(
         "SELECT topic, part, off, generation FROM txn_offsets WHERE job = %s ORDER BY 1, 2", (job,)
     ).fetchall()
-
-
-def run_as(
-    job: str, spark: Any, kafka: AnyKafka, url: str, topic: str, checkpoint: Path, **options: str
-) -> Any:
-    """One Trigger.AvailableNow run of ``job``'s query (source and sink) on ``checkpoint``."""
-    query = (
-        sink(stream(spark, kafka, url, topic, job=job, **options), url, checkpoint, job=job)
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(120)
-    except Exception as e:  # the query failed: StreamingQueryException with the source's line
-        raise QueryFailed(str(e)) from None
-    assert not query.isActive
-    return query
 
 
 # -- pure ----------------------------------------------------------------------------------------
@@ -133,26 +114,25 @@ def test_a_querys_start_is_stored_when_taken_so_its_micro_batches_are_its_own_an
 
 @pytest.mark.parametrize("count_messages", [False, True], ids=["per-message", "counted"])
 def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read(
-    counting: Counting, tmp_path: Path, count_messages: bool
+    streaming: Counting, tmp_path: Path, count_messages: bool
 ) -> None:
     """Job A's checkpoint copied for new job B (no rows, startingOffsets earliest), then pointed at
     directly: B stops in one line naming the offsets, writes nothing, and leaves A alone. B with a
     checkpoint of its own then counts the topic from its start. A checkpoint of A given to B once
     B has rows is the older-copy case: B's rows decide, and it stops too."""
-    txstore.register(counting.spark)
     options = {"txstore.countMessages": "true"} if count_messages else {}
-    topic = counting.new_topic(2)
+    topic = streaming.new_topic(2)
     chk_a, chk_b = tmp_path / "a", tmp_path / "b"
-    counting.produce(topic, {0: 8, 1: 3})
-    run_as(A, counting.spark, counting.kafka, counting.database_url, topic, chk_a, **options)
-    counting.produce(topic, {0: 2, 1: 1})
-    a_rows, a_totals = rows(counting.db, A), counting.totals(topic, job=A)
+    streaming.produce(topic, {0: 8, 1: 3})
+    streaming.run_available_now(topic, chk_a, job=A, **options)
+    streaming.produce(topic, {0: 2, 1: 1})
+    a_rows, a_totals = rows(streaming.db, A), streaming.totals(topic, job=A)
     assert a_totals == {topic: 11}
 
     shutil.copytree(chk_a, chk_b)
     for checkpoint in (chk_b, chk_a):  # a copy, and A's own directory
         with pytest.raises(QueryFailed) as e:
-            run_as(B, counting.spark, counting.kafka, counting.database_url, topic, checkpoint, **options)
+            streaming.run_available_now(topic, checkpoint, job=B, **options)
         message = str(e.value)
         expected = (
             f"job '{B}' topic '{topic}' partition 0: the checkpoint starts this micro-batch at offset 8, "
@@ -161,41 +141,38 @@ def test_another_jobs_checkpoint_is_refused_by_a_new_job_before_anything_is_read
         )
         assert expected in message, message
         assert "nothing was read" in message and "new checkpointLocation" in message
-        assert rows(counting.db, B) == []
-        assert counting.totals(topic, job=B) == {topic: 0}
-        assert rows(counting.db, A) == a_rows and counting.totals(topic, job=A) == a_totals
+        assert rows(streaming.db, B) == []
+        assert streaming.totals(topic, job=B) == {topic: 0}
+        assert rows(streaming.db, A) == a_rows and streaming.totals(topic, job=A) == a_totals
 
     shutil.rmtree(chk_b)
-    run_as(
-        B, counting.spark, counting.kafka, counting.database_url, topic, chk_b, **options
-    )  # its own: from the start
-    counting.assert_counted_exactly(topic, 14, job=B)
+    streaming.run_available_now(topic, chk_b, job=B, **options)  # its own: from the start
+    streaming.assert_counted_exactly(topic, 14, job=B)
 
     # B has rows now: A's checkpoint is an older copy. (Had the log not grown, its next batch
     # would end where B's rows are: taken as B's own batch replayed, and not counted again.)
-    counting.produce(topic, {0: 1})
+    streaming.produce(topic, {0: 1})
     with pytest.raises(QueryFailed) as e:
-        run_as(B, counting.spark, counting.kafka, counting.database_url, topic, chk_a, **options)
+        streaming.run_available_now(topic, chk_a, job=B, **options)
     assert f"job '{B}' topic '{topic}' partition 0: txn_offsets stores offset 10 but the checkpoint" in str(
         e.value
     )
-    assert counting.totals(topic, job=B) == {topic: 14}
-    assert rows(counting.db, A) == a_rows and counting.totals(topic, job=A) == a_totals
+    assert streaming.totals(topic, job=B) == {topic: 14}
+    assert rows(streaming.db, A) == a_rows and streaming.totals(topic, job=A) == a_totals
 
 
 def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """A's checkpoint (topic X) for B reading topic Y, and for B reading X and Y: refused, one
     line each, before anything is read (not as a partition Kafka "no longer has")."""
-    txstore.register(counting.spark)
-    x, y = counting.new_topic(1), counting.new_topic(1)
-    counting.produce(x, {0: 5})
-    counting.produce(y, {0: 4})
+    x, y = streaming.new_topic(1), streaming.new_topic(1)
+    streaming.produce(x, {0: 5})
+    streaming.produce(y, {0: 4})
     checkpoint = tmp_path / "a"
-    run_as(A, counting.spark, counting.kafka, counting.database_url, x, checkpoint)
+    streaming.run_available_now(x, checkpoint, job=A)
     with pytest.raises(QueryFailed) as e:
-        run_as(B, counting.spark, counting.kafka, counting.database_url, y, checkpoint)
+        streaming.run_available_now(y, checkpoint, job=B)
     message = str(e.value)
     assert (
         f"job '{B}': the checkpoint names topic '{x}', which this query does not read (it reads '{y}')"
@@ -203,11 +180,11 @@ def test_a_checkpoint_of_a_query_on_another_topic_is_refused_naming_the_topic(
     ), message
     assert "new checkpointLocation" in message
     with pytest.raises(QueryFailed) as e:
-        run_as(B, counting.spark, counting.kafka, counting.database_url, f"{x},{y}", checkpoint)
+        streaming.run_available_now(f"{x},{y}", checkpoint, job=B)
     assert (
         f"job '{B}' topic '{x}' partition 0: the checkpoint starts this micro-batch at offset 5, but the job "
         "has no offset stored for this partition and would start it at earliest offset 0"
     ) in str(e.value)
-    assert rows(counting.db, B) == []
-    assert counting.totals(x, y, job=B) == {x: 0, y: 0}
-    assert counting.totals(x, job=A) == {x: 5}
+    assert rows(streaming.db, B) == []
+    assert streaming.totals(x, y, job=B) == {x: 0, y: 0}
+    assert streaming.totals(x, job=A) == {x: 5}

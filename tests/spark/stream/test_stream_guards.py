@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -105,15 +105,6 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
     return install_with_admin(monkeypatch)
 
 
-@pytest.fixture
-def readers() -> Iterator[list[TxstoreStreamReader]]:
-    """Readers a test made: stopped after it (each holds its job's stream lock while it plans)."""
-    made: list[TxstoreStreamReader] = []
-    yield made
-    for r in made:
-        r.stop()
-
-
 def log(
     fake: FakeKafka, partition: int, offsets: Sequence[int], high: int | None = None, low: int = 0
 ) -> FakeLog:
@@ -137,6 +128,54 @@ def source(
 
 def writer(url: str, schema: StructType = ROWS_SCHEMA, overwrite: bool = False, **options: str) -> Any:
     return stream_writer({"txstore.job": JOB, "txstore.databaseUrl": url, **options}, schema, overwrite)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The ``guard`` fixture: the module's database (its URL and a connection), the fake Kafka and
+    the readers a test made, with ``log``, ``source`` and ``writer`` above bound to them."""
+
+    url: str
+    db: psycopg.Connection
+    fake: FakeKafka
+    readers: list[TxstoreStreamReader]
+
+    def log(self, partition: int, offsets: Sequence[int], high: int | None = None, low: int = 0) -> FakeLog:
+        return log(self.fake, partition, offsets, high, low)
+
+    def source(self, schema: StructType = ROWS_SCHEMA, **options: str) -> TxstoreStreamReader:
+        return source(self.readers, self.url, schema, **options)
+
+    def writer(self, schema: StructType = ROWS_SCHEMA, overwrite: bool = False, **options: str) -> Any:
+        return writer(self.url, schema, overwrite, **options)
+
+    def read_first(self, *sizes: int) -> tuple[TxstoreStreamReader, Any]:
+        """Partitions 0, 1, ... holding ``sizes`` messages and their source, with its first
+        micro-batch planned and read (its tasks' receipts recorded, nothing committed): the reader
+        and the batch's end."""
+        for partition, messages in enumerate(sizes):
+            self.log(partition, range(messages))
+        reader = self.source()
+        _, end, parts = plan(reader)
+        read(reader, parts)
+        return reader, end
+
+    def counted_first(self, messages: int, **options: str) -> tuple[FakeLog, TxstoreStreamReader, Any, Any]:
+        """Partition 0 holding ``messages`` messages, its source (``options``) and the sink, with the
+        first micro-batch planned, read and committed by the sink: the log, reader, sink and end."""
+        partition = self.log(0, range(messages))
+        reader = self.source(**options)
+        sink = self.writer()
+        _, end, parts = plan(reader)
+        sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+        return partition, reader, sink, end
+
+
+@pytest.fixture
+def guard(
+    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> Guard:
+    return Guard(database_url, db, fake_kafka, readers)
 
 
 def rows(*items: tuple[str | None, int | None, int | None]) -> pa.RecordBatch:
@@ -328,13 +367,13 @@ def test_the_table_sink_names_the_first_partition_outside_by_topic_and_partition
 
 
 def test_a_micro_batch_read_and_written_commits_its_planned_ranges_and_counts_each_message_once(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
     """Two partitions, one with a transaction marker at offset 3: every message counted once,
     the offsets moved to the planned ends (past the marker), each partition's last message kept."""
-    log(fake_kafka, 0, range(10))
-    log(fake_kafka, 1, [0, 1, 2, 4], high=5)
-    reader = source(readers, database_url)
+    guard.log(0, range(10))
+    guard.log(1, [0, 1, 2, 4], high=5)
+    reader = guard.source()
     start, end, parts = plan(reader)
     assert start == {"t": {"0": 0, "1": 0}} and end == {"t": {"0": 10, "1": 5}}
     assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [
@@ -346,21 +385,21 @@ def test_a_micro_batch_read_and_written_commits_its_planned_ranges_and_counts_ea
         list(range(10)),
         [0, 1, 2, 4],
     ]
-    sink = writer(database_url)
+    sink = guard.writer()
     messages = [sink.write(iter(task)) for task in batches]
     sink.commit(messages, 0)
-    assert offsets(db) == {0: 10, 1: 5}
-    assert total(db) == 14
-    assert last_counted(db) == {0: 9, 1: 4}
+    assert offsets(guard.db) == {0: 10, 1: 5}
+    assert total(guard.db) == 14
+    assert last_counted(guard.db) == {0: 9, 1: 4}
     reader.commit(end)  # Spark's commit of a batch the txstore sink committed: noted, nothing moved
-    assert committed_by(db) == SINK_COMMITTED
-    assert offsets(db) == {0: 10, 1: 5}
+    assert committed_by(guard.db) == SINK_COMMITTED
+    assert offsets(guard.db) == {0: 10, 1: 5}
     sink.commit(messages, 0)  # a replay after a crash between PostgreSQL's and Spark's commit
-    assert total(db) == 14
+    assert total(guard.db) == 14
 
     # The next micro-batch starts where the last ended, checked against txn_offsets.
-    grow(fake_kafka.logs[("t", 0)], 13)
-    grow(fake_kafka.logs[("t", 1)], 6)  # one message
+    grow(guard.fake.logs[("t", 0)], 13)
+    grow(guard.fake.logs[("t", 1)], 6)  # one message
     start, end, parts = plan(reader, end)
     assert end == {"t": {"0": 13, "1": 6}}
     assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [
@@ -368,35 +407,31 @@ def test_a_micro_batch_read_and_written_commits_its_planned_ranges_and_counts_ea
         [(1, 5, 6)],
     ]
     verified, after_marker = parts[0].ranges[0], parts[1].ranges[0]
-    assert verified.verify == fingerprint(fake_kafka.logs[("t", 0)].messages[9])  # the last counted
-    assert after_marker.verify == fingerprint(fake_kafka.logs[("t", 1)].messages[4])
+    assert verified.verify == fingerprint(guard.fake.logs[("t", 0)].messages[9])  # the last counted
+    assert after_marker.verify == fingerprint(guard.fake.logs[("t", 1)].messages[4])
     sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 1)
-    assert offsets(db) == {0: 13, 1: 6} and total(db) == 18
+    assert offsets(guard.db) == {0: 13, 1: 6} and total(guard.db) == 18
 
 
-def test_a_plan_read_by_no_task_of_this_run_is_not_committed(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(4))
-    reader = source(readers, database_url)
+def test_a_plan_read_by_no_task_of_this_run_is_not_committed(guard: Guard) -> None:
+    guard.log(0, range(4))
+    reader = guard.source()
     plan(reader)
-    sink = writer(database_url)
+    sink = guard.writer()
     with pytest.raises(MicroBatchNotRead) as e:
         sink.commit([sink.write(iter([of(0, 0, 1)]))], 0)  # rows handed to the sink, never read
     assert "was not read by this micro-batch: no task of this query read it" in one_line(e)
     with pytest.raises(MicroBatchNotRead, match="received no rows from any task"):
         sink.commit([], 0)
-    assert offsets(db) == {0: 0} and total(db) == 0
+    assert offsets(guard.db) == {0: 0} and total(guard.db) == 0
 
 
-def test_a_row_of_an_offset_outside_the_planned_range_stops_the_commit_with_its_line(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(6))
-    reader = source(readers, database_url)
+def test_a_row_of_an_offset_outside_the_planned_range_stops_the_commit_with_its_line(guard: Guard) -> None:
+    guard.log(0, range(6))
+    reader = guard.source()
     _, _, parts = plan(reader)
     batches = read(reader, parts)
-    sink = writer(database_url)
+    sink = guard.writer()
     with pytest.raises(RowsOutsideBatch) as e:
         sink.commit([sink.write(iter(batches[0] + [of(0, 6)]))], 0)
     assert one_line(e).startswith(
@@ -407,20 +442,18 @@ def test_a_row_of_an_offset_outside_the_planned_range_stops_the_commit_with_its_
         sink.commit([sink.write(iter(batches[0])), sink.write(iter([of(0, 2)]))], 0)
     with pytest.raises(RowsOutsideBatch, match="2 rows have no topic, partition or offset"):
         sink.commit([sink.write(iter(batches[0] + [rows(("t", None, 1), (None, 0, 2))]))], 0)
-    assert offsets(db) == {0: 0} and total(db) == 0
+    assert offsets(guard.db) == {0: 0} and total(guard.db) == 0
     sink.commit([sink.write(iter([b.slice(1) for b in batches[0]]))], 0)  # fewer rows: a filter
-    assert offsets(db) == {0: 6} and total(db) == 5
+    assert offsets(guard.db) == {0: 6} and total(guard.db) == 5
 
 
 def test_the_counting_source_s_row_carries_its_range_and_the_sink_adds_what_its_task_read(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(7))
-    log(fake_kafka, 1, [0, 2, 3], high=4)
-    log(fake_kafka, 2, [], high=0)
-    reader = source(
-        readers, database_url, COUNT_SCHEMA, **{"txstore.countMessages": "true", "txstore.tasks": "1"}
-    )
+    guard.log(0, range(7))
+    guard.log(1, [0, 2, 3], high=4)
+    guard.log(2, [], high=0)
+    reader = guard.source(COUNT_SCHEMA, **{"txstore.countMessages": "true", "txstore.tasks": "1"})
     _, end, parts = plan(reader)
     assert len(parts) == 1
     (task,) = read(reader, parts)
@@ -429,7 +462,7 @@ def test_the_counting_source_s_row_carries_its_range_and_the_sink_adds_what_its_
         {"topic": "t", "partition": 0, "txstore_from": 0, "txstore_until": 7, "txstore_messages": 7},
         {"topic": "t", "partition": 1, "txstore_from": 0, "txstore_until": 4, "txstore_messages": 3},
     ]
-    sink = writer(database_url, COUNT_SCHEMA)
+    sink = guard.writer(COUNT_SCHEMA)
     message = sink.write(iter(task))
     assert isinstance(message, TopicCounts) and message.counts == {"t": 10}
     with pytest.raises(RowsOutsideBatch, match="says 6 messages, but its reading task read 7"):
@@ -442,48 +475,46 @@ def test_the_counting_source_s_row_carries_its_range_and_the_sink_adds_what_its_
         sink.commit([sink.write(iter([missing]))], 0)
     without = sink.write(iter([missing]))  # the row that names no range is left out, the next kept
     assert (without.counts, without.unplaced, without.counted) == ({"t": 3}, 1, [("t", 1, 0, 4, 3)])
-    assert total(db) == 0
+    assert total(guard.db) == 0
     sink.commit([message], 0)
-    assert offsets(db) == {0: 7, 1: 4, 2: 0} and total(db) == 10
-    assert last_counted(db) == {0: 6, 1: 3, 2: None}
+    assert offsets(guard.db) == {0: 7, 1: 4, 2: 0} and total(guard.db) == 10
+    assert last_counted(guard.db) == {0: 6, 1: 3, 2: None}
     reader.commit(end)
-    assert committed_by(db) == SINK_COMMITTED
+    assert committed_by(guard.db) == SINK_COMMITTED
     # Rows as PySpark before 4.1 hands them (Row objects) count the same.
     rows_message = sink.write(iter([Row(**r) for r in batch.to_pylist()]))
     assert rows_message.counts == {"t": 10} and rows_message.counted == message.counted
 
 
-def test_a_source_of_no_messages_plans_nothing_to_read_and_its_sink_commits_nothing(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, [], high=0)
-    reader = source(readers, database_url, COUNT_SCHEMA, **{"txstore.countMessages": "true"})
+def test_a_source_of_no_messages_plans_nothing_to_read_and_its_sink_commits_nothing(guard: Guard) -> None:
+    guard.log(0, [], high=0)
+    reader = guard.source(COUNT_SCHEMA, **{"txstore.countMessages": "true"})
     _, end, parts = plan(reader)
     assert parts == [] and end == {"t": {"0": 0}}
     assert list(reader.read(StreamPartition([], "none", 0))) == []
-    sink = writer(database_url, COUNT_SCHEMA)
+    sink = guard.writer(COUNT_SCHEMA)
     sink.commit([], 0)
     reader.commit(end)
-    assert committed_by(db) is None and offsets(db) == {0: 0}
+    assert committed_by(guard.db) is None and offsets(guard.db) == {0: 0}
 
 
 # -- the source's planning --------------------------------------------------------------------------
 
 
 def test_a_new_query_starts_at_the_stored_offsets_and_an_unstarted_topic_per_starting_offsets(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(9))
-    log(fake_kafka, 1, range(2, 9), low=2)
-    seed(db, JOB, "t", {0: 5})  # a started topic: a partition without a row is a new one, read whole
-    latest = source(readers, database_url, startingOffsets="latest")
+    guard.log(0, range(9))
+    guard.log(1, range(2, 9), low=2)
+    seed(guard.db, JOB, "t", {0: 5})  # a started topic: a partition without a row is a new one, read whole
+    latest = guard.source(startingOffsets="latest")
     assert latest.initialOffset() == {"t": {"0": 5, "1": 2}}
-    assert offsets(db) == {0: 5, 1: 2}  # the new partition's start stored when decided
-    readers.pop().stop()
-    db.execute("DELETE FROM txn_offsets WHERE job = %s", (JOB,))
-    db.commit()
-    assert source(readers, database_url, startingOffsets="latest").initialOffset() == {"t": {"0": 9, "1": 9}}
-    assert offsets(db) == {0: 9, 1: 9}
+    assert offsets(guard.db) == {0: 5, 1: 2}  # the new partition's start stored when decided
+    guard.readers.pop().stop()
+    guard.db.execute("DELETE FROM txn_offsets WHERE job = %s", (JOB,))
+    guard.db.commit()
+    assert guard.source(startingOffsets="latest").initialOffset() == {"t": {"0": 9, "1": 9}}
+    assert offsets(guard.db) == {0: 9, 1: 9}
 
 
 def test_the_end_is_capped_by_the_limit_spark_gives_or_else_by_max_offsets_per_trigger(
@@ -518,19 +549,19 @@ def test_trigger_available_now_stops_at_the_log_ends_it_found_first(
 
 
 def test_a_partition_added_between_micro_batches_enters_with_an_empty_range_at_its_log_start(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(3))
-    reader = source(readers, database_url)
+    guard.log(0, range(3))
+    reader = guard.source()
     _, end, parts = plan(reader)
-    sink = writer(database_url)
+    sink = guard.writer()
     sink.commit([sink.write(iter(t)) for t in read(reader, parts)], 0)
-    log(fake_kafka, 1, range(4, 8), low=4)
+    guard.log(1, range(4, 8), low=4)
     _, end, parts = plan(reader, end)
     assert end == {"t": {"0": 3, "1": 4}} and parts == []
-    stored = load_plan(db, JOB)
+    stored = load_plan(guard.db, JOB)
     assert stored.ranges == (OffsetRange("t", 0, 3, 3), OffsetRange("t", 1, 4, 4)) and not stored.reading
-    assert offsets(db) == {0: 3, 1: 4}  # its row starts where this checkpoint starts it
+    assert offsets(guard.db) == {0: 3, 1: 4}  # its row starts where this checkpoint starts it
     _, end, parts = plan(reader, end)
     assert end == {"t": {"0": 3, "1": 8}}
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 1, 4, 8)]
@@ -539,11 +570,11 @@ def test_a_partition_added_between_micro_batches_enters_with_an_empty_range_at_i
 
 
 def test_a_checkpoint_that_starts_elsewhere_than_txn_offsets_stops_before_anything_is_planned(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(10))
-    seed(db, JOB, "t", {0: 4})
-    reader = source(readers, database_url)
+    guard.log(0, range(10))
+    seed(guard.db, JOB, "t", {0: 4})
+    reader = guard.source()
     with pytest.raises(CheckpointMismatch) as e:
         reader.partitions({"t": {"0": 2}}, {"t": {"0": 6}})
     assert (
@@ -553,18 +584,18 @@ def test_a_checkpoint_that_starts_elsewhere_than_txn_offsets_stops_before_anythi
     with pytest.raises(CheckpointMismatch, match="offsets would be skipped"):
         reader.partitions({"t": {"0": 6}}, {"t": {"0": 8}})
     with pytest.raises(TxstoreError, match="no planned micro-batch"):
-        load_plan(db, JOB)
+        load_plan(guard.db, JOB)
     # a replay of a batch committed whole is planned again (its sink then skips it)
     parts = reader.partitions({"t": {"0": 0}}, {"t": {"0": 4}})
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 0, 0, 4)]
 
 
 def test_a_checkpoint_starting_where_the_job_never_would_is_refused_by_latest_offset_and_partitions(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(10))
-    log(fake_kafka, 1, range(4))
-    reader = source(readers, database_url)  # a new job: it would start both partitions at 0
+    guard.log(0, range(10))
+    guard.log(1, range(4))
+    reader = guard.source()  # a new job: it would start both partitions at 0
     foreign = {"t": {"0": 3, "1": 0}}
     line = (
         r"partition 0: the checkpoint starts this micro-batch at offset 3, but the job has no offset stored"
@@ -573,56 +604,54 @@ def test_a_checkpoint_starting_where_the_job_never_would_is_refused_by_latest_of
         reader.latestOffset(foreign, None)
     with pytest.raises(ForeignCheckpoint, match=line):  # a replay goes to partitions() directly
         reader.partitions(foreign, {"t": {"0": 6, "1": 2}})
-    assert offsets(db) == {}
+    assert offsets(guard.db) == {}
 
 
 def test_a_partition_the_checkpoint_leaves_out_is_stored_at_its_start_by_latest_offset_a_named_one_by_partitions(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(10))
-    log(fake_kafka, 1, range(4))
-    reader = source(readers, database_url)
+    guard.log(0, range(10))
+    guard.log(1, range(4))
+    reader = guard.source()
     begin = {"t": {"0": 0}}  # a checkpoint from before partition 1, of a job with no rows yet
     end = reader.latestOffset(begin, None)
-    assert offsets(db) == {1: 0}  # the partition it leaves out enters where the job starts it
+    assert offsets(guard.db) == {1: 0}  # the partition it leaves out enters where the job starts it
     parts = reader.partitions(begin, end)
-    assert offsets(db) == {0: 0, 1: 0}  # the one it names, stored when its first batch is planned
+    assert offsets(guard.db) == {0: 0, 1: 0}  # the one it names, stored when its first batch is planned
     assert [(r.partition, r.from_offset, r.until_offset) for p in parts for r in p.ranges] == [(0, 0, 10)]
 
 
 def test_a_replayed_micro_batch_is_checked_against_a_recreated_topic_s_id_before_it_is_read(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    fake_kafka.topic_ids["t"] = "id-one"
-    log(fake_kafka, 0, range(10))
-    first = source(readers, database_url)
+    guard.fake.topic_ids["t"] = "id-one"
+    guard.log(0, range(10))
+    first = guard.source()
     begin = first.initialOffset()
     ids = "SELECT part, topic_id FROM txn_offsets WHERE job = %s ORDER BY part"
-    assert db.execute(ids, (JOB,)).fetchall() == [(0, "id-one")]  # stored at the query's start
+    assert guard.db.execute(ids, (JOB,)).fetchall() == [(0, "id-one")]  # stored at the query's start
     end = first.latestOffset(begin, None)
     first.stop()
-    fake_kafka.topic_ids["t"] = "id-two"  # deleted and recreated while the query was down
-    restarted = source(readers, database_url)
+    guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated while the query was down
+    restarted = guard.source()
     with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
         restarted.partitions(begin, end)  # the restart replays the batch: no latestOffset() first
     with pytest.raises(TxstoreError, match="no planned micro-batch"):
-        load_plan(db, JOB)
+        load_plan(guard.db, JOB)
 
 
-def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_query(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
+def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_query(guard: Guard) -> None:
     """Refilled to exactly the stored offsets, the new log has nothing past them to read; only its
     topic ID tells, and its messages would never be counted: the query stops at once."""
-    fake_kafka.topic_ids["t"] = "id-one"
-    log(fake_kafka, 0, range(4))
-    reader = source(readers, database_url)
-    sink = writer(database_url)
+    guard.fake.topic_ids["t"] = "id-one"
+    guard.log(0, range(4))
+    reader = guard.source()
+    sink = guard.writer()
     _, end, parts = plan(reader)
     sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
     reader.commit(end)
     assert reader.latestOffset(end, None) == end  # idle
-    fake_kafka.topic_ids["t"] = "id-two"  # deleted and recreated, refilled to the same offsets
+    guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated, refilled to the same offsets
     with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
         reader.latestOffset(end, None)
 
@@ -701,16 +730,14 @@ def test_a_second_query_of_the_job_is_refused_while_the_first_plans(
     assert held == [("ExclusiveLock",), ("ShareLock",)]
 
 
-def test_a_topic_gone_from_kafka_that_the_job_counted_is_no_typo(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    reader = source(readers, database_url)
+def test_a_topic_gone_from_kafka_that_the_job_counted_is_no_typo(guard: Guard) -> None:
+    reader = guard.source()
     with pytest.raises(
         UnknownTopic,
         match=r"topic 't' does not exist on Kafka at fake:9092; check .option\('subscribe', \.\.\.\)",
     ):
         reader.initialOffset()
-    seed(db, JOB, "t", {0: 3, 1: 3})
+    seed(guard.db, JOB, "t", {0: 3, 1: 3})
     with pytest.raises(UnknownTopic) as e:
         reader.initialOffset()
     assert "does not exist on Kafka at fake:9092 now, though the job stored offsets for 2 of its" in one_line(
@@ -733,16 +760,16 @@ def test_the_counting_source_takes_only_its_own_columns(database_url: str) -> No
 
 
 def test_a_task_that_fails_after_its_first_range_leaves_no_receipt_and_its_plan_is_not_committed(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
     """The ``after-first-range`` fail point (a task dying mid-read): the task yielded its first
     range's rows only, recorded nothing, and the sink refuses the plan."""
     from txstore.core.failpoints import InjectedFailure
 
-    log(fake_kafka, 0, range(3))
-    log(fake_kafka, 1, range(4))
+    guard.log(0, range(3))
+    guard.log(1, range(4))
     failing = {"txstore.tasks": "1", "txstore.failpoints": "after-first-range"}
-    reader = source(readers, database_url, **failing)
+    reader = guard.source(**failing)
     _, _, parts = plan(reader)
     (task,) = parts
     got: list[int] = []
@@ -750,18 +777,18 @@ def test_a_task_that_fails_after_its_first_range_leaves_no_receipt_and_its_plan_
         for batch in reader.read(task):
             got += batch.column("offset").to_pylist()
     assert got == [0, 1, 2]  # the first range's messages, none of the second's
-    assert load_reads(db, JOB, task.plan_id) == []
-    sink = writer(database_url)
+    assert load_reads(guard.db, JOB, task.plan_id) == []
+    sink = guard.writer()
     with pytest.raises(MicroBatchNotRead):
         sink.commit([sink.write(iter([of(0, 0, 1, 2)]))], 0)
-    assert offsets(db) == {0: 0, 1: 0}
+    assert offsets(guard.db) == {0: 0, 1: 0}
     reader.stop()
-    readers.clear()
-    counting = source(readers, database_url, COUNT_SCHEMA, **{"txstore.countMessages": "true", **failing})
+    guard.readers.clear()
+    counting = guard.source(COUNT_SCHEMA, **{"txstore.countMessages": "true", **failing})
     (single,) = counting.partitions({"t": {"0": 0}}, {"t": {"0": 3}})
     with pytest.raises(InjectedFailure):
         list(counting.read(single))  # a task of one range: it fails once that range is read
-    assert load_reads(db, JOB, single.plan_id) == []
+    assert load_reads(guard.db, JOB, single.plan_id) == []
 
 
 def test_a_source_refuses_a_database_without_txstore_s_tables(
@@ -775,15 +802,15 @@ def test_a_source_refuses_a_database_without_txstore_s_tables(
 
 
 def test_a_range_carries_its_partition_s_generation_and_verifies_the_last_message_only_while_kafka_has_it(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    first = log(fake_kafka, 0, range(1))
-    second = log(fake_kafka, 1, range(3))
-    reader = source(readers, database_url)
+    first = guard.log(0, range(1))
+    second = guard.log(1, range(3))
+    reader = guard.source()
     _, end, parts = plan(reader)
-    sink = writer(database_url)
+    sink = guard.writer()
     sink.commit([sink.write(iter(t)) for t in read(reader, parts)], 0)
-    db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = %s AND part = 1", (JOB,))
+    guard.db.execute("UPDATE txn_offsets SET generation = 3 WHERE job = %s AND part = 1", (JOB,))
     grow(first, 4)  # the last message counted, offset 0, is the log's first: verified
     grow(second, 6)
     second.low = 3  # the last counted, offset 2, aged out: nothing to verify
@@ -793,131 +820,107 @@ def test_a_range_carries_its_partition_s_generation_and_verifies_the_last_messag
     assert ranges[1].verify is None and ranges[1].generation == 3
 
 
-def test_a_micro_batch_whose_offsets_moved_in_part_is_left_alone_by_the_source_s_commit(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(4))
-    log(fake_kafka, 1, range(4))
-    reader = source(readers, database_url)
-    _, end, parts = plan(reader)
-    read(reader, parts)
-    db.execute("UPDATE txn_offsets SET off = 4 WHERE job = %s AND part = 1", (JOB,))
+def test_a_micro_batch_whose_offsets_moved_in_part_is_left_alone_by_the_source_s_commit(guard: Guard) -> None:
+    reader, end = guard.read_first(4, 4)
+    guard.db.execute("UPDATE txn_offsets SET off = 4 WHERE job = %s AND part = 1", (JOB,))
     reader.commit(end)
-    assert offsets(db) == {0: 0, 1: 4} and committed_by(db) is None
-    db.execute("UPDATE txn_offsets SET off = 2 WHERE job = %s AND part = 0", (JOB,))
+    assert offsets(guard.db) == {0: 0, 1: 4} and committed_by(guard.db) is None
+    guard.db.execute("UPDATE txn_offsets SET off = 2 WHERE job = %s AND part = 0", (JOB,))
     reader.commit(end)
-    assert offsets(db) == {0: 2, 1: 4} and committed_by(db) is None
+    assert offsets(guard.db) == {0: 2, 1: 4} and committed_by(guard.db) is None
 
 
 # -- the source's commit when the sink is not txstore's -----------------------------------------------
 
 
 def test_another_sinks_micro_batch_moves_the_offsets_when_spark_commits_it(
-    database_url: str,
-    db: psycopg.Connection,
-    fake_kafka: FakeKafka,
-    readers: list[TxstoreStreamReader],
-    caplog: pytest.LogCaptureFixture,
+    guard: Guard, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Spark's file sink or foreachBatch wrote the micro-batch: the source's commit moves the
     offsets from the planned starts to the planned ends, with the last messages read."""
-    log(fake_kafka, 0, range(6))
-    log(fake_kafka, 1, range(2))
-    reader = source(readers, database_url)
-    _, end, parts = plan(reader)
-    read(reader, parts)
+    reader, end = guard.read_first(6, 2)
     reader.commit({"t": {"0": 5, "1": 2}})  # another micro-batch's end: nothing
-    assert offsets(db) == {0: 0, 1: 0}
+    assert offsets(guard.db) == {0: 0, 1: 0}
     with caplog.at_level(logging.INFO, logger="txstore"):
         reader.commit(end)
-    assert offsets(db) == {0: 6, 1: 2} and last_counted(db) == {0: 5, 1: 1}
-    assert committed_by(db) == CHECKPOINT_LED
+    assert offsets(guard.db) == {0: 6, 1: 2} and last_counted(guard.db) == {0: 5, 1: 1}
+    assert committed_by(guard.db) == CHECKPOINT_LED
     assert caplog.text.count("txn_offsets now follows Spark's checkpoint") == 1
-    assert total(db) == 0
+    assert total(guard.db) == 0
 
     # Spark committed the next micro-batch but stopped before the source's commit: the next
     # planning finds txn_offsets at that batch's start and moves it first.
-    grow(fake_kafka.logs[("t", 0)], 9)
+    grow(guard.fake.logs[("t", 0)], 9)
     _, end2, parts = plan(reader, end)
     read(reader, parts)
-    grow(fake_kafka.logs[("t", 0)], 11)
-    again = source(readers, database_url)
+    grow(guard.fake.logs[("t", 0)], 11)
+    again = guard.source()
     reader.stop()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
         _, end3, parts = plan(again, end2)
     assert "now follows" not in caplog.text  # said once, when the job became checkpoint-led
-    assert offsets(db) == {0: 9, 1: 2} and last_counted(db)[0] == 8
+    assert offsets(guard.db) == {0: 9, 1: 2} and last_counted(guard.db)[0] == 8
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 0, 9, 11)]
     assert end3 == {"t": {"0": 11, "1": 2}}
 
 
-def test_a_checkpoint_led_job_only_catches_up_from_the_batch_spark_committed(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(6))
-    log(fake_kafka, 1, range(6))
-    reader = source(readers, database_url)
-    _, end, parts = plan(reader)
-    read(reader, parts)
+def test_a_checkpoint_led_job_only_catches_up_from_the_batch_spark_committed(guard: Guard) -> None:
+    reader, end = guard.read_first(6, 6)
     # Not checkpoint-led (no commit noted): a start past txn_offsets is a mismatch.
     with pytest.raises(CheckpointMismatch):
         reader.partitions(end, {"t": {"0": 6, "1": 6}})
-    assert offsets(db) == {0: 0, 1: 0}
+    assert offsets(guard.db) == {0: 0, 1: 0}
     reader.partitions({"t": {"0": 0, "1": 0}}, end)
     reader.commit(end)
-    assert committed_by(db) == CHECKPOINT_LED
-    grow(fake_kafka.logs[("t", 0)], 10)
-    grow(fake_kafka.logs[("t", 1)], 10)
+    assert committed_by(guard.db) == CHECKPOINT_LED
+    grow(guard.fake.logs[("t", 0)], 10)
+    grow(guard.fake.logs[("t", 1)], 10)
     _, end2, parts = plan(reader, end)
     read(reader, parts)
     with pytest.raises(CheckpointMismatch):  # one partition starts past the planned batch's end
         reader.partitions({"t": {"0": 10, "1": 8}}, {"t": {"0": 10, "1": 10}})
-    assert offsets(db) == {0: 6, 1: 6}
-    db.execute("UPDATE txn_offsets SET off = 7 WHERE job = %s AND part = 1", (JOB,))
+    assert offsets(guard.db) == {0: 6, 1: 6}
+    guard.db.execute("UPDATE txn_offsets SET off = 7 WHERE job = %s AND part = 1", (JOB,))
     with pytest.raises(CheckpointMismatch):  # txn_offsets is not at the planned batch's start
         reader.partitions(end2, {"t": {"0": 10, "1": 10}})
-    assert offsets(db) == {0: 6, 1: 7}
+    assert offsets(guard.db) == {0: 6, 1: 7}
 
 
-def test_catching_up_with_spark_still_checks_the_partitions_the_last_plan_did_not_read(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(6))
-    log(fake_kafka, 1, range(4))
-    seed(db, JOB, "t", {0: 0, 1: 4})
-    reader = source(readers, database_url)
+def test_catching_up_with_spark_still_checks_the_partitions_the_last_plan_did_not_read(guard: Guard) -> None:
+    guard.log(0, range(6))
+    guard.log(1, range(4))
+    seed(guard.db, JOB, "t", {0: 0, 1: 4})
+    reader = guard.source()
     _, end, parts = plan(reader)
     read(reader, parts)
     reader.commit(end)
-    grow(fake_kafka.logs[("t", 0)], 8)
+    grow(guard.fake.logs[("t", 0)], 8)
     _, end, parts = plan(reader, end)
     assert end == {"t": {"0": 8, "1": 4}}
     read(reader, parts)  # Spark committed it; the source's commit never came
-    db.execute("UPDATE txn_offsets SET off = 2 WHERE job = %s AND part = 1", (JOB,))
+    guard.db.execute("UPDATE txn_offsets SET off = 2 WHERE job = %s AND part = 1", (JOB,))
     with pytest.raises(
         CheckpointMismatch, match="partition 1: txn_offsets stores offset 2 but the checkpoint"
     ):
         reader.partitions(end, end)
-    assert offsets(db) == {0: 8, 1: 2}  # caught up with the batch Spark committed; partition 1 is off
+    assert offsets(guard.db) == {0: 8, 1: 2}  # caught up with the batch Spark committed; partition 1 is off
 
 
-def test_a_batch_the_txstore_sink_committed_is_noted_so_and_never_moved_again(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(4))
-    reader = source(readers, database_url)
+def test_a_batch_the_txstore_sink_committed_is_noted_so_and_never_moved_again(guard: Guard) -> None:
+    guard.log(0, range(4))
+    reader = guard.source()
     _, end, parts = plan(reader)
     batches = read(reader, parts)
     reader.commit(end)  # checkpoint-led first
-    assert committed_by(db) == CHECKPOINT_LED
-    grow(fake_kafka.logs[("t", 0)], 6)
+    assert committed_by(guard.db) == CHECKPOINT_LED
+    grow(guard.fake.logs[("t", 0)], 6)
     _, end, parts = plan(reader, end)
-    sink = writer(database_url)
+    sink = guard.writer()
     sink.commit([sink.write(iter(t)) for t in read(reader, parts)], 1)
-    assert offsets(db) == {0: 6}
+    assert offsets(guard.db) == {0: 6}
     reader.commit(end)
-    assert committed_by(db) == SINK_COMMITTED and offsets(db) == {0: 6} and total(db) == 2
+    assert committed_by(guard.db) == SINK_COMMITTED and offsets(guard.db) == {0: 6} and total(guard.db) == 2
     assert batches
 
 
@@ -945,16 +948,14 @@ def sale_batch(batch: pa.RecordBatch, country: str = "fr", items: int = 2) -> pa
     )
 
 
-def test_a_table_sink_merges_a_micro_batch_s_rows_once_with_its_offsets(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    sales_table(db)
-    log(fake_kafka, 0, range(5))
-    log(fake_kafka, 1, range(3))
-    reader = source(readers, database_url)
+def test_a_table_sink_merges_a_micro_batch_s_rows_once_with_its_offsets(guard: Guard) -> None:
+    sales_table(guard.db)
+    guard.log(0, range(5))
+    guard.log(1, range(3))
+    reader = guard.source()
     _, end, parts = plan(reader)
     batches = read(reader, parts)
-    sink = writer(database_url, SALE_ROWS, **SALES)
+    sink = guard.writer(SALE_ROWS, **SALES)
     messages = [sink.write(iter([sale_batch(b) for b in task])) for task in batches]
     assert isinstance(messages[0], TableRows) and messages[0].seen == {("t", 0): (0, 4)}
     outside = sink.write(iter([sale_batch(of(0, 5))]))
@@ -969,24 +970,29 @@ def test_a_table_sink_merges_a_micro_batch_s_rows_once_with_its_offsets(
         sink.commit([unplaced], 0)
     with pytest.raises(MicroBatchNotRead):
         sink.commit([], 0)
-    assert sales(db) == {} and offsets(db) == {0: 0, 1: 0}
+    assert sales(guard.db) == {} and offsets(guard.db) == {0: 0, 1: 0}
     sink.commit(messages, 0)
-    assert sales(db) == {"fr": 16} and offsets(db) == {0: 5, 1: 3} and last_counted(db) == {0: 4, 1: 2}
+    assert (
+        sales(guard.db) == {"fr": 16}
+        and offsets(guard.db) == {0: 5, 1: 3}
+        and last_counted(guard.db) == {0: 4, 1: 2}
+    )
     sink.commit(messages, 0)  # replayed: merged once
-    assert sales(db) == {"fr": 16} and offsets(db) == {0: 5, 1: 3}
+    assert sales(guard.db) == {"fr": 16} and offsets(guard.db) == {0: 5, 1: 3}
     reader.commit(end)
-    assert committed_by(db) == SINK_COMMITTED
-    grow(fake_kafka.logs[("t", 1)], 5)
+    assert committed_by(guard.db) == SINK_COMMITTED
+    grow(guard.fake.logs[("t", 1)], 5)
     _, end, parts = plan(reader, end)
     # the next micro-batch: rows of two countries, one refused by the table (a NULL key), skipped
     task = read(reader, parts)[0]
     split = [sale_batch(task[0].slice(0, 1), "de", 1), sale_batch(task[0].slice(1), None, 5)]  # type: ignore[arg-type]
     with pytest.raises(TxstoreError, match="offset 4"):
         sink.commit([sink.write(iter(split))], 1)
-    skipping = writer(database_url, SALE_ROWS, **SALES, **{"txstore.onBadMessage": "skip"})
+    skipping = guard.writer(SALE_ROWS, **SALES, **{"txstore.onBadMessage": "skip"})
     skipping.commit([skipping.write(iter(split))], 1)
-    assert sales(db) == {"fr": 16, "de": 1} and offsets(db) == {0: 5, 1: 5}
-    assert db.execute("SELECT part, off FROM txn_bad_messages WHERE job = %s", (JOB,)).fetchall() == [(1, 4)]
+    assert sales(guard.db) == {"fr": 16, "de": 1} and offsets(guard.db) == {0: 5, 1: 5}
+    bad = "SELECT part, off FROM txn_bad_messages WHERE job = %s"
+    assert guard.db.execute(bad, (JOB,)).fetchall() == [(1, 4)]
 
 
 def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
@@ -1015,15 +1021,13 @@ def test_a_table_sink_refuses_what_it_could_not_merge_exactly_once(
         )
 
 
-def test_a_table_sink_takes_the_lowest_and_highest_offset_of_a_task_s_batches(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    sales_table(db)
-    log(fake_kafka, 0, range(5))
-    reader = source(readers, database_url)
+def test_a_table_sink_takes_the_lowest_and_highest_offset_of_a_task_s_batches(guard: Guard) -> None:
+    sales_table(guard.db)
+    guard.log(0, range(5))
+    reader = guard.source()
     _, _, parts = plan(reader)
     read(reader, parts)
-    sink = writer(database_url, SALE_ROWS, **SALES)
+    sink = guard.writer(SALE_ROWS, **SALES)
     task = sink.write(iter([sale_batch(of(0, 2, 6)), sale_batch(of(0, 0, 1))]))
     assert task.seen == {("t", 0): (0, 6)}
     with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.6, outside"):
@@ -1033,83 +1037,77 @@ def test_a_table_sink_takes_the_lowest_and_highest_offset_of_a_task_s_batches(
         sink.commit([sink.write(iter([sale_batch(of(0, 0))])), later, task], 0)
     with pytest.raises(RowsOutsideBatch, match=r"partition 0 offsets 0\.\.6, outside"):
         sink.commit([task, later], 0)
-    assert sales(db) == {} and offsets(db) == {0: 0}
+    assert sales(guard.db) == {} and offsets(guard.db) == {0: 0}
 
 
-def test_a_table_sink_s_replace_rule_keeps_the_last_row_spark_wrote(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    db.execute("CREATE TABLE IF NOT EXISTS stream_guard_last (country text PRIMARY KEY, items bigint)")
-    log(fake_kafka, 0, range(6))
-    reader = source(readers, database_url)
+def test_a_table_sink_s_replace_rule_keeps_the_last_row_spark_wrote(guard: Guard) -> None:
+    guard.db.execute("CREATE TABLE IF NOT EXISTS stream_guard_last (country text PRIMARY KEY, items bigint)")
+    guard.log(0, range(6))
+    reader = guard.source()
     _, _, parts = plan(reader)
     (task,) = read(reader, parts)
     (batch,) = task
     last = {"txstore.table": "stream_guard_last", "txstore.key": "country", "txstore.merge": "items=replace"}
-    sink = writer(database_url, SALE_ROWS, **last)
+    sink = guard.writer(SALE_ROWS, **last)
     pieces = [sale_batch(batch.slice(0, 3), "fr", 1), sale_batch(batch.slice(3, 1), "fr", 2)]
     pieces.append(sale_batch(batch.slice(4), "fr", 3))
     sink.commit([sink.write(iter(pieces))], 0)
-    assert dict(db.execute("SELECT country, items FROM stream_guard_last").fetchall()) == {"fr": 3}
+    assert dict(guard.db.execute("SELECT country, items FROM stream_guard_last").fetchall()) == {"fr": 3}
 
 
 def test_a_sink_s_replayed_or_skipped_micro_batch_says_so_and_a_fail_point_before_its_commit_writes_nothing(
-    database_url: str,
-    db: psycopg.Connection,
-    fake_kafka: FakeKafka,
-    readers: list[TxstoreStreamReader],
-    caplog: pytest.LogCaptureFixture,
+    guard: Guard, caplog: pytest.LogCaptureFixture
 ) -> None:
     from txstore.core.failpoints import InjectedFailure
 
-    sales_table(db)
-    log(fake_kafka, 0, range(3))
-    reader = source(readers, database_url)
+    sales_table(guard.db)
+    guard.log(0, range(3))
+    reader = guard.source()
     _, end, parts = plan(reader)
     (task,) = read(reader, parts)
     for options, batches in (({}, task), (SALES, [sale_batch(b) for b in task])):
         schema = SALE_ROWS if options else ROWS_SCHEMA
-        failing = writer(database_url, schema, **options, **{"txstore.failpoints": "before-commit@first"})
+        failing = guard.writer(schema, **options, **{"txstore.failpoints": "before-commit@first"})
         with pytest.raises(InjectedFailure):
             failing.commit([failing.write(iter(batches))], 0)
-        assert offsets(db) == {0: 0} and total(db) == 0 and sales(db) == {}
-    counts = writer(database_url)
+        assert offsets(guard.db) == {0: 0} and total(guard.db) == 0 and sales(guard.db) == {}
+    counts = guard.writer()
     counts.commit([counts.write(iter(task))], 0)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
         counts.commit([counts.write(iter(task))], 0)
     assert "micro-batch 0 (t/0 0 -> 3) already committed; skipped" in caplog.text
-    table = writer(database_url, SALE_ROWS, **SALES)
+    table = guard.writer(SALE_ROWS, **SALES)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
         table.commit([table.write(iter([sale_batch(b) for b in task]))], 0)
     assert "micro-batch 0 (t/0 0 -> 3) already committed; skipped" in caplog.text
-    assert sales(db) == {} and total(db) == 3
+    assert sales(guard.db) == {} and total(guard.db) == 3
     # a sink that fails right after its COMMIT returned has committed: the merge and the offsets
     # are in PostgreSQL (its own transaction, not a savepoint of the reads before it)
-    grow(fake_kafka.logs[("t", 0)], 4)
+    grow(guard.fake.logs[("t", 0)], 4)
     _, end, parts = plan(reader, end)
     (task,) = read(reader, parts)
-    after = writer(database_url, SALE_ROWS, **SALES, **{"txstore.failpoints": "after-commit@first"})
+    after = guard.writer(SALE_ROWS, **SALES, **{"txstore.failpoints": "after-commit@first"})
     with pytest.raises(InjectedFailure):
         after.commit([after.write(iter([sale_batch(b) for b in task]))], 1)
-    assert sales(db) == {"fr": 2} and offsets(db) == {0: 4}
+    assert sales(guard.db) == {"fr": 2} and offsets(guard.db) == {0: 4}
     # a micro-batch with a refused row, skipped: said once per range
-    grow(fake_kafka.logs[("t", 0)], 6)
+    grow(guard.fake.logs[("t", 0)], 6)
     _, end, parts = plan(reader, end)
     (task,) = read(reader, parts)
-    skipping = writer(database_url, SALE_ROWS, **SALES, **{"txstore.onBadMessage": "skip"})
+    skipping = guard.writer(SALE_ROWS, **SALES, **{"txstore.onBadMessage": "skip"})
     refused = [sale_batch(task[0].slice(0, 1), None, 1), sale_batch(task[0].slice(1), "fr", 4)]  # type: ignore[arg-type]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
         skipping.commit([skipping.write(iter(refused))], 2)
     assert "micro-batch 2: range t/0 4 -> 6: skipped 1 message" in caplog.text
-    assert sales(db) == {"fr": 6} and offsets(db) == {0: 6}
+    assert sales(guard.db) == {"fr": 6} and offsets(guard.db) == {0: 6}
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="txstore"):
         skipping.commit([skipping.write(iter(refused))], 2)  # replayed after its commit
     assert "micro-batch 2 (t/0 4 -> 6) already committed; skipped" in caplog.text
-    assert sales(db) == {"fr": 6}
+    assert sales(guard.db) == {"fr": 6}
 
 
 # -- txn_stream_plans and txn_stream_reads ------------------------------------------------------------
@@ -1528,64 +1526,53 @@ def age_out(fake_log: FakeLog, below: int) -> None:
 
 
 def test_with_fail_on_data_loss_false_a_stream_records_aged_out_offsets_and_counts_the_rest_once(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    partition = log(fake_kafka, 0, range(3))
-    reader = source(readers, database_url, failOnDataLoss="false")
-    sink = writer(database_url)
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
-    assert offsets(db) == {0: 3} and total(db) == 3
+    partition, reader, sink, end = guard.counted_first(3, failOnDataLoss="false")
+    assert offsets(guard.db) == {0: 3} and total(guard.db) == 3
     grow(partition, 10)
     age_out(partition, 8)  # offsets 3-7 gone before the stream counted them
 
     start, end, parts = plan(reader, end)
     assert end == {"t": {"0": 10}}
     assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [[(0, 8, 10)]]
-    assert lost_rows(db) == [(0, 3, 8)] and offsets(db) == {0: 8}  # recorded with the move, atomically
+    # recorded with the move, atomically
+    assert lost_rows(guard.db) == [(0, 3, 8)] and offsets(guard.db) == {0: 8}
     messages = [sink.write(iter(task)) for task in read(reader, parts)]
     sink.commit(messages, 1)
-    assert offsets(db) == {0: 10} and total(db) == 3 + 2
+    assert offsets(guard.db) == {0: 10} and total(guard.db) == 3 + 2
     reader.commit(end)
 
     # A replay of that micro-batch from its checkpoint (a crash before Spark's commit): the recorded
     # loss leads to the stored offset, so it is recognised as committed; nothing recorded twice.
-    restarted = source(readers, database_url, failOnDataLoss="false")
+    restarted = guard.source(failOnDataLoss="false")
     reader.stop()
     replayed = list(restarted.partitions(start, end))
     sink.commit([sink.write(iter(task)) for task in read(restarted, replayed)], 1)
-    assert total(db) == 5 and offsets(db) == {0: 10} and lost_rows(db) == [(0, 3, 8)]
+    assert total(guard.db) == 5 and offsets(guard.db) == {0: 10} and lost_rows(guard.db) == [(0, 3, 8)]
 
 
 def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_stream_before_any_loss_is_recorded(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
     """A topic deleted and recreated, its new log already trimmed past the stored offset, looks
     like an aged-out range; it is another topic: the query stops on the topic ID with nothing
     recorded as lost and the stored offset where it was (the reset then starts it over)."""
-    fake_kafka.topic_ids["t"] = "id-one"
-    partition = log(fake_kafka, 0, range(3))
-    reader = source(readers, database_url, failOnDataLoss="false")
-    sink = writer(database_url)
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
-    assert offsets(db) == {0: 3}
-    fake_kafka.topic_ids["t"] = "id-two"  # deleted and recreated, then written and trimmed
+    guard.fake.topic_ids["t"] = "id-one"
+    partition, reader, _, end = guard.counted_first(3, failOnDataLoss="false")
+    assert offsets(guard.db) == {0: 3}
+    guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated, then written and trimmed
     grow(partition, 20)
     age_out(partition, 12)
     with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
         plan(reader, end)
-    assert lost_rows(db) == [] and offsets(db) == {0: 3}
+    assert lost_rows(guard.db) == [] and offsets(guard.db) == {0: 3}
 
 
 def test_a_replay_after_the_loss_was_recorded_reads_the_rest_and_records_what_aged_out_since(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    partition = log(fake_kafka, 0, range(3))
-    first = source(readers, database_url, failOnDataLoss="false")
-    sink = writer(database_url)
-    _, end, parts = plan(first)
-    sink.commit([sink.write(iter(task)) for task in read(first, parts)], 0)
+    partition, first, sink, end = guard.counted_first(3, failOnDataLoss="false")
     first.commit(end)
     grow(partition, 12)
     age_out(partition, 6)
@@ -1594,25 +1581,21 @@ def test_a_replay_after_the_loss_was_recorded_reads_the_rest_and_records_what_ag
     assert end == {"t": {"0": 12}}
     list(first.partitions(start, end))  # records 3-5 as lost; the query dies before its tasks run
     first.stop()
-    assert lost_rows(db) == [(0, 3, 6)] and offsets(db) == {0: 6}
+    assert lost_rows(guard.db) == [(0, 3, 6)] and offsets(guard.db) == {0: 6}
 
     age_out(partition, 9)  # more aged out while the query was down
-    restarted = source(readers, database_url, failOnDataLoss="false")
+    restarted = guard.source(failOnDataLoss="false")
     parts = list(restarted.partitions(start, end))  # Spark replays the micro-batch from its checkpoint
     assert [[(r.partition, r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [[(0, 9, 12)]]
-    assert lost_rows(db) == [(0, 3, 6), (0, 6, 9)]
+    assert lost_rows(guard.db) == [(0, 3, 6), (0, 6, 9)]
     sink.commit([sink.write(iter(task)) for task in read(restarted, parts)], 1)
-    assert offsets(db) == {0: 12} and total(db) == 3 + 3
+    assert offsets(guard.db) == {0: 12} and total(guard.db) == 3 + 3
 
 
 def test_a_micro_batch_wholly_aged_out_is_recorded_and_the_next_reads_from_the_log_start(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    partition = log(fake_kafka, 0, range(2))
-    reader = source(readers, database_url, failOnDataLoss="false", maxOffsetsPerTrigger="3")
-    sink = writer(database_url)
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    partition, reader, sink, end = guard.counted_first(2, failOnDataLoss="false", maxOffsetsPerTrigger="3")
     grow(partition, 20)
     start = end
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
@@ -1620,21 +1603,15 @@ def test_a_micro_batch_wholly_aged_out_is_recorded_and_the_next_reads_from_the_l
     age_out(partition, 15)
     parts = list(reader.partitions(start, end))
     assert [[(r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == []  # nothing left to read
-    assert lost_rows(db) == [(0, 2, 5)] and offsets(db) == {0: 5}
+    assert lost_rows(guard.db) == [(0, 2, 5)] and offsets(guard.db) == {0: 5}
     sink.commit([], 1)
     start, end, parts = plan(reader, end)
     assert [[(r.from_offset, r.until_offset) for r in p.ranges] for p in parts] == [[(15, 20)]]
-    assert lost_rows(db) == [(0, 2, 5), (0, 5, 15)]
+    assert lost_rows(guard.db) == [(0, 2, 5), (0, 5, 15)]
 
 
-def test_by_default_aged_out_offsets_stop_the_stream_naming_both_ways_on(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    partition = log(fake_kafka, 0, range(3))
-    reader = source(readers, database_url)
-    sink = writer(database_url)
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+def test_by_default_aged_out_offsets_stop_the_stream_naming_both_ways_on(guard: Guard) -> None:
+    partition, reader, _, end = guard.counted_first(3)
     grow(partition, 10)
     age_out(partition, 8)
     with pytest.raises(TxstoreError) as e:
@@ -1642,7 +1619,7 @@ def test_by_default_aged_out_offsets_stop_the_stream_naming_both_ways_on(
     line = one_line(e)
     assert "stored offset 3 is below the log-start offset 8" in line
     assert "restart the query with option failOnDataLoss false (the same checkpoint)" in line
-    assert lost_rows(db) == [] and offsets(db) == {0: 3}
+    assert lost_rows(guard.db) == [] and offsets(guard.db) == {0: 3}
 
 
 def test_a_batch_read_with_fail_on_data_loss_false_starts_an_aged_out_partition_at_its_log_start() -> None:
@@ -1669,69 +1646,65 @@ def piece_bounds(parts: Sequence[Any]) -> list[list[tuple[int, int, int]]]:
 
 
 def test_min_partitions_reads_a_big_range_in_pieces_by_their_own_tasks_and_commits_it_whole_once(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(12))
-    log(fake_kafka, 1, [0, 2], high=3)
-    reader = source(readers, database_url, minPartitions="5")
+    guard.log(0, range(12))
+    guard.log(1, [0, 2], high=3)
+    reader = guard.source(minPartitions="5")
     _, end, parts = plan(reader)
     # In proportion to size: 12 offsets in 4 pieces, 3 in 1; each piece its own task.
     assert piece_bounds(parts) == [[(0, 0, 3)], [(0, 3, 6)], [(0, 6, 9)], [(0, 9, 12)], [(1, 0, 3)]]
-    saved = load_plan(db, JOB)
+    saved = load_plan(guard.db, JOB)
     assert saved.pieces == {("t", 0): ((0, 3, 0), (3, 6, 1), (6, 9, 2), (9, 12, 3))}
     assert saved.pieces_of(saved.ranges[1]) == ((0, 3, 4),)
     assert [p.ranges[0].verify for p in parts] == [None] * 5  # nothing counted before
-    sink = writer(database_url)
+    sink = guard.writer()
     messages = [sink.write(iter(task)) for task in reversed(read(reader, parts))]
     sink.commit(messages, 0)
-    assert offsets(db) == {0: 12, 1: 3} and total(db) == 14
-    assert last_counted(db) == {0: 11, 1: 2}  # the last piece's last message
+    assert offsets(guard.db) == {0: 12, 1: 3} and total(guard.db) == 14
+    assert last_counted(guard.db) == {0: 11, 1: 2}  # the last piece's last message
     sink.commit(messages, 0)  # a replay: recognised as committed
-    assert total(db) == 14
+    assert total(guard.db) == 14
 
     # The next micro-batch's first piece verifies the last message counted; the others do not.
-    grow(fake_kafka.logs[("t", 0)], 20)
+    grow(guard.fake.logs[("t", 0)], 20)
     _, end, parts = plan(reader, end)
     assert piece_bounds(parts) == [[(0, 12, 13)], [(0, 13, 15)], [(0, 15, 16)], [(0, 16, 18)], [(0, 18, 20)]]
-    assert parts[0].ranges[0].verify == fingerprint(fake_kafka.logs[("t", 0)].messages[11])
+    assert parts[0].ranges[0].verify == fingerprint(guard.fake.logs[("t", 0)].messages[11])
     assert all(p.ranges[0].verify is None for p in parts[1:])
     sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 1)
-    assert offsets(db) == {0: 20, 1: 3} and total(db) == 22
+    assert offsets(guard.db) == {0: 20, 1: 3} and total(guard.db) == 22
 
 
-def test_a_piece_unread_or_read_twice_stops_the_commit_of_the_whole_range(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
-) -> None:
-    log(fake_kafka, 0, range(9))
-    reader = source(
-        readers, database_url, COUNT_SCHEMA, minPartitions="3", **{"txstore.countMessages": "true"}
-    )
+def test_a_piece_unread_or_read_twice_stops_the_commit_of_the_whole_range(guard: Guard) -> None:
+    guard.log(0, range(9))
+    reader = guard.source(COUNT_SCHEMA, minPartitions="3", **{"txstore.countMessages": "true"})
     _, _, parts = plan(reader)
     assert piece_bounds(parts) == [[(0, 0, 3)], [(0, 3, 6)], [(0, 6, 9)]]
     tasks = read(reader, parts)
     assert [b.to_pylist()[0]["txstore_messages"] for task in tasks for b in task] == [3, 3, 3]
-    sink = writer(database_url, COUNT_SCHEMA)
+    sink = guard.writer(COUNT_SCHEMA)
     with pytest.raises(MicroBatchNotRead, match="the sink received no count row for range t/0 6 -> 9"):
         sink.commit([sink.write(iter(task)) for task in tasks[:2]], 0)  # a filter dropped a piece's row
     with pytest.raises(RowsRepeated, match="count row twice"):
         sink.commit([sink.write(iter(task)) for task in [*tasks, tasks[1]]], 0)  # a self-union's repeat
-    assert total(db) == 0 and offsets(db) == {0: 0}
+    assert total(guard.db) == 0 and offsets(guard.db) == {0: 0}
     sink.commit([sink.write(iter(task)) for task in tasks], 0)
-    assert total(db) == 9 and offsets(db) == {0: 9}
+    assert total(guard.db) == 9 and offsets(guard.db) == {0: 9}
 
 
 def test_another_sink_s_micro_batch_in_pieces_moves_the_offsets_keeping_the_last_piece_s_message(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, [0, 1, 2, 3, 4, 5, 6], high=12)  # 7-11: a transaction's markers
-    reader = source(readers, database_url, minPartitions="3")
+    guard.log(0, [0, 1, 2, 3, 4, 5, 6], high=12)  # 7-11: a transaction's markers
+    reader = guard.source(minPartitions="3")
     _, end, parts = plan(reader)
     assert piece_bounds(parts) == [[(0, 0, 4)], [(0, 4, 8)], [(0, 8, 12)]]  # the last: markers only
     for p in reversed(parts):  # receipts recorded last piece first
         list(reader.read(p))
     reader.commit(end)  # Spark committed a micro-batch its file sink wrote
-    assert offsets(db) == {0: 12} and last_counted(db) == {0: 6}
-    assert committed_by(db) == CHECKPOINT_LED
+    assert offsets(guard.db) == {0: 12} and last_counted(guard.db) == {0: 6}
+    assert committed_by(guard.db) == CHECKPOINT_LED
 
 
 def test_micro_batch_pieces_of_a_range_are_read_whole_and_counted_once_each() -> None:
@@ -1777,11 +1750,11 @@ def test_a_plan_s_pieces_are_kept_in_offset_order_whatever_the_tasks_order() -> 
 
 
 def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_its_checkpoint_is_foreign(
-    database_url: str, db: psycopg.Connection, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+    guard: Guard,
 ) -> None:
-    log(fake_kafka, 0, range(3))
-    log(fake_kafka, 1, range(3))
-    log(fake_kafka, 2, range(2))
+    guard.log(0, range(3))
+    guard.log(1, range(3))
+    guard.log(2, range(2))
 
     def assigned(partitions: list[int]) -> TxstoreStreamReader:
         reader = stream_reader(
@@ -1789,20 +1762,20 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
                 "kafka.bootstrap.servers": "fake:9092",
                 "assign": json.dumps({"t": partitions}),
                 "txstore.job": JOB,
-                "txstore.databaseUrl": database_url,
+                "txstore.databaseUrl": guard.url,
             },
             ROWS_SCHEMA,
         )
-        readers.append(reader)
+        guard.readers.append(reader)
         return reader
 
     first = assigned([0, 1, 2])
     _, end, parts = plan(first)
-    sink = writer(database_url)
+    sink = guard.writer()
     sink.commit([sink.write(iter(task)) for task in read(first, parts)], 0)
     first.commit(end)
     first.stop()
-    grow(fake_kafka.logs[("t", 0)], 5)
+    grow(guard.fake.logs[("t", 0)], 5)
     fewer = assigned([0])
     expected = (
         f"job '{JOB}' topic 't' partition 1 (and 1 more): the checkpoint reads this partition, but option assign no "
@@ -1816,8 +1789,8 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
     with pytest.raises(CheckpointMismatch) as e:
         fewer.partitions(end, {"t": {"0": 5, "1": 3, "2": 2}})  # a replay planned before the restart
     assert one_line(e) == expected
-    assert offsets(db) == {0: 3, 1: 3, 2: 2}
+    assert offsets(guard.db) == {0: 3, 1: 3, 2: 2}
     # A new checkpoint: the assigned partition goes on from txn_offsets; the other's row is kept.
     fresh = fewer.initialOffset()
     assert fresh == {"t": {"0": 3}}
-    assert offsets(db) == {0: 3, 1: 3, 2: 2}
+    assert offsets(guard.db) == {0: 3, 1: 3, 2: 2}

@@ -25,57 +25,54 @@ def _expected(counts: dict[int, int]) -> list[tuple[int, int]]:
     return sorted((p, o) for p, n in counts.items() for o in range(n))
 
 
-def test_the_source_into_spark_file_sink_writes_each_message_once_over_restarts_and_moves_txn_offsets(
-    counting: Counting, tmp_path: Path
-) -> None:
-    import txstore
+def into_parquet(df: Any, out: Path, checkpoint: Path) -> None:
+    """One Trigger.AvailableNow run of ``df`` into Spark's file sink (parquet files in ``out``),
+    which must end without an error."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
 
-    txstore.register(counting.spark)
-    topic = counting.new_topic(2)
+
+def test_the_source_into_spark_file_sink_writes_each_message_once_over_restarts_and_moves_txn_offsets(
+    streaming: Counting, tmp_path: Path
+) -> None:
+    topic = streaming.new_topic(2)
     out, checkpoint = tmp_path / "out", tmp_path / "chk"
 
     def run(**options: str) -> None:
-        df = stream(counting.spark, counting.kafka, counting.database_url, topic, **options).select(
-            "partition", "offset"
-        )
-        query = (
-            df.writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert query.exception() is None
+        into_parquet(streaming.stream(topic, **options).select("partition", "offset"), out, checkpoint)
 
     produced = {0: 6, 1: 3}
-    counting.produce(topic, produced)
+    streaming.produce(topic, produced)
     run(maxOffsetsPerTrigger="4")  # several micro-batches in one run
-    assert _parquet_rows(counting.spark, out) == _expected(produced)
-    moved = counting.offsets(topic, job=JOB)
-    assert all(moved[p] <= counting.log_ends(topic)[p] for p in moved)
+    assert _parquet_rows(streaming.spark, out) == _expected(produced)
+    moved = streaming.offsets(topic, job=JOB)
+    assert all(moved[p] <= streaming.log_ends(topic)[p] for p in moved)
 
     for more in ({0: 2, 1: 5}, {}, {1: 1}):  # restarts: new messages, none, a few
-        counting.produce(topic, more)
+        streaming.produce(topic, more)
         for p, n in more.items():
             produced[p] += n
         run()
-        assert _parquet_rows(counting.spark, out) == _expected(produced)
+        assert _parquet_rows(streaming.spark, out) == _expected(produced)
     # Spark commits a micro-batch to its source when it starts the next: by now every one but
     # the last is in txn_offsets, and none is ever ahead of what the file sink holds.
-    final = counting.offsets(topic, job=JOB)
+    final = streaming.offsets(topic, job=JOB)
     assert all(final[p] <= produced[p] for p in produced)
     assert sum(final.values()) >= sum(produced.values()) - 1 - 5
-    assert counting.totals(topic, job=JOB) == {topic: 0}  # the file sink's data is not txstore's counts
+    assert streaming.totals(topic, job=JOB) == {topic: 0}  # the file sink's data is not txstore's counts
 
 
 def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_follow(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    import txstore
-
-    txstore.register(counting.spark)
-    topic = counting.new_topic(1)
+    topic = streaming.new_topic(1)
     checkpoint = tmp_path / "chk"
     seen: list[int] = []
 
@@ -84,7 +81,7 @@ def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_fo
 
     def run() -> None:
         query = (
-            stream(counting.spark, counting.kafka, counting.database_url, topic, maxOffsetsPerTrigger="3")
+            streaming.stream(topic, maxOffsetsPerTrigger="3")
             .writeStream.foreachBatch(collect)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
@@ -93,13 +90,13 @@ def test_foreach_batch_restarts_without_a_checkpoint_mismatch_and_txn_offsets_fo
         query.awaitTermination(120)
         assert query.exception() is None
 
-    counting.produce(topic, {0: 7})
+    streaming.produce(topic, {0: 7})
     run()
-    counting.produce(topic, {0: 4})
+    streaming.produce(topic, {0: 4})
     run()
     run()
     assert sorted(seen) == list(range(11))
-    stored = counting.offsets(topic, job=JOB)[0]
+    stored = streaming.offsets(topic, job=JOB)[0]
     assert 8 <= stored <= 11
 
 
@@ -134,14 +131,5 @@ def test_include_headers_adds_the_headers_column_to_batch_reads_and_streams_as_s
     out, checkpoint = tmp_path / "out", tmp_path / "chk"
     streamed = stream(spark, kafka, database_url, topic, includeHeaders="true")
     assert streamed.columns == [*spark_columns, "headers"]
-    query = (
-        streamed.select("offset", "headers")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(120)
-    assert query.exception() is None
+    into_parquet(streamed.select("offset", "headers"), out, checkpoint)
     assert headers(spark.read.parquet(str(out)).orderBy("offset").collect()) == [[("trace", b"t1")], None]

@@ -11,20 +11,15 @@ then a new checkpointLocation; after both the new topic is counted from its star
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
-import txstore
-from tests.conftest import produce
 from tests.helpers.cli import txstore as txstore_cli
-from tests.helpers.counting import log_ends, offsets, totals
+from tests.helpers.counting import Counting
 from tests.helpers.recreated import snapshot
-from tests.helpers.streams import JOB, QueryFailed, run_available_now, sink, stream
-from txstore.testing.real_kafka import RealKafkaCluster
+from tests.helpers.streams import JOB, QueryFailed, sink
 
 pytestmark = pytest.mark.spark
 
@@ -61,92 +56,76 @@ def stored_topic_id(db: psycopg.Connection, topic: str) -> str | None:
 
 
 def reset_and_count_the_new_topic(
-    spark: Any,
-    kafka: RealKafkaCluster,
-    url: str,
-    db: psycopg.Connection,
-    topic: str,
-    checkpoint: Path,
-    counted_before: int,
-    source: dict[str, str],
+    streaming: Counting, topic: str, checkpoint: Path, counted_before: int, source: dict[str, str]
 ) -> None:
     """The line's advice: the reset, then a new checkpointLocation. Every message of the new log
     is then counted once, in a new generation, and the results before are kept."""
-    done = txstore_cli(*RESET.format(topic=topic).split()[1:], url=url, kafka=kafka)
+    done = txstore_cli(
+        *RESET.format(topic=topic).split()[1:], url=streaming.database_url, kafka=streaming.kafka
+    )
     assert done.returncode == 0, done.stderr
-    run_available_now(spark, kafka, url, topic, checkpoint.with_name(checkpoint.name + "-new"), **source)
-    assert offsets(db, topic, job=JOB) == log_ends(kafka, topic)
-    assert totals(db, topic, job=JOB) == {topic: counted_before + log_ends(kafka, topic)[0]}
-    assert db.execute("SELECT generation FROM txn_offsets WHERE job = %s", (JOB,)).fetchone() == (1,)
+    streaming.run_available_now(topic, checkpoint.with_name(checkpoint.name + "-new"), **source)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
+    assert streaming.totals(topic, job=JOB) == {topic: counted_before + streaming.log_ends(topic)[0]}
+    generation = "SELECT generation FROM txn_offsets WHERE job = %s"
+    assert streaming.db.execute(generation, (JOB,)).fetchone() == (1,)
 
 
 @SOURCES
 def test_a_recreated_topic_refilled_below_then_past_the_stored_offset_stops_a_restarted_query(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    tmp_path: Path,
-    source: dict[str, str],
+    real_streaming: Counting, tmp_path: Path, source: dict[str, str]
 ) -> None:
-    txstore.register(spark)
-    topic = new_real_topic(1, prefix="srecreate")
+    kafka, db = real_streaming.kafka, real_streaming.db
+    topic = real_streaming.new_topic(1, prefix="srecreate")
     checkpoint = tmp_path / "chk"
-    produce(real_kafka.bootstrap_servers, topic, {0: 200})
-    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **source)
-    assert totals(db, topic, job=JOB) == {topic: 200}
+    real_streaming.produce(topic, {0: 200})
+    real_streaming.run_available_now(topic, checkpoint, **source)
+    assert real_streaming.totals(topic, job=JOB) == {topic: 200}
     first_id = stored_topic_id(db, topic)
     assert first_id  # recorded with the job's row
     before = snapshot(db)
 
-    real_kafka.recreate_topic(topic, 1)
-    produce(real_kafka.bootstrap_servers, topic, {0: 150})  # below the stored offset 200
+    kafka.recreate_topic(topic, 1)
+    real_streaming.produce(topic, {0: 150})  # below the stored offset 200
     with pytest.raises(QueryFailed) as e:
-        run_available_now(spark, real_kafka, database_url, topic, checkpoint, **source)
+        real_streaming.run_available_now(topic, checkpoint, **source)
     assert below_line(topic, 200, 150) in str(e.value), str(e.value)
     assert snapshot(db) == before
 
-    produce(real_kafka.bootstrap_servers, topic, {0: 450})  # 600 now: past it, 200 of them before it
+    real_streaming.produce(topic, {0: 450})  # 600 now: past it, 200 of them before it
     with pytest.raises(QueryFailed) as e:
-        run_available_now(spark, real_kafka, database_url, topic, checkpoint, **source)
+        real_streaming.run_available_now(topic, checkpoint, **source)
     assert re.search(recreated_pattern(topic), str(e.value)), str(e.value)
     assert first_id in str(e.value)
     assert snapshot(db) == before
 
-    reset_and_count_the_new_topic(spark, real_kafka, database_url, db, topic, checkpoint, 200, source)
+    reset_and_count_the_new_topic(real_streaming, topic, checkpoint, 200, source)
     assert stored_topic_id(db, topic) not in (None, first_id)
 
 
 @SOURCES
 def test_a_topic_recreated_under_a_running_query_stops_it_before_the_new_log_is_read(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    tmp_path: Path,
-    source: dict[str, str],
+    real_streaming: Counting, tmp_path: Path, source: dict[str, str]
 ) -> None:
     """Recreated and refilled between two micro-batches of a running query. Which line stops
     it depends on when its next micro-batch is planned: while the topic is gone, before the
     new log reached the stored offset, or after (the new topic ID). None reads anything; the
     query restarted on its checkpoint then stops on the topic ID."""
-    txstore.register(spark)
-    topic = new_real_topic(1, prefix="srunning")
+    kafka, db = real_streaming.kafka, real_streaming.db
+    topic = real_streaming.new_topic(1, prefix="srunning")
     checkpoint = tmp_path / "chk"
-    produce(real_kafka.bootstrap_servers, topic, {0: 200})
+    real_streaming.produce(topic, {0: 200})
     query = (
-        sink(stream(spark, real_kafka, database_url, topic, **source), database_url, checkpoint)
+        sink(real_streaming.stream(topic, **source), real_streaming.database_url, checkpoint)
         .trigger(processingTime="200 milliseconds")
         .start()
     )
     try:
         query.processAllAvailable()
-        assert totals(db, topic, job=JOB) == {topic: 200}
+        assert real_streaming.totals(topic, job=JOB) == {topic: 200}
         before = snapshot(db)
-        real_kafka.recreate_topic(topic, 1)
-        produce(real_kafka.bootstrap_servers, topic, {0: 600})
+        kafka.recreate_topic(topic, 1)
+        real_streaming.produce(topic, {0: 600})
         try:
             query.awaitTermination(120)
             message = ""
@@ -165,46 +144,35 @@ def test_a_topic_recreated_under_a_running_query_stops_it_before_the_new_log_is_
     assert snapshot(db) == before
 
     with pytest.raises(QueryFailed) as restarted:
-        run_available_now(spark, real_kafka, database_url, topic, checkpoint, **source)
+        real_streaming.run_available_now(topic, checkpoint, **source)
     assert re.search(recreated_pattern(topic), str(restarted.value)), str(restarted.value)
     assert snapshot(db) == before
-    reset_and_count_the_new_topic(spark, real_kafka, database_url, db, topic, checkpoint, 200, source)
+    reset_and_count_the_new_topic(real_streaming, topic, checkpoint, 200, source)
 
 
 def test_a_micro_batch_replayed_by_a_restart_is_checked_against_the_recreated_topic_before_it_is_read(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-    tmp_path: Path,
+    real_streaming: Counting, tmp_path: Path
 ) -> None:
     """A micro-batch planned on the old log, its tasks failed (nothing committed), the topic then
     recreated and refilled: the restart replays that batch from the checkpoint, straight to
     ``partitions()`` (no ``latestOffset()`` first). It is checked there, before its tasks read
     offsets 50 -> 70 of the new log as the old one's."""
-    txstore.register(spark)
     counted = {"txstore.countMessages": "true"}
-    topic = new_real_topic(1, prefix="sreplay")
+    topic = real_streaming.new_topic(1, prefix="sreplay")
     checkpoint = tmp_path / "chk"
-    produce(real_kafka.bootstrap_servers, topic, {0: 50})
-    run_available_now(spark, real_kafka, database_url, topic, checkpoint, **counted)
-    produce(real_kafka.bootstrap_servers, topic, {0: 20})
+    real_streaming.produce(topic, {0: 50})
+    real_streaming.run_available_now(topic, checkpoint, **counted)
+    real_streaming.produce(topic, {0: 20})
     with pytest.raises(QueryFailed, match="fail point after-first-range"):
-        run_available_now(
-            spark,
-            real_kafka,
-            database_url,
-            topic,
-            checkpoint,
-            **{**counted, "txstore.failpoints": "after-first-range"},
+        real_streaming.run_available_now(
+            topic, checkpoint, **{**counted, "txstore.failpoints": "after-first-range"}
         )
-    assert totals(db, topic, job=JOB) == {topic: 50}
-    before = snapshot(db)
+    assert real_streaming.totals(topic, job=JOB) == {topic: 50}
+    before = snapshot(real_streaming.db)
 
-    real_kafka.recreate_topic(topic, 1)
-    produce(real_kafka.bootstrap_servers, topic, {0: 100})
+    real_streaming.kafka.recreate_topic(topic, 1)
+    real_streaming.produce(topic, {0: 100})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(spark, real_kafka, database_url, topic, checkpoint, **counted)
+        real_streaming.run_available_now(topic, checkpoint, **counted)
     assert re.search(recreated_pattern(topic), str(e.value)), str(e.value)
-    assert snapshot(db) == before
+    assert snapshot(real_streaming.db) == before

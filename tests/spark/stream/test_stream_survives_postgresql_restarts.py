@@ -176,34 +176,33 @@ def test_a_planning_statement_cut_short_by_the_end_of_its_session_runs_again_on_
 
 
 def test_ending_the_querys_postgresql_sessions_between_micro_batches_costs_a_pause_not_the_query(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """pg_terminate_backend of the source's planning session (the stream lock's holder) and of
     every other session of the query (the sink's kept connection), twice: the query goes on,
     holds its stream lock again, and counts each message once."""
-    txstore.register(counting.spark)
-    topic = counting.new_topic(2)
-    counting.produce(topic, {0: 7, 1: 3})
-    query = running_query(counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "chk")
+    topic = streaming.new_topic(2)
+    streaming.produce(topic, {0: 7, 1: 3})
+    query = running_query(streaming.spark, streaming.kafka, streaming.database_url, topic, tmp_path / "chk")
     try:
         query.processAllAvailable()
-        assert counting.totals(topic, job=JOB) == {topic: 10}
+        assert streaming.totals(topic, job=JOB) == {topic: 10}
         for round_, more in enumerate(({0: 4, 1: 2}, {1: 5})):
-            (planner,) = stream_lock_holders(counting.db)
-            ended = counting.db.execute(
+            (planner,) = stream_lock_holders(streaming.db)
+            ended = streaming.db.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             ).fetchone()
             assert ended is not None and ended[0] >= 2, ended  # the planner's and the sink's, at least
-            counting.produce(topic, more)
+            streaming.produce(topic, more)
             query.processAllAvailable()
             assert query.isActive, round_
-            holders = stream_lock_holders(counting.db)
+            holders = stream_lock_holders(streaming.db)
             assert len(holders) == 1 and holders != [planner]  # a new session holds the lock again
-        assert counting.totals(topic, job=JOB) == {topic: 21}
+        assert streaming.totals(topic, job=JOB) == {topic: 21}
     finally:
         query.stop()
-    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
 
 
 def test_a_postgresql_restart_under_a_running_query_costs_a_pause_not_the_query(
@@ -241,18 +240,17 @@ def test_a_postgresql_restart_under_a_running_query_costs_a_pause_not_the_query(
 
 
 def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone_stops_in_one_line(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """The first query's planning session is ended; before it takes its stream lock again (held
     back 20 s by a fail point), a second query of the job starts and takes it. The first stops
     in one line saying so; the second counts the rest; nothing is counted twice."""
-    txstore.register(counting.spark)
-    topic = counting.new_topic(2)
-    counting.produce(topic, {0: 6, 1: 4})
+    topic = streaming.new_topic(2)
+    streaming.produce(topic, {0: 6, 1: 4})
     first = running_query(
-        counting.spark,
-        counting.kafka,
-        counting.database_url,
+        streaming.spark,
+        streaming.kafka,
+        streaming.database_url,
         topic,
         tmp_path / "first",
         **{"txstore.failpoints": "before-stream-relock:sleep=20"},
@@ -260,16 +258,16 @@ def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone
     second = None
     try:
         first.processAllAvailable()
-        assert counting.totals(topic, job=JOB) == {topic: 10}
-        (planner,) = stream_lock_holders(counting.db)
-        counting.db.execute("SELECT pg_terminate_backend(%s)", (planner,))
+        assert streaming.totals(topic, job=JOB) == {topic: 10}
+        (planner,) = stream_lock_holders(streaming.db)
+        streaming.db.execute("SELECT pg_terminate_backend(%s)", (planner,))
         wait_until(
-            lambda: not stream_lock_holders(counting.db), 30, "the first query's planning session ended"
+            lambda: not stream_lock_holders(streaming.db), 30, "the first query's planning session ended"
         )
         second = running_query(
-            counting.spark, counting.kafka, counting.database_url, topic, tmp_path / "second"
+            streaming.spark, streaming.kafka, streaming.database_url, topic, tmp_path / "second"
         )
-        counting.produce(topic, {0: 2, 1: 3})
+        streaming.produce(topic, {0: 2, 1: 3})
         second.processAllAvailable()
         with pytest.raises(Exception) as stopped:  # Spark's StreamingQueryException
             first.awaitTermination(90)
@@ -283,10 +281,10 @@ def test_a_query_whose_stream_lock_another_query_took_while_its_session_was_gone
         ) in line, line
         assert "restart this one with a new checkpointLocation" in line, line
         assert second.isActive
-        counting.produce(topic, {1: 1})
+        streaming.produce(topic, {1: 1})
         second.processAllAvailable()
     finally:
         first.stop()
         if second is not None:
             second.stop()
-    counting.assert_counted_exactly(topic, 16, job=JOB)
+    streaming.assert_counted_exactly(topic, 16, job=JOB)

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-import txstore
 from tests.conftest import produce
 from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
@@ -185,42 +184,34 @@ def test_more_partitions_than_cores_are_read_in_one_task_per_core_and_counted_ex
     broker_db.assert_counted_exactly(topic, 56, job=JOB)
 
 
-def test_a_retried_task_reads_exactly_its_planned_ranges_again(counting: Counting, tmp_path: Path) -> None:
+def test_a_retried_task_reads_exactly_its_planned_ranges_again(streaming: Counting, tmp_path: Path) -> None:
     """Each task's first attempt fails after reading its first range (a fail point); Spark
     retries it (local[2,4]) and the retry reads the task's ranges, fixed at planning, again:
     the counts are exact, a row per planned range, the offsets the plan's ends."""
-    txstore.register(counting.spark)
-    topic = counting.new_topic(4)
-    counting.produce(topic, {0: 11, 1: 22, 2: 33, 3: 44})
-    query = run_available_now(
-        counting.spark,
-        counting.kafka,
-        counting.database_url,
+    topic = streaming.new_topic(4)
+    streaming.produce(topic, {0: 11, 1: 22, 2: 33, 3: 44})
+    query = streaming.run_available_now(
         topic,
         tmp_path / "chk",
         **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range@first"},
     )
-    counting.assert_counted_exactly(topic, 110, job=JOB)
+    streaming.assert_counted_exactly(topic, 110, job=JOB)
     assert [p.numInputRows for p in query.recentProgress if p.numInputRows > 0] == [4]
-    (stage,) = [s for s in _data_stages(counting.spark, query) if s.numTasks > 0]
+    (stage,) = [s for s in _data_stages(streaming.spark, query) if s.numTasks > 0]
     assert (stage.numTasks, stage.numCompletedTasks, stage.numFailedTasks) == (2, 2, 2)
 
 
 def test_a_task_that_keeps_failing_stops_the_query_and_commits_nothing(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    txstore.register(counting.spark)
-    topic = counting.new_topic(4)
-    counting.produce(topic, {0: 1, 1: 2, 2: 3, 3: 4})
+    topic = streaming.new_topic(4)
+    streaming.produce(topic, {0: 1, 1: 2, 2: 3, 3: 4})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
+        streaming.run_available_now(
             topic,
             tmp_path / "chk",
             **{**COUNT, "txstore.tasks": "2", "txstore.failpoints": "after-first-range"},
         )
     assert "fail point after-first-range" in str(e.value)
-    assert counting.totals(topic, job=JOB) == {topic: 0}  # the start rows only: nothing counted
-    assert counting.offsets(topic, job=JOB) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert streaming.totals(topic, job=JOB) == {topic: 0}  # the start rows only: nothing counted
+    assert streaming.offsets(topic, job=JOB) == {0: 0, 1: 0, 2: 0, 3: 0}

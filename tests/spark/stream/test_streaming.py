@@ -218,26 +218,25 @@ def test_a_recreated_topic_stops_the_query_with_count_topics_line(
 
 
 def test_a_topic_deleted_after_the_query_counted_it_stops_it_saying_so_not_check_the_topic(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """Between a recreation's delete and its create the topic is gone: the job counted it, so
     its name is no typo. The query stops with count_topic's line for that (what to run then),
     not the client's "check --topic"."""
-    txstore.register(counting.spark)
-    topic = counting.new_topic(2)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
-    counting.produce(topic, {0: 3, 1: 2})
-    run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
-    counting.kafka.delete_topic(topic)
+    streaming.produce(topic, {0: 3, 1: 2})
+    streaming.run_available_now(topic, checkpoint)
+    streaming.kafka.delete_topic(topic)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(counting.spark, counting.kafka, counting.database_url, topic, checkpoint)
+        streaming.run_available_now(topic, checkpoint)
     assert (
-        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {counting.kafka.bootstrap_servers} now, though the "
+        f"job '{JOB}' topic '{topic}' does not exist on Kafka at {streaming.kafka.bootstrap_servers} now, though the "
         "job stored offsets for 2 of its partitions: it may be being deleted and recreated." in str(e.value)
     )
     assert f"txstore reset --job {JOB} --topic {topic} --forget --execute" in str(e.value)
     assert "check --topic" not in str(e.value)
-    assert counting.totals(topic, job=JOB) == {topic: 5}
+    assert streaming.totals(topic, job=JOB) == {topic: 5}
 
 
 def test_a_partition_added_to_the_topic_between_micro_batches_is_read_from_its_start(
@@ -471,11 +470,7 @@ def test_a_stream_merges_each_micro_batchs_rows_into_a_results_table_once_even_w
 
     def run() -> Any:
         return streaming.run_available_now(
-            topic,
-            checkpoint,
-            rows=sales_rows,
-            sink_options=SALES,
-            maxOffsetsPerTrigger="30",
+            topic, checkpoint, rows=sales_rows, sink_options=SALES, maxOffsetsPerTrigger="30"
         )
 
     send(streaming.kafka.bootstrap_servers, topic, first)
@@ -550,11 +545,7 @@ def test_a_streaming_aggregations_running_totals_are_refused_in_one_line_before_
     for mode, line in refusals.items():
         with pytest.raises(QueryFailed) as e:
             streaming.run_available_now(
-                topic,
-                tmp_path / mode,
-                rows=running_totals,
-                sink_options=SALES,
-                output_mode=mode,
+                topic, tmp_path / mode, rows=running_totals, sink_options=SALES, output_mode=mode
             )
         assert line in str(e.value), str(e.value)
     _nothing_committed(streaming.db, topic)
@@ -568,10 +559,7 @@ def test_rows_without_their_message_are_refused_in_one_line(streaming: Counting,
     send(streaming.kafka.bootstrap_servers, topic, sale_messages(5, 1, 0))
     with pytest.raises(QueryFailed) as e:
         streaming.run_available_now(
-            topic,
-            tmp_path / "chk",
-            rows=lambda df: sales_rows(df).drop("offset"),
-            sink_options=SALES,
+            topic, tmp_path / "chk", rows=lambda df: sales_rows(df).drop("offset"), sink_options=SALES
         )
     assert (
         f"job {JOB}: writeStream.format('txstore') with txstore.table merges each micro-batch's own "
@@ -589,10 +577,7 @@ def test_the_counts_sink_refuses_complete_modes_running_totals_in_one_line(
     send(streaming.kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 5)
     with pytest.raises(QueryFailed) as e:
         streaming.run_available_now(
-            topic,
-            tmp_path / "complete",
-            rows=lambda df: df.groupBy("topic").count(),
-            output_mode="complete",
+            topic, tmp_path / "complete", rows=lambda df: df.groupBy("topic").count(), output_mode="complete"
         )
     assert (
         f"job {JOB}: writeStream.format('txstore') counts the rows of each micro-batch and does not take "

@@ -14,7 +14,6 @@ Real Spark, PostgreSQL and the Kafka-protocol test broker, on running queries.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,10 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-import txstore
 from tests.conftest import send
 from tests.helpers.cli import txstore as txstore_cli
 from tests.helpers.counting import Counting, offsets
-from tests.helpers.streams import JOB, QueryFailed, run_available_now
+from tests.helpers.streams import JOB, QueryFailed
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.bad_messages import BadOffset
 from txstore.spark.stream.stream_bad_rows import RowsByMessage, origins_of
@@ -168,25 +166,16 @@ def test_each_copy_line_keeps_its_message_so_a_piece_of_offsets_selects_exactly_
 
 @pytest.mark.parametrize("refusal", list(REFUSALS))
 def test_a_row_the_table_refuses_stops_the_query_in_one_line_naming_its_message_and_column(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
-    refusal: str,
+    streaming: Counting, tmp_path: Path, refusal: str
 ) -> None:
-    txstore.register(spark)
     key, value, column, reason = REFUSALS[refusal]
-    create_orders(db)
-    topic = new_topic(2)
+    create_orders(streaming.db)
+    topic = streaming.new_topic(2)
     messages = good_messages(12, 2)
     messages[1][7] = (key, value)
-    produce(kafka, topic, messages)
+    produce(streaming.kafka, topic, messages)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            spark, kafka, database_url, topic, tmp_path / "chk", rows=order_rows, sink_options=ORDERS
-        )
+        streaming.run_available_now(topic, tmp_path / "chk", rows=order_rows, sink_options=ORDERS)
     where = f"job '{JOB}' micro-batch 0 topic '{topic}' partition 1 offset 7: "
     line = next((x for x in str(e.value).splitlines() if where in x), None)
     assert line is not None, str(e.value)
@@ -195,15 +184,14 @@ def test_a_row_the_table_refuses_stops_the_query_in_one_line_naming_its_message_
     assert "fix the table or the query, or set .option('txstore.onBadMessage', 'skip')" in line, line
     assert line.endswith("record them in txn_bad_messages; then restart the query"), line
     assert "Traceback" not in line and "psycopg" not in line
-    assert_nothing_committed(db, topic)
+    assert_nothing_committed(streaming.db, topic)
 
 
 def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_rest(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    txstore.register(counting.spark)
-    create_orders(counting.db)
-    topic = counting.new_topic(2)
+    create_orders(streaming.db)
+    topic = streaming.new_topic(2)
     checkpoint = tmp_path / "chk"
     earlier = good_messages(3, 2)  # a first micro-batch, so that the one replayed is not the first
     messages = good_messages(20, 2)
@@ -214,27 +202,21 @@ def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_re
         bad[where] = why
 
     def run() -> Any:
-        return run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            checkpoint,
-            rows=order_rows,
-            sink_options={**ORDERS, "txstore.onBadMessage": "skip"},
+        return streaming.run_available_now(
+            topic, checkpoint, rows=order_rows, sink_options={**ORDERS, "txstore.onBadMessage": "skip"}
         )
 
-    produce(counting.kafka, topic, earlier)
+    produce(streaming.kafka, topic, earlier)
     run()
-    produce(counting.kafka, topic, messages)
+    produce(streaming.kafka, topic, messages)
     query = run()
     both = {p: earlier[p] + messages[p] for p in messages}
     skipped = {(p, i + 3) for p, i in bad}  # their offsets: after the first micro-batch's 3
-    assert orders(counting.db) == expected(both, skipped)
-    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
+    assert orders(streaming.db) == expected(both, skipped)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
 
     def recorded() -> list[tuple[str, int, int, str]]:
-        return counting.db.execute(
+        return streaming.db.execute(
             "SELECT topic, part, off, reason FROM txn_bad_messages WHERE job = %s ORDER BY part, off", (JOB,)
         ).fetchall()
 
@@ -251,81 +233,57 @@ def test_skip_records_each_refused_message_once_over_a_replay_and_commits_the_re
     again = run()
     assert [p for p in again.recentProgress if p.batchId == last_batch and p.numInputRows > 0]
     assert recorded() == first
-    assert orders(counting.db) == expected(both, skipped)
+    assert orders(streaming.db) == expected(both, skipped)
 
     # `txstore status` shows the skipped messages per partition, as for the batch job.
     status = json.loads(
-        txstore_cli("status", "--job", JOB, "--json", url=counting.database_url, kafka=counting.kafka).stdout
+        txstore_cli(
+            "status", "--job", JOB, "--json", url=streaming.database_url, kafka=streaming.kafka
+        ).stdout
     )
     assert [(r["partition"], r["skipped"]) for r in status] == [(0, 3), (1, 3)]
 
     # The next micro-batch: only the new message, merged onto the same rows.
-    send(counting.kafka.bootstrap_servers, topic, [(0, b"fr", GOOD_VALUE, None)])
+    send(streaming.kafka.bootstrap_servers, topic, [(0, b"fr", GOOD_VALUE, None)])
     run()
     more = expected(both, skipped)
     more["fr"] = (more["fr"][0] + 1, more["fr"][1])
-    assert orders(counting.db) == more
+    assert orders(streaming.db) == more
     assert recorded() == first
-    assert counting.offsets(topic, job=JOB) == counting.log_ends(topic)
+    assert streaming.offsets(topic, job=JOB) == streaming.log_ends(topic)
 
 
 def test_skip_stops_in_one_line_past_the_batch_jobs_bound_and_records_nothing(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-    tmp_path: Path,
+    streaming: Counting, tmp_path: Path
 ) -> None:
     """More than MAX_BAD_MESSAGES (100, the batch job's bound) refused in one micro-batch: not
     the messages' fault; the query stops, nothing committed or recorded."""
-    txstore.register(spark)
-    create_orders(db)
-    topic = new_topic(1)
-    produce(kafka, topic, {0: [(b"fr", f"40000|10.50|{REF}|ok".encode())] * 110})
+    create_orders(streaming.db)
+    topic = streaming.new_topic(1)
+    produce(streaming.kafka, topic, {0: [(b"fr", f"40000|10.50|{REF}|ok".encode())] * 110})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            spark,
-            kafka,
-            database_url,
-            topic,
-            tmp_path / "chk",
-            rows=order_rows,
-            sink_options={**ORDERS, "txstore.onBadMessage": "skip"},
+        streaming.run_available_now(
+            topic, tmp_path / "chk", rows=order_rows, sink_options={**ORDERS, "txstore.onBadMessage": "skip"}
         )
     start = f"job '{JOB}': more than 100 messages of this batch fail (the first: topic '{topic}' partition 0 offset 0 ("
     line = next((x for x in str(e.value).splitlines() if start in x), None)
     assert line is not None, str(e.value)
     assert "NumericValueOutOfRange" in line and "check the query and the table" in line
-    assert_nothing_committed(db, topic)
+    assert_nothing_committed(streaming.db, topic)
 
 
 def test_on_bad_message_takes_fail_or_skip_and_skip_only_with_a_results_table(
-    counting: Counting, tmp_path: Path
+    streaming: Counting, tmp_path: Path
 ) -> None:
-    txstore.register(counting.spark)
-    create_orders(counting.db)
-    topic = counting.new_topic(1)
-    produce(counting.kafka, topic, {0: [(b"fr", GOOD_VALUE)]})
+    create_orders(streaming.db)
+    topic = streaming.new_topic(1)
+    produce(streaming.kafka, topic, {0: [(b"fr", GOOD_VALUE)]})
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "a",
-            rows=order_rows,
-            sink_options={**ORDERS, "txstore.onBadMessage": "ignore"},
+        streaming.run_available_now(
+            topic, tmp_path / "a", rows=order_rows, sink_options={**ORDERS, "txstore.onBadMessage": "ignore"}
         )
     assert "option txstore.onBadMessage must be fail or skip, got 'ignore'" in str(e.value), str(e.value)
     with pytest.raises(QueryFailed) as e:
-        run_available_now(
-            counting.spark,
-            counting.kafka,
-            counting.database_url,
-            topic,
-            tmp_path / "b",
-            sink_options={"txstore.onBadMessage": "skip"},
-        )
+        streaming.run_available_now(topic, tmp_path / "b", sink_options={"txstore.onBadMessage": "skip"})
     assert "txstore.onBadMessage skip needs txstore.table" in str(e.value), str(e.value)
-    assert set(counting.offsets(topic, job=JOB).values()) <= {0}
+    assert set(streaming.offsets(topic, job=JOB).values()) <= {0}
