@@ -86,6 +86,20 @@ def messages_in_log(kafka: RealKafkaCluster, topic: str) -> dict[int, list[int]]
     return found
 
 
+def assert_offsets_3_to_7_lost_stop_the_job(counting: Counting, topic: str) -> None:
+    """A batch of ``topic``, whose offsets 3-7 left Kafka before they were counted (stored offset 3,
+    log start 8), stops in one line and writes nothing."""
+    before = snapshot(counting.db)
+    with pytest.raises(DataLoss) as raised:
+        counting.job(topic).run_batch()
+    assert str(raised.value) == (
+        f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
+        "5 messages aged out of Kafka before they were counted. To skip them and record the loss "
+        "in txn_lost_ranges, rerun with --fail-on-data-loss false"
+    )
+    assert snapshot(counting.db) == before
+
+
 # -- recreated ------------------------------------------------------------------------------
 
 
@@ -166,15 +180,7 @@ def test_records_deleted_before_they_were_counted_stop_the_job_in_one_line_writi
     real_counting.job(topic).run_batch()
     real_counting.produce(topic, {0: 10})
     delete_records(real_kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
-    before = snapshot(real_counting.db)
-    with pytest.raises(DataLoss) as raised:
-        real_counting.job(topic).run_batch()
-    assert str(raised.value) == (
-        f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
-        "5 messages aged out of Kafka before they were counted. To skip them and record the loss "
-        "in txn_lost_ranges, rerun with --fail-on-data-loss false"
-    )
-    assert snapshot(real_counting.db) == before
+    assert_offsets_3_to_7_lost_stop_the_job(real_counting, topic)
 
 
 def test_records_deleted_after_planning_refuse_the_range_and_the_next_batch_records_them_lost(
@@ -225,16 +231,8 @@ def test_messages_aged_out_by_retention_ms_stop_the_job_or_are_recorded_lost(
     wait_until(lambda: log_start(real_kafka, topic) == 8, "log start at 8 (retention)")
     set_topic_config(real_kafka, topic, {"retention.ms": str(7 * 86_400_000)})
     send(bootstrap, topic, [(0, b"k", b"after", now) for _ in range(4)])  # offsets 8-11
-    before = snapshot(real_counting.db)
     if fail_on_data_loss:
-        with pytest.raises(DataLoss) as raised:
-            real_counting.job(topic).run_batch()
-        assert str(raised.value) == (
-            f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start "
-            "offset 8; 5 messages aged out of Kafka before they were counted. To skip them and record "
-            "the loss in txn_lost_ranges, rerun with --fail-on-data-loss false"
-        )
-        assert snapshot(real_counting.db) == before
+        assert_offsets_3_to_7_lost_stop_the_job(real_counting, topic)
         return
     with caplog.at_level(logging.WARNING, logger="txstore"):
         real_counting.job(topic, fail_on_data_loss=False).run_batch()
