@@ -9,6 +9,7 @@ with count_topic and compares with what Kafka holds, read back by a plain consum
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -86,18 +87,24 @@ def messages_in_log(kafka: RealKafkaCluster, topic: str) -> dict[int, list[int]]
     return found
 
 
+def stop_line(counting: Counting, topic: str, error: type[Exception]) -> str:
+    """The line a batch of ``topic`` stops with, raising ``error``, once it is known to have
+    written nothing."""
+    before = snapshot(counting.db)
+    with pytest.raises(error) as raised:
+        counting.job(topic).run_batch()
+    assert snapshot(counting.db) == before
+    return str(raised.value)
+
+
 def assert_offsets_3_to_7_lost_stop_the_job(counting: Counting, topic: str) -> None:
     """A batch of ``topic``, whose offsets 3-7 left Kafka before they were counted (stored offset 3,
     log start 8), stops in one line and writes nothing."""
-    before = snapshot(counting.db)
-    with pytest.raises(DataLoss) as raised:
-        counting.job(topic).run_batch()
-    assert str(raised.value) == (
+    assert stop_line(counting, topic, DataLoss) == (
         f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
         "5 messages aged out of Kafka before they were counted. To skip them and record the loss "
         "in txn_lost_ranges, rerun with --fail-on-data-loss false"
     )
-    assert snapshot(counting.db) == before
 
 
 # -- recreated ------------------------------------------------------------------------------
@@ -110,23 +117,18 @@ def test_a_topic_recreated_and_refilled_below_then_past_the_stored_offset_stops_
     topic = real_counting.new_topic(1, prefix="refill")
     real_counting.produce(topic, {0: 6})
     real_counting.job(topic).run_batch()
-    before = snapshot(real_counting.db)
 
     real_kafka.recreate_topic(topic, 1)
     real_counting.produce(topic, {0: 2})  # below the stored offset 6
-    with pytest.raises(OffsetOutOfLog) as below:
-        real_counting.job(topic).run_batch()
-    assert str(below.value) == (
+    assert stop_line(real_counting, topic, OffsetOutOfLog) == (
         f"job 'count_topic' topic '{topic}' partition 0: stored offset 6 is beyond the log-end offset 2 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
     )
-    assert snapshot(real_counting.db) == before
 
     real_counting.produce(topic, {0: 7})  # now past it (9 > 6), other messages at offset 5
-    with pytest.raises(TopicRecreated, match=r"the topic was deleted and recreated \(stored topic ID "):
-        real_counting.job(topic).run_batch()
-    assert snapshot(real_counting.db) == before
+    recreated = stop_line(real_counting, topic, TopicRecreated)
+    assert re.search(r"the topic was deleted and recreated \(stored topic ID ", recreated), recreated
 
 
 # -- partitions added -----------------------------------------------------------------------
