@@ -374,6 +374,15 @@ def test_an_open_transaction_stops_planning_at_the_last_stable_offset_and_its_ra
 # -- time -----------------------------------------------------------------------------------
 
 
+def send_create_times_out_of_order(bootstrap: str, topic: str) -> None:
+    """Partition 0: CreateTimes 5, 1, 9, 3 and 20 s after T0, in that offset order; partition 1:
+    four at 0-3 s (all before 6 s); partition 2: two a minute after T0."""
+    out_of_order = [5, 1, 9, 3, 20]  # seconds after T0, in partition 0's offset order
+    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in out_of_order])
+    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])  # all before 6 s
+    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + s) for s in range(2)])
+
+
 @pytest.mark.spark
 def test_a_starting_timestamp_starts_at_the_first_message_at_or_after_it_with_create_times_out_of_order(
     real_counting: Counting,
@@ -381,10 +390,7 @@ def test_a_starting_timestamp_starts_at_the_first_message_at_or_after_it_with_cr
 ) -> None:
     topic = real_counting.new_topic(3)
     bootstrap = real_kafka.bootstrap_servers
-    out_of_order = [5, 1, 9, 3, 20]  # seconds after T0, in partition 0's offset order
-    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in out_of_order])
-    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])  # all before 6 s
-    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + s) for s in range(2)])
+    send_create_times_out_of_order(bootstrap, topic)
     conf = client_config(bootstrap)
     lookups = {
         s: offsets_for_timestamp(conf, [(topic, 0)], T0 + s * 1000)[(topic, 0)] for s in (0, 4, 6, 10, 21)
@@ -478,9 +484,7 @@ def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_
     every partition to its log end."""
     topic = real_counting.new_topic(3, prefix="reset-time")
     bootstrap = real_kafka.bootstrap_servers
-    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in [5, 1, 9, 3, 20]])
-    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])
-    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + ms) for ms in range(2)])
+    send_create_times_out_of_order(bootstrap, topic)
     real_counting.job(topic).run_batch()
     assert real_counting.offsets(topic) == {0: 5, 1: 4, 2: 2}
 
