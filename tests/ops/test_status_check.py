@@ -335,19 +335,13 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
     assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
 
 
-def counted_then_recreated(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    topic: str,
-    was: int,
-    partitions: int,
-    refill: dict[int, int],
-) -> str:
-    """``topic`` of ``was`` partitions, 5 old messages each, counted by count_topic, then deleted and
+def counted_then_recreated(counting: Counting, was: int, partitions: int, refill: dict[int, int]) -> str:
+    """A topic of ``was`` partitions, 5 old messages each, counted by count_topic, then deleted and
     created again with ``partitions`` partitions and ``refill[p]`` new messages in partition ``p``."""
+    kafka = counting.kafka
+    topic = counting.new_topic(was)
     fill(kafka, topic, 5, was, b"old", OLD_TS)
-    with job_for(spark, kafka, database_url, topic) as job:
+    with counting.job(topic) as job:
         job.run_batch()
     kafka.recreate_topic(topic, partitions)
     for p, n in refill.items():
@@ -356,19 +350,17 @@ def counted_then_recreated(
 
 
 @pytest.mark.spark
-def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
-) -> None:
+def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(counting: Counting) -> None:
     # Partition 0 refilled past the stored offset (another message at offset 4), partition 1 not as far.
-    topic = counted_then_recreated(spark, kafka, database_url, new_topic(2), 2, 2, {0: 8, 1: 3})
-    assert lines_of(check(database_url, kafka), 2) == [
+    topic = counted_then_recreated(counting, 2, 2, {0: 8, 1: 3})
+    assert lines_of(check(counting.database_url, counting.kafka), 2) == [
         "CRITICAL: job 'count_topic': 2 ERR",
         f"ERR {mismatch_line('count_topic', topic, 0, 4)}",
         f"ERR job 'count_topic' topic '{topic}' partition 1: stored offset 5 is beyond the log-end offset 3 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute",
     ]
-    as_json = json.loads(check(database_url, kafka, "--json").stdout)
+    as_json = json.loads(check(counting.database_url, counting.kafka, "--json").stdout)
     assert [(p["partition"], p["status"], p["offset"], p["log_end"]) for p in as_json["partitions"]] == [
         (0, ERR, 5, 8),
         (1, ERR, 5, 3),
@@ -510,11 +502,9 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
 
 
 @pytest.mark.spark
-def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
-) -> None:
-    topic = counted_then_recreated(spark, kafka, database_url, new_topic(1), 1, 3, {0: 8, 1: 3})
-    assert lines_of(check(database_url, kafka), 2) == [
+def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(counting: Counting) -> None:
+    topic = counted_then_recreated(counting, 1, 3, {0: 8, 1: 3})
+    assert lines_of(check(counting.database_url, counting.kafka), 2) == [
         "CRITICAL: job 'count_topic': 1 ERR, 1 STOP, 1 OK",
         f"ERR {mismatch_line('count_topic', topic, 0, 4)}",
         f"STOP job 'count_topic' topic '{topic}' partition 1: lag 3 and no instance of the job is running "
