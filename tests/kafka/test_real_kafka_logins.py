@@ -167,13 +167,12 @@ def waiting_result(database_url: str, db: psycopg.Connection, new_real_topic: Ca
 def test_txstore_publish_with_the_right_login_sends_the_results_over_sasl_ssl(
     real_kafka: RealKafkaCluster, database_url: str, waiting_result: str
 ) -> None:
-    results = waiting_result
     done, _ = publish_over_sasl_ssl(
         real_kafka, database_url, real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
     )
     assert done.returncode == 0, done.stderr
     assert "published 1 results of job 'j'; 0 waiting, 0 set aside" in done.stdout
-    assert len(read_topic(real_kafka, results)) == 1
+    assert len(read_topic(real_kafka, waiting_result)) == 1
 
 
 def test_txstore_publish_with_a_wrong_password_stops_at_once_with_the_jobs_line_and_keeps_the_results(
@@ -181,7 +180,6 @@ def test_txstore_publish_with_a_wrong_password_stops_at_once_with_the_jobs_line_
 ) -> None:
     """The publisher checks its login as the job does: Kafka's refusal, in one line, in seconds
     (not "Message timed out" after the 30 s delivery timeout); the result waits, not set aside."""
-    results = waiting_result
     done, elapsed = publish_over_sasl_ssl(
         real_kafka, database_url, real_kafka.sasl_ssl_options(SCRAM_USER, "not the password")
     )
@@ -197,7 +195,7 @@ def test_txstore_publish_with_a_wrong_password_stops_at_once_with_the_jobs_line_
     assert "not the password" not in line
     assert elapsed < METADATA_TIMEOUT_SECONDS / 2
     assert outbox_counts(db, "j") == (1, 0)
-    assert read_topic(real_kafka, results) == []
+    assert read_topic(real_kafka, waiting_result) == []
 
 
 # The causes librdkafka reports alike ("certificate verify failed: ... verify that ssl.ca.location
