@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 TAG_ENV = "TXSTORE_CHAOS_TAG"
 
@@ -74,11 +76,15 @@ def tagged(prefix: str) -> list[Proc]:
     return found
 
 
-def python_workers(prefix: str) -> list[Proc]:
-    """PySpark worker processes (forked by ``pyspark.daemon``) of tagged processes."""
-    procs = tagged(prefix)
+def _workers(procs: list[Proc]) -> list[Proc]:
+    """The PySpark worker processes among ``procs``: those forked by a ``pyspark.daemon`` there."""
     daemons = {p.pid for p in procs if "pyspark.daemon" in p.cmdline}
     return [p for p in procs if p.ppid in daemons]
+
+
+def python_workers(prefix: str) -> list[Proc]:
+    """PySpark worker processes (forked by ``pyspark.daemon``) of tagged processes."""
+    return _workers(tagged(prefix))
 
 
 def descendants(root: int) -> list[Proc]:
@@ -94,9 +100,16 @@ def descendants(root: int) -> list[Proc]:
 
 def server_python_workers(server_pid: int) -> list[Proc]:
     """PySpark worker processes (forked by ``pyspark.daemon``) of the server whose pid is given."""
-    procs = descendants(server_pid)
-    daemons = {p.pid for p in procs if "pyspark.daemon" in p.cmdline}
-    return [p for p in procs if p.ppid in daemons]
+    return _workers(descendants(server_pid))
+
+
+def start_logged(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session (and process group) of its own, in ``cwd``, its output and
+    errors written to the file ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        )
 
 
 def busy(pid: int) -> bool:

@@ -58,6 +58,7 @@ from tests.chaos.procs import (
     kill_tagged,
     python_workers,
     server_python_workers,
+    start_logged,
     tagged,
 )
 from tests.chaos.proxy import TcpProxy, frozen_network_available
@@ -505,6 +506,10 @@ FIRED = re.compile(r"txstore fail point ([\w-]+): (raise|exit|sleep) \(attempt \
 
 
 _FIRST_BATCH = re.compile(r" batch \d+: |: batch failed ")
+# The job's PostgreSQL sessions inside a transaction (pg_stat_activity; the database a parameter).
+_JOB_IN_TRANSACTION = (
+    "datname = %s AND application_name = 'txstore' AND xact_start IS NOT NULL AND state <> 'idle'"
+)
 
 
 class Trial:
@@ -712,67 +717,74 @@ class Trial:
         return fired
 
     def start_instance(self, failpoints: str, primary: bool, until: float | None = None) -> Instance:
+        """Start an instance of the trial's job (:meth:`_instance_command` says how), its output in
+        ``instance-N.log``."""
         with self.lock:
             number = len(self.instances) + 1
             tag = f"{self.tag}i{number}-"
             log_path = self.directory / f"instance-{number}.log"
-            args = [
-                "--bootstrap-servers",
-                self.env.job_bootstrap_servers,
-                "--database-url",
-                self.env.job_database_url,
-                "--topic",
-                self.topic,
-                "--job",
-                self.job,
-                "--interval",
-                str(self.plan.interval),
-                "--max-batch-failures",
-                "1000",
-            ]
-            if self.plan.max_offsets_per_batch:
-                args += ["--max-offsets-per-batch", str(self.plan.max_offsets_per_batch)]
-            args += self.plan.job_args
-            args += self.events.instance_args()
-            spark = self._spark_args(tag)
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("TXSTORE_", "KAFKA_", "PYSPARK_", "PYTHONPATH", "SPARK_"))
-            }
-            env.update(
-                {
-                    "PYSPARK_PYTHON": sys.executable,
-                    "PYSPARK_DRIVER_PYTHON": sys.executable,
-                    "SPARK_HOME": str(SPARK_HOME),
-                    TAG_ENV: tag,
-                }
-            )
-            if failpoints:
-                env["TXSTORE_FAILPOINTS"] = failpoints
-                env["TXSTORE_FAILPOINTS_UNTIL"] = f"{until or self.until:.3f}"
-            if self.plan.connect:  # a client: its Spark configuration is the server's
-                command = [sys.executable, str(JOB), *args, "--remote", self.env.spark_connect().url]
-            elif self.plan.launch == "python":
-                env["PYSPARK_SUBMIT_ARGS"] = shlex.join([*spark, "pyspark-shell"])
-                command = [sys.executable, str(JOB), *args]
-            else:
-                command = [str(SPARK_HOME / "bin" / "spark-submit"), *spark, str(JOB), *args]
-            with open(log_path, "wb") as out:
-                process = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.directory,
-                    start_new_session=True,
-                )
-            inst = Instance(number, tag, process, log_path, failpoints, primary, self.plan.launch)
+            command, env, launch = self._instance_command(tag, failpoints, until)
+            process = start_logged(command, env, log_path, self.directory)
+            inst = Instance(number, tag, process, log_path, failpoints, primary, launch)
             self.instances.append(inst)
-        self.say(
-            f"  instance {number} started ({self.plan.launch}{', fail points ' + failpoints if failpoints else ''})"
-        )
+        self.say(f"  instance {number} started ({self._started_as(failpoints)})")
         return inst
+
+    def _instance_command(
+        self, tag: str, failpoints: str, until: float | None
+    ) -> tuple[list[str], dict[str, str], str]:
+        """The command of an instance tagged ``tag``, its environment, and how it is launched."""
+        args = [*self._job_args(), "--interval", str(self.plan.interval), "--max-batch-failures", "1000"]
+        if self.plan.max_offsets_per_batch:
+            args += ["--max-offsets-per-batch", str(self.plan.max_offsets_per_batch)]
+        args += self.plan.job_args
+        args += self.events.instance_args()
+        spark = self._spark_args(tag)
+        env = self._instance_env(tag, ("TXSTORE_", "KAFKA_", "PYSPARK_", "PYTHONPATH", "SPARK_"))
+        if failpoints:
+            env["TXSTORE_FAILPOINTS"] = failpoints
+            env["TXSTORE_FAILPOINTS_UNTIL"] = f"{until or self.until:.3f}"
+        if self.plan.connect:  # a client: its Spark configuration is the server's
+            command = [sys.executable, str(JOB), *args, "--remote", self.env.spark_connect().url]
+        elif self.plan.launch == "python":
+            env["PYSPARK_SUBMIT_ARGS"] = shlex.join([*spark, "pyspark-shell"])
+            command = [sys.executable, str(JOB), *args]
+        else:
+            command = [str(SPARK_HOME / "bin" / "spark-submit"), *spark, str(JOB), *args]
+        return command, env, self.plan.launch
+
+    def _started_as(self, failpoints: str) -> str:
+        """How :meth:`start_instance` says an instance was started."""
+        return f"{self.plan.launch}{', fail points ' + failpoints if failpoints else ''}"
+
+    def _job_args(self) -> list[str]:
+        """The job's broker, database, topic and name: the flags every instance starts with."""
+        return [
+            "--bootstrap-servers",
+            self.env.job_bootstrap_servers,
+            "--database-url",
+            self.env.job_database_url,
+            "--topic",
+            self.topic,
+            "--job",
+            self.job,
+        ]
+
+    @staticmethod
+    def _instance_env(tag: str, drop: tuple[str, ...], **more: str) -> dict[str, str]:
+        """This process's environment less the variables named with a prefix in ``drop`` (what
+        would set the job up otherwise), with Spark's Python and home, ``tag`` and ``more``."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+        env.update(
+            {
+                "PYSPARK_PYTHON": sys.executable,
+                "PYSPARK_DRIVER_PYTHON": sys.executable,
+                "SPARK_HOME": str(SPARK_HOME),
+                TAG_ENV: tag,
+                **more,
+            }
+        )
+        return env
 
     def _spark_args(self, tag: str) -> list[str]:
         conf = {
@@ -829,15 +841,16 @@ class Trial:
 
     # -- producing -------------------------------------------------------------------------------
     def _producer(self) -> Producer:
-        return Producer(
-            {
-                "bootstrap.servers": self.env.kafka.bootstrap_servers,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "message.timeout.ms": 120_000,
-                "log_level": 2,
-            }
-        )
+        return Producer(self._producer_config())
+
+    def _producer_config(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.env.kafka.bootstrap_servers,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 120_000,
+            "log_level": 2,
+        }
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is None:
@@ -926,6 +939,10 @@ class Trial:
                 return next((i for i in alive if i.primary), alive[0]), worker.pid
         return None
 
+    def _busy_workers(self) -> int:
+        """How many Python workers of the alive instances are in the middle of a task now."""
+        return sum(1 for inst in self._alive() for w in python_workers(inst.tag) if busy(w.pid))
+
     def _fault_kill_python_worker(self) -> bool:
         found = self._busy_worker()
         return found is not None and kill(found[1])
@@ -943,12 +960,16 @@ class Trial:
         return True
 
     def _fault_pg_terminate(self) -> bool:
-        deadline = time.monotonic() + 25
+        return self._terminate_in_transaction(25)
+
+    def _terminate_in_transaction(self, seconds: float, past_the_window: bool = False) -> bool:
+        """pg_terminate_backend of the job's sessions inside a transaction, as soon as there is one
+        within ``seconds`` (and before the window is over, unless ``past_the_window``)."""
+        deadline = time.monotonic() + seconds
         with self.env.connect() as conn:
-            while time.monotonic() < deadline and not self.window_over.is_set():
+            while time.monotonic() < deadline and (past_the_window or not self.window_over.is_set()):
                 rows = conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                    "AND application_name = 'txstore' AND xact_start IS NOT NULL AND state <> 'idle'",
+                    f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {_JOB_IN_TRANSACTION}",
                     (self.env.database,),
                 ).fetchall()
                 if any(ok for (ok,) in rows):
@@ -1018,9 +1039,7 @@ class Trial:
         """How many of the job's PostgreSQL sessions are inside a transaction now."""
         with self.env.connect() as conn:
             row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = 'txstore' "
-                "AND xact_start IS NOT NULL AND state <> 'idle'",
-                (self.env.database,),
+                f"SELECT count(*) FROM pg_stat_activity WHERE {_JOB_IN_TRANSACTION}", (self.env.database,)
             ).fetchone()
         return int(row[0]) if row else 0
 
@@ -1044,7 +1063,7 @@ class Trial:
         a transaction: some task is reading (or aggregating what it read), not committing."""
 
         def reading() -> bool:
-            busy_workers = sum(1 for inst in self._alive() for w in python_workers(inst.tag) if busy(w.pid))
+            busy_workers = self._busy_workers()
             return busy_workers > 0 and self._jobs_in_transaction() < busy_workers
 
         return self._kill_broker_when(reading)
@@ -1104,6 +1123,17 @@ class Trial:
     # -- supervision -------------------------------------------------------------------------------
     def _supervise(self) -> None:
         """Judge every instance that exited; restart the primary if it crashed."""
+        for inst, reason in self._judge_exits():
+            if reason in OPERATOR_EXITS:  # stopped by an event: the operator restarts it
+                inst.primary = False
+            self._restart_if_primary(inst)
+        if self.events.operator_due(len(self._alive())):
+            self.events.operate()
+            self.start_instance("" if self.window_over.is_set() else self.plan.failpoints, primary=True)
+
+    def _judge_exits(self) -> Iterator[tuple[Instance, str | None]]:
+        """Each instance that exited since the last look, one at a time, with why
+        (:meth:`_exit_reason`): counted as an event, or None, the trial's failure."""
         with self.lock:
             exited = [i for i in self.instances if not i.alive() and not i.reported]
         for inst in exited:
@@ -1115,14 +1145,13 @@ class Trial:
                 )
             else:
                 self.result.events[reason] += 1
-            if reason in OPERATOR_EXITS:  # stopped by an event: the operator restarts it
-                inst.primary = False
-            if inst.primary and not inst.stopping and not self.window_over.is_set():
-                inst.primary = False
-                self.start_instance(inst.failpoints, primary=True)
-        if self.events.operator_due(len(self._alive())):
-            self.events.operate()
-            self.start_instance("" if self.window_over.is_set() else self.plan.failpoints, primary=True)
+            yield inst, reason
+
+    def _restart_if_primary(self, inst: Instance) -> None:
+        """An exited primary is replaced by a new one with its fail points, until the window is over."""
+        if inst.primary and not inst.stopping and not self.window_over.is_set():
+            inst.primary = False
+            self.start_instance(inst.failpoints, primary=True)
 
     def _exit_reason(self, inst: Instance) -> str | None:
         """Why an instance exited, if that was expected; None for an unexplained exit."""
@@ -1200,9 +1229,7 @@ class Trial:
                 self._stop(inst)
         self._supervise()
         if keep is None or not keep.alive():  # the operator's step may have started one
-            keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
-                "", primary=True
-            )
+            keep = self._primary_or_new("")
         keep.primary = True
         ends = self._log_ends()
         deadline = time.monotonic() + 240
@@ -1225,9 +1252,7 @@ class Trial:
                                 f"instance {keep.number} stopped with an event's line after the operator's "
                                 f"step, {stops_after_operator} times: {keep.last_lines()}"
                             )
-                    keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
-                        "", primary=True
-                    )
+                    keep = self._primary_or_new("")
                     deadline, settle = time.monotonic() + 240, 0.0
                     continue
                 if keep.failpoints and self._exit_reason(keep) is not None:
@@ -1241,6 +1266,15 @@ class Trial:
                     f"(instance {keep.number}: {keep.last_lines()})"
                 )
             time.sleep(0.3)
+        self._stop_last(keep)
+
+    def _primary_or_new(self, failpoints: str) -> Instance:
+        """The alive primary instance, or a new primary with ``failpoints``."""
+        primary = next((i for i in self._alive() if i.primary), None)
+        return primary or self.start_instance(failpoints, primary=True)
+
+    def _stop_last(self, keep: Instance) -> None:
+        """Stop the instance that caught up (:meth:`_stop`): it must exit 0 saying it stopped."""
         self._stop(keep)
         if keep.process.returncode != 0 or "stopped after" not in keep.log():
             self.result.failures.append(
@@ -1313,15 +1347,7 @@ class Trial:
         r = self.result
         r.produced, r.counted = produced, counted
         r.lost, r.duplicated = max(0, expected_total - counted), max(0, counted - expected_total)
-        transactional = 0
-        if self.transactions is not None:
-            transactional, problems = self.transactions.judge(visible)
-            r.failures.extend(problems)
-        if self.delivered + transactional != produced or self.delivery_errors:
-            r.failures.append(
-                f"producer acknowledged {self.delivered} messages (and {transactional} in committed "
-                f"transactions) but Kafka holds {produced} ({self.delivery_errors[:3]})"
-            )
+        self._check_delivered(visible, produced)
         if self._offsets() != ends:
             r.failures.append(f"offsets {self._offsets()} differ from the log ends {ends}")
         if lost_ranges and lost_ranges[0]:
@@ -1341,6 +1367,20 @@ class Trial:
                 r.lost += sum(max(0, p - c) for p, c in wrong.values())
                 r.duplicated += sum(max(0, c - p) for p, c in wrong.values())
         self.events.check()
+
+    def _check_delivered(self, visible: dict[int, dict[int, bytes]], produced: int) -> None:
+        """The messages the producers were acknowledged (and, with transactions, those of the
+        committed ones, judged against ``visible``) are the ``produced`` messages Kafka holds."""
+        r = self.result
+        transactional = 0
+        if self.transactions is not None:
+            transactional, problems = self.transactions.judge(visible)
+            r.failures.extend(problems)
+        if self.delivered + transactional != produced or self.delivery_errors:
+            r.failures.append(
+                f"producer acknowledged {self.delivered} messages (and {transactional} in committed "
+                f"transactions) but Kafka holds {produced} ({self.delivery_errors[:3]})"
+            )
 
     def _key_counts(
         self, ends: dict[int, int], visible: dict[int, dict[int, bytes]] | None = None
@@ -1428,15 +1468,19 @@ def run_trials(
             + (", real Kafka" if plan.real_kafka else "")
             + (f", {shlex.join(plan.job_args)}" if plan.job_args else "")
         )
-        trial = Trial(env, plan, log)
-        result = trial.run()
-        summary.add(result)
-        log("  " + result.line())
-        if result.ok:  # keep the logs of failed trials only
-            shutil.rmtree(trial.directory, ignore_errors=True)
-        else:
-            log(f"  logs: {trial.directory}")
+        run_trial(Trial(env, plan, log), summary, log)
     return summary
+
+
+def run_trial(trial: Trial, summary: Summary, log: Callable[[str], None]) -> None:
+    """Run ``trial``, add its result to ``summary`` and log its line; keep the logs of a failed one only."""
+    result = trial.run()
+    summary.add(result)
+    log("  " + result.line())
+    if result.ok:  # keep the logs of failed trials only
+        shutil.rmtree(trial.directory, ignore_errors=True)
+    else:
+        log(f"  logs: {trial.directory}")
 
 
 @contextlib.contextmanager

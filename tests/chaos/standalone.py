@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.chaos.procs import TAG_ENV, kill_tagged
+from tests.chaos.procs import TAG_ENV, kill_tagged, start_logged
 from tests.helpers.local import SPARK_HOME, free_port
 
 HOSTS = ("localhost", "127.0.0.1")
@@ -74,15 +74,9 @@ class StandaloneCluster:
 
     def _start(self, env: dict[str, str], name: str, main: str, args: list[str], ready: str) -> None:
         log = self.directory / f"{name}.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                [str(SPARK_HOME / "bin" / "spark-class"), main, *args],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                start_new_session=True,
-            )
+        process = start_logged(
+            [str(SPARK_HOME / "bin" / "spark-class"), main, *args], env, log, self.directory
+        )
         self._processes.append(process)
         deadline = time.monotonic() + 180
         while ready not in log.read_text(errors="replace"):

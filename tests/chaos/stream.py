@@ -35,11 +35,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
-from tests.chaos.procs import TAG_ENV, busy, kill_tagged, python_workers
+from tests.chaos.procs import kill_tagged
 from tests.chaos.runner import (
     ChaosEnvironment,
     Instance,
@@ -47,8 +47,8 @@ from tests.chaos.runner import (
     Trial,
     TrialPlan,
     TrialResult,
+    run_trial,
 )
-from tests.chaos.standalone import SPARK_HOME
 
 STREAM_JOB = Path(__file__).resolve().parent / "stream_job.py"
 MODES = ("counts", "counted", "table")
@@ -227,67 +227,38 @@ class StreamTrial(Trial):
             self.say("  the window stays open for a fault still waiting for its moment")
         return time.monotonic() < self.window_overrun
 
-    def start_instance(self, failpoints: str, primary: bool, until: float | None = None) -> Instance:
+    def _instance_command(
+        self, tag: str, failpoints: str, until: float | None
+    ) -> tuple[list[str], dict[str, str], str]:
+        """``python stream_job.py`` on the current checkpoint; ``failpoints`` is ``SOURCE|SINK``."""
         source, _, sink = failpoints.partition("|")
-        with self.lock:
-            number = len(self.instances) + 1
-            tag = f"{self.tag}i{number}-"
-            log_path = self.directory / f"instance-{number}.log"
-            args = [
-                "--bootstrap-servers",
-                self.env.job_bootstrap_servers,
-                "--database-url",
-                self.env.job_database_url,
-                "--topic",
-                self.topic,
-                "--job",
-                self.job,
-                "--checkpoint",
-                str(self.checkpoint),
-                "--mode",
-                self.plan.mode,
-                "--trigger",
-                str(self.plan.interval),
-            ]
-            if self.table:
-                args += ["--table", self.table]
-            if self.plan.max_offsets_per_batch:
-                args += ["--max-offsets-per-trigger", str(self.plan.max_offsets_per_batch)]
-            if source:
-                args += ["--source-failpoints", source]
-            if sink:
-                args += ["--sink-failpoints", sink]
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("TXSTORE_", "KAFKA_", "PYSPARK_", "SPARK_"))
-            }
-            env.update(
-                {
-                    "PYSPARK_PYTHON": sys.executable,
-                    "PYSPARK_DRIVER_PYTHON": sys.executable,
-                    "SPARK_HOME": str(SPARK_HOME),
-                    "PYSPARK_SUBMIT_ARGS": shlex.join([*self._spark_args(tag), "pyspark-shell"]),
-                    TAG_ENV: tag,
-                }
-            )
-            command = [sys.executable, str(STREAM_JOB), *args]
-            with open(log_path, "wb") as out:
-                process = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.directory,
-                    start_new_session=True,
-                )
-            inst = Instance(number, tag, process, log_path, failpoints, primary, "python")
-            self.instances.append(inst)
-        self.say(
-            f"  instance {number} started ({self.plan.mode}, {self.checkpoint.name}"
-            f"{', fail points ' + failpoints if failpoints != '|' else ''})"
+        args = [
+            *self._job_args(),
+            "--checkpoint",
+            str(self.checkpoint),
+            "--mode",
+            self.plan.mode,
+            "--trigger",
+            str(self.plan.interval),
+        ]
+        if self.table:
+            args += ["--table", self.table]
+        if self.plan.max_offsets_per_batch:
+            args += ["--max-offsets-per-trigger", str(self.plan.max_offsets_per_batch)]
+        if source:
+            args += ["--source-failpoints", source]
+        if sink:
+            args += ["--sink-failpoints", sink]
+        env = self._instance_env(
+            tag,
+            ("TXSTORE_", "KAFKA_", "PYSPARK_", "SPARK_"),
+            PYSPARK_SUBMIT_ARGS=shlex.join([*self._spark_args(tag), "pyspark-shell"]),
         )
-        return inst
+        return [sys.executable, str(STREAM_JOB), *args], env, "python"
+
+    def _started_as(self, failpoints: str) -> str:
+        points = f", fail points {failpoints}" if failpoints != "|" else ""
+        return f"{self.plan.mode}, {self.checkpoint.name}{points}"
 
     def _await_first_batch(self, timeout: float = FIRST_BATCH_SECONDS) -> None:
         super()._await_first_batch(timeout)
@@ -309,17 +280,11 @@ class StreamTrial(Trial):
             except (OSError, shutil.Error):
                 time.sleep(0.2)
 
-    def _producer(self) -> Producer:
-        return Producer(
-            {
-                "bootstrap.servers": self.env.kafka.bootstrap_servers,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "message.timeout.ms": 120_000,
-                "topic.metadata.refresh.interval.ms": 1000,  # partitions added are produced to
-                "log_level": 2,
-            }
-        )
+    def _producer_config(self) -> dict[str, Any]:
+        return {
+            **super()._producer_config(),
+            "topic.metadata.refresh.interval.ms": 1000,  # partitions added are produced to
+        }
 
     # -- faults ----------------------------------------------------------------------------------
     def _kill_group(self, inst: Instance) -> bool:
@@ -420,46 +385,22 @@ class StreamTrial(Trial):
     def _fault_pg_terminate(self) -> bool:
         """As the runner's, but waiting up to :data:`FAULT_WAIT_SECONDS` (past the window) for a
         session inside its transaction: a query restarted by another fault takes minutes here."""
-        deadline = time.monotonic() + FAULT_WAIT_SECONDS
-        with self.env.connect() as conn:
-            while time.monotonic() < deadline:
-                rows = conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                    "AND application_name = 'txstore' AND xact_start IS NOT NULL AND state <> 'idle'",
-                    (self.env.database,),
-                ).fetchall()
-                if any(ok for (ok,) in rows):
-                    return True
-                time.sleep(0.02)
-        return False
+        return self._terminate_in_transaction(FAULT_WAIT_SECONDS, past_the_window=True)
 
     def _fault_kafka_killed_mid_read(self) -> bool:
         def reading() -> bool:
-            busy_workers = sum(1 for inst in self._alive() for w in python_workers(inst.tag) if busy(w.pid))
-            return busy_workers > 0 and self._jobs_in_transaction() == 0
+            return self._busy_workers() > 0 and self._jobs_in_transaction() == 0
 
         return self._kill_broker_when(reading)
 
     # -- supervision -----------------------------------------------------------------------------
     def _supervise(self) -> None:
-        with self.lock:
-            exited = [i for i in self.instances if not i.alive() and not i.reported]
-        for inst in exited:
-            inst.reported = True
-            reason = self._exit_reason(inst)
-            if reason is None:
-                self.result.failures.append(
-                    f"instance {inst.number} exited {inst.process.returncode} unexpectedly: {inst.last_lines()}"
-                )
-            else:
-                self.result.events[reason] += 1
+        for inst, reason in self._judge_exits():
             if reason == "checkpoint-mismatch":  # the operator: what the line says
                 self.checkpoint = self._new_checkpoint()
                 self.result.events["operator-new-checkpoint"] += 1
                 self.say(f"  operator: restarting with a new checkpointLocation ({self.checkpoint.name})")
-            if inst.primary and not inst.stopping and not self.window_over.is_set():
-                inst.primary = False
-                self.start_instance(inst.failpoints, primary=True)
+            self._restart_if_primary(inst)
 
     def _exit_reason(self, inst: Instance) -> str | None:
         code = inst.process.returncode
@@ -508,7 +449,7 @@ class StreamTrial(Trial):
             if not inst.primary:
                 self._stop(inst)
         self._supervise()
-        keep = next((i for i in self._alive() if i.primary), None) or self.start_instance("|", primary=True)
+        keep = self._primary_or_new("|")
         keep.primary = True
         ends = self._log_ends()
         deadline = time.monotonic() + CATCH_UP_SECONDS
@@ -517,9 +458,7 @@ class StreamTrial(Trial):
                 self._supervise()
                 if keep.stopping or keep.killed:  # a fault still running stopped it (and starts another)
                     time.sleep(1.0)
-                    keep = next((i for i in self._alive() if i.primary), None) or self.start_instance(
-                        "|", primary=True
-                    )
+                    keep = self._primary_or_new("|")
                     deadline = time.monotonic() + CATCH_UP_SECONDS
                     continue
                 reason = self._exit_reason(keep)
@@ -546,11 +485,7 @@ class StreamTrial(Trial):
                     f"{CATCH_UP_SECONDS:.0f}s (instance {keep.number}: {keep.last_lines()})"
                 )
             time.sleep(0.3)
-        self._stop(keep)
-        if keep.process.returncode != 0 or "stopped after" not in keep.log():
-            self.result.failures.append(
-                f"the last instance did not exit cleanly on SIGTERM ({keep.process.returncode}): {keep.last_lines()}"
-            )
+        self._stop_last(keep)
 
     def _uncommitted_ends(self) -> dict[int, int]:
         plan = self.plan
@@ -587,15 +522,7 @@ class StreamTrial(Trial):
         produced = sum(len(m) for m in visible.values())
         counted = sum(n for n, _ in got.values())
         r.produced, r.counted = produced, counted
-        transactional = 0
-        if self.transactions is not None:
-            transactional, problems = self.transactions.judge(visible)
-            r.failures.extend(problems)
-        if self.delivered + transactional != produced or self.delivery_errors:
-            r.failures.append(
-                f"producer acknowledged {self.delivered} messages (and {transactional} in committed "
-                f"transactions) but Kafka holds {produced} ({self.delivery_errors[:3]})"
-            )
+        self._check_delivered(visible, produced)
         for k in expected.keys() | got.keys():
             want, have = expected.get(k, [0, 0]), got.get(k, [0, 0])
             if want != have:
@@ -651,12 +578,5 @@ def run_stream_trials(
             f"{plan.max_offsets_per_batch}, window {plan.window}s"
             + (", real Kafka" if plan.real_kafka else "")
         )
-        trial = StreamTrial(env, plan, log)
-        result = trial.run()
-        summary.add(result)
-        log("  " + result.line())
-        if result.ok:
-            shutil.rmtree(trial.directory, ignore_errors=True)
-        else:
-            log(f"  logs: {trial.directory}")
+        run_trial(StreamTrial(env, plan, log), summary, log)
     return summary

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.quick_checks import assert_every_message_counted_once
 from tests.chaos.runner import (
     CONNECT_EXCLUDED,
     FAULT_KINDS,
@@ -25,9 +26,9 @@ from tests.chaos.runner import (
     run_trials,
 )
 from tests.conftest import pg_url
-from tests.helpers.real_kafka_fixture import _in_ci
+from tests.helpers.real_kafka_fixture import jars_or_skip
 from tests.helpers.spark_connect import SparkConnectServer
-from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
+from txstore.testing.real_kafka import kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.chaos]
 
@@ -96,11 +97,7 @@ def test_under_every_kind_of_fault_every_message_is_counted_exactly_once(tmp_pat
     lines: list[str] = []
     with environment(pg_url("postgres"), tmp_path) as env:
         summary = run_trials(env, plans, log=lines.append, summary=Summary(seed=QUICK[0][0]))
-    report = "\n".join([*lines, summary.line()])
-    print(report)
-    assert [r.plan.seed for r in summary.failed] == [], report
-    assert sum(r.lost for r in summary.results) == 0, report
-    assert sum(r.duplicated for r in summary.results) == 0, report
+    report = assert_every_message_counted_once(summary, lines)
     assert sum(r.produced for r in summary.results) > 0
     assert [k for k in FAULT_KINDS if summary.injected[k] == 0] == [], report
 
@@ -117,11 +114,7 @@ def test_on_spark_connect_under_client_and_worker_kills_every_message_is_counted
     lines: list[str] = []
     with environment(pg_url("postgres"), tmp_path, connect_server=spark_connect_server) as env:
         summary = run_trials(env, plans, log=lines.append, summary=Summary(seed=QUICK_CONNECT[0][0]))
-    report = "\n".join([*lines, summary.line()])
-    print(report)
-    assert [r.plan.seed for r in summary.failed] == [], report
-    assert sum(r.lost for r in summary.results) == 0, report
-    assert sum(r.duplicated for r in summary.results) == 0, report
+    report = assert_every_message_counted_once(summary, lines)
     assert sum(r.produced for r in summary.results) > 0
     planned = {kind for _, faults, _ in QUICK_CONNECT for kind in faults}
     assert sorted(k for k in planned if summary.injected[k] == 0) == [], report
@@ -165,12 +158,7 @@ def test_real_kafka_plans_start_with_a_kafka_fault_and_never_draw_what_does_not_
 def test_on_real_kafka_under_broker_kills_aborted_transactions_and_a_frozen_network_every_message_is_counted_exactly_once(
     tmp_path: Path,
 ) -> None:
-    try:
-        kafka_jars()
-    except KafkaJarsUnavailable as e:
-        if _in_ci():
-            pytest.fail(f"real Kafka (CI must run it): {e}", pytrace=False)
-        pytest.skip(f"real Kafka not available: {e}")
+    jars_or_skip(kafka_jars)
     plans = [
         TrialPlan.generate(seed, faults, intense=True, job_args=args, kafka="real")
         for seed, faults, args in QUICK_REAL
@@ -182,11 +170,7 @@ def test_on_real_kafka_under_broker_kills_aborted_transactions_and_a_frozen_netw
         )
         assert env.real_kafka is not None
         proxied, kills = env.real_kafka.proxy.accepted, env.real_kafka.kills
-    report = "\n".join([*lines, summary.line()])
-    print(report)
-    assert [r.plan.seed for r in summary.failed] == [], report
-    assert sum(r.lost for r in summary.results) == 0, report
-    assert sum(r.duplicated for r in summary.results) == 0, report
+    report = assert_every_message_counted_once(summary, lines)
     assert sum(r.counted for r in summary.results) > 0, report
     planned = {kind for _, faults, _ in QUICK_REAL for kind in faults}
     assert sorted(k for k in planned if summary.injected[k] == 0) == [], report

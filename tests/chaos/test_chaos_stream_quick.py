@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.quick_checks import assert_every_message_counted_once
 from tests.chaos.runner import environment
 from tests.chaos.stream import (
     STREAM_FAULT_KINDS,
@@ -58,11 +59,7 @@ def _run(tmp_path: Path, quick: tuple[tuple[int, tuple[str, ...], str], ...], ka
         summary = run_stream_trials(
             env, plans, log=lines.append, summary=StreamSummary(quick[0][0], kafka=kafka)
         )
-    report = "\n".join([*lines, summary.line()])
-    print(report)
-    assert [r.plan.seed for r in summary.failed] == [], report
-    assert sum(r.lost for r in summary.results) == 0, report
-    assert sum(r.duplicated for r in summary.results) == 0, report
+    report = assert_every_message_counted_once(summary, lines)
     assert all(r.counted > 0 for r in summary.results), report
     planned = {kind for _, faults, _ in quick for kind in faults}
     assert sorted(k for k in planned if summary.injected[k] == 0) == [], report

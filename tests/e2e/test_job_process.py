@@ -38,6 +38,11 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 pytestmark = pytest.mark.spark
 
 
+def job_args(broker_db: BrokerDb, topic: str, *more: str) -> list[str]:
+    """count_topic's flags for ``topic`` on ``broker_db``'s broker and database, then ``more``."""
+    return count_topic_args(broker_db.kafka, broker_db.database_url, topic, *more)
+
+
 @pytest.fixture
 def start_job() -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start `python jobs/count_topic.py ARGS` in its own process group; whatever is
@@ -77,10 +82,7 @@ def test_two_once_runs_started_at_the_same_moment_end_with_exact_counts(
 ) -> None:
     topic = broker_db.new_topic(4)
     broker_db.produce(topic, {0: 500, 1: 400, 2: 300, 3: 200})
-    processes = [
-        start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
-        for _ in range(2)
-    ]
+    processes = [start_job(*job_args(broker_db, topic, "--once")) for _ in range(2)]
     outputs = [p.communicate(timeout=240) for p in processes]
     # Either both succeed (one committed, the other found it already committed), or the
     # later one is refused as an overlap; never is anything counted twice.
@@ -95,7 +97,7 @@ def test_interval_mode_keeps_counting_and_stops_cleanly_on_sigterm(
 ) -> None:
     topic = broker_db.new_topic(2)
     broker_db.produce(topic, {0: 10})
-    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
+    job = start_job(*job_args(broker_db, topic, "--interval", "0.5"))
     produced = 10
     deadline = time.monotonic() + 120
     for more in ({0: 5, 1: 5}, {1: 30}, {}):
@@ -139,7 +141,7 @@ def test_a_sigterm_while_spark_starts_stops_the_job_with_status_0_before_any_bat
 ) -> None:
     topic = broker_db.new_topic(1)
     broker_db.produce(topic, {0: 5})
-    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
+    job = start_job(*job_args(broker_db, topic, "--interval", "0.5"))
     # The job handles signals before it starts Spark's JVM: signal it as soon as that child exists.
     # Spark starts lazily, inside the first batch that has data, so that batch may finish first.
     children = Path(f"/proc/{job.pid}/task/{job.pid}/children")
@@ -182,7 +184,7 @@ def test_spark_submit_ships_txstore_with_py_files_where_it_is_not_installed(
         "--py-files",
         str(zip_path),
         str(job_dir / "count_topic.py"),
-        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"),
+        *job_args(broker_db, topic, "--once"),
         env=env,
         cwd=tmp_path,
     )
@@ -235,7 +237,7 @@ def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
 ) -> None:
     topic = broker_db.new_topic(1)
     broker_db.produce(topic, {0: 5})
-    job = start_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"))
+    job = start_job(*job_args(broker_db, topic, "--interval", "0.5"))
     # Spark starts lazily, in the first batch with data: signal as soon as its JVM exists.
     assert wait_for(
         lambda: job.poll() is not None or any("java" in command_line(p) for p in descendants(job.pid)), 60
@@ -247,7 +249,7 @@ def test_a_second_ctrl_c_while_spark_starts_stops_the_jvm_and_exits_130(
     job.send_signal(signal.SIGINT)
     assert_stopped_now(job, spark)
     assert broker_db.totals(topic)[topic] in (0, 5)  # nothing or the whole batch, never part or twice
-    again = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
+    again = run_job(*job_args(broker_db, topic, "--once"))
     assert again.returncode == 0, again.stderr
     assert broker_db.totals(topic) == {topic: 5}
 
@@ -259,9 +261,7 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
     broker_db.produce(topic, {0: 30, 1: 20})
     # The tasks stall before COMMIT, their transactions open, while the driver waits in Spark.
     env_job = job_env(TXSTORE_FAILPOINTS="before-commit:sleep=60")
-    job = start_job_process(
-        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"), env=env_job
-    )
+    job = start_job_process(*job_args(broker_db, topic, "--interval", "0.5"), env=env_job)
     try:
         workers = lambda: [p for p in descendants(job.pid) if "pyspark" in command_line(p)]  # noqa: E731
 
@@ -286,7 +286,7 @@ def test_a_second_ctrl_c_during_a_batch_stops_spark_and_exits_130_with_exact_cou
     finally:
         kill_group(job)
     assert broker_db.totals(topic)[topic] in (0, 20, 30, 50)  # whole ranges or nothing
-    again = run_job(*count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"))
+    again = run_job(*job_args(broker_db, topic, "--once"))
     assert again.returncode == 0, again.stderr
     broker_db.assert_counted_exactly(topic, 50)
 
@@ -300,9 +300,7 @@ def test_one_ctrl_c_just_after_spark_started_lets_the_batch_finish_without_a_tra
     topic = broker_db.new_topic(1)
     broker_db.produce(topic, {0: 5})
     env = job_env(TXSTORE_FAILPOINTS="spark-started:sleep=3", PYTHONPATH=str(REPO))  # this checkout's txstore
-    job = start_job_process(
-        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--once"), env=env
-    )
+    job = start_job_process(*job_args(broker_db, topic, "--once"), env=env)
     try:
         err = StderrLines(job)
         assert err.wait_for("txstore fail point spark-started", 180), err.text(1)[-3000:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +23,7 @@ from txstore.kafka.reader import close_idle_consumers
 from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import KafkaJarsUnavailable, RealKafkaCluster, kafka_jars
 
+T = TypeVar("T")
 AnyKafka = MockKafkaCluster | RealKafkaCluster
 """Either broker: both have ``bootstrap_servers``, ``create_topic``, ``delete_topic``, ``recreate_topic``."""
 
@@ -47,17 +49,25 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
+def jars_or_skip(
+    fetch: Callable[[], T], what: str = "real Kafka", skip: str = "real Kafka not available"
+) -> T:
+    """``fetch()`` (``kafka_jars``: Kafka's jars), or, where they cannot be had, a one-line skip
+    (``skip: why``); in CI (``CI=true``) a failure instead (``what (CI must run it): why``)."""
+    try:
+        return fetch()
+    except KafkaJarsUnavailable as e:
+        problem = str(e)
+    # outside the except block: pytest shows one line, not a chained traceback
+    if _in_ci():
+        pytest.fail(f"{what} (CI must run it): {problem}", pytrace=False)
+    pytest.skip(f"{skip}: {problem}")
+
+
 @pytest.fixture(scope="session")
 def real_kafka() -> Iterator[RealKafkaCluster]:
     """Apache Kafka (one KRaft node) on a free 127.0.0.1 port, shared by the session's tests."""
-    try:
-        jars, problem = kafka_jars(), ""
-    except KafkaJarsUnavailable as e:
-        jars, problem = None, str(e)
-    if problem:  # outside the except block: pytest shows one line, not a chained traceback
-        if _in_ci():
-            pytest.fail(f"real Kafka (CI must run it): {problem}", pytrace=False)
-        pytest.skip(f"real Kafka not available: {problem}")
+    jars = jars_or_skip(kafka_jars)
     with RealKafkaCluster(
         jars, broker_config=SESSION_BROKER_CONFIG, scram_users={SCRAM_USER: SCRAM_PASSWORD}
     ) as cluster:

@@ -24,7 +24,7 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from tests.conftest import REPO, produce, send
 from tests.helpers.cli import txstore
-from tests.helpers.counting import job_for, log_ends, offsets, totals
+from tests.helpers.counting import Counting, job_for, log_ends, totals
 from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
 from tests.helpers.recreated import snapshot, topic_id_changed_line
 from txstore.core.errors import TopicRecreated
@@ -215,18 +215,14 @@ def counting_job(
 @pytest.mark.spark
 @pytest.mark.parametrize("kind", ["python", "dataframe"])
 def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
     kind: str,
 ) -> None:
     """Two transactional producers and a plain one interleave in the same partitions; some
     transactions commit, some abort. Over two runs the counts are exactly the committed and
     plain messages, and each partition's offset ends past its markers and aborted messages."""
-    topic = new_real_topic(3)
-    bootstrap = real_kafka.bootstrap_servers
+    topic = real_counting.new_topic(3)
     a, b = transactional(real_kafka, f"a-{topic}"), transactional(real_kafka, f"b-{topic}")
     expected = 0
 
@@ -235,7 +231,7 @@ def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
     b.begin_transaction()
     in_transaction(a, topic, {0: 5, 1: 3}, b"a1")
     in_transaction(b, topic, {0: 4, 2: 2}, b"b1")
-    produce(bootstrap, topic, {0: 2, 1: 1})
+    real_counting.produce(topic, {0: 2, 1: 1})
     in_transaction(a, topic, {0: 3, 2: 6}, b"a1")
     b.commit_transaction(TX_TIMEOUT)
     a.abort_transaction(TX_TIMEOUT)
@@ -244,27 +240,33 @@ def test_committed_transactions_count_and_aborted_ones_and_markers_never_do(
     in_transaction(a, topic, {1: 7, 2: 1}, b"a2")
     a.commit_transaction(TX_TIMEOUT)
     expected += 7 + 1
-    report = counting_job(spark, real_kafka, database_url, topic, kind).run_batch()
+    report = counting_job(
+        real_counting.spark, real_kafka, real_counting.database_url, topic, kind
+    ).run_batch()
     if kind == "python":  # a DataFrame job reports offsets, not messages (see below)
         assert report.messages == expected
-    assert totals(db, topic) == {topic: expected}
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == high_watermarks(real_kafka, topic, 3)
+    assert real_counting.totals(topic) == {topic: expected}
+    assert (
+        real_counting.offsets(topic) == real_counting.log_ends(topic) == high_watermarks(real_kafka, topic, 3)
+    )
 
     # Run 2: the log ends on an aborted transaction on every partition.
     b.begin_transaction()
     in_transaction(b, topic, {0: 1, 1: 1, 2: 1}, b"b2")
     b.commit_transaction(TX_TIMEOUT)
-    produce(bootstrap, topic, {2: 3})
+    real_counting.produce(topic, {2: 3})
     expected += 3 + 3
     a.begin_transaction()
     in_transaction(a, topic, {0: 10, 1: 10, 2: 10}, b"a3")
     a.abort_transaction(TX_TIMEOUT)
-    report = counting_job(spark, real_kafka, database_url, topic, kind).run_batch()
+    report = counting_job(
+        real_counting.spark, real_kafka, real_counting.database_url, topic, kind
+    ).run_batch()
     if kind == "python":
         assert report.messages == 6
-    assert totals(db, topic) == {topic: expected}
-    ends = log_ends(real_kafka, topic)
-    assert offsets(db, topic) == ends
+    assert real_counting.totals(topic) == {topic: expected}
+    ends = real_counting.log_ends(topic)
+    assert real_counting.offsets(topic) == ends
     assert sum(ends.values()) > expected + 30  # aborted messages and markers take offsets
 
 
@@ -335,61 +337,60 @@ def test_a_dataframe_job_reports_the_messages_it_counted_not_the_offsets_it_pass
 @pytest.mark.spark
 @pytest.mark.parametrize("outcome", ["commit", "abort"])
 def test_an_open_transaction_stops_planning_at_the_last_stable_offset_and_its_range_waits(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
     outcome: str,
 ) -> None:
-    topic = new_real_topic(2)
-    bootstrap = real_kafka.bootstrap_servers
-    produce(bootstrap, topic, {0: 3, 1: 2})
+    topic = real_counting.new_topic(2)
+    real_counting.produce(topic, {0: 3, 1: 2})
     open_tx = transactional(real_kafka, f"open-{topic}")
     open_tx.begin_transaction()
     in_transaction(open_tx, topic, {0: 4})  # offsets 3-6 of partition 0
-    produce(bootstrap, topic, {0: 2, 1: 3})  # plain, after it: 7-8, above the last stable offset
+    real_counting.produce(topic, {0: 2, 1: 3})  # plain, after it: 7-8, above the last stable offset
     assert high_watermarks(real_kafka, topic, 2) == {0: 9, 1: 5}
-    assert log_ends(real_kafka, topic) == {0: 3, 1: 5}  # read-committed: the last stable offset
+    assert real_counting.log_ends(topic) == {0: 3, 1: 5}  # read-committed: the last stable offset
 
-    job = job_for(spark, real_kafka, database_url, topic)
+    job = real_counting.job(topic)
     planned = job.plan()
     assert [(r.partition, r.from_offset, r.until_offset) for r in planned] == [(0, 0, 3), (1, 0, 5)]
     job.execute(planned)
-    assert totals(db, topic) == {topic: 8}
-    assert offsets(db, topic) == {0: 3, 1: 5}
-    assert job_for(spark, real_kafka, database_url, topic).run_batch().ranges == ()  # waits, skips nothing
+    assert real_counting.totals(topic) == {topic: 8}
+    assert real_counting.offsets(topic) == {0: 3, 1: 5}
+    assert real_counting.job(topic).run_batch().ranges == ()  # waits, skips nothing
 
     if outcome == "commit":
         open_tx.commit_transaction(TX_TIMEOUT)
     else:
         open_tx.abort_transaction(TX_TIMEOUT)
-    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    report = real_counting.job(topic).run_batch()
     assert [(r.range.partition, r.range.from_offset, r.range.until_offset) for r in report.ranges] == [
         (0, 3, 10)  # the marker at 9
     ]
     assert report.messages == (4 + 2 if outcome == "commit" else 2)
-    assert totals(db, topic) == {topic: 8 + report.messages}
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 10, 1: 5}
+    assert real_counting.totals(topic) == {topic: 8 + report.messages}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 10, 1: 5}
 
 
 # -- time -----------------------------------------------------------------------------------
 
 
-@pytest.mark.spark
-def test_a_starting_timestamp_starts_at_the_first_message_at_or_after_it_with_create_times_out_of_order(
-    spark: Any,
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
-) -> None:
-    topic = new_real_topic(3)
-    bootstrap = real_kafka.bootstrap_servers
+def send_create_times_out_of_order(bootstrap: str, topic: str) -> None:
+    """Partition 0: CreateTimes 5, 1, 9, 3 and 20 s after T0, in that offset order; partition 1:
+    four at 0-3 s (all before 6 s); partition 2: two a minute after T0."""
     out_of_order = [5, 1, 9, 3, 20]  # seconds after T0, in partition 0's offset order
     send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in out_of_order])
     send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])  # all before 6 s
     send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + s) for s in range(2)])
+
+
+@pytest.mark.spark
+def test_a_starting_timestamp_starts_at_the_first_message_at_or_after_it_with_create_times_out_of_order(
+    real_counting: Counting,
+    real_kafka: RealKafkaCluster,
+) -> None:
+    topic = real_counting.new_topic(3)
+    bootstrap = real_kafka.bootstrap_servers
+    send_create_times_out_of_order(bootstrap, topic)
     conf = client_config(bootstrap)
     lookups = {
         s: offsets_for_timestamp(conf, [(topic, 0)], T0 + s * 1000)[(topic, 0)] for s in (0, 4, 6, 10, 21)
@@ -398,29 +399,26 @@ def test_a_starting_timestamp_starts_at_the_first_message_at_or_after_it_with_cr
     assert lookups == {0: 0, 4: 0, 6: 2, 10: 4, 21: -1}
 
     starting = StartingOffsets(timestamp_ms=T0 + 6_000)
-    report = job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
+    report = real_counting.job(topic, starting_offsets=starting).run_batch()
     # Partition 0 from offset 2 (9 s), counting offset 3 (3 s) after it, as Kafka's order has it;
     # partition 1 has no message that late and starts at its end; partition 2 from its start.
     assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
         (0, 2, 3),
         (2, 0, 2),
     ]
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 5, 1: 4, 2: 2}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 5, 1: 4, 2: 2}
 
     send(bootstrap, topic, [(1, b"k", b"new", T0)])  # an old CreateTime, yet new: counted
-    job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
-    assert totals(db, topic) == {topic: 3 + 2 + 1}
+    real_counting.job(topic, starting_offsets=starting).run_batch()
+    assert real_counting.totals(topic) == {topic: 3 + 2 + 1}
 
 
 @pytest.mark.spark
 def test_a_starting_timestamp_past_the_end_starts_every_partition_at_its_end(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
-    topic = new_real_topic(2)
+    topic = real_counting.new_topic(2)
     bootstrap = real_kafka.bootstrap_servers
     send(bootstrap, topic, [(p, b"k", b"old", T0 + i) for p in range(2) for i in range(5)])
     future = StartingOffsets(timestamp_ms=int(time.time() * 1000) + 86_400_000)
@@ -430,24 +428,21 @@ def test_a_starting_timestamp_past_the_end_starts_every_partition_at_its_end(
         (topic, 0): -1,
         (topic, 1): -1,
     }
-    assert job_for(spark, real_kafka, database_url, topic, starting_offsets=future).run_batch().ranges == ()
-    assert offsets(db, topic) == {0: 5, 1: 5}
-    produce(bootstrap, topic, {0: 2, 1: 1})
-    job_for(spark, real_kafka, database_url, topic, starting_offsets=future).run_batch()
-    assert totals(db, topic) == {topic: 3}
+    assert real_counting.job(topic, starting_offsets=future).run_batch().ranges == ()
+    assert real_counting.offsets(topic) == {0: 5, 1: 5}
+    real_counting.produce(topic, {0: 2, 1: 1})
+    real_counting.job(topic, starting_offsets=future).run_batch()
+    assert real_counting.totals(topic) == {topic: 3}
 
 
 @pytest.mark.spark
 def test_a_starting_timestamp_inside_an_open_transaction_starts_at_the_last_stable_offset(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """Kafka's lookup is read-uncommitted: it answers past the last stable offset. The job
     starts at the last stable offset instead, and counts the transaction once it commits."""
-    topic = new_real_topic(1)
+    topic = real_counting.new_topic(1)
     bootstrap = real_kafka.bootstrap_servers
     send(bootstrap, topic, [(0, b"k", b"before", T0 + i) for i in range(3)])  # offsets 0-2
     open_tx = transactional(real_kafka, f"ts-{topic}")
@@ -459,12 +454,12 @@ def test_a_starting_timestamp_inside_an_open_transaction_starts_at_the_last_stab
     assert offsets_for_timestamp(client_config(bootstrap), [(topic, 0)], T0 + 10_000) == {(topic, 0): 5}
 
     starting = StartingOffsets(timestamp_ms=T0 + 10_000)
-    assert job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch().ranges == ()
-    assert offsets(db, topic) == {0: 3}
+    assert real_counting.job(topic, starting_offsets=starting).run_batch().ranges == ()
+    assert real_counting.offsets(topic) == {0: 3}
     open_tx.commit_transaction(TX_TIMEOUT)
-    report = job_for(spark, real_kafka, database_url, topic, starting_offsets=starting).run_batch()
+    report = real_counting.job(topic, starting_offsets=starting).run_batch()
     assert report.messages == 2 + 1
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 7}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 7}
 
 
 def reset_plan(database_url: str, kafka: RealKafkaCluster, topic: str, when: str) -> dict[int, int | None]:
@@ -479,34 +474,29 @@ def reset_plan(database_url: str, kafka: RealKafkaCluster, topic: str, when: str
 
 @pytest.mark.spark
 def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_create_times_out_of_order(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """``txstore reset --to-datetime`` on Kafka's own offsets-for-times: the first offset whose
     producer-set CreateTime is at or after the time, in offset order (earlier timestamps after it
     are read again too); a partition with no message that late goes to its log end, applied
     without --force, since Kafka does answer time lookups there; a time past every message moves
     every partition to its log end."""
-    topic = new_real_topic(3, prefix="reset-time")
+    topic = real_counting.new_topic(3, prefix="reset-time")
     bootstrap = real_kafka.bootstrap_servers
-    send(bootstrap, topic, [(0, b"k", b"v%d" % s, T0 + s * 1000) for s in [5, 1, 9, 3, 20]])
-    send(bootstrap, topic, [(1, b"k", b"early", T0 + s * 1000) for s in range(4)])
-    send(bootstrap, topic, [(2, b"k", b"late", T0 + 60_000 + ms) for ms in range(2)])
-    job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert offsets(db, topic) == {0: 5, 1: 4, 2: 2}
+    send_create_times_out_of_order(bootstrap, topic)
+    real_counting.job(topic).run_batch()
+    assert real_counting.offsets(topic) == {0: 5, 1: 4, 2: 2}
 
     # To the millisecond: 9 s exactly is offset 2; a time between two milliseconds is the later one;
     # a millisecond later is the next message at or after it, offset 4 (20 s).
-    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T00:00:09Z")[0] == 2
-    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T00:00:08.9995Z")[0] == 2
-    assert reset_plan(database_url, real_kafka, topic, "2026-01-01T05:30:09.001+05:30")[0] == 4
-    assert reset_plan(database_url, real_kafka, topic, str(T0 + 1000)) == {0: 0, 1: 1, 2: 0}
+    assert reset_plan(real_counting.database_url, real_kafka, topic, "2026-01-01T00:00:09Z")[0] == 2
+    assert reset_plan(real_counting.database_url, real_kafka, topic, "2026-01-01T00:00:08.9995Z")[0] == 2
+    assert reset_plan(real_counting.database_url, real_kafka, topic, "2026-01-01T05:30:09.001+05:30")[0] == 4
+    assert reset_plan(real_counting.database_url, real_kafka, topic, str(T0 + 1000)) == {0: 0, 1: 1, 2: 0}
 
     to_6s = ("reset", "--job", "count_topic", "--topic", topic, "--to-datetime", "2026-01-01T00:00:06Z")
-    dry_run = txstore(*to_6s, url=database_url, kafka=real_kafka)
+    dry_run = txstore(*to_6s, url=real_counting.database_url, kafka=real_kafka)
     assert (dry_run.returncode, dry_run.stderr) == (0, "")
     assert dry_run.stdout.splitlines()[1:] == [
         f"  {topic}/0: 5 -> 2 (--to-datetime 2026-01-01T00:00:06Z; 3 messages will be counted again)",
@@ -514,10 +504,10 @@ def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_
         f"  {topic}/2: 2 -> 0 (--to-datetime 2026-01-01T00:00:06Z; 2 messages will be counted again)",
         "dry run: nothing was changed; add --execute to apply this plan",
     ]
-    applied = txstore(*to_6s, "--execute", url=database_url, kafka=real_kafka)
+    applied = txstore(*to_6s, "--execute", url=real_counting.database_url, kafka=real_kafka)
     assert (applied.returncode, applied.stderr) == (0, "")
-    assert offsets(db, topic) == {0: 2, 1: 4, 2: 0}
-    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    assert real_counting.offsets(topic) == {0: 2, 1: 4, 2: 0}
+    report = real_counting.job(topic).run_batch()
     assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
         (0, 2, 3),
         (2, 0, 2),
@@ -533,20 +523,21 @@ def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_
         "--to-datetime",
         "2099-01-01T00:00:00Z",
     )
-    with connect(database_url) as conn:  # back to 1 s first, so that past the end moves each partition
+    # back to 1 s first, so that past the end moves each partition
+    with connect(real_counting.database_url) as conn:
         target = ResetTarget("datetime", T0 + 1000)
         apply_reset(conn, "count_topic", plan_job_reset(conn, conf, "count_topic", topic, None, target))
-    assert offsets(db, topic) == {0: 0, 1: 1, 2: 0}
-    dry_run = txstore(*past_the_end, url=database_url, kafka=real_kafka)
+    assert real_counting.offsets(topic) == {0: 0, 1: 1, 2: 0}
+    dry_run = txstore(*past_the_end, url=real_counting.database_url, kafka=real_kafka)
     assert (dry_run.returncode, dry_run.stderr) == (0, "")  # no warning: Kafka answers time lookups
     assert dry_run.stdout.splitlines()[1:4] == [
         f"  {topic}/0: 0 -> 5 (--to-datetime 2099-01-01T00:00:00Z; 5 messages will be skipped)",
         f"  {topic}/1: 1 -> 4 (--to-datetime 2099-01-01T00:00:00Z; 3 messages will be skipped)",
         f"  {topic}/2: 0 -> 2 (--to-datetime 2099-01-01T00:00:00Z; 2 messages will be skipped)",
     ]
-    applied = txstore(*past_the_end, "--execute", url=database_url, kafka=real_kafka)
+    applied = txstore(*past_the_end, "--execute", url=real_counting.database_url, kafka=real_kafka)
     assert (applied.returncode, applied.stderr) == (0, "")
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 5, 1: 4, 2: 2}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 5, 1: 4, 2: 2}
 
 
 # -- topic IDs ------------------------------------------------------------------------------
@@ -554,39 +545,38 @@ def test_a_reset_to_a_datetime_moves_to_kafkas_first_offset_at_or_after_it_with_
 
 @pytest.mark.spark
 def test_a_recreated_topic_with_the_same_messages_is_known_by_its_real_topic_id(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """Deleted and recreated with byte-identical messages (and timestamps): only the topic ID tells."""
-    topic = new_real_topic(1, prefix="ids")
+    topic = real_counting.new_topic(1, prefix="ids")
     bootstrap = real_kafka.bootstrap_servers
     same = [(0, b"k", b"same-%d" % i, T0 + i) for i in range(3)]
     send(bootstrap, topic, same)
-    job_for(spark, real_kafka, database_url, topic).run()
+    real_counting.job(topic).run()
     old_id = fetch_topic_ids(client_config(bootstrap), [topic])[topic]
-    assert db.execute("SELECT off, last_off, topic_id FROM txn_offsets").fetchone() == (3, 2, old_id)
+    stored = real_counting.db.execute("SELECT off, last_off, topic_id FROM txn_offsets").fetchone()
+    assert stored == (3, 2, old_id)
 
     real_kafka.recreate_topic(topic, 1)
     send(bootstrap, topic, [*same, *same])
     new_id = fetch_topic_ids(client_config(bootstrap), [topic])[topic]
     assert new_id != old_id
-    before = snapshot(db)
+    before = snapshot(real_counting.db)
     with pytest.raises(TopicRecreated) as raised:
-        job_for(spark, real_kafka, database_url, topic).run()
+        real_counting.job(topic).run()
     assert str(raised.value) == topic_id_changed_line(topic, old_id, new_id)
-    assert snapshot(db) == before
+    assert snapshot(real_counting.db) == before
 
-    with connect(database_url) as conn:
+    with connect(real_counting.database_url) as conn:
         moves = plan_job_reset(
             conn, client_config(bootstrap), "count_topic", topic, [0], ResetTarget("earliest")
         )
         apply_reset(conn, "count_topic", moves)
-    job_for(spark, real_kafka, database_url, topic).run()
-    assert totals(db, topic) == {topic: 3 + 6}
-    assert db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone() == (6, 1, new_id)
+    real_counting.job(topic).run()
+    assert real_counting.totals(topic) == {topic: 3 + 6}
+    stored = real_counting.db.execute("SELECT off, generation, topic_id FROM txn_offsets").fetchone()
+    assert stored == (6, 1, new_id)
 
 
 # -- the consumer-group mirror ----------------------------------------------------------------
@@ -620,80 +610,76 @@ def job_lag(database_url: str, kafka: RealKafkaCluster, job: str) -> dict[int, t
 
 @pytest.mark.spark
 def test_the_mirrored_group_offsets_read_back_by_kafka_admin_give_kafka_tools_the_jobs_own_lag(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """--commit-to-kafka-group: after each batch Kafka's own admin API reads back the offsets
     stored in PostgreSQL, and the lag Kafka's tools compute from them (log end minus committed)
     is the lag txstore status shows, also past transaction markers and while the job is behind;
     only an open transaction's messages are lag to the tools and not to the job."""
-    topic = new_real_topic(3, prefix="mirror")
-    bootstrap = real_kafka.bootstrap_servers
+    topic = real_counting.new_topic(3, prefix="mirror")
     group = f"mirror-{topic}"
-    produce(bootstrap, topic, {0: 40, 1: 25, 2: 3})
+    real_counting.produce(topic, {0: 40, 1: 25, 2: 3})
     producer = transactional(real_kafka, f"mirror-{topic}")
     producer.begin_transaction()
     in_transaction(producer, topic, {1: 4, 2: 2})
     producer.commit_transaction(TX_TIMEOUT)  # a marker ends partitions 1 and 2
-    with job_for(
-        spark, real_kafka, database_url, topic, commit_to_kafka_group=group, max_offsets_per_batch=30
-    ) as job:
+    with real_counting.job(topic, commit_to_kafka_group=group, max_offsets_per_batch=30) as job:
         job.run_batch()  # behind: about 30 of the 76 offsets
-        behind = job_lag(database_url, real_kafka, "count_topic")
+        behind = job_lag(real_counting.database_url, real_kafka, "count_topic")
         assert 76 - 30 <= sum(lag for _, lag in behind.values()) < 76
         assert group_view(real_kafka, group, topic, 3) == behind
         while job.run_batch().ranges:
             pass
-        caught_up = job_lag(database_url, real_kafka, "count_topic")
+        caught_up = job_lag(real_counting.database_url, real_kafka, "count_topic")
         assert caught_up == {0: (40, 0), 1: (30, 0), 2: (6, 0)}
         assert group_view(real_kafka, group, topic, 3) == caught_up
-        produce(bootstrap, topic, {2: 5})  # new messages: both see the same lag before the next batch
-        assert group_view(real_kafka, group, topic, 3) == job_lag(database_url, real_kafka, "count_topic")
+        real_counting.produce(topic, {2: 5})  # new messages: both see the same lag before the next batch
+        assert group_view(real_kafka, group, topic, 3) == job_lag(
+            real_counting.database_url, real_kafka, "count_topic"
+        )
         assert group_view(real_kafka, group, topic, 3)[2] == (6, 5)
         job.run_batch()
         # An open transaction: its messages are lag to Kafka's tools (the high watermark), not to
         # the job, which reads to the last stable offset and counts them once they commit.
         producer.begin_transaction()
         in_transaction(producer, topic, {0: 4})
-        assert job_lag(database_url, real_kafka, "count_topic")[0] == (40, 0)
+        assert job_lag(real_counting.database_url, real_kafka, "count_topic")[0] == (40, 0)
         assert group_view(real_kafka, group, topic, 3)[0] == (40, 4)
         producer.abort_transaction(TX_TIMEOUT)
-    assert totals(db, topic) == {topic: 40 + 25 + 3 + 6 + 5}
+    assert real_counting.totals(topic) == {topic: 40 + 25 + 3 + 6 + 5}
 
 
 @pytest.mark.spark
 def test_the_mirror_gives_kafka_tools_every_partition_the_job_stores_also_those_it_started_at_latest(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """A job started at ``latest`` stores each partition's log end without counting a range there;
     an empty partition stores 0. Kafka's tools must see those offsets too (lag 0), not a partition
     with no committed offset (``-``, which lag monitors read as unknown or as the whole log)."""
-    topic = new_real_topic(3, prefix="mirror-latest")
-    bootstrap = real_kafka.bootstrap_servers
+    topic = real_counting.new_topic(3, prefix="mirror-latest")
     group = f"mirror-{topic}"
-    produce(bootstrap, topic, {0: 8, 1: 2})
+    real_counting.produce(topic, {0: 8, 1: 2})
     with job_for(
-        spark,
+        real_counting.spark,
         real_kafka,
-        database_url,
+        real_counting.database_url,
         topic,
         commit_to_kafka_group=group,
         starting_offsets=parse_starting_offsets("latest"),
     ) as job:
         assert job.run_batch().ranges == ()
-        assert job_lag(database_url, real_kafka, "count_topic") == {0: (8, 0), 1: (2, 0), 2: (0, 0)}
+        assert job_lag(real_counting.database_url, real_kafka, "count_topic") == {
+            0: (8, 0),
+            1: (2, 0),
+            2: (0, 0),
+        }
         assert group_view(real_kafka, group, topic, 3) == {0: (8, 0), 1: (2, 0), 2: (0, 0)}
-        produce(bootstrap, topic, {1: 3})
+        real_counting.produce(topic, {1: 3})
         job.run_batch()
         assert group_view(real_kafka, group, topic, 3) == {0: (8, 0), 1: (5, 0), 2: (0, 0)}
-    assert totals(db, topic) == {topic: 3}
+    assert real_counting.totals(topic) == {topic: 3}
 
 
 # -- kill and restart (last: they restart the session's broker) ------------------------------
@@ -701,19 +687,16 @@ def test_the_mirror_gives_kafka_tools_every_partition_the_job_stores_also_those_
 
 @pytest.mark.spark
 def test_right_after_a_killed_broker_restarts_watermarks_and_a_job_wait_for_the_partitions_leaders(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """The broker answers metadata (with the partitions' new leader epochs) a moment before its
     partitions take them up; meanwhile ListOffsets answers UNKNOWN_LEADER_EPOCH. Planning waits
     for it within its timeout rather than failing the batch (and saying Kafka did not answer)."""
-    topic = new_real_topic(32)
+    topic = real_counting.new_topic(32)
     bootstrap = real_kafka.bootstrap_servers
     counts = {p: 1 + p % 3 for p in range(32)}
-    produce(bootstrap, topic, counts)
+    real_counting.produce(topic, counts)
     kept = Watermarks()  # a running job's admin client, from before the restart
     assert {w.partition: w.high for w in kept(client_config(bootstrap), [topic])} == counts
     address, pid = bootstrap, real_kafka.pid
@@ -724,9 +707,9 @@ def test_right_after_a_killed_broker_restarts_watermarks_and_a_job_wait_for_the_
     assert real_kafka.start_seconds is not None and real_kafka.start_seconds < 60
     print(f"real Kafka restarted after SIGKILL in {real_kafka.start_seconds:.1f} s")
     assert {w.partition: w.high for w in kept(client_config(bootstrap), [topic])} == counts
-    assert log_ends(real_kafka, topic) == counts  # a new admin client
-    job_for(spark, real_kafka, database_url, topic).run()  # --once
-    assert totals(db, topic) == {topic: sum(counts.values())}
+    assert real_counting.log_ends(topic) == counts  # a new admin client
+    real_counting.job(topic).run()  # --once
+    assert real_counting.totals(topic) == {topic: sum(counts.values())}
 
 
 def test_an_artifact_maven_central_does_not_have_is_told_apart_from_a_failed_fetch(

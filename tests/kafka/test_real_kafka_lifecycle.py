@@ -9,11 +9,10 @@ with count_topic and compares with what Kafka holds, read back by a plain consum
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
-from typing import Any
 
-import psycopg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -24,8 +23,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from tests.conftest import produce, send
-from tests.helpers.counting import assert_counted_exactly, job_for, log_ends, offsets, totals
+from tests.conftest import send
+from tests.helpers.counting import Counting
 from tests.helpers.recreated import snapshot
 from txstore.core.errors import BatchFailed, DataLoss, OffsetOutOfLog, TopicRecreated
 from txstore.core.ranges import OffsetRange
@@ -88,69 +87,74 @@ def messages_in_log(kafka: RealKafkaCluster, topic: str) -> dict[int, list[int]]
     return found
 
 
+def stop_line(counting: Counting, topic: str, error: type[Exception]) -> str:
+    """The line a batch of ``topic`` stops with, raising ``error``, once it is known to have
+    written nothing."""
+    before = snapshot(counting.db)
+    with pytest.raises(error) as raised:
+        counting.job(topic).run_batch()
+    assert snapshot(counting.db) == before
+    return str(raised.value)
+
+
+def assert_offsets_3_to_7_lost_stop_the_job(counting: Counting, topic: str) -> None:
+    """A batch of ``topic``, whose offsets 3-7 left Kafka before they were counted (stored offset 3,
+    log start 8), stops in one line and writes nothing."""
+    assert stop_line(counting, topic, DataLoss) == (
+        f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
+        "5 messages aged out of Kafka before they were counted. To skip them and record the loss "
+        "in txn_lost_ranges, rerun with --fail-on-data-loss false"
+    )
+
+
 # -- recreated ------------------------------------------------------------------------------
 
 
 def test_a_topic_recreated_and_refilled_below_then_past_the_stored_offset_stops_the_job_each_time(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
-    topic = new_real_topic(1, prefix="refill")
-    bootstrap = real_kafka.bootstrap_servers
-    produce(bootstrap, topic, {0: 6})
-    job_for(spark, real_kafka, database_url, topic).run_batch()
-    before = snapshot(db)
+    topic = real_counting.new_topic(1, prefix="refill")
+    real_counting.produce(topic, {0: 6})
+    real_counting.job(topic).run_batch()
 
     real_kafka.recreate_topic(topic, 1)
-    produce(bootstrap, topic, {0: 2})  # below the stored offset 6
-    with pytest.raises(OffsetOutOfLog) as below:
-        job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert str(below.value) == (
+    real_counting.produce(topic, {0: 2})  # below the stored offset 6
+    assert stop_line(real_counting, topic, OffsetOutOfLog) == (
         f"job 'count_topic' topic '{topic}' partition 0: stored offset 6 is beyond the log-end offset 2 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 0 --to-earliest --execute"
     )
-    assert snapshot(db) == before
 
-    produce(bootstrap, topic, {0: 7})  # now past it (9 > 6), other messages at offset 5
-    with pytest.raises(TopicRecreated, match=r"the topic was deleted and recreated \(stored topic ID "):
-        job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert snapshot(db) == before
+    real_counting.produce(topic, {0: 7})  # now past it (9 > 6), other messages at offset 5
+    recreated = stop_line(real_counting, topic, TopicRecreated)
+    assert re.search(r"the topic was deleted and recreated \(stored topic ID ", recreated), recreated
 
 
 # -- partitions added -----------------------------------------------------------------------
 
 
 def test_partitions_added_while_a_job_runs_are_counted_from_their_first_offset_exactly(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """CreatePartitions (kafka-topics --alter --partitions) under a running job started at
     ``latest``: the new partitions are counted from offset 0, not from their end."""
-    topic = new_real_topic(2, prefix="grow")
-    bootstrap = real_kafka.bootstrap_servers
-    produce(bootstrap, topic, {0: 5, 1: 5})  # before the job: not counted (latest)
-    with job_for(
-        spark, real_kafka, database_url, topic, starting_offsets=parse_starting_offsets("latest")
-    ) as job:
+    topic = real_counting.new_topic(2, prefix="grow")
+    real_counting.produce(topic, {0: 5, 1: 5})  # before the job: not counted (latest)
+    with real_counting.job(topic, starting_offsets=parse_starting_offsets("latest")) as job:
         assert job.run_batch().ranges == ()
-        produce(bootstrap, topic, {0: 3})
+        real_counting.produce(topic, {0: 3})
         assert job.run_batch().messages == 3
 
         futures = real_kafka.admin().create_partitions(
             [NewPartitions(topic, 5)], request_timeout=ADMIN_TIMEOUT
         )
         futures[topic].result(ADMIN_TIMEOUT)
-        wait_until(lambda: len(log_ends(real_kafka, topic)) == 5, "5 partitions in the metadata")
-        produce(bootstrap, topic, {1: 2, 2: 4, 3: 1, 4: 6})
+        wait_until(lambda: len(real_counting.log_ends(topic)) == 5, "5 partitions in the metadata")
+        real_counting.produce(topic, {1: 2, 2: 4, 3: 1, 4: 6})
         report = job.run_batch()
-        produce(bootstrap, topic, {2: 1, 4: 1})
+        real_counting.produce(topic, {2: 1, 4: 1})
         again = job.run_batch()
     assert sorted((r.range.partition, r.range.from_offset, r.messages) for r in report.ranges) == [
         (1, 5, 2),
@@ -162,51 +166,35 @@ def test_partitions_added_while_a_job_runs_are_counted_from_their_first_offset_e
         (2, 4, 1),
         (4, 6, 1),
     ]
-    assert totals(db, topic) == {topic: 3 + 2 + 4 + 1 + 6 + 2}
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 8, 1: 7, 2: 5, 3: 1, 4: 7}
+    assert real_counting.totals(topic) == {topic: 3 + 2 + 4 + 1 + 6 + 2}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 8, 1: 7, 2: 5, 3: 1, 4: 7}
 
 
 # -- retention: DeleteRecords and retention.ms ----------------------------------------------
 
 
 def test_records_deleted_before_they_were_counted_stop_the_job_in_one_line_writing_nothing(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
-    topic = new_real_topic(1, prefix="trim")
-    bootstrap = real_kafka.bootstrap_servers
-    produce(bootstrap, topic, {0: 3})
-    job_for(spark, real_kafka, database_url, topic).run_batch()
-    produce(bootstrap, topic, {0: 10})
+    topic = real_counting.new_topic(1, prefix="trim")
+    real_counting.produce(topic, {0: 3})
+    real_counting.job(topic).run_batch()
+    real_counting.produce(topic, {0: 10})
     delete_records(real_kafka, topic, 0, 8)  # offsets 3-7 gone before they were counted
-    before = snapshot(db)
-    with pytest.raises(DataLoss) as raised:
-        job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert str(raised.value) == (
-        f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start offset 8; "
-        "5 messages aged out of Kafka before they were counted. To skip them and record the loss "
-        "in txn_lost_ranges, rerun with --fail-on-data-loss false"
-    )
-    assert snapshot(db) == before
+    assert_offsets_3_to_7_lost_stop_the_job(real_counting, topic)
 
 
 def test_records_deleted_after_planning_refuse_the_range_and_the_next_batch_records_them_lost(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Deleted between planning and reading: the range reads Kafka's 'out of range' at its start,
     commits nothing; with --fail-on-data-loss false the next batch skips and records them."""
-    topic = new_real_topic(2, prefix="trim-late")
-    bootstrap = real_kafka.bootstrap_servers
-    produce(bootstrap, topic, {0: 10, 1: 4})
-    job = job_for(spark, real_kafka, database_url, topic, fail_on_data_loss=False)
+    topic = real_counting.new_topic(2, prefix="trim-late")
+    real_counting.produce(topic, {0: 10, 1: 4})
+    job = real_counting.job(topic, fail_on_data_loss=False)
     planned = job.plan()
     delete_records(real_kafka, topic, 0, 6)
     with pytest.raises(BatchFailed) as raised:
@@ -214,57 +202,48 @@ def test_records_deleted_after_planning_refuse_the_range_and_the_next_batch_reco
     assert raised.value.transient
     assert f"'{topic}' partition 0: offset 0 is no longer in Kafka" in str(raised.value)
     assert "\n" not in str(raised.value)
-    assert totals(db, topic) == {topic: 4}  # partition 1's range committed on its own
-    assert offsets(db, topic) == {0: 0, 1: 4}
+    assert real_counting.totals(topic) == {topic: 4}  # partition 1's range committed on its own
+    assert real_counting.offsets(topic) == {0: 0, 1: 4}
 
     with caplog.at_level(logging.WARNING, logger="txstore"):
-        job_for(spark, real_kafka, database_url, topic, fail_on_data_loss=False).run_batch()
+        real_counting.job(topic, fail_on_data_loss=False).run_batch()
     assert f"{topic}/0: offsets 0 -> 6 (6 messages) aged out of Kafka" in caplog.text
-    lost = db.execute("SELECT topic, part, from_off, until_off FROM txn_lost_ranges").fetchall()
+    lost = real_counting.db.execute("SELECT topic, part, from_off, until_off FROM txn_lost_ranges").fetchall()
     assert lost == [(topic, 0, 0, 6)]
-    assert totals(db, topic) == {topic: 4 + 4}
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 10, 1: 4}
+    assert real_counting.totals(topic) == {topic: 4 + 4}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 10, 1: 4}
 
 
 @pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["stops", "records-lost"])
 def test_messages_aged_out_by_retention_ms_stop_the_job_or_are_recorded_lost(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
     fail_on_data_loss: bool,
 ) -> None:
     """Producer timestamps a year old and retention.ms of a day: Kafka's retention check (every
     0.5 s here) deletes the segments (rolling the active one) and the log start moves."""
-    topic = new_real_topic(1, prefix="aged")
+    topic = real_counting.new_topic(1, prefix="aged")
     bootstrap = real_kafka.bootstrap_servers
     now = int(time.time() * 1000)
     send(bootstrap, topic, [(0, b"k", b"new", now) for _ in range(3)])
-    job_for(spark, real_kafka, database_url, topic).run_batch()
+    real_counting.job(topic).run_batch()
     send(bootstrap, topic, [(0, b"k", b"old", T0 - 86_400_000 * 365) for _ in range(5)])  # offsets 3-7
     set_topic_config(real_kafka, topic, {"retention.ms": "1"})  # everything ages out
     wait_until(lambda: log_start(real_kafka, topic) == 8, "log start at 8 (retention)")
     set_topic_config(real_kafka, topic, {"retention.ms": str(7 * 86_400_000)})
     send(bootstrap, topic, [(0, b"k", b"after", now) for _ in range(4)])  # offsets 8-11
-    before = snapshot(db)
     if fail_on_data_loss:
-        with pytest.raises(DataLoss) as raised:
-            job_for(spark, real_kafka, database_url, topic).run_batch()
-        assert str(raised.value) == (
-            f"job 'count_topic' topic '{topic}' partition 0: stored offset 3 is below the log-start "
-            "offset 8; 5 messages aged out of Kafka before they were counted. To skip them and record "
-            "the loss in txn_lost_ranges, rerun with --fail-on-data-loss false"
-        )
-        assert snapshot(db) == before
+        assert_offsets_3_to_7_lost_stop_the_job(real_counting, topic)
         return
     with caplog.at_level(logging.WARNING, logger="txstore"):
-        job_for(spark, real_kafka, database_url, topic, fail_on_data_loss=False).run_batch()
+        real_counting.job(topic, fail_on_data_loss=False).run_batch()
     assert f"{topic}/0: offsets 3 -> 8 (5 messages) aged out of Kafka" in caplog.text
-    assert db.execute("SELECT part, from_off, until_off FROM txn_lost_ranges").fetchall() == [(0, 3, 8)]
-    assert totals(db, topic) == {topic: 3 + 4}
-    assert offsets(db, topic) == log_ends(real_kafka, topic) == {0: 12}
+    assert real_counting.db.execute("SELECT part, from_off, until_off FROM txn_lost_ranges").fetchall() == [
+        (0, 3, 8)
+    ]
+    assert real_counting.totals(topic) == {topic: 3 + 4}
+    assert real_counting.offsets(topic) == real_counting.log_ends(topic) == {0: 12}
 
 
 # -- compaction -----------------------------------------------------------------------------
@@ -313,31 +292,28 @@ def stable_log(kafka: RealKafkaCluster, topic: str) -> bool:
 
 
 def test_a_compacted_topic_with_holes_is_counted_exactly_before_and_after_the_cleaner_ran(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """Run 1 counts every version of 10 keys; the cleaner then removes the old versions,
     including the last message run 1 counted (its check finds none there: not an error). Run 2
     counts exactly the messages Kafka still holds above the stored offset, holes and all; a new
     job counts exactly what Kafka holds from the start."""
-    topic = new_real_topic(1, prefix="compact", config=COMPACTED)
+    topic = real_counting.new_topic(1, prefix="compact", config=COMPACTED)
     bootstrap = real_kafka.bootstrap_servers
     produce_keys(bootstrap, topic, 10, 3, b"first")  # offsets 0-29
-    job_for(spark, real_kafka, database_url, topic).run_batch()
-    assert totals(db, topic) == {topic: 30}
+    real_counting.job(topic).run_batch()
+    assert real_counting.totals(topic) == {topic: 30}
     produce_keys(bootstrap, topic, 10, 2, b"second")  # offsets 30-49: every key again
     compacted(real_kafka, topic, bootstrap, below=30)
     held = messages_in_log(real_kafka, topic)[0]
     assert 29 not in held  # the last message run 1 counted is gone
 
-    report = job_for(spark, real_kafka, database_url, topic).run_batch()
+    report = real_counting.job(topic).run_batch()
     assert report.messages == len([o for o in held if o >= 30])
-    assert_counted_exactly(db, real_kafka, topic, 30 + report.messages)
+    real_counting.assert_counted_exactly(topic, 30 + report.messages)
 
-    fresh = job_for(spark, real_kafka, database_url, topic, job="from_scratch").run_batch()
+    fresh = real_counting.job(topic, job="from_scratch").run_batch()
     now_held = messages_in_log(real_kafka, topic)[0]
-    assert fresh.messages == len(now_held) < log_ends(real_kafka, topic)[0]
-    assert totals(db, topic, job="from_scratch") == {topic: len(now_held)}
+    assert fresh.messages == len(now_held) < real_counting.log_ends(topic)[0]
+    assert real_counting.totals(topic, job="from_scratch") == {topic: len(now_held)}

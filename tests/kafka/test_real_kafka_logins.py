@@ -16,14 +16,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 import pytest
 
-from tests.conftest import produce
 from tests.helpers.cli import txstore
-from tests.helpers.counting import assert_counted_exactly
+from tests.helpers.counting import Counting
 from tests.helpers.real_kafka_fixture import SCRAM_PASSWORD, SCRAM_USER
 from tests.helpers.recreated import snapshot
 from tests.postgres.test_idempotent_and_outbox import read_topic
@@ -44,31 +42,55 @@ from txstore.testing.real_kafka import RealKafkaCluster
 pytestmark = pytest.mark.spark
 
 
-def secure_job(
-    spark: Any, kafka: RealKafkaCluster, database_url: str, topic: str, options: dict[str, str]
-) -> TransactionalJob:
-    settings = JobSettings(
-        "count_topic", (topic,), kafka.secure_bootstrap_servers, database_url, kafka_options=options
+def secure_settings(
+    kafka: RealKafkaCluster,
+    database_url: str,
+    topic: str,
+    options: dict[str, str],
+    servers: str | None = None,
+) -> JobSettings:
+    """count_topic's settings for ``topic`` through the SASL_SSL listener (or ``servers``) with ``options``."""
+    return JobSettings(
+        "count_topic",
+        (topic,),
+        servers or kafka.secure_bootstrap_servers,
+        database_url,
+        kafka_options=options,
     )
-    return TransactionalJob(spark, settings, count_messages)
+
+
+def refused_at_once(counting: Counting, settings: JobSettings) -> str:
+    """The line a batch of the job with ``settings`` stops with as Kafka refuses it: one line, at
+    once (not after waiting for an answer that came), PostgreSQL left as it was."""
+    before = snapshot(counting.db)
+    started = time.monotonic()
+    with (
+        pytest.raises(KafkaUnavailable) as raised,
+        TransactionalJob(counting.spark, settings, count_messages) as job,
+    ):
+        job.run_batch()
+    elapsed = time.monotonic() - started
+    message = str(raised.value)
+    assert "\n" not in message
+    assert snapshot(counting.db) == before
+    assert elapsed < METADATA_TIMEOUT_SECONDS / 2
+    return message
 
 
 def test_the_right_password_and_certificate_count_exactly_over_sasl_ssl(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
-    topic = new_real_topic(3, prefix="login")
+    topic = real_counting.new_topic(3, prefix="login")
     options = real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
     produced = 0
     for counts in ({0: 120, 1: 80, 2: 1}, {1: 9}):
-        produce(real_kafka.bootstrap_servers, topic, counts)
+        real_counting.produce(topic, counts)
         produced += sum(counts.values())
-        with secure_job(spark, real_kafka, database_url, topic, options) as job:
+        settings = secure_settings(real_kafka, real_counting.database_url, topic, options)
+        with TransactionalJob(real_counting.spark, settings, count_messages) as job:
             assert job.run_batch().messages == sum(counts.values())
-        assert_counted_exactly(db, real_kafka, topic, produced)
+        real_counting.assert_counted_exactly(topic, produced)
 
 
 @pytest.mark.parametrize(
@@ -89,38 +111,26 @@ def test_the_right_password_and_certificate_count_exactly_over_sasl_ssl(
     ],
 )
 def test_a_wrong_password_or_an_untrusted_certificate_is_one_line_naming_the_broker_and_writes_nothing(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
     failure: str,
     what: str,
     check: str,
 ) -> None:
     """Kafka answers at once, refusing: the job says so at once (not "did not answer within 15s"
     after waiting for an answer that came), naming the broker, what it refused and what to check."""
-    topic = new_real_topic(1, prefix="login-refused")
-    produce(real_kafka.bootstrap_servers, topic, {0: 5})
+    topic = real_counting.new_topic(1, prefix="login-refused")
+    real_counting.produce(topic, {0: 5})
     if failure == "wrong password":
         options = real_kafka.sasl_ssl_options(SCRAM_USER, "not the password")
     else:
         options = real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD, trust_ca=False)
-    before = snapshot(db)
-    started = time.monotonic()
-    with (
-        pytest.raises(KafkaUnavailable) as raised,
-        secure_job(spark, real_kafka, database_url, topic, options) as job,
-    ):
-        job.run_batch()
-    elapsed = time.monotonic() - started
-    message = str(raised.value)
-    assert "\n" not in message
+    message = refused_at_once(
+        real_counting, secure_settings(real_kafka, real_counting.database_url, topic, options)
+    )
     assert message.startswith(f"Kafka at {real_kafka.secure_bootstrap_servers} {what}"), message
     assert message.endswith(check), message
     assert SCRAM_PASSWORD not in message and "not the password" not in message
-    assert snapshot(db) == before
-    assert elapsed < METADATA_TIMEOUT_SECONDS / 2
 
 
 def publish_over_sasl_ssl(
@@ -142,40 +152,34 @@ def publish_over_sasl_ssl(
     return done, time.monotonic() - started
 
 
-def commit_one_result(database_url: str, db: psycopg.Connection, results: str) -> None:
+@pytest.fixture
+def waiting_result(database_url: str, db: psycopg.Connection, new_real_topic: Callable[..., str]) -> str:
+    """A results topic on Apache Kafka, with job 'j's one result for it committed, waiting in the outbox."""
+    results = new_real_topic(1, prefix="login-results")
     seed(db, "j", "events", {0: 0})
     with connect(database_url) as conn:
         TransactionalSink(conn, "j", publish_to=results).commit(
             OffsetRange("events", 0, 0, 1), {TOPIC_TOTAL: 1}
         )
+    return results
 
 
 def test_txstore_publish_with_the_right_login_sends_the_results_over_sasl_ssl(
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
+    real_kafka: RealKafkaCluster, database_url: str, waiting_result: str
 ) -> None:
-    results = new_real_topic(1, prefix="login-results")
-    commit_one_result(database_url, db, results)
     done, _ = publish_over_sasl_ssl(
         real_kafka, database_url, real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
     )
     assert done.returncode == 0, done.stderr
     assert "published 1 results of job 'j'; 0 waiting, 0 set aside" in done.stdout
-    assert len(read_topic(real_kafka, results)) == 1
+    assert len(read_topic(real_kafka, waiting_result)) == 1
 
 
 def test_txstore_publish_with_a_wrong_password_stops_at_once_with_the_jobs_line_and_keeps_the_results(
-    real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
+    real_kafka: RealKafkaCluster, database_url: str, db: psycopg.Connection, waiting_result: str
 ) -> None:
     """The publisher checks its login as the job does: Kafka's refusal, in one line, in seconds
     (not "Message timed out" after the 30 s delivery timeout); the result waits, not set aside."""
-    results = new_real_topic(1, prefix="login-results")
-    commit_one_result(database_url, db, results)
     done, elapsed = publish_over_sasl_ssl(
         real_kafka, database_url, real_kafka.sasl_ssl_options(SCRAM_USER, "not the password")
     )
@@ -191,7 +195,7 @@ def test_txstore_publish_with_a_wrong_password_stops_at_once_with_the_jobs_line_
     assert "not the password" not in line
     assert elapsed < METADATA_TIMEOUT_SECONDS / 2
     assert outbox_counts(db, "j") == (1, 0)
-    assert read_topic(real_kafka, results) == []
+    assert read_topic(real_kafka, waiting_result) == []
 
 
 # The causes librdkafka reports alike ("certificate verify failed: ... verify that ssl.ca.location
@@ -217,38 +221,23 @@ FAULTY_CERTIFICATES = [
 
 @pytest.mark.parametrize(("listener", "what", "check"), FAULTY_CERTIFICATES)
 def test_an_expired_certificate_or_one_for_another_host_stops_the_job_at_once_naming_that_cause(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
     listener: str,
     what: str,
     check: str,
 ) -> None:
     """The right CA and password; the broker's certificate is expired, or for another host name:
     the line says which (the dates, the names it holds against the address used), not the CA."""
-    topic = new_real_topic(1, prefix="login-refused")
-    produce(real_kafka.bootstrap_servers, topic, {0: 5})
+    topic = real_counting.new_topic(1, prefix="login-refused")
+    real_counting.produce(topic, {0: 5})
     servers = real_kafka.faulty_bootstrap_servers(listener)
-    settings = JobSettings(
-        "count_topic",
-        (topic,),
-        servers,
-        database_url,
-        kafka_options=real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD),
+    options = real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
+    message = refused_at_once(
+        real_counting, secure_settings(real_kafka, real_counting.database_url, topic, options, servers)
     )
-    before = snapshot(db)
-    started = time.monotonic()
-    with pytest.raises(KafkaUnavailable) as raised, TransactionalJob(spark, settings, count_messages) as job:
-        job.run_batch()
-    elapsed = time.monotonic() - started
-    message = str(raised.value)
-    assert "\n" not in message
     assert message == f"Kafka at {servers} {what}; {check}"
     assert SCRAM_PASSWORD not in message
-    assert snapshot(db) == before
-    assert elapsed < METADATA_TIMEOUT_SECONDS / 2
 
 
 @pytest.mark.parametrize(("listener", "what", "check"), FAULTY_CERTIFICATES)
@@ -256,13 +245,11 @@ def test_txstore_publish_to_a_broker_with_an_expired_certificate_or_one_for_anot
     real_kafka: RealKafkaCluster,
     database_url: str,
     db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
+    waiting_result: str,
     listener: str,
     what: str,
     check: str,
 ) -> None:
-    results = new_real_topic(1, prefix="login-results")
-    commit_one_result(database_url, db, results)
     servers = real_kafka.faulty_bootstrap_servers(listener)
     options = real_kafka.sasl_ssl_options(SCRAM_USER, SCRAM_PASSWORD)
     done, elapsed = publish_over_sasl_ssl(real_kafka, database_url, options, servers)

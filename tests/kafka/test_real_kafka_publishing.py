@@ -25,6 +25,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from tests.conftest import send
 from tests.helpers.cli import txstore
+from tests.helpers.counting import Counting
 from tests.postgres.test_idempotent_and_outbox import read_topic
 from tests.postgres.test_outbox_delivery import message_size, outbox_rows
 from tests.postgres.test_sink import seed
@@ -129,31 +130,28 @@ def test_parts_set_aside_as_too_large_are_all_sent_by_retry_failed_once_the_topi
 
 @pytest.mark.spark
 def test_count_topic_by_key_publishes_every_part_to_a_topic_that_takes_one_part_a_batch_but_not_two(
-    spark: Any,
+    real_counting: Counting,
     real_kafka: RealKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_real_topic: Callable[..., str],
 ) -> None:
     """The issue's run: ``count_topic --by key --publish-topic small --publish-max-bytes 4096`` over
     100 keys, the topic taking 6000 bytes a record batch."""
-    topic = new_real_topic(1, prefix="keys")
-    results = new_real_topic(1, prefix="small", config={"max.message.bytes": "6000"})
+    topic = real_counting.new_topic(1, prefix="keys")
+    results = real_counting.new_topic(1, prefix="small", config={"max.message.bytes": "6000"})
     send(real_kafka.bootstrap_servers, topic, [(0, b"key-%03d" % i, b"v", None) for i in range(100)])
     settings = JobSettings(
         "small",
         (topic,),
         real_kafka.bootstrap_servers,
-        database_url,
+        real_counting.database_url,
         publish_topic=results,
         publish_max_bytes=4096,
     )
     try:
-        with TransactionalJob(spark, settings, CountMessages(by_key=True)) as job:
+        with TransactionalJob(real_counting.spark, settings, CountMessages(by_key=True)) as job:
             job.run_batch()
     finally:
         close_producers()
-    assert outbox_counts(db, "small") == (0, 0)
+    assert outbox_counts(real_counting.db, "small") == (0, 0)
     messages = read_topic(real_kafka, results)
     assert len(messages) >= 2 and all(message_size(m) < 4096 for m in messages)
     found = {r["key"]: r["total"] for m in messages for r in json.loads(m.value() or b"")["results"]}

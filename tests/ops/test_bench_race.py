@@ -9,7 +9,6 @@ runs). Skips in one line when Kafka's or the connector's jars cannot be fetched;
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,8 @@ import pytest
 
 from bench.race import GRAINS, SIDES
 from bench.spark_kafka_jars import spark_kafka_jars
-from txstore.testing.real_kafka import KafkaJarsUnavailable, kafka_jars
+from tests.helpers.real_kafka_fixture import jars_or_skip
+from txstore.testing.real_kafka import kafka_jars
 
 pytestmark = pytest.mark.spark
 
@@ -26,15 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_tiny_race_checks_and_times_every_side(database_url: str, tmp_path: Path) -> None:
-    try:
-        kafka_jars(), spark_kafka_jars()
-        problem = ""
-    except KafkaJarsUnavailable as e:
-        problem = str(e)
-    if problem:
-        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-            pytest.fail(f"bench race (CI must run it): {problem}", pytrace=False)
-        pytest.skip(f"bench race: jars not available: {problem}")
+    jars_or_skip(lambda: (kafka_jars(), spark_kafka_jars()), "bench race", "bench race: jars not available")
     done = subprocess.run(
         [
             sys.executable,

@@ -16,30 +16,51 @@ from txstore.testing.real_kafka import RealKafkaCluster
 pytestmark = pytest.mark.spark
 
 
-def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
-    spark: Any, database_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def run_bench(spark: Any, database_url: str, output_dir: Path, name: str, *flags: str) -> Any:
+    """``python -m bench.run FLAGS`` as ``name`` into ``output_dir`` (this session's Spark and
+    database): what it wrote in ``NAME.json``, once it exited 0."""
     status = main(
-        [
-            "--messages=2000",
-            "--partitions=3",
-            "--repeats=1",
-            "--idle-batches=2",
-            "--trickle-partitions=2,4",
-            "--trickle-messages=8",
-            "--trickle-rounds=2",
-            "--sweep-partitions=1,2",
-            "--sweep-messages=400,800",
-            "--path-rounds=1",
-            "--no-connect",
-            "--name=smoke",
-            f"--output-dir={tmp_path}",
-            f"--database-url={database_url}",
-        ],
+        [*flags, f"--name={name}", f"--output-dir={output_dir}", f"--database-url={database_url}"],
         spark=spark,
     )
     assert status == 0
-    doc = json.loads((tmp_path / "smoke.json").read_text())
+    return json.loads((output_dir / f"{name}.json").read_text())
+
+
+def run_stream_bench(
+    spark: Any, kafka: RealKafkaCluster, database_url: str, output: Path, *flags: str
+) -> Any:
+    """``python -m bench.stream --kafka=real FLAGS`` on ``kafka`` into ``output``: what it wrote,
+    once it exited 0."""
+    status = stream_main(
+        ["--kafka=real", *flags, f"--output={output}", f"--database-url={database_url}"],
+        spark=spark,
+        kafka=kafka,
+    )
+    assert status == 0
+    return json.loads(output.read_text())
+
+
+def test_a_small_benchmark_run_writes_every_measurement_and_a_chart(
+    spark: Any, database_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = run_bench(
+        spark,
+        database_url,
+        tmp_path,
+        "smoke",
+        "--messages=2000",
+        "--partitions=3",
+        "--repeats=1",
+        "--idle-batches=2",
+        "--trickle-partitions=2,4",
+        "--trickle-messages=8",
+        "--trickle-rounds=2",
+        "--sweep-partitions=1,2",
+        "--sweep-messages=400,800",
+        "--path-rounds=1",
+        "--no-connect",
+    )
 
     assert doc["startup"]["session_seconds"] >= 0
     assert doc["main"]["workload"]["messages"] == 2000
@@ -108,25 +129,21 @@ def test_a_small_benchmark_run_puts_connect_beside_classic(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    status = main(
-        [
-            "--messages=2000",
-            "--partitions=3",
-            "--repeats=1",
-            "--idle-batches=1",
-            "--trickle-partitions=",
-            "--sweep-partitions=",
-            "--path-rounds=2",
-            f"--connect-url={spark_connect_server.url}",
-            "--no-chart",
-            "--name=smoke-connect",
-            f"--output-dir={tmp_path}",
-            f"--database-url={database_url}",
-        ],
-        spark=spark,
+    doc = run_bench(
+        spark,
+        database_url,
+        tmp_path,
+        "smoke-connect",
+        "--messages=2000",
+        "--partitions=3",
+        "--repeats=1",
+        "--idle-batches=1",
+        "--trickle-partitions=",
+        "--sweep-partitions=",
+        "--path-rounds=2",
+        f"--connect-url={spark_connect_server.url}",
+        "--no-chart",
     )
-    assert status == 0
-    doc = json.loads((tmp_path / "smoke-connect.json").read_text())
     paths = doc["paths"]
     assert set(paths["runs"]) == {
         "classic per-range",
@@ -163,21 +180,15 @@ def test_a_tiny_stream_benchmark_on_real_kafka_checks_and_times_every_path(
 ) -> None:
     """``python -m bench.stream --kafka real`` on the session's Apache Kafka: every path's total
     checked against the messages produced, a warm-up round and one measured round (about 30 s)."""
-    output = tmp_path / "stream-real.json"
-    status = stream_main(
-        [
-            "--kafka=real",
-            "--messages=3000",
-            "--partitions=2",
-            "--rounds=1",
-            f"--output={output}",
-            f"--database-url={database_url}",
-        ],
-        spark=spark,
-        kafka=real_kafka,
+    doc = run_stream_bench(
+        spark,
+        real_kafka,
+        database_url,
+        tmp_path / "stream-real.json",
+        "--messages=3000",
+        "--partitions=2",
+        "--rounds=1",
     )
-    assert status == 0
-    doc = json.loads(output.read_text())
     assert doc["kafka"] == f"Apache Kafka {real_kafka.version}"
     assert doc["workload"]["messages"] == 3000 and doc["workload"]["partitions"] == 2
     assert len(doc["machine"]["load_average_at_start"]) == 3
@@ -218,23 +229,17 @@ def test_the_running_stream_benchmark_counts_the_topic_in_batches_and_leaves_the
     """``--batch-messages``: each path one job or query over the topic in batches of that many
     messages (3 here); the first batch is reported apart, the others are measured; every stored
     total is still checked against the messages produced."""
-    output = tmp_path / "stream-running.json"
-    status = stream_main(
-        [
-            "--kafka=real",
-            "--messages=3000",
-            "--partitions=2",
-            "--batch-messages=1000",
-            "--rounds=1",
-            "--paths=per-range,stream-counted-by-source",
-            f"--output={output}",
-            f"--database-url={database_url}",
-        ],
-        spark=spark,
-        kafka=real_kafka,
+    doc = run_stream_bench(
+        spark,
+        real_kafka,
+        database_url,
+        tmp_path / "stream-running.json",
+        "--messages=3000",
+        "--partitions=2",
+        "--batch-messages=1000",
+        "--rounds=1",
+        "--paths=per-range,stream-counted-by-source",
     )
-    assert status == 0
-    doc = json.loads(output.read_text())
     [measured] = doc["rounds"]
     for path in (PER_RANGE, "stream-counted-by-source"):
         run = measured[path]

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from tests.conftest import REPO, pg_url
+from tests.conftest import REPO
+from tests.helpers.ops_roles import role_that_cannot_create_tables
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config
 from txstore.postgres.db import redact
@@ -99,16 +99,8 @@ def test_a_demo_whose_database_role_cannot_create_the_tables_is_one_line_not_a_t
     """A reachable database where the role may not create tables (PostgreSQL 15+ gives PUBLIC
     no CREATE on schema public): the migration's own error, in one line naming the database and
     what to do, exit 1 (was: Alembic's traceback)."""
-    role, password = f"demo_reader_{os.getpid()}", f"pw-{os.getpid()}"
-    with psycopg.connect(empty_database_url, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        try:
-            admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-            url = pg_url(admin.info.dbname, role, password)
-            result = demo("--messages", "10", database_url=url)
-        finally:
-            admin.execute(f"DROP OWNED BY {role}")
-            admin.execute(f"DROP ROLE {role}")
+    with role_that_cannot_create_tables(empty_database_url, "demo_reader") as (url, password):
+        result = demo("--messages", "10", database_url=url)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert password not in result.stderr + result.stdout

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import produce, send
-from tests.helpers.counting import Counting, job_for
+from tests.helpers.counting import Counting
 from tests.helpers.job_processes import count_topic_args, run_job
 from tests.kafka.test_bad_messages import MINUTE_MS, messages_with_bad_timestamps
 from txstore.core.errors import BatchFailed, DatabaseUnavailable, PublishFailed
@@ -52,16 +52,12 @@ def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
 
 @pytest.mark.parametrize("commit", ["per-range", "per-batch"])
 def test_metrics_count_messages_lag_batches_and_commit_times_after_known_batches(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    new_topic: Callable[..., str],
-    commit: str,
+    counting: Counting, commit: str
 ) -> None:
-    a, b = new_topic(2), new_topic(1)
-    produce(kafka.bootstrap_servers, a, {0: 5, 1: 7})
-    produce(kafka.bootstrap_servers, b, {0: 3})
-    with job_for(spark, kafka, database_url, a, b, metrics_port=0, commit=commit) as job:
+    a, b = counting.new_topic(2), counting.new_topic(1)
+    counting.produce(a, {0: 5, 1: 7})
+    counting.produce(b, {0: 3})
+    with counting.job(a, b, metrics_port=0, commit=commit) as job:
         job.run_batch()
         text, samples = scrape(job)
         assert value(samples, "txstore_messages_total", topic=a) == 12
@@ -90,7 +86,7 @@ def test_metrics_count_messages_lag_batches_and_commit_times_after_known_batches
         assert value(samples, "txstore_messages_total", topic=a) == 12
 
         # The lag is the backlog the plan saw, before --max-offsets-per-batch caps the batch.
-        produce(kafka.bootstrap_servers, a, {0: 20})
+        counting.produce(a, {0: 20})
         job.planner.settings = job.settings = replace(job.settings, max_offsets_per_batch=4)
         job.run_batch()
         _, samples = scrape(job)
@@ -101,17 +97,13 @@ def test_metrics_count_messages_lag_batches_and_commit_times_after_known_batches
 
 
 def test_ranges_found_already_committed_are_counted_as_conflicts(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    new_topic: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = new_topic(3)
-    produce(kafka.bootstrap_servers, topic, {0: 4, 1: 5, 2: 6})
+    topic = counting.new_topic(3)
+    counting.produce(topic, {0: 4, 1: 5, 2: 6})
     # Each task's first attempt commits, then fails before Spark hears of it; the retry finds it committed.
     monkeypatch.setenv("TXSTORE_FAILPOINTS", "after-commit@first")
-    with job_for(spark, kafka, database_url, topic, metrics_port=0) as job:
+    with counting.job(topic, metrics_port=0) as job:
         job.run_batch()
         _, samples = scrape(job)
     assert value(samples, "txstore_commit_conflicts_total", kind="already_committed") == 3
@@ -148,25 +140,22 @@ def test_a_gap_or_overlap_found_at_commit_is_counted_as_a_conflict_and_a_failed_
 
 
 def test_skipped_bad_messages_and_the_outbox_backlog_are_exposed_when_those_features_are_on(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    new_topic: Callable[..., str],
+    counting: Counting,
 ) -> None:
-    topic, results = new_topic(2), new_topic(1, prefix="results")
+    topic, results = counting.new_topic(2), counting.new_topic(1, prefix="results")
     bad = {(0, 1), (1, 0), (1, 7)}
-    send(kafka.bootstrap_servers, topic, messages_with_bad_timestamps(2, 10, bad))
+    send(counting.kafka.bootstrap_servers, topic, messages_with_bad_timestamps(2, 10, bad))
     s = JobSettings(
         "count_topic",
         (topic,),
-        kafka.bootstrap_servers,
-        database_url,
+        counting.kafka.bootstrap_servers,
+        counting.database_url,
         on_bad_message="skip",
         publish_topic=results,
         metrics_port=0,
     )
     try:
-        with TransactionalJob(spark, s, CountMessages(window_ms=MINUTE_MS)) as job:
+        with TransactionalJob(counting.spark, s, CountMessages(window_ms=MINUTE_MS)) as job:
             job.run_batch()
             _, samples = scrape(job)
     finally:
@@ -212,9 +201,9 @@ def test_the_outbox_backlog_is_exposed_when_publishing_fails(counting: Counting)
 
 
 def test_the_outbox_and_bad_message_metrics_are_absent_when_those_features_are_off(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
+    counting: Counting,
 ) -> None:
-    with job_for(spark, kafka, database_url, new_topic(1), metrics_port=0) as job:
+    with counting.job(counting.new_topic(1), metrics_port=0) as job:
         text, _ = scrape(job)
     assert "txstore_outbox_pending" not in text and "txstore_bad_messages" not in text
     assert "txstore_batches_total" in text
@@ -237,11 +226,9 @@ def test_a_batch_failing_to_plan_is_counted_and_metrics_stay_served_for_the_next
             assert value(samples, "txstore_batch_duration_seconds_count") == attempt
 
 
-def test_without_a_metrics_port_nothing_is_served_or_registered(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
-) -> None:
-    topic = new_topic(1)
-    with job_for(spark, kafka, database_url, topic) as job:
+def test_without_a_metrics_port_nothing_is_served_or_registered(counting: Counting) -> None:
+    topic = counting.new_topic(1)
+    with counting.job(topic) as job:
         assert not job.metrics.enabled and job.metrics.port == 0
         assert not hasattr(job.metrics, "registry")
 
@@ -261,21 +248,20 @@ def json_log() -> Iterator[io.StringIO]:
     logger.setLevel(level)
 
 
-def test_json_log_lines_carry_the_batch_and_range_numbers(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    new_topic: Callable[..., str],
-    json_log: io.StringIO,
-) -> None:
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 6, 1: 9})
-    with job_for(spark, kafka, database_url, topic) as job:
+def logged(json_log: io.StringIO, event: str) -> list[dict[str, Any]]:
+    """The json lines ``json_log`` holds of ``event`` ("range", "batch"), in their order."""
+    lines = [json.loads(line) for line in json_log.getvalue().splitlines()]
+    return [x for x in lines if x.get("event") == event]
+
+
+def test_json_log_lines_carry_the_batch_and_range_numbers(counting: Counting, json_log: io.StringIO) -> None:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 6, 1: 9})
+    with counting.job(topic) as job:
         report = job.run_batch()
         job.run_batch()
-    lines = [json.loads(line) for line in json_log.getvalue().splitlines()]
-    ranges = sorted((x for x in lines if x.get("event") == "range"), key=lambda x: x["partition"])
-    batches = [x for x in lines if x.get("event") == "batch"]
+    ranges = sorted(logged(json_log, "range"), key=lambda x: x["partition"])
+    batches = logged(json_log, "batch")
     assert [
         (r["topic"], r["partition"], r["from"], r["until"], r["messages"], r["outcome"]) for r in ranges
     ] == [
@@ -326,21 +312,16 @@ def test_a_job_process_logs_json_lines_with_log_format_json(
 
 
 def test_per_batch_range_lines_carry_no_made_up_read_or_commit_times(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    new_topic: Callable[..., str],
-    json_log: io.StringIO,
+    counting: Counting, json_log: io.StringIO
 ) -> None:
     # Per batch, tasks aggregate pieces and the driver commits the whole batch: no range has a
     # read or commit time of its own, so its line gives none (not zeros); the batch gives its commit.
-    topic = new_topic(2)
-    produce(kafka.bootstrap_servers, topic, {0: 6, 1: 9})
-    with job_for(spark, kafka, database_url, topic, commit="per-batch") as job:
+    topic = counting.new_topic(2)
+    counting.produce(topic, {0: 6, 1: 9})
+    with counting.job(topic, commit="per-batch") as job:
         report = job.run_batch()
-    lines = [json.loads(line) for line in json_log.getvalue().splitlines()]
-    ranges = [x for x in lines if x.get("event") == "range"]
-    (batch,) = [x for x in lines if x.get("event") == "batch"]
+    ranges = logged(json_log, "range")
+    (batch,) = logged(json_log, "batch")
     assert len(ranges) == 2
     assert all(r["read_ms"] is None and r["commit_ms"] is None for r in ranges), ranges
     assert all("read" not in r["message"] and " ms" not in r["message"] for r in ranges), ranges

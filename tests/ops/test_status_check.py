@@ -210,8 +210,7 @@ def test_check_without_kafka_is_unknown_exit_3_and_of_a_job_never_seen_no_such_j
     result = txstore(
         "status", "--job", "j", "--check", "--bootstrap-servers", "127.0.0.1:1", url=database_url
     )
-    assert result.returncode == 3, result.stderr
-    summary, line = result.stdout.splitlines()
+    summary, line = lines_of(result, 3)
     assert summary == "UNKNOWN: job 'j': 1 UNKNOWN"
     assert line.startswith(
         "UNKNOWN job 'j' topic 't' partition 0: lag unknown: Kafka at 127.0.0.1:1 did not answer"
@@ -266,6 +265,12 @@ def check(url: str, kafka: MockKafkaCluster, *more: str) -> subprocess.Completed
     return txstore("status", "--job", "count_topic", "--check", *more, url=url, kafka=kafka)
 
 
+def lines_of(result: subprocess.CompletedProcess[str], exit_code: int) -> list[str]:
+    """The lines a ``status --check`` printed, once it is known to have exited ``exit_code``."""
+    assert result.returncode == exit_code, result.stderr
+    return result.stdout.splitlines()
+
+
 @pytest.mark.spark
 def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
     spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
@@ -282,9 +287,7 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
         for more in (10, 6, 6):
             produce(kafka.bootstrap_servers, topic, {0: more})
             job.run_batch()
-        result = check(database_url, kafka)
-        assert result.returncode == 1, result.stderr
-        assert result.stdout.splitlines() == [
+        assert lines_of(check(database_url, kafka), 1) == [
             "WARNING: job 'count_topic': 1 WARN",
             f"WARN {where}: the backlog grew at each of the last 4 commits (3, 10, 12, 14; lag now 10): "
             "the job falls behind; give it more executors, or a larger --max-offsets-per-batch",
@@ -292,9 +295,7 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
 
         # Running (the lock is held) with lag, and no commit for longer than --stall-after.
         time.sleep(1.2)
-        result = check(database_url, kafka, "--stall-after", "1")
-        assert result.returncode == 2, result.stderr
-        summary, line = result.stdout.splitlines()
+        summary, line = lines_of(check(database_url, kafka, "--stall-after", "1"), 2)
         assert summary == "CRITICAL: job 'count_topic': 1 STALL"
         assert re.fullmatch(
             rf"STALL {re.escape(where)}: lag 10 and no commit for \d+s \(--stall-after 1s\) although an "
@@ -317,9 +318,7 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
         assert partition["seconds_since_commit"] >= 1
 
     # The job is gone (its lock released) and the backlog waits.
-    result = check(database_url, kafka)
-    assert result.returncode == 2, result.stderr
-    summary, line = result.stdout.splitlines()
+    summary, line = lines_of(check(database_url, kafka), 2)
     assert summary == "CRITICAL: job 'count_topic': 1 STOP"
     assert re.fullmatch(
         rf"STOP {re.escape(where)}: lag 10 and no instance of the job is running \(last commit \d+s ago\); "
@@ -336,19 +335,13 @@ def test_check_follows_a_job_caught_up_then_falling_behind_stalled_and_stopped(
     assert (result.returncode, result.stdout) == (0, "OK: job 'count_topic': 1 OK\n")
 
 
-def counted_then_recreated(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    topic: str,
-    was: int,
-    partitions: int,
-    refill: dict[int, int],
-) -> str:
-    """``topic`` of ``was`` partitions, 5 old messages each, counted by count_topic, then deleted and
+def counted_then_recreated(counting: Counting, was: int, partitions: int, refill: dict[int, int]) -> str:
+    """A topic of ``was`` partitions, 5 old messages each, counted by count_topic, then deleted and
     created again with ``partitions`` partitions and ``refill[p]`` new messages in partition ``p``."""
+    kafka = counting.kafka
+    topic = counting.new_topic(was)
     fill(kafka, topic, 5, was, b"old", OLD_TS)
-    with job_for(spark, kafka, database_url, topic) as job:
+    with counting.job(topic) as job:
         job.run_batch()
     kafka.recreate_topic(topic, partitions)
     for p, n in refill.items():
@@ -357,21 +350,17 @@ def counted_then_recreated(
 
 
 @pytest.mark.spark
-def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
-) -> None:
+def test_check_reports_a_recreated_topic_as_err_with_the_reset_to_run(counting: Counting) -> None:
     # Partition 0 refilled past the stored offset (another message at offset 4), partition 1 not as far.
-    topic = counted_then_recreated(spark, kafka, database_url, new_topic(2), 2, 2, {0: 8, 1: 3})
-    result = check(database_url, kafka)
-    assert result.returncode == 2, result.stderr
-    assert result.stdout.splitlines() == [
+    topic = counted_then_recreated(counting, 2, 2, {0: 8, 1: 3})
+    assert lines_of(check(counting.database_url, counting.kafka), 2) == [
         "CRITICAL: job 'count_topic': 2 ERR",
         f"ERR {mismatch_line('count_topic', topic, 0, 4)}",
         f"ERR job 'count_topic' topic '{topic}' partition 1: stored offset 5 is beyond the log-end offset 3 "
         "(topic deleted and recreated, or an unclean leader election); to start over from its earliest "
         f"offset: txstore reset --job count_topic --topic {topic} --partition 1 --to-earliest --execute",
     ]
-    as_json = json.loads(check(database_url, kafka, "--json").stdout)
+    as_json = json.loads(check(counting.database_url, counting.kafka, "--json").stdout)
     assert [(p["partition"], p["status"], p["offset"], p["log_end"]) for p in as_json["partitions"]] == [
         (0, ERR, 5, 8),
         (1, ERR, 5, 3),
@@ -385,9 +374,7 @@ def test_check_reports_offsets_that_aged_out_before_they_were_counted_as_err(cou
     with counting.job(topic) as job:
         job.run_batch()
     send(counting.kafka.bootstrap_servers, topic, ((0, b"k", b"y" * 100_000, None) for _ in range(80)))
-    result = check(counting.database_url, counting.kafka)
-    assert result.returncode == 2, result.stderr
-    summary, line = result.stdout.splitlines()
+    summary, line = lines_of(check(counting.database_url, counting.kafka), 2)
     assert summary == "CRITICAL: job 'count_topic': 1 ERR"
     low = json.loads(check(counting.database_url, counting.kafka, "--json").stdout)["partitions"][0]
     assert low["offset"] == 3 and low["status"] == ERR
@@ -428,9 +415,7 @@ def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messag
 
         # No batch takes them: once they have waited longer than --stall-after, the job is stuck.
         time.sleep(3.5)
-        result = check(counting.database_url, counting.kafka, "--stall-after", "3")
-        assert result.returncode == 2, result.stderr
-        summary, line = result.stdout.splitlines()
+        summary, line = lines_of(check(counting.database_url, counting.kafka, "--stall-after", "3"), 2)
         assert summary == "CRITICAL: job 'count_topic': 1 STALL"
         assert re.fullmatch(
             rf"STALL {re.escape(where)}: lag 4 and no commit for \d+s; the oldest message not counted was "
@@ -459,9 +444,7 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
     def check_j(*more: str) -> subprocess.CompletedProcess[str]:
         return txstore("status", "--job", "j", "--check", *more, url=database_url, kafka=kafka)
 
-    result = check_j()
-    assert result.returncode == 2, result.stderr
-    assert result.stdout.splitlines() == [
+    assert lines_of(check_j(), 2) == [
         "CRITICAL: job 'j': 1 STOP, 2 OK",
         f"STOP job 'j' topic '{topic}' partition 1: lag 4 and no instance of the job is running (no "
         "offset stored: a partition the job has not started; it starts at the earliest offset 0); "
@@ -507,9 +490,7 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
         ]
         assert results[1].unread_since is not None
         time.sleep(1.2)
-        result = check_j("--stall-after", "1")
-        assert result.returncode == 2, result.stderr
-        summary, line = result.stdout.splitlines()
+        summary, line = lines_of(check_j("--stall-after", "1"), 2)
         assert summary == "CRITICAL: job 'j': 1 STALL, 2 OK"
         assert re.fullmatch(
             rf"STALL job 'j' topic '{re.escape(topic)}' partition 1: lag 4 and no offset stored \(a partition "
@@ -521,13 +502,9 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
 
 
 @pytest.mark.spark
-def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(
-    spark: Any, kafka: MockKafkaCluster, database_url: str, new_topic: Callable[..., str]
-) -> None:
-    topic = counted_then_recreated(spark, kafka, database_url, new_topic(1), 1, 3, {0: 8, 1: 3})
-    result = check(database_url, kafka)
-    assert result.returncode == 2, result.stderr
-    assert result.stdout.splitlines() == [
+def test_check_reports_the_new_partitions_of_a_topic_recreated_with_more(counting: Counting) -> None:
+    topic = counted_then_recreated(counting, 1, 3, {0: 8, 1: 3})
+    assert lines_of(check(counting.database_url, counting.kafka), 2) == [
         "CRITICAL: job 'count_topic': 1 ERR, 1 STOP, 1 OK",
         f"ERR {mismatch_line('count_topic', topic, 0, 4)}",
         f"STOP job 'count_topic' topic '{topic}' partition 1: lag 3 and no instance of the job is running "

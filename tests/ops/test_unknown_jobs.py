@@ -45,6 +45,25 @@ def _jobs_known_by_each_table(database_url: str, db: psycopg.Connection) -> None
 KNOWN = "known jobs: 'by_bad', 'by_messages', 'by_offsets', 'by_results'"
 
 
+def assert_no_such_job(result: subprocess.CompletedProcess[str], job: str, known: str = KNOWN) -> None:
+    """``result`` is a command's refusal of ``job``: exit 1, nothing on stdout, one line on stderr
+    listing the ``known`` jobs."""
+    assert (result.returncode, result.stdout, result.stderr) == (
+        1,
+        "",
+        f"txstore: error: no job '{job}' in the database ({known}); check --job\n",
+    )
+
+
+def insert_outbox_row(db: psycopg.Connection, job: str, dedup_key: str, sent: bool, set_aside: bool) -> None:
+    """A result of ``job`` in txn_outbox: sent now, set aside now (Kafka refused it for good), or waiting."""
+    db.execute(
+        "INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, sent_at, failed_at) "
+        "VALUES (%s, 'out', %s, '{}', '{}', CASE WHEN %s THEN now() END, CASE WHEN %s THEN now() END)",
+        (job, dedup_key, sent, set_aside),
+    )
+
+
 @pytest.mark.slow
 def test_the_known_jobs_line_lists_jobs_known_only_by_results_messages_or_bad_messages(
     database_url: str, db: psycopg.Connection
@@ -52,12 +71,7 @@ def test_the_known_jobs_line_lists_jobs_known_only_by_results_messages_or_bad_me
     _jobs_known_by_each_table(database_url, db)
     for known in ("by_offsets", "by_results", "by_messages", "by_bad"):
         assert txstore("status", "--job", known, url=database_url).returncode == 0
-    typo = txstore("status", "--job", "by_offset", url=database_url)
-    assert (typo.returncode, typo.stdout, typo.stderr) == (
-        1,
-        "",
-        f"txstore: error: no job 'by_offset' in the database ({KNOWN}); check --job\n",
-    )
+    assert_no_such_job(txstore("status", "--job", "by_offset", url=database_url), "by_offset")
 
 
 @pytest.mark.slow
@@ -87,11 +101,7 @@ def test_publish_of_an_unknown_job_is_refused_in_one_line_listing_the_known_jobs
 ) -> None:
     _jobs_known_by_each_table(database_url, db)
     typo = txstore("publish", "--job", "by_offset", "--bootstrap-servers", "127.0.0.1:1", url=database_url)
-    assert (typo.returncode, typo.stdout, typo.stderr) == (
-        1,
-        "",
-        f"txstore: error: no job 'by_offset' in the database ({KNOWN}); check --job\n",
-    )
+    assert_no_such_job(typo, "by_offset")
 
 
 @pytest.mark.slow
@@ -105,20 +115,11 @@ def test_a_job_known_only_by_results_waiting_or_set_aside_to_publish_is_known_an
         ("by_set_aside", False, True),
         ("by_sent", True, False),
     ):
-        db.execute(
-            "INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, sent_at, failed_at) "
-            "VALUES (%s, 'out', %s, '{}', '{}', CASE WHEN %s THEN now() END, CASE WHEN %s THEN now() END)",
-            (job, f"{job}/1", sent, set_aside),
-        )
+        insert_outbox_row(db, job, f"{job}/1", sent, set_aside)
     for known in ("by_pending", "by_set_aside"):
         assert txstore("status", "--job", known, url=database_url).returncode == 0
     typo = txstore("status", "--job", "by_sent", url=database_url)
-    assert (typo.returncode, typo.stdout, typo.stderr) == (
-        1,
-        "",
-        "txstore: error: no job 'by_sent' in the database (known jobs: 'by_pending', 'by_set_aside'); "
-        "check --job\n",
-    )
+    assert_no_such_job(typo, "by_sent", "known jobs: 'by_pending', 'by_set_aside'")
 
 
 def test_every_part_of_the_known_jobs_lookups_reads_an_index_not_the_table(db: psycopg.Connection) -> None:
@@ -140,11 +141,7 @@ def test_the_outbox_lines_of_status_count_pending_and_set_aside_rows_from_indexe
     was (``sent_at IS NULL`` alone matches neither partial index), it grows with them."""
     rows = [("a", False, False)] * 3 + [("a", False, True), ("b", False, True), ("c", True, False)]
     for i, (job, sent, set_aside) in enumerate(rows):
-        db.execute(
-            "INSERT INTO txn_outbox (job, destination, dedup_key, headers, payload, sent_at, failed_at) "
-            "VALUES (%s, 'out', %s, '{}', '{}', CASE WHEN %s THEN now() END, CASE WHEN %s THEN now() END)",
-            (job, f"{job}/{i}", sent, set_aside),
-        )
+        insert_outbox_row(db, job, f"{job}/{i}", sent, set_aside)
     db.commit()
     assert status.outbox_status(db) == [status.OutboxStatus("a", 3, 1), status.OutboxStatus("b", 0, 1)]
     assert status.outbox_status(db, "a") == [status.OutboxStatus("a", 3, 1)]

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from tests.conftest import REPO, pg_url
+from tests.conftest import REPO
 from tests.helpers.local import free_port
+from tests.helpers.ops_roles import role_that_cannot_create_tables
 from txstore import __version__
 from txstore.postgres.db import connect, redact
 from txstore.postgres.migrate import SCHEMA_REVISION, head_revision
@@ -164,16 +164,8 @@ def test_db_upgrade_as_a_role_that_may_not_create_tables_is_one_line_and_changes
 ) -> None:
     """PostgreSQL 15+ gives PUBLIC no CREATE on schema public: the migration's own reason, in
     one line naming the database, with no password (was: Alembic's traceback from ``alembic``)."""
-    role, password = f"db_reader_{os.getpid()}", f"pw-{os.getpid()}"
-    with psycopg.connect(empty_database_url, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        try:
-            admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-            url = pg_url(admin.info.dbname, role, password)
-            result = txstore("db", "upgrade", "--database-url", url, cwd=tmp_path)
-        finally:
-            admin.execute(f"DROP OWNED BY {role}")
-            admin.execute(f"DROP ROLE {role}")
+    with role_that_cannot_create_tables(empty_database_url, "db_reader") as (url, password):
+        result = txstore("db", "upgrade", "--database-url", url, cwd=tmp_path)
     line = one_error_line(result)
     assert line == (
         f"txstore: error: upgrading {redact(url)} failed: permission denied for schema public; "
