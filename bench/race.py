@@ -21,6 +21,11 @@ total and the count per key. Sides, in an order that rotates from round to round
   counts in one PostgreSQL transaction.
 - ``txstore DataFrame``: the same counts as a DataFrame aggregate
   (``groupBy("topic").count()`` / ``groupBy("topic", "key").count()``), counts pushed down.
+- ``txstore stream``: ``readStream.format("txstore")`` with ``txstore.countMessages`` (the
+  source's tasks count their ranges) into ``writeStream.format("txstore")``,
+  ``Trigger.AvailableNow``, a new query, job and checkpoint per run, from earliest: exactly-once,
+  offsets and counts in one PostgreSQL transaction per micro-batch. The topic total only (a
+  stream's per-key counts are the user's own aggregation into a results table, not raced here).
 
 Each timed run starts from an existing SparkSession and ends with the result stored (stream,
 txstore) or collected (batch); it includes the side's own setup (the stream's query start and
@@ -28,7 +33,10 @@ checkpoint, the job's construction, first planning and offset rows). Before the 
 side runs once, untimed, over a small topic of the same shape (the JVM loads and compiles the
 connector's code on its first query, txstore's first job compiles its SQL). Every side's result is
 checked against the messages produced (a wrong answer voids the race). Ratios (txstore /
-Spark, messages per second) are taken within a round; their median is reported.
+Spark, messages per second, and txstore's stream / its per-range job) are taken within a round;
+their median is reported with the lowest and highest round, and each timed run records the
+1-minute load average when it ended: on 2 cores, other work takes the cores txstore's tasks
+would use, so the ratios are read with the load they were taken at.
 """
 
 from __future__ import annotations
@@ -56,8 +64,10 @@ from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client import client_config
 from txstore.kafka.reader import close_idle_consumers
+from txstore.postgres import store
 from txstore.postgres.db import connect, redact
 from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.source_format import register
 from txstore.testing.real_kafka import RealKafkaCluster
 
 log = logging.getLogger("bench.race")
@@ -69,13 +79,19 @@ SPARK_BATCH = "Spark batch"
 SPARK_STREAM = "Spark stream"
 TX_PER_RANGE = "txstore per-range"
 TX_DATAFRAME = "txstore DataFrame"
-SIDES = (SPARK_BATCH, SPARK_STREAM, TX_PER_RANGE, TX_DATAFRAME)
+TX_STREAM = "txstore stream"
+SIDES = (SPARK_BATCH, SPARK_STREAM, TX_PER_RANGE, TX_DATAFRAME, TX_STREAM)
+SPARK_SIDES = (SPARK_BATCH, SPARK_STREAM)
+TXSTORE_SIDES = (TX_PER_RANGE, TX_DATAFRAME, TX_STREAM)
+GRAIN_SIDES = {TOTAL: SIDES, PER_KEY: tuple(s for s in SIDES if s != TX_STREAM)}
+"""The sides that race each result (the stream counts topic totals only)."""
 GUARANTEES = {
     SPARK_BATCH: "none kept: no offsets are stored; a rerun reads (and counts) everything again",
     SPARK_STREAM: "at-least-once into PostgreSQL: offsets go to the checkpoint after foreachBatch "
     "commits its rows, so a batch replayed after a crash in between is applied twice",
     TX_PER_RANGE: "exactly-once: offsets and counts in one PostgreSQL transaction",
     TX_DATAFRAME: "exactly-once: offsets and counts in one PostgreSQL transaction",
+    TX_STREAM: "exactly-once: offsets and counts in one PostgreSQL transaction per micro-batch",
 }
 STREAM_TABLE = "bench_race_stream_counts"
 WARM_UP_MESSAGES = 10_000
@@ -247,6 +263,42 @@ def txstore_job(
     return result, profile
 
 
+def txstore_stream(
+    spark: Any, bootstrap: str, topic: str, database_url: str, job: str, checkpoint: Path
+) -> tuple[dict[str, int], dict[str, float]]:
+    """A new txstore stream (source counting its ranges, txstore sink), ``Trigger.AvailableNow``
+    from earliest; its topic total, and Spark's ``durationMs`` phases summed over its micro-batches."""
+    frame = (
+        spark.readStream.format("txstore")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("txstore.countMessages", "true")
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", database_url)
+        .load()
+    )
+    query = (
+        frame.writeStream.format("txstore")
+        .option("txstore.job", job)
+        .option("txstore.databaseUrl", database_url)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    if query.isActive or query.exception() is not None:
+        query.stop()
+        raise RuntimeError(f"{job}: the txstore stream did not finish: {query.exception()}")
+    phases: dict[str, float] = {}
+    for progress in query.recentProgress:
+        for phase, ms in progress["durationMs"].items():
+            phases[f"{phase}_ms"] = phases.get(f"{phase}_ms", 0.0) + float(ms)
+    with connect(database_url) as conn:
+        found = {t: int(n) for t, n in store.topic_totals(conn, job, [topic]).items()}
+    return found, {**phases, "micro_batches": float(len(query.recentProgress))}
+
+
 # -- the race ----------------------------------------------------------------------
 def start_spark(master: str, jars: SparkKafkaJars) -> tuple[Any, float]:
     """A session like the benchmark's (bench/run.py), with Spark's Kafka connector on ``spark.jars``."""
@@ -291,6 +343,14 @@ class Race:
             finally:
                 shutil.rmtree(checkpoint, ignore_errors=True)
             return found, {}
+        if side == TX_STREAM:
+            checkpoint = self.workdir / name
+            try:
+                return txstore_stream(
+                    self.spark, self.bootstrap, self.topic, self.database_url, name, checkpoint
+                )
+            finally:
+                shutil.rmtree(checkpoint, ignore_errors=True)
         return txstore_job(
             self.spark,
             self.bootstrap,
@@ -311,7 +371,12 @@ class Race:
             raise RuntimeError(
                 f"{side}, {grain}: wrong result (found, expected): {dict(list(wrong.items())[:5])}"
             )
-        return {"wall_ms": wall * 1000, "messages_per_second": messages / wall, **profile}
+        return {
+            "wall_ms": wall * 1000,
+            "messages_per_second": messages / wall,
+            "load_1min": round(os.getloadavg()[0], 2),
+            **profile,
+        }
 
 
 def race(
@@ -332,8 +397,12 @@ def race(
             f"CREATE TABLE IF NOT EXISTS {STREAM_TABLE} (run text, k text, n bigint NOT NULL, PRIMARY KEY (run, k))"
         )
         conn.commit()
-    pairs = [(s, g) for g in grains for s in sides]
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {g: {s: [] for s in sides} for g in grains}
+    if TX_STREAM in sides:
+        register(spark)
+    pairs = [(s, g) for g in grains for s in sides if s in GRAIN_SIDES[g]]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        g: {s: [] for s in sides if s in GRAIN_SIDES[g]} for g in grains
+    }
     with tempfile.TemporaryDirectory(prefix="txstore-race-") as workdir:
         if warm_up_topic is not None:  # untimed: each side's first run loads and compiles its code
             warm, warm_messages = warm_up_topic
@@ -352,21 +421,43 @@ def race(
                     f"  round {r + 1} {grain:8s} {side:18s} {record['wall_ms']:>9,.0f} ms "
                     f"{record['messages_per_second']:>12,.0f} msg/s"
                 )
-    result: dict[str, Any] = {"runs": runs, "messages_per_second_median": {}, "ratios": {}}
+    result: dict[str, Any] = {
+        "runs": runs,
+        "messages_per_second_median": {},
+        "messages_per_second_spread": {},
+        "ratios": {},
+        "load_1min": {
+            "lowest": min(x["load_1min"] for g in runs.values() for xs in g.values() for x in xs),
+            "highest": max(x["load_1min"] for g in runs.values() for xs in g.values() for x in xs),
+        },
+    }
     for grain in grains:
-        rates = {s: [x["messages_per_second"] for x in runs[grain][s]] for s in sides}
+        rates = {s: [x["messages_per_second"] for x in xs] for s, xs in runs[grain].items()}
         result["messages_per_second_median"][grain] = {s: statistics.median(xs) for s, xs in rates.items()}
-        ratios: dict[str, Any] = {}
-        for ours in (TX_PER_RANGE, TX_DATAFRAME):
-            for theirs in (SPARK_BATCH, SPARK_STREAM):
-                if ours in rates and theirs in rates:
-                    per_round = [a / b for a, b in zip(rates[ours], rates[theirs], strict=True)]
-                    ratios[f"{ours} / {theirs}"] = {
-                        "median": statistics.median(per_round),
-                        "rounds": per_round,
-                    }
-        result["ratios"][grain] = ratios
+        result["messages_per_second_spread"][grain] = {s: [min(xs), max(xs)] for s, xs in rates.items()}
+        result["ratios"][grain] = {
+            f"{ours} / {theirs}": _ratio(rates[ours], rates[theirs])
+            for ours, theirs in ratio_pairs(tuple(rates))
+        }
     return result
+
+
+def ratio_pairs(sides: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The ratios a race reports among ``sides``: each txstore side against each of Spark's, and
+    txstore's stream against its per-range job."""
+    pairs = [(ours, theirs) for ours in TXSTORE_SIDES for theirs in SPARK_SIDES]
+    pairs.append((TX_STREAM, TX_PER_RANGE))
+    return [(a, b) for a, b in pairs if a in sides and b in sides]
+
+
+def _ratio(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    per_round = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {
+        "median": statistics.median(per_round),
+        "lowest": min(per_round),
+        "highest": max(per_round),
+        "rounds": per_round,
+    }
 
 
 def _split(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
@@ -462,14 +553,18 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
 
 
 def print_table(document: dict[str, Any]) -> None:
-    load = document["machine"]["load_average_1_5_15"]
+    load = document["load_1min"]
     say(
         f"race: {document['settings']['messages']:,} messages, {document['settings']['partitions']} "
-        f"partitions, {document['settings']['rounds']} rounds, load average {load[0]:.1f} (1 min)"
+        f"partitions, {document['settings']['rounds']} rounds, load average "
+        f"{load['lowest']:.1f}-{load['highest']:.1f} (1 min, as the runs ended)"
     )
     for grain, rates in document["messages_per_second_median"].items():
         for side, rate in rates.items():
-            say(f"  {grain:8s} {side:18s} {rate:>12,.0f} msg/s (median)")
+            low, high = document["messages_per_second_spread"][grain][side]
+            say(f"  {grain:8s} {side:18s} {rate:>12,.0f} msg/s (median; {low:,.0f}-{high:,.0f})")
         for name, ratio in document["ratios"][grain].items():
-            rounds = ", ".join(f"{r:.2f}" for r in ratio["rounds"])
-            say(f"  {grain:8s} {name:38s} {ratio['median']:.2f} ({rounds})")
+            say(
+                f"  {grain:8s} {name:38s} {ratio['median']:.2f} "
+                f"(median; {ratio['lowest']:.2f}-{ratio['highest']:.2f})"
+            )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.race import GRAINS, SIDES
+from bench.race import GRAIN_SIDES, GRAINS, SIDES, TX_PER_RANGE, TX_STREAM
 from bench.spark_kafka_jars import spark_kafka_jars
 from tests.helpers.real_kafka_fixture import jars_or_skip
 from txstore.testing.real_kafka import kafka_jars
@@ -52,10 +52,23 @@ def test_a_tiny_race_checks_and_times_every_side(database_url: str, tmp_path: Pa
     doc = json.loads((tmp_path / "race-smoke.json").read_text())
     assert doc["spark_kafka_connector"]["jars"]
     for grain in GRAINS:
-        for side in SIDES:
+        assert set(doc["runs"][grain]) == set(GRAIN_SIDES[grain])
+        for side in GRAIN_SIDES[grain]:
             [run] = doc["runs"][grain][side]
             assert run["messages_per_second"] > 0
-        assert set(doc["ratios"][grain]) == {
-            f"{ours} / {theirs}" for ours in SIDES[2:] for theirs in SIDES[:2]
-        }
+            assert run["load_1min"] >= 0
+            low, high = doc["messages_per_second_spread"][grain][side]
+            assert low == high == run["messages_per_second"]  # one round: its own spread
+        txstore_sides = [s for s in GRAIN_SIDES[grain] if s.startswith("txstore")]
+        wanted = {f"{ours} / {theirs}" for ours in txstore_sides for theirs in SIDES[:2]}
+        if TX_STREAM in GRAIN_SIDES[grain]:
+            wanted.add(f"{TX_STREAM} / {TX_PER_RANGE}")
+        assert set(doc["ratios"][grain]) == wanted
+        for ratio in doc["ratios"][grain].values():
+            assert ratio["lowest"] == ratio["median"] == ratio["highest"] > 0
+    # The stream is checked exact like every side (a wrong total voids the race), and says
+    # where its time went: Spark's phases of its micro-batches.
+    [stream] = doc["runs"]["total"][TX_STREAM]
+    assert stream["micro_batches"] >= 1 and stream["addBatch_ms"] > 0
     assert set(doc["guarantees"]) == set(SIDES)
+    assert "txstore stream / txstore per-range" in done.stdout
