@@ -365,6 +365,22 @@ def any_counting(
 
 
 @pytest.fixture
+def real_counting(
+    spark: Any,
+    real_kafka: Any,
+    database_url: str,
+    db: psycopg.Connection,
+    new_real_topic: Callable[..., str],
+) -> Counting:
+    """``counting`` on the session's Apache Kafka: ``real_counting.new_topic(3)`` creates a topic
+    there, ``real_counting.job(topic).run_batch()`` counts it (``topic_pattern=...`` for a pattern
+    job), ``real_counting.assert_counted_exactly(topic, 3)``."""
+    from tests.helpers.counting import Counting
+
+    return Counting(real_kafka, database_url, db, new_real_topic, spark=spark)
+
+
+@pytest.fixture
 def txstore_spark(spark: Any) -> Any:
     """The classic ``spark`` session with the txstore source (``spark.read.format("txstore")``) registered."""
     import txstore

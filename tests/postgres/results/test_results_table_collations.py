@@ -9,17 +9,13 @@ Real Spark, PostgreSQL (with ICU) and the Kafka-protocol test broker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import psycopg
 import pytest
 
-from tests.conftest import send
+from tests.helpers.counting import BrokerDb, Counting
 from tests.postgres.results.test_results_table import run_once, settings
 from txstore import ResultsTable
 from txstore.spark.ranges.range_task import COMMITTED
-from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
@@ -35,56 +31,51 @@ def case_insensitive_collation(db: psycopg.Connection) -> None:
         pytest.skip(f"this PostgreSQL cannot make a non-deterministic collation: {e}")
 
 
-def values(kafka: MockKafkaCluster, topic: str, *words: str) -> None:
-    send(kafka.bootstrap_servers, topic, [(0, None, w.encode(), None) for w in words])
+def values(counting: BrokerDb, topic: str, *words: str) -> None:
+    counting.send(topic, [(0, None, w.encode(), None) for w in words])
 
 
-def test_keys_equal_under_a_case_insensitive_collation_merge_into_one_row(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
-    case_insensitive_collation(db)
-    db.execute("CREATE TABLE words (word text COLLATE case_insensitive PRIMARY KEY, n bigint NOT NULL)")
-    topic = new_topic(1)
+def test_keys_equal_under_a_case_insensitive_collation_merge_into_one_row(counting: Counting) -> None:
+    case_insensitive_collation(counting.db)
+    counting.db.execute(
+        "CREATE TABLE words (word text COLLATE case_insensitive PRIMARY KEY, n bigint NOT NULL)"
+    )
+    topic = counting.new_topic(1)
     table = ResultsTable("words", ("word",), (("n", "sum"),))
-    s = settings(kafka, database_url, "words", topic)
+    s = settings(counting.kafka, counting.database_url, "words", topic)
     # Spark groups by bytes: 'Apple', 'apple' and 'APPLE' are three rows of one batch, one key here.
-    values(kafka, topic, "Apple", "apple", "pear", "APPLE", "apple")
-    assert run_once(spark, s, table, WORDS_SQL) == {COMMITTED}
-    assert db.execute("SELECT lower(word), n FROM words ORDER BY 1").fetchall() == [("apple", 4), ("pear", 1)]
-    values(kafka, topic, "aPPle", "PEAR", "plum")
-    assert run_once(spark, s, table, WORDS_SQL) == {COMMITTED}
-    assert db.execute("SELECT lower(word), n FROM words ORDER BY 1").fetchall() == [
+    values(counting, topic, "Apple", "apple", "pear", "APPLE", "apple")
+    assert run_once(counting.spark, s, table, WORDS_SQL) == {COMMITTED}
+    assert counting.db.execute("SELECT lower(word), n FROM words ORDER BY 1").fetchall() == [
+        ("apple", 4),
+        ("pear", 1),
+    ]
+    values(counting, topic, "aPPle", "PEAR", "plum")
+    assert run_once(counting.spark, s, table, WORDS_SQL) == {COMMITTED}
+    assert counting.db.execute("SELECT lower(word), n FROM words ORDER BY 1").fetchall() == [
         ("apple", 5),
         ("pear", 2),
         ("plum", 1),
     ]
 
 
-def test_min_and_max_of_text_follow_the_columns_collation_within_a_batch(
-    spark: Any,
-    kafka: MockKafkaCluster,
-    database_url: str,
-    db: psycopg.Connection,
-    new_topic: Callable[..., str],
-) -> None:
+def test_min_and_max_of_text_follow_the_columns_collation_within_a_batch(counting: Counting) -> None:
     # A collation that orders 'B' and 'a' the other way round from the database's default.
-    default_upper_first = db.execute("SELECT 'B' < 'a'").fetchone() == (True,)
+    default_upper_first = counting.db.execute("SELECT 'B' < 'a'").fetchone() == (True,)
     collation = '"und-x-icu"' if default_upper_first else '"C"'
-    db.execute(
+    counting.db.execute(
         f"CREATE TABLE extremes (k int PRIMARY KEY, lo text COLLATE {collation}, hi text COLLATE {collation})"
     )
     words = ["a", "B", "c", "D"]
-    expected = db.execute(
+    expected = counting.db.execute(
         f"SELECT min(w COLLATE {collation}), max(w COLLATE {collation}) FROM unnest(%s::text[]) w", (words,)
     ).fetchone()
-    topic = new_topic(1)
-    values(kafka, topic, *words)
+    topic = counting.new_topic(1)
+    values(counting, topic, *words)
     # One row per message, all with key 1: the batch's rows are combined before the merge.
     query = "SELECT 1 AS k, CAST(value AS STRING) AS lo, CAST(value AS STRING) AS hi FROM batch"
     table = ResultsTable("extremes", ("k",), (("lo", "min"), ("hi", "max")))
-    assert run_once(spark, settings(kafka, database_url, "extremes", topic), table, query) == {COMMITTED}
-    assert db.execute("SELECT lo, hi FROM extremes").fetchone() == expected
+    assert run_once(
+        counting.spark, settings(counting.kafka, counting.database_url, "extremes", topic), table, query
+    ) == {COMMITTED}
+    assert counting.db.execute("SELECT lo, hi FROM extremes").fetchone() == expected
