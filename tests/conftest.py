@@ -71,7 +71,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # Markers from the servers a test asks for, so that a selection (``./dev test --fast``, pytest -m)
 # never depends on a marker someone forgot to write: a test taking one of these fixtures starts
 # Spark (local, or a Connect server) or needs Apache Kafka.
-SPARK_FIXTURES = frozenset({"spark", "spark_connect", "spark_connect_server", "any_spark"})
+# "session": the stream and batch-source tests' classic-or-Connect session, which asks for Spark
+# only when it runs (request.getfixturevalue), so its dependency is not seen here otherwise.
+SPARK_FIXTURES = frozenset({"spark", "spark_connect", "spark_connect_server", "any_spark", "session"})
 REAL_KAFKA_FIXTURES = frozenset({"real_kafka", "new_real_topic"})
 
 

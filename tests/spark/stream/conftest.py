@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,20 +13,6 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
 
 __all__ = ["readers"]  # the stream readers a test made, stopped after it (tests/helpers/streams.py)
-
-
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test here taking ``session`` (or ``streaming``, ``real_streaming``) starts Spark: marked
-    ``spark``, as tests/conftest.py marks the tests taking ``spark`` (``session`` asks for it only
-    when it runs)."""
-    for item in items:
-        if not item.path.is_relative_to(HERE) or item.get_closest_marker("spark") is not None:
-            continue
-        if "session" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture
