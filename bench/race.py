@@ -421,15 +421,13 @@ def race(
                     f"  round {r + 1} {grain:8s} {side:18s} {record['wall_ms']:>9,.0f} ms "
                     f"{record['messages_per_second']:>12,.0f} msg/s"
                 )
+    loads = [x["load_1min"] for g in runs.values() for xs in g.values() for x in xs]
     result: dict[str, Any] = {
         "runs": runs,
         "messages_per_second_median": {},
         "messages_per_second_spread": {},
         "ratios": {},
-        "load_1min": {
-            "lowest": min(x["load_1min"] for g in runs.values() for xs in g.values() for x in xs),
-            "highest": max(x["load_1min"] for g in runs.values() for xs in g.values() for x in xs),
-        },
+        "load_1min": {"lowest": min(loads), "highest": max(loads)},
     }
     for grain in grains:
         rates = {s: [x["messages_per_second"] for x in xs] for s, xs in runs[grain].items()}
