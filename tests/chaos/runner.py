@@ -1238,7 +1238,12 @@ class Trial:
         # explains is not the catch-up's failure; a clean instance takes over.
         settle = self.until + DRIVER_EXIT_SECONDS if self._driver_may_fail(keep) else 0.0
         stops_after_operator = 0
-        while self._offsets() != ends or time.time() < settle or not self.events.settled():
+        while (
+            self._offsets() != ends
+            or time.time() < settle
+            or not self.events.settled()
+            or not self._caught_up()
+        ):
             if not keep.alive():
                 self._supervise()
                 if self._exit_reason(keep) in OPERATOR_EXITS:  # stopped by an event: the operator
@@ -1261,12 +1266,17 @@ class Trial:
                     continue
                 raise RuntimeError(f"the clean instance {keep.number} exited while catching up")
             if time.monotonic() > deadline:
+                behind = "" if self._caught_up() else ", or its checkpoint did not commit its last batch"
                 raise TimeoutError(
-                    f"offsets {self._offsets()} did not reach the log ends {ends} within 240s "
+                    f"offsets {self._offsets()} did not reach the log ends {ends}{behind} within 240s "
                     f"(instance {keep.number}: {keep.last_lines()})"
                 )
             time.sleep(0.3)
         self._stop_last(keep)
+
+    def _caught_up(self) -> bool:
+        """Whatever else the catch-up waits for besides the offsets (a stream's checkpoint)."""
+        return True
 
     def _primary_or_new(self, failpoints: str) -> Instance:
         """The alive primary instance, or a new primary with ``failpoints``."""

@@ -93,3 +93,18 @@ def test_a_stream_runs_trial_lines_summarize_to_the_stream_summary(tmp_path: Pat
     assert "checkpoint-restored=1 second-instance=0" in summary.line()
     assert summary.line().endswith("duplicated 0, wedged 1; failed trials: 8")
     assert main(["--stream", "--summarize", str(log)]) == 1
+
+
+def test_a_stream_catch_up_waits_for_the_checkpoint_to_commit_its_last_planned_batch(tmp_path: Path) -> None:
+    from tests.chaos.stream import checkpoint_caught_up
+
+    assert checkpoint_caught_up(tmp_path / "never-started")
+    for folder in ("offsets", "commits"):
+        (tmp_path / folder).mkdir()
+    for name in ("offsets/0", "offsets/1", "commits/0", "commits/.0.crc", "offsets/.1.crc"):
+        (tmp_path / name).write_text("")
+    assert not checkpoint_caught_up(tmp_path)  # killed after the sink's COMMIT: batch 1 to replay
+    (tmp_path / "commits" / "1").write_text("")
+    assert checkpoint_caught_up(tmp_path)
+    (tmp_path / "offsets" / "10").write_text("")  # batch ids compare as numbers, not names
+    assert not checkpoint_caught_up(tmp_path)
