@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from confluent_kafka import KafkaException, Message
@@ -44,6 +45,9 @@ from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange
 from txstore.core.results import Number, ResultKey, add_metrics
 from txstore.kafka.reader import RangeReader
+
+if TYPE_CHECKING:
+    from txstore.kafka.together import BufferedRange
 
 FAIL = "fail"
 SKIP = "skip"
@@ -95,7 +99,7 @@ class Aggregated:
     last: Fingerprint | None = None  # the range's last message, stored beside its offset
 
 
-def aggregate_range(aggregate: _Aggregate, reader: RangeReader, skip: bool) -> Aggregated:
+def aggregate_range(aggregate: _Aggregate, reader: RangeReader | BufferedRange, skip: bool) -> Aggregated:
     """Run ``aggregate`` over ``reader``'s range; on a message's failure, find the message(s).
 
     With ``skip`` False the result holds the first bad message only, and its
