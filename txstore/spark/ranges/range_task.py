@@ -42,6 +42,7 @@ from txstore.core.ranges import OffsetRange
 from txstore.core.results import Number, ResultKey, add_metrics
 from txstore.kafka.bad_messages import FAIL, SKIP, Aggregated, BadOffset, aggregate_range
 from txstore.kafka.reader import RangeReader
+from txstore.kafka.together import BufferedRange, read_together, together_candidates
 from txstore.postgres.db import forget_worker_connection, redact, worker_connection
 from txstore.postgres.idempotent import IdempotentSink, MessageTransform
 from txstore.postgres.sink import PUBLISH_MAX_BYTES, TransactionalSink
@@ -218,9 +219,12 @@ class RangeTask:
         else:
             yield from self.run_together(ranges, attempt)
 
-    def _aggregate(self, offset_range: OffsetRange) -> Aggregated | RangeReport:
-        """The range's deltas, or its refusal (aged-out data, a bad message with ``fail``)."""
-        reader = RangeReader(self.kafka_conf, offset_range, job=self.job)
+    def _aggregate(
+        self, offset_range: OffsetRange, read: BufferedRange | None = None
+    ) -> Aggregated | RangeReport:
+        """The range's deltas, or its refusal (aged-out data, a bad message with ``fail``); from
+        ``read`` if it was read together with others (:func:`~txstore.kafka.together.read_together`)."""
+        reader = read if read is not None else RangeReader(self.kafka_conf, offset_range, job=self.job)
         try:
             found = aggregate_range(self.aggregate, reader, self.on_bad_message == SKIP)
         except (DataLoss, TopicRecreated) as e:
@@ -258,13 +262,16 @@ class RangeTask:
         One transaction instead of one per range, because for small ranges the
         commit is most of the cost. If it is refused for anything but "all
         already committed" (another writer committed some of them), each range
-        is committed alone instead, so each gets its own exact outcome.
+        is committed alone instead, so each gets its own exact outcome. Small
+        ranges are read on one consumer at once (:func:`~txstore.kafka.together.read_together`:
+        for a few messages a range, the broker's round trips are most of the read).
         """
         started = time.perf_counter()
         reports: list[RangeReport] = []
         read: list[tuple[OffsetRange, Aggregated]] = []
+        together = read_together(self.kafka_conf, together_candidates(ranges), self.job)
         for offset_range in ranges:
-            found = self._aggregate(offset_range)
+            found = self._aggregate(offset_range, together.get(offset_range.key))
             if isinstance(found, RangeReport):
                 reports.append(found)
             else:
@@ -290,10 +297,10 @@ class RangeTask:
                 conflict = True  # nothing was written; sort it out range by range
 
         parts = [(r, found) for r, found in read]
-        together = _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)
+        committed = _commit_in_worker(self.job, self.database_url, parts, commit, started, read_done)
         if not conflict:
             return reports + [
-                _with_skipped(report, found.bad) for report, (_, found) in zip(together, read, strict=True)
+                _with_skipped(report, found.bad) for report, (_, found) in zip(committed, read, strict=True)
             ]
         return reports + [self._commit_alone(r, found, attempt, started, read_done) for r, found in read]
 

@@ -134,6 +134,7 @@ from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.core.subscription import subscription_of
 from txstore.kafka.client import Watermarks
 from txstore.kafka.reader import RangeReader
+from txstore.kafka.together import read_together, together_candidates
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.postgres.db import FROZEN_PEER_BOUND_SECONDS, connect
@@ -1082,8 +1083,11 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if not ranges:
             return
         reads = []
+        conf, job = self.options.read.kafka_conf, self.options.job
+        # Small ranges are counted on one consumer at once (txstore.kafka.together), the others alone.
+        together = read_together(conf, together_candidates(ranges), job, keep=False)
         for i, r in enumerate(ranges):
-            kafka = RangeReader(self.options.read.kafka_conf, r, job=self.options.job)  # gc paused throughout
+            kafka = together.get(r.key) or RangeReader(conf, r, job=job)  # gc paused throughout
             for _ in kafka:
                 pass
             reads.append(RangeRead(r, kafka.messages, kafka.last))
