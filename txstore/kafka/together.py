@@ -62,8 +62,12 @@ TOGETHER_MAX_OFFSETS = 10_000
 """The largest range read together: beyond it one range alone fills a fetch anyway."""
 
 TOGETHER_MAX_BYTES = 64 * 1024 * 1024
-"""Message bytes (keys and values) kept across the ranges read together; past it the ranges
-not yet whole are read one at a time."""
+"""Bytes of messages kept across the ranges read together (keys, values and
+:data:`MESSAGE_OVERHEAD_BYTES` each); past it the ranges not yet whole are read one at a time."""
+
+MESSAGE_OVERHEAD_BYTES = 200
+"""What a kept message costs beside its key and value, counted against :data:`TOGETHER_MAX_BYTES`
+(the ``Message`` object and its ``bytes`` and topic objects: tiny messages are mostly this)."""
 
 DISCARD_ALLOWANCE = 20_000
 """Messages past the ranges' ends (partitions whose logs go on) dropped before the ranges
@@ -242,7 +246,7 @@ def _read(
             if o.buffered.anchor is None:
                 o.buffered.anchor = fingerprint(m)
             if keep:
-                kept_bytes += len(m.value() or b"") + len(m.key() or b"")
+                kept_bytes += len(m.value() or b"") + len(m.key() or b"") + MESSAGE_OVERHEAD_BYTES
                 if not o.buffered.batches or len(o.buffered.batches[-1]) >= READ_BATCH:
                     o.buffered.batches.append([])
                 o.buffered.batches[-1].append(m)
