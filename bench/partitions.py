@@ -1,0 +1,255 @@
+"""A running job's batches by partition count, on Apache Kafka, in one run.
+
+``python -m bench.partitions [--partitions 8,1024] [--messages-per-partition 20] [--rounds 5]
+[--idle-batches 10] [--output FILE]``
+
+For each partition count: a topic on one Apache Kafka node
+(:class:`~txstore.testing.real_kafka.RealKafkaCluster`) and one txstore job counting it
+(``count_topic``'s aggregate, per-range, in one SparkSession), whose first batch (it creates
+the job's rows) is not timed. Then, measured by their wall clock:
+
+- **idle batches**: no new message, so planning alone (no Spark job);
+- **warm batches**: ``--messages-per-partition`` new messages in every partition, then one
+  batch, reported per range (the batch's wall time over its ranges);
+- ``txstore status`` for the job, as an operator runs it (its own process).
+
+The partition counts take turns within each round, so that the load on the machine falls on
+all of them alike; every median comes with its lowest and highest round and the 1-minute load
+when each ended. Issue 38's targets, checked at the largest count against the smallest: an
+idle batch at most 4x, a warm batch within 1 ms a range, ``txstore status`` under 1 s. Every
+batch's count is checked exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench.run import _count, _counts, bench_database, machine, say, warm_up
+from txstore.count_topic import count_messages
+from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka.reader import close_idle_consumers
+from txstore.spark.ranges.range_task import COMMITTED
+
+IDLE_RATIO_TARGET = 4.0
+WARM_MS_PER_RANGE_TARGET = 1.0
+STATUS_SECONDS_TARGET = 1.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.partitions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--partitions", type=_counts, default=[8, 1024], help="partition counts (default 8,1024)")
+    p.add_argument(
+        "--messages-per-partition", type=_count, default=20, help="a warm batch's new messages (20)"
+    )
+    p.add_argument("--rounds", type=_count, default=5, help="rounds (default 5)")
+    p.add_argument("--idle-batches", type=_count, default=10, help="idle batches a round (default 10)")
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--database-url", default=None, help="an existing database (default: a throwaway one)")
+    p.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
+    return p
+
+
+def spread(values: Sequence[float], digits: int = 2) -> dict[str, float]:
+    """The median with its lowest and highest value."""
+    return {
+        "median": round(statistics.median(values), digits),
+        "lowest": round(min(values), digits),
+        "highest": round(max(values), digits),
+    }
+
+
+def summarize(rounds: list[dict[str, dict[str, Any]]], counts: Sequence[int]) -> dict[str, Any]:
+    """Per partition count: medians (lowest, highest) of the idle batch (ms), the warm batch (ms a
+    range) and ``txstore status`` (s); the largest count's ratios to the smallest, per round then
+    their median, and whether the targets hold."""
+    per: dict[str, Any] = {}
+    for n in counts:
+        runs = [r[str(n)] for r in rounds]
+        per[str(n)] = {
+            "idle_batch_ms": spread([r["idle_ms"] for r in runs]),
+            "warm_ms_per_range": spread([r["warm_ms_per_range"] for r in runs]),
+            "status_seconds": spread([r["status_seconds"] for r in runs]),
+            "load_1min": spread([r["load_1min"] for r in runs], 1),
+        }
+    low, high = str(min(counts)), str(max(counts))
+    idle_ratio = spread([r[high]["idle_ms"] / r[low]["idle_ms"] for r in rounds])
+    warm = per[high]["warm_ms_per_range"]["median"]
+    status = per[high]["status_seconds"]["median"]
+    return {
+        "by_partitions": per,
+        f"idle_{high}_over_{low}": idle_ratio,
+        "targets": {
+            f"idle batch at {high} partitions <= {IDLE_RATIO_TARGET:g}x {low}": idle_ratio["median"]
+            <= IDLE_RATIO_TARGET,
+            f"warm batch at {high} partitions <= {WARM_MS_PER_RANGE_TARGET:g} ms a range": warm
+            <= WARM_MS_PER_RANGE_TARGET,
+            f"txstore status at {high} partitions < {STATUS_SECONDS_TARGET:g} s": status
+            < STATUS_SECONDS_TARGET,
+        },
+    }
+
+
+class Partitions:
+    """One topic of ``n`` partitions and its running job."""
+
+    def __init__(self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int) -> None:
+        from confluent_kafka import Producer
+
+        self.n = n
+        self.per_partition = per_partition
+        self.bootstrap = kafka.bootstrap_servers
+        self.database_url = database_url
+        self.topic = f"bench-partitions-{n}-{os.getpid()}"
+        kafka.create_topic(self.topic, n)
+        self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        self.job_name = f"bench-partitions-{n}"
+        settings = JobSettings(self.job_name, (self.topic,), self.bootstrap, database_url)
+        self.job = TransactionalJob(spark, settings, count_messages)
+        self.fill()
+        self.batch(n * per_partition)  # its rows, and every path warm: not timed
+
+    def fill(self) -> None:
+        for p in range(self.n):
+            for i in range(self.per_partition):
+                self.producer.produce(self.topic, b"v%d" % i, b"k%d" % i, partition=p)
+        if self.producer.flush(60) != 0:
+            raise RuntimeError(f"{self.topic}: messages not acknowledged within 60 s")
+
+    def batch(self, expected: int) -> float:
+        started = time.monotonic()
+        report = self.job.run_batch()
+        seconds = time.monotonic() - started
+        if report.messages != expected:
+            raise RuntimeError(
+                f"{self.topic}: a batch counted {report.messages} messages, expected {expected}"
+            )
+        if any(r.outcome != COMMITTED for r in report.ranges):
+            raise RuntimeError(
+                f"{self.topic}: a range was not committed: {[r.outcome for r in report.ranges]}"
+            )
+        return seconds
+
+    def status_seconds(self) -> float:
+        command = [
+            sys.executable,
+            "-m",
+            "txstore.ops.cli",
+            "status",
+            "--job",
+            self.job_name,
+            "--database-url",
+            self.database_url,
+            "--bootstrap-servers",
+            self.bootstrap,
+        ]
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        seconds = time.monotonic() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"txstore status exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        return seconds
+
+    def round(self, idle_batches: int) -> dict[str, Any]:
+        idle = [self.batch(0) for _ in range(idle_batches)]
+        self.fill()
+        warm = self.batch(self.n * self.per_partition)
+        return {
+            "idle_ms": round(statistics.median(idle) * 1000, 2),
+            "warm_ms_per_range": round(warm * 1000 / self.n, 3),
+            "warm_batch_ms": round(warm * 1000, 1),
+            "status_seconds": round(self.status_seconds(), 3),
+            "load_1min": round(os.getloadavg()[0], 2),
+        }
+
+    def close(self) -> None:
+        self.job.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    counts = sorted(set(args.partitions))
+    if len(counts) < 2:
+        raise SystemExit(
+            "python -m bench.partitions: give at least two partition counts (--partitions 8,1024)"
+        )
+    from pyspark.sql import SparkSession
+
+    from txstore.testing.real_kafka import RealKafkaCluster, kafka_jars
+
+    started_at = time.monotonic()
+    rounds: list[dict[str, dict[str, Any]]] = []
+    with contextlib.ExitStack() as stack:
+        database_url = stack.enter_context(bench_database(args.database_url))
+        kafka = stack.enter_context(RealKafkaCluster(kafka_jars()))
+        spark = (
+            SparkSession.builder.master(args.master)
+            .appName("txstore bench partitions")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        stack.callback(spark.stop)
+        stack.callback(close_idle_consumers)
+        warm_up(spark)
+        topics = {n: Partitions(spark, kafka, database_url, n, args.messages_per_partition) for n in counts}
+        for t in topics.values():
+            stack.callback(t.close)
+        for r in range(args.rounds):
+            order = counts if r % 2 == 0 else counts[::-1]
+            measured = {str(n): topics[n].round(args.idle_batches) for n in order}
+            rounds.append(measured)
+            say(
+                f"round {r + 1}: "
+                + "; ".join(
+                    f"{n} partitions idle {m['idle_ms']:.1f} ms, warm {m['warm_ms_per_range']:.2f} ms a range, "
+                    f"status {m['status_seconds']:.2f} s"
+                    for n, m in measured.items()
+                )
+                + f" (load {os.getloadavg()[0]:.1f})"
+            )
+    summary = summarize(rounds, counts)
+    for n, s in summary["by_partitions"].items():
+        say(
+            f"{n:>5} partitions: idle batch {s['idle_batch_ms']['median']} ms "
+            f"({s['idle_batch_ms']['lowest']}-{s['idle_batch_ms']['highest']}), warm "
+            f"{s['warm_ms_per_range']['median']} ms a range ({s['warm_ms_per_range']['lowest']}-"
+            f"{s['warm_ms_per_range']['highest']}), status {s['status_seconds']['median']} s, load "
+            f"{s['load_1min']['lowest']}-{s['load_1min']['highest']}"
+        )
+    for target, held in summary["targets"].items():
+        say(f"  {'ok    ' if held else 'MISSED'} {target}")
+    if args.output:
+        document = {
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m bench.partitions " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "settings": {
+                k: (str(v) if isinstance(v, Path) else v)
+                for k, v in vars(args).items()
+                if k != "database_url"
+            },
+            "machine": machine(),
+            "seconds": round(time.monotonic() - started_at, 1),
+            "summary": summary,
+            "rounds": rounds,
+        }
+        args.output.write_text(json.dumps(document, indent=2) + "\n")
+        say(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
