@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "python -m bench.partitions: give at least two partition counts (--partitions 8,1024)"
         )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers' Python is this one
     from pyspark.sql import SparkSession
 
     from txstore.testing.real_kafka import RealKafkaCluster, kafka_jars
