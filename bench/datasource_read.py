@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.broker import BrokerProcess
+from bench.run import local_session
 from bench.workload import Workload, produce
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config
@@ -127,17 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         conf = client_config(broker.bootstrap_servers)
         ranges = [OffsetRange(workload.topic, p, 0, per_partition) for p in range(args.partitions)]
 
-        from pyspark.sql import SparkSession
-
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_session("local[2]", "txstore bench datasource_read")
         spark.dataSource.register(TxstoreDataSource)
         spark.dataSource.register(TupleDataSource)
 

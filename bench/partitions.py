@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.run import _count, _counts, bench_database, machine, say, warm_up
+from bench.run import _count, _counts, bench_database, local_session, machine, say, warm_up
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.reader import close_idle_consumers
@@ -183,9 +183,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "python -m bench.partitions: give at least two partition counts (--partitions 8,1024)"
         )
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers' Python is this one
-    from pyspark.sql import SparkSession
-
     from txstore.testing.real_kafka import RealKafkaCluster, kafka_jars
 
     started_at = time.monotonic()
@@ -193,16 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         database_url = stack.enter_context(bench_database(args.database_url))
         kafka = stack.enter_context(RealKafkaCluster(kafka_jars()))
-        spark = (
-            SparkSession.builder.master(args.master)
-            .appName("txstore bench partitions")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_session(args.master, "txstore bench partitions")
         stack.callback(spark.stop)
         stack.callback(close_idle_consumers)
         warm_up(spark)

@@ -16,7 +16,7 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -167,21 +167,9 @@ def start_spark(master: str, spark: Any = None) -> tuple[Any, dict[str, float]]:
     measured here includes them; they are reported on their own. ``spark``:
     use this running session instead (the smoke test shares its session).
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     started = time.monotonic()
-    from pyspark.sql import SparkSession
-
-    spark = spark or (
-        SparkSession.builder.master(master)
-        .appName("txstore bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")  # as the Connect server's (bench/paths.py)
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    # spark.sql.shuffle.partitions: as the Connect server's (bench/paths.py)
+    spark = spark or local_session(master, "txstore bench", {"spark.sql.shuffle.partitions": "2"})
     session = time.monotonic()
     warm_up(spark)
     warm = time.monotonic()
@@ -189,6 +177,26 @@ def start_spark(master: str, spark: Any = None) -> tuple[Any, dict[str, float]]:
         "session_seconds": round(session - started, 3),
         "python_workers_seconds": round(warm - session, 3),
     }
+
+
+def local_session(master: str, app: str, conf: Mapping[str, str] | None = None) -> Any:
+    """A SparkSession as every benchmark builds it: no UI or progress bar, the driver on
+    127.0.0.1, its Python workers this Python, logs at ERROR; ``conf`` on top."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config(map=dict(conf or {}))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 def warm_up(spark: Any) -> None:

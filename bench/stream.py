@@ -65,7 +65,7 @@ from typing import Any
 from bench.broker import BrokerProcess
 from bench.memory import PeakMemory
 from bench.race import produce as produce_fast
-from bench.run import _count, bench_database, machine, say, warm_up
+from bench.run import _count, bench_database, local_session, machine, say, warm_up
 from bench.workload import Workload, fit_value_bytes, produce
 from txstore.core.starting import StartDecision
 from txstore.count_topic import count_messages
@@ -338,19 +338,8 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
             f"in {produce_seconds:.1f} s"
         )
         if own_session:
-            from pyspark.sql import SparkSession
-
-            spark = (
-                SparkSession.builder.master(args.master)
-                .config("spark.ui.enabled", "false")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.sql.shuffle.partitions", "2")
-                .config("spark.driver.bindAddress", "127.0.0.1")
-                .config("spark.driver.host", "127.0.0.1")
-                .config(map=dict(c.split("=", 1) for c in args.spark_conf))
-                .getOrCreate()
-            )
-            spark.sparkContext.setLogLevel("ERROR")
+            conf = {"spark.sql.shuffle.partitions": "2", **dict(c.split("=", 1) for c in args.spark_conf)}
+            spark = local_session(args.master, "txstore bench stream", conf)
         stack.callback(close_idle_consumers)  # the driver's pooled readers, before their broker goes
         if own_session:
             stack.callback(spark.stop)
