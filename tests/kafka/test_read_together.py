@@ -15,7 +15,8 @@ from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import DataLoss, KafkaReadError, TopicRecreated
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka import reader as reader_module
+from txstore.kafka.client import client_config, fetch_watermarks, reader_config
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.together import BufferedRange, check_same_logs, read_together, together_candidates
 from txstore.testing.mock_kafka import MockKafkaCluster
@@ -147,8 +148,13 @@ def test_a_range_whose_messages_aged_out_is_left_to_the_one_range_reader_which_s
     low = fetch_watermarks(conf, [topic])[0].low
     assert low > 0
     gone, kept = OffsetRange(topic, 0, 0, 80), OffsetRange(topic, 1, 0, 5)
+    settings = reader_config(conf)
+    pooled, topics = reader_module._consumers.take(settings)  # the consumer read_together takes next
+    reader_module._consumers.give_back(settings, pooled, topics)
     read = read_together(conf, [gone, kept], job="j")
     assert list(read) == [kept.key]
+    with pytest.raises(RuntimeError):
+        pooled.assignment()  # it saw the partition's error: closed, as the one-range reader's rule
     with pytest.raises(DataLoss, match=rf"'{topic}' partition 0: offset 0 is no longer in Kafka"):
         alone(conf, gone)
 

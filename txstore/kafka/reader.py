@@ -354,17 +354,7 @@ class RangeReader:
                         return  # removed since the read began (compaction): nothing to compare
                     found = fingerprint(m)
                     if found != anchor:
-                        seen = "last counted" if r.verify is not None and anchor == r.verify else "first read"
-                        raise recreated_error(
-                            self.job,
-                            r.topic,
-                            r.partition,
-                            f"{seen} message {anchor.describe()}",
-                            found.describe(),
-                            reset_command(self.job, r.topic, r.partition, "--to-earliest --new-generation"),
-                            during=f" while offsets {r.from_offset} -> {r.until_offset} were read",
-                            stored_label="",
-                        )
+                        raise log_changed_during_read(self.job, r, anchor, found)
                     return
                 if error.code() == KafkaError._PARTITION_EOF or _out_of_range(error):
                     return  # the log now ends below it, or it aged out: nothing to compare
@@ -433,6 +423,24 @@ class RangeReader:
             raise KafkaReadError(
                 f"reading {r.topic!r} partition {r.partition} at offset {next_offset} failed: {error.str()}"
             )
+
+
+def log_changed_during_read(
+    job: str, r: OffsetRange, anchor: Fingerprint, found: Fingerprint
+) -> TopicRecreated:
+    """The same-log check's error: the message a range's read started from (``anchor``) is now
+    another one (``found``), so the topic was recreated while the range was read."""
+    seen = "last counted" if r.verify is not None and anchor == r.verify else "first read"
+    return recreated_error(
+        job,
+        r.topic,
+        r.partition,
+        f"{seen} message {anchor.describe()}",
+        found.describe(),
+        reset_command(job, r.topic, r.partition, "--to-earliest --new-generation"),
+        during=f" while offsets {r.from_offset} -> {r.until_offset} were read",
+        stored_label="",
+    )
 
 
 LAST_MESSAGE_LOOKBACK = 64

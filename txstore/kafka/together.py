@@ -44,8 +44,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from txstore.core.errors import KafkaReadError, TxstoreError
-from txstore.core.fingerprint import Fingerprint, fingerprint, recreated_error
-from txstore.core.ranges import OffsetRange, reset_command
+from txstore.core.fingerprint import Fingerprint, fingerprint
+from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _servers, reader_config
 from txstore.kafka.reader import (
     IDLE_TIMEOUT_SECONDS,
@@ -56,6 +56,7 @@ from txstore.kafka.reader import (
     _offset,
     _out_of_range,
     gc_paused,
+    log_changed_during_read,
 )
 
 TOGETHER_MAX_OFFSETS = 10_000
@@ -72,6 +73,17 @@ MESSAGE_OVERHEAD_BYTES = 200
 DISCARD_ALLOWANCE = 20_000
 """Messages past the ranges' ends (partitions whose logs go on) dropped before the ranges
 still open are left to the one-range reader, on top of the offsets still due."""
+
+
+def _consumer_failed(m: Message) -> bool:
+    """An event for no partition that ends the consumer (not librdkafka's passing ones)."""
+    error = m.error()
+    return error is not None and m.topic() is None and (error.fatal() or not error.retriable())
+
+
+class _ConsumerFailed(Exception):
+    """The consumer itself failed while reading together: every range is read alone, which
+    raises the error where it stays."""
 
 
 def together_candidates(ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
@@ -153,12 +165,14 @@ def read_together(
             for r in ranges
         }
         with gc_paused():
-            whole = {
-                k: o.buffered
-                for k, o in _read(consumer, opened, settings, idle_timeout, max_bytes, keep).items()
-            }
+            try:
+                read, clean = _read(consumer, opened, settings, idle_timeout, max_bytes, keep)
+            except _ConsumerFailed:
+                return {}
+            whole = {k: o.buffered for k, o in read.items()}
             _check_anchors(consumer, whole, settings, job, idle_timeout)
-        finished = True
+        # As the one-range reader's pool rule: a consumer that saw an error is closed, not kept.
+        finished = clean
         return whole
     finally:
         if finished:
@@ -174,13 +188,15 @@ def _read(
     idle: float,
     max_bytes: int,
     keep: bool,
-) -> dict[tuple[str, int], _Open]:
-    """Steps 1-3: the ranges read whole, by key (the rest dropped, for the one-range reader)."""
+) -> tuple[dict[tuple[str, int], _Open], bool]:
+    """Steps 1-3: the ranges read whole, by key (the rest dropped, for the one-range reader),
+    and whether no partition's error was seen."""
     consumer.assign(
         [TopicPartition(o.range.topic, o.range.partition, o.next_offset) for o in opened.values()]
     )
     active = dict(opened)
     dropped: set[tuple[str, int]] = set()
+    clean = True
     kept_bytes = 0
     discarded = 0
     allowance = DISCARD_ALLOWANCE + sum(o.range.until_offset - o.next_offset for o in opened.values())
@@ -210,8 +226,8 @@ def _read(
             o = active.get(key)  # type: ignore[arg-type]
             error = m.error()
             if o is None:
-                if error is not None and m.topic() is None and (error.fatal() or not error.retriable()):
-                    return {}  # the consumer itself failed: every range is read alone, which raises
+                if _consumer_failed(m):
+                    raise _ConsumerFailed
                 discarded += 1
                 continue
             r = o.range
@@ -224,6 +240,7 @@ def _read(
                         drop(r.key)  # the log ends below `until` (planned there): the one-range reader's case
                     continue
                 drop(r.key)  # out of range, or another error: classified by the one-range reader
+                clean = False
                 continue
             offset = _offset(m)
             if offset < o.next_offset:
@@ -260,7 +277,7 @@ def _read(
                 break
         if kept_bytes > max_bytes or discarded > allowance:
             break  # the ranges not yet whole are read one at a time
-    return {k: o for k, o in opened.items() if o.done and k not in dropped}
+    return {k: o for k, o in opened.items() if o.done and k not in dropped}, clean
 
 
 def check_same_logs(
@@ -300,7 +317,7 @@ def _check_anchors(
             b = pending.get((m.topic(), m.partition()))  # type: ignore[arg-type]
             error = m.error()
             if b is None:
-                if error is not None and m.topic() is None and (error.fatal() or not error.retriable()):
+                if error is not None and _consumer_failed(m):
                     raise KafkaReadError(
                         f"checking {len(pending)} ranges read together failed: {error.str()}"
                     )
@@ -320,17 +337,7 @@ def _check_anchors(
                 continue  # removed since the read began (compaction): nothing to compare
             found = fingerprint(m)
             if found != anchor:
-                seen = "last counted" if r.verify is not None and anchor == r.verify else "first read"
-                b.error = recreated_error(
-                    job,
-                    r.topic,
-                    r.partition,
-                    f"{seen} message {anchor.describe()}",
-                    found.describe(),
-                    reset_command(job, r.topic, r.partition, "--to-earliest --new-generation"),
-                    during=f" while offsets {r.from_offset} -> {r.until_offset} were read",
-                    stored_label="",
-                )
+                b.error = log_changed_during_read(job, r, anchor, found)
         if pending and time.monotonic() > deadline:
             topic, partition = next(iter(pending))
             raise KafkaReadError(
