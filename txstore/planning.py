@@ -37,11 +37,12 @@ from txstore.core.ranges import (
     limit_ranges,
     plan_ranges,
     recreated_topics,
+    topic_ids_wanted,
     topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
 from txstore.core.subscription import subscription_of
-from txstore.kafka.client import fetch_topic_names, offsets_for_times
+from txstore.kafka.client import Watermarks, fetch_topic_names, offsets_for_times
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.settings import JobSettings
@@ -77,11 +78,13 @@ class Planner:
         self.history: dict[TopicPartition, PartitionHistory] = {}
         self.backlog: dict[TopicPartition, int] = {}
         """Per partition, the last plan's log end minus committed offset (before any cap)."""
+        self._ids: dict[str, str | None] = {}  # Kafka's topic IDs asked this plan (None: none)
 
     def plan(self, connection: Callable[[], psycopg.Connection]) -> list[OffsetRange]:
         """Steps 1-4 on the driver's ``connection()``; PostgreSQL errors become one line
         (:class:`PermissionDenied`, :class:`DatabaseUnavailable`)."""
         s = self.settings
+        self._ids = {}
         try:
             conn = connection()
             if not self._subscribed:
@@ -96,7 +99,7 @@ class Planner:
             if started or skipped:  # the same topics: one that starts matching meanwhile waits
                 committed, watermarks = self._state(conn, resolve=False)
             self.backlog = {w.key: max(0, w.high - committed.get(w.key, w.high)) for w in watermarks}
-            topic_ids = self._topic_ids(conn)
+            topic_ids = self._topic_ids(conn, committed, watermarks)
             ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
             return limit_ranges(ranges, s.max_offsets_per_batch)
         except psycopg.errors.InsufficientPrivilege as e:
@@ -119,7 +122,10 @@ class Planner:
         committed, self.history = store.committed_state(conn, s.job, topics)
         while True:
             try:
-                watermarks = self.watermarks(s.kafka_conf, topics)
+                if isinstance(self.watermarks, Watermarks):  # the job's own: idle partitions asked less
+                    watermarks = self.watermarks(s.kafka_conf, topics, settled=committed)
+                else:
+                    watermarks = self.watermarks(s.kafka_conf, topics)
                 break
             except UnknownTopic as e:
                 # A topic the job stored offsets for existed: gone now, it is no typo.
@@ -166,19 +172,34 @@ class Planner:
             self._told = matched
         return self.topics
 
-    def _topic_ids(self, conn: psycopg.Connection) -> dict[str, str]:
+    def _topic_ids(
+        self,
+        conn: psycopg.Connection,
+        committed: Mapping[TopicPartition, int],
+        watermarks: Sequence[PartitionWatermarks],
+    ) -> dict[str, str]:
         """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
-        stored in the rows that have none yet, so a later recreation is seen."""
+        of the topics :func:`~txstore.core.ranges.topic_ids_wanted` names (an idle topic whose
+        IDs are stored is not asked), stored in the rows that have none yet, so a later
+        recreation is seen."""
         if self.topic_ids_source is None:
             return {}
         s = self.settings
-        ids = self.topic_ids_source(s.kafka_conf, self.topics)
+        ids = self._ids_of(topic_ids_wanted(committed, watermarks, self.history))
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in self.history.items())
         }
         if unknown:
             store.record_topic_ids(conn, s.job, unknown)
         return ids
+
+    def _ids_of(self, topics: Sequence[str]) -> dict[str, str]:
+        """Kafka's topic IDs of ``topics``, each topic asked at most once a plan."""
+        missing = [t for t in topics if t not in self._ids]
+        if missing and self.topic_ids_source is not None:
+            found = self.topic_ids_source(self.settings.kafka_conf, missing)
+            self._ids.update({t: found.get(t) for t in missing})
+        return {t: i for t in topics if (i := self._ids.get(t)) is not None}
 
     def _start_new_partitions(
         self,
@@ -226,7 +247,7 @@ class Planner:
         lost = [] if s.fail_on_data_loss else aged_out(committed, watermarks)
         if lost and self.topic_ids_source is not None:
             # A recreated topic's offsets are not the old one's: its topic ID stops the plan.
-            recreated = recreated_topics(self.history, self.topic_ids_source(s.kafka_conf, self.topics))
+            recreated = recreated_topics(self.history, self._ids_of(sorted({r.topic for r in lost})))
             lost = [r for r in lost if r.topic not in recreated]
         if not lost:
             return False

@@ -21,9 +21,11 @@ from txstore.core.ranges import (
     PartitionWatermarks,
     aged_out,
     limit_ranges,
+    log_start_wanted,
     plan_ranges,
     recreated_topics,
     split_ranges,
+    topic_ids_wanted,
 )
 from txstore.core.starting import (
     EARLIEST,
@@ -334,3 +336,37 @@ def test_a_topic_is_recreated_when_its_stored_id_and_kafka_s_differ_and_both_are
     }
     assert recreated_topics(history, {"a": "A2", "b": "B1", "c": "C1", "d": None}) == {"a"}
     assert recreated_topics(history, {}) == set()
+
+
+def test_a_plan_asks_the_log_start_only_of_partitions_not_at_their_end() -> None:
+    ends = {("t", 0): 10, ("t", 1): 4, ("t", 2): 7, ("u", 0): 0}
+    committed = {("t", 0): 10, ("t", 1): 2, ("t", 2): 9, ("u", 0): 0}
+    # at its end: not asked; new data, beyond the end, no row: asked
+    assert log_start_wanted(committed, {**ends, ("t", 3): 5}) == [("t", 1), ("t", 2), ("t", 3)]
+    assert log_start_wanted(committed, {("t", 0): 10, ("u", 0): 0}) == []
+
+
+def test_a_plan_asks_topic_ids_only_of_topics_with_a_range_or_a_row_without_one() -> None:
+    marks_now = [
+        marks("idle", 0, 0, 5),
+        marks("idle", 1, 3, 3),
+        marks("busy", 0, 0, 9),
+        marks("busy", 1, 0, 4),
+        marks("new", 0, 0, 2),
+        marks("noid", 0, 0, 6),
+    ]
+    committed = {("idle", 0): 5, ("idle", 1): 3, ("busy", 0): 9, ("busy", 1): 1, ("noid", 0): 6}
+    history = {
+        ("idle", 0): PartitionHistory(0, "I"),
+        ("idle", 1): PartitionHistory(0, "I"),
+        ("busy", 0): PartitionHistory(0, "B"),
+        ("busy", 1): PartitionHistory(0, "B"),
+        ("noid", 0): PartitionHistory(0, None),
+    }
+    # busy: one partition has new data; new: no row yet; noid: its ID not stored yet
+    assert topic_ids_wanted(committed, marks_now, history) == ("busy", "new", "noid")
+    idle_only = {k: v for k, v in committed.items() if k[0] == "idle"}
+    idle_history = {k: v for k, v in history.items() if k[0] == "idle"}
+    assert topic_ids_wanted(idle_only, marks_now[:2], idle_history) == ()
+    # beyond the log end (refused anyway) and a row the history lacks are asked too
+    assert topic_ids_wanted({("idle", 0): 6}, marks_now[:1], {}) == ("idle",)

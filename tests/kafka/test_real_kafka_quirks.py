@@ -106,21 +106,35 @@ def test_the_kept_consumer_asks_a_log_offset_below_zero_again_and_never_takes_it
     partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
     consumer = _AnsweringConsumer(
         [
-            {("t", 0): 0, ("t", 1): 0},  # log start
             {("t", 0): -1001, ("t", 1): 7},  # log end, partition 0 still loading
             {("t", 0): 12, ("t", 1): 99},  # partition 0 asked again
+            {("t", 0): 0, ("t", 1): 0},  # log start
         ]
     )
     low, high = _consumer_log_offsets(consumer, partitions, timeout=5.0)  # type: ignore[arg-type]
     assert low == {("t", 0): 0, ("t", 1): 0}
     assert high == {("t", 0): 12, ("t", 1): 7}
-    # The log start is timestamp -2 and the end -1 in Kafka's ListOffsets; only partition 0 again.
-    assert consumer.asked == [[("t", 0, -2), ("t", 1, -2)], [("t", 0, -1), ("t", 1, -1)], [("t", 0, -1)]]
+    # The end is timestamp -1 and the log start -2 in Kafka's ListOffsets; only partition 0 again.
+    assert consumer.asked == [[("t", 0, -1), ("t", 1, -1)], [("t", 0, -1)], [("t", 0, -2), ("t", 1, -2)]]
     stuck = _AnsweringConsumer([{("t", 0): -1001}])
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
         _consumer_log_offsets(stuck, [TopicPartition("t", 0)], timeout=1.0)  # type: ignore[arg-type]
     assert 0.8 < time.monotonic() - started < 5
+
+
+def test_the_kept_consumer_asks_the_log_start_only_of_partitions_not_at_their_committed_end() -> None:
+    partitions = [TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)]
+    ends = {("t", 0): 5, ("t", 1): 7, ("t", 2): 4}
+    busy = _AnsweringConsumer([ends, {("t", 1): 2, ("t", 2): 1}])
+    settled = {("t", 0): 5, ("t", 1): 3}  # 0 at its end; 1 below it; 2 has no committed offset
+    low, high = _consumer_log_offsets(busy, partitions, 5.0, settled)  # type: ignore[arg-type]
+    assert high == ends and low == {("t", 0): 5, ("t", 1): 2, ("t", 2): 1}
+    assert busy.asked == [[("t", 0, -1), ("t", 1, -1), ("t", 2, -1)], [("t", 1, -2), ("t", 2, -2)]]
+    idle = _AnsweringConsumer([ends])
+    low, high = _consumer_log_offsets(idle, partitions, 5.0, dict(ends))  # type: ignore[arg-type]
+    assert low == high == ends
+    assert idle.asked == [[("t", 0, -1), ("t", 1, -1), ("t", 2, -1)]]  # one question, not two
 
 
 @pytest.mark.parametrize("client", ["one-off", "kept"])

@@ -204,15 +204,19 @@ def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
     assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
 
 
-def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_plan(
+def test_a_topic_recreated_with_the_same_offsets_stops_the_first_plan_with_a_range_before_reading(
     database_url: str, conn: psycopg.Connection, db: psycopg.Connection
 ) -> None:
+    """An idle plan (every offset at its log end, the IDs stored) asks no topic ID: it reads and
+    commits nothing. The first plan with a range asks it, and stops before anything is read."""
     marks = [PartitionWatermarks("t", 0, 0, 3)]
     assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn)
     db.execute("UPDATE txn_offsets SET off = 3")
     assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn) == []  # idle
+    assert planner(database_url, marks, {"t": "T2"}).plan(lambda: conn) == []  # idle: not asked
     with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
-        planner(database_url, marks, {"t": "T2"}).plan(lambda: conn)
+        planner(database_url, [PartitionWatermarks("t", 0, 0, 4)], {"t": "T2"}).plan(lambda: conn)
+    assert rows(db, "SELECT off, topic_id FROM txn_offsets") == [(3, "T1")]
 
 
 def test_with_fail_on_data_loss_false_a_recreated_topic_stops_the_plan_before_any_loss_is_recorded(

@@ -28,7 +28,7 @@ from txstore.core.errors import (
     KafkaUnavailable,
     UnknownTopic,
 )
-from txstore.core.ranges import PartitionWatermarks
+from txstore.core.ranges import PartitionWatermarks, log_start_wanted
 from txstore.kafka.certificates import certificate_refusal
 
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
@@ -347,8 +347,16 @@ class Watermarks:
         self._conf: dict[str, Any] = {}
 
     def __call__(
-        self, conf: Mapping[str, Any], topics: Sequence[str], timeout: float = METADATA_TIMEOUT_SECONDS
+        self,
+        conf: Mapping[str, Any],
+        topics: Sequence[str],
+        timeout: float = METADATA_TIMEOUT_SECONDS,
+        settled: Mapping[tuple[str, int], int] | None = None,
     ) -> list[PartitionWatermarks]:
+        """The partitions of ``topics`` and their log offsets. ``settled``: a planner's committed
+        offsets; a partition whose committed offset is its log end now is not asked its log start
+        (:func:`~txstore.core.ranges.log_start_wanted`) and is reported as ``[end, end)``, all it
+        has to read: an idle job asks one ListOffsets a plan, not two."""
         admin = self._admin_for(conf)
         if self._consumer is None:
             try:
@@ -359,7 +367,7 @@ class Watermarks:
                 ) from None
         try:
             try:
-                return _watermarks(admin, conf, topics, timeout, self._consumer)
+                return _watermarks(admin, conf, topics, timeout, self._consumer, settled)
             except _ConsumerMetadataBehind:
                 # Partitions added (or a topic created) since the kept consumer last learned the
                 # topics: the admin client, whose metadata named them just now, answers this
@@ -426,6 +434,7 @@ def _watermarks(
     topics: Sequence[str],
     timeout: float,
     consumer: Consumer | None = None,
+    settled: Mapping[tuple[str, int], int] | None = None,
 ) -> list[PartitionWatermarks]:
     """The partitions of ``topics`` (one metadata request per topic) and their log start and end.
 
@@ -433,7 +442,9 @@ def _watermarks(
     a running job): its offsets-for-times lookup takes a whole list in one call and answers
     with one list, where the admin client makes a Python future per partition and question
     (at 1,024 partitions, 41 ms against 80 ms for both questions on Apache Kafka). A one-off
-    call uses the admin client, whose connection the metadata request has just made.
+    call uses the admin client, whose connection the metadata request has just made. With
+    ``settled`` (the kept consumer only) the log ends are asked first, then the log starts of
+    the partitions :func:`~txstore.core.ranges.log_start_wanted` names.
     """
     servers = _servers(conf)
     partitions: list[TopicPartition] = []
@@ -463,7 +474,7 @@ def _watermarks(
         # start and end are two requests): the planning round trip is one wait, not two.
         # Read-committed end (the last stable offset): reading never waits on open transactions.
         if consumer is not None:
-            low, high = _consumer_log_offsets(consumer, partitions, timeout)
+            low, high = _consumer_log_offsets(consumer, partitions, timeout, settled)
         else:
             low, high = _list_offsets_together(
                 admin.client,
@@ -642,10 +653,17 @@ _LOG_END_TIMESTAMP = -1
 
 
 def _consumer_log_offsets(
-    consumer: Consumer, partitions: Sequence[TopicPartition], timeout: float
+    consumer: Consumer,
+    partitions: Sequence[TopicPartition],
+    timeout: float,
+    settled: Mapping[tuple[str, int], int] | None = None,
 ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
     """Each partition's log start and read-committed log end, with ``consumer``'s
     offsets-for-times lookup (one call a question, one request per leader).
+
+    The ends are asked first; then the starts, only of the partitions
+    :func:`~txstore.core.ranges.log_start_wanted` names for ``settled`` (None: every one).
+    A partition not asked its start is given its end as its start: it has nothing to read.
 
     The consumer is a reader (:func:`reader_config`): its ListOffsets requests carry
     ``isolation.level=read_committed``, so the end is the last stable offset, as
@@ -658,42 +676,53 @@ def _consumer_log_offsets(
     :class:`_ConsumerMetadataBehind` (the caller asks the admin client instead).
     """
     deadline = time.monotonic() + timeout
-    answers: list[dict[tuple[str, int], int]] = []
-    for timestamp in (_LOG_START_TIMESTAMP, _LOG_END_TIMESTAMP):
-        found: dict[tuple[str, int], int] = {}
-        pending = [(tp.topic, tp.partition) for tp in partitions]
-        while pending:
-            left = max(deadline - time.monotonic(), 0.001)
-            asked = [TopicPartition(topic, partition, timestamp) for topic, partition in pending]
-            try:
-                answered = consumer.offsets_for_times(asked, timeout=left)
-            except KafkaException as e:  # librdkafka fails the whole lookup on a partition's error
-                error = e.args[0] if e.args else None
-                if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
-                    raise _ConsumerMetadataBehind(str(error.str())) from None
-                if not _moving_within(e, deadline):
-                    raise
-                time.sleep(LIST_OFFSETS_RETRY_SECONDS)
-                continue
-            again: list[tuple[str, int]] = []
-            for answer in answered:
-                key = (answer.topic, answer.partition)
-                error = answer.error
-                if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
-                    raise _ConsumerMetadataBehind(str(error.str()))
-                if error is not None:
-                    if not _moving_within(KafkaException(error), deadline):
-                        raise KafkaException(error)
-                    again.append(key)
-                elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
-                    found[key] = int(answer.offset)
-                else:
-                    again.append(key)
-            if again:
-                time.sleep(LIST_OFFSETS_RETRY_SECONDS)
-            pending = again
-        answers.append(found)
-    return answers[0], answers[1]
+    everything = [(tp.topic, tp.partition) for tp in partitions]
+    high = _consumer_lookup(consumer, everything, _LOG_END_TIMESTAMP, deadline)
+    wanted = everything if settled is None else log_start_wanted(settled, high)
+    low = _consumer_lookup(consumer, wanted, _LOG_START_TIMESTAMP, deadline)
+    for key in everything:
+        low.setdefault(key, high[key])  # not asked: at its end, nothing to read
+    return low, high
+
+
+def _consumer_lookup(
+    consumer: Consumer, partitions: Sequence[tuple[str, int]], timestamp: int, deadline: float
+) -> dict[tuple[str, int], int]:
+    """One question (``timestamp``: the log start or end) of every partition, asked again
+    where leadership moves, until ``deadline``: :func:`_consumer_log_offsets`' rules."""
+    found: dict[tuple[str, int], int] = {}
+    pending = list(partitions)
+    while pending:
+        left = max(deadline - time.monotonic(), 0.001)
+        asked = [TopicPartition(topic, partition, timestamp) for topic, partition in pending]
+        try:
+            answered = consumer.offsets_for_times(asked, timeout=left)
+        except KafkaException as e:  # librdkafka fails the whole lookup on a partition's error
+            error = e.args[0] if e.args else None
+            if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
+                raise _ConsumerMetadataBehind(str(error.str())) from None
+            if not _moving_within(e, deadline):
+                raise
+            time.sleep(LIST_OFFSETS_RETRY_SECONDS)
+            continue
+        again: list[tuple[str, int]] = []
+        for answer in answered:
+            key = (answer.topic, answer.partition)
+            error = answer.error
+            if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
+                raise _ConsumerMetadataBehind(str(error.str()))
+            if error is not None:
+                if not _moving_within(KafkaException(error), deadline):
+                    raise KafkaException(error)
+                again.append(key)
+            elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
+                found[key] = int(answer.offset)
+            else:
+                again.append(key)
+        if again:
+            time.sleep(LIST_OFFSETS_RETRY_SECONDS)
+        pending = again
+    return found
 
 
 def _moving_within(error: KafkaException, deadline: float) -> bool:

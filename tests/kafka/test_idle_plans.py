@@ -1,0 +1,118 @@
+"""A running job's idle plans on Apache Kafka: what they ask less, and what they still tell.
+
+An idle partition (committed offset at its log end) is not asked its log start, and an idle
+topic whose IDs are stored is not asked its topic ID (issue 38: at 1,024 partitions these
+were most of an idle plan). These tests prove what that must not change: the log start of
+every partition with something to read, the topic ID stored while idle, and a recreated
+topic told before anything of it is counted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from tests.conftest import send
+from tests.helpers.counting import Counting
+from tests.helpers.recreated import snapshot, topic_id_changed_line
+from txstore.core.errors import TopicRecreated
+from txstore.core.starting import parse_starting_offsets
+from txstore.kafka.client import Watermarks, client_config
+from txstore.kafka.topic_ids import fetch_topic_ids
+from txstore.testing.real_kafka import RealKafkaCluster
+
+pytestmark = pytest.mark.spark
+
+ADMIN_TIMEOUT = 30.0
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def delete_records(kafka: RealKafkaCluster, topic: str, partition: int, before: int) -> None:
+    futures = kafka.admin().delete_records(
+        [TopicPartition(topic, partition, before)], request_timeout=ADMIN_TIMEOUT
+    )
+    for future in futures.values():
+        assert future.result(ADMIN_TIMEOUT).low_watermark == before
+
+
+def same_three(partition: int = 0) -> list[tuple[int, bytes, bytes, int]]:
+    """Three messages with fixed keys, values and timestamps: a recreated topic refilled with them
+    holds byte-identical messages at the same offsets, so only Kafka's topic ID tells it."""
+    return [(partition, b"k%d" % i, b"same-%d" % i, T0 + i) for i in range(3)]
+
+
+def test_a_partition_at_its_log_end_is_not_asked_its_log_start_and_every_other_one_is(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    topic = real_counting.new_topic(3, prefix="idle-start")
+    real_counting.produce(topic, {0: 10, 1: 10, 2: 4})
+    for partition in (0, 1):
+        delete_records(real_kafka, topic, partition, 6)
+    conf = client_config(real_kafka.bootstrap_servers)
+    ask = Watermarks()
+    try:
+        everything = {(w.partition, w.low, w.high) for w in ask(conf, [topic])}
+        assert everything == {(0, 6, 10), (1, 6, 10), (2, 0, 4)}
+        # 0: at its end (nothing to read: [10, 10)); 1: below it, asked; 2: no row, asked
+        settled = {(topic, 0): 10, (topic, 1): 7}
+        assert {(w.partition, w.low, w.high) for w in ask(conf, [topic], settled=settled)} == {
+            (0, 10, 10),
+            (1, 6, 10),
+            (2, 0, 4),
+        }
+        # aged out below the committed offset: asked, and the loss is seen
+        assert {(w.partition, w.low) for w in ask(conf, [topic], settled={(topic, 0): 2})} == {
+            (0, 6),
+            (1, 6),
+            (2, 0),
+        }
+    finally:
+        ask.close()
+
+
+def test_an_idle_job_stores_the_topic_id_so_a_recreation_before_its_first_message_is_told(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    """Started at ``latest`` on a topic with messages: nothing to count, yet the rows get the
+    topic ID at once; a same-length recreation is then told when data comes, before counting."""
+    topic = real_counting.new_topic(1, prefix="idle-id")
+    send(real_kafka.bootstrap_servers, topic, same_three())
+    latest = parse_starting_offsets("latest")
+    assert real_counting.job(topic, starting_offsets=latest).run_batch().ranges == ()
+    old_id = fetch_topic_ids(client_config(real_kafka.bootstrap_servers), [topic])[topic]
+    stored = real_counting.db.execute("SELECT off, topic_id FROM txn_offsets WHERE topic = %s", (topic,))
+    assert stored.fetchall() == [(3, old_id)]
+
+    real_kafka.recreate_topic(topic, 1)
+    send(real_kafka.bootstrap_servers, topic, same_three())
+    new_id = fetch_topic_ids(client_config(real_kafka.bootstrap_servers), [topic])[topic]
+    assert new_id != old_id
+    send(real_kafka.bootstrap_servers, topic, [(0, b"k", b"after", T0 + 10)])
+    before = snapshot(real_counting.db)
+    with pytest.raises(TopicRecreated) as raised:
+        real_counting.job(topic, starting_offsets=latest).run_batch()
+    assert str(raised.value) == topic_id_changed_line(topic, old_id, new_id)
+    assert snapshot(real_counting.db) == before
+
+
+def test_a_topic_recreated_with_the_same_messages_while_idle_stops_the_first_batch_with_data(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    """The idle plans in between ask no topic ID (nothing of the topic is read or committed
+    there); the first plan with a range to read asks it, and stops before counting."""
+    topic = real_counting.new_topic(1, prefix="idle-recreated")
+    send(real_kafka.bootstrap_servers, topic, same_three())
+    with real_counting.job(topic) as job:
+        assert job.run_batch().messages == 3
+        old_id = fetch_topic_ids(client_config(real_kafka.bootstrap_servers), [topic])[topic]
+        real_kafka.recreate_topic(topic, 1)
+        send(real_kafka.bootstrap_servers, topic, same_three())
+        assert job.run_batch().ranges == ()  # idle: the same log end, nothing to read
+        new_id = fetch_topic_ids(client_config(real_kafka.bootstrap_servers), [topic])[topic]
+        send(real_kafka.bootstrap_servers, topic, [(0, b"k", b"after", T0 + 10)])
+        before = snapshot(real_counting.db)
+        with pytest.raises(TopicRecreated) as raised:
+            job.run_batch()
+    assert str(raised.value) == topic_id_changed_line(topic, old_id, new_id)
+    assert snapshot(real_counting.db) == before
+    assert real_counting.totals(topic) == {topic: 3}
