@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ class Planner:
         self.backlog: dict[TopicPartition, int] = {}
         """Per partition, the last plan's log end minus committed offset (before any cap)."""
         self._ids: dict[str, str | None] = {}  # Kafka's topic IDs asked this plan (None: none)
+        self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
 
     def plan(self, connection: Callable[[], psycopg.Connection]) -> list[OffsetRange]:
         """Steps 1-4 on the driver's ``connection()``; PostgreSQL errors become one line
@@ -180,12 +182,13 @@ class Planner:
     ) -> dict[str, str]:
         """Kafka's topic IDs where it reports them (asked with the job's own admin client only),
         of the topics :func:`~txstore.core.ranges.topic_ids_wanted` names (an idle topic whose
-        IDs are stored is not asked), stored in the rows that have none yet, so a later
-        recreation is seen."""
+        IDs are stored is asked every few seconds, not every plan), stored in the rows that have
+        none yet, so a later recreation is seen."""
         if self.topic_ids_source is None:
             return {}
         s = self.settings
-        ids = self._ids_of(topic_ids_wanted(committed, watermarks, self.history))
+        wanted = topic_ids_wanted(committed, watermarks, self.history, self._ids_checked, time.monotonic())
+        ids = self._ids_of(wanted)
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in self.history.items())
         }
@@ -199,6 +202,8 @@ class Planner:
         if missing and self.topic_ids_source is not None:
             found = self.topic_ids_source(self.settings.kafka_conf, missing)
             self._ids.update({t: found.get(t) for t in missing})
+            asked = time.monotonic()
+            self._ids_checked.update({t: asked for t in missing})
         return {t: i for t in topics if (i := self._ids.get(t)) is not None}
 
     def _start_new_partitions(

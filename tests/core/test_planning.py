@@ -364,9 +364,14 @@ def test_a_plan_asks_topic_ids_only_of_topics_with_a_range_or_a_row_without_one(
         ("noid", 0): PartitionHistory(0, None),
     }
     # busy: one partition has new data; new: no row yet; noid: its ID not stored yet
-    assert topic_ids_wanted(committed, marks_now, history) == ("busy", "new", "noid")
+    checked = {"idle": 0.0, "busy": 0.0, "new": 0.0, "noid": 0.0}
+    assert topic_ids_wanted(committed, marks_now, history, checked, 1.0) == ("busy", "new", "noid")
     idle_only = {k: v for k, v in committed.items() if k[0] == "idle"}
     idle_history = {k: v for k, v in history.items() if k[0] == "idle"}
-    assert topic_ids_wanted(idle_only, marks_now[:2], idle_history) == ()
+    assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"idle": 0.0}, 1.0) == ()
     # beyond the log end (refused anyway) and a row the history lacks are asked too
     assert topic_ids_wanted({("idle", 0): 6}, marks_now[:1], {}) == ("idle",)
+    # an idle topic: asked when never asked, or last asked `every` seconds ago or more
+    assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"idle": 100.0}, 104.9, 5.0) == ()
+    assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"idle": 100.0}, 105.0, 5.0) == ("idle",)
+    assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"other": 100.0}, 100.0) == ("idle",)

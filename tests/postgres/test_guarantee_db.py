@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -33,7 +34,7 @@ from txstore.core.errors import (
 )
 from txstore.core.failpoints import FailPoints, InjectedFailure
 from txstore.core.fingerprint import Fingerprint, fingerprint
-from txstore.core.ranges import OffsetRange, PartitionWatermarks
+from txstore.core.ranges import IDLE_TOPIC_ID_SECONDS, OffsetRange, PartitionWatermarks
 from txstore.core.results import TOPIC_TOTAL, by_key, by_key_and_window, by_window
 from txstore.core.starting import LATEST, StartDecision, StartingOffsets
 from txstore.kafka.bad_messages import BadOffset
@@ -204,18 +205,36 @@ def test_topic_ids_are_stored_where_missing_and_a_changed_one_stops_the_plan(
     assert rows(db, "SELECT topic, topic_id FROM txn_offsets ORDER BY 1") == [("t", "T1"), ("u", None)]
 
 
-def test_a_topic_recreated_with_the_same_offsets_stops_the_first_plan_with_a_range_before_reading(
+def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_plan(
     database_url: str, conn: psycopg.Connection, db: psycopg.Connection
 ) -> None:
-    """An idle plan (every offset at its log end, the IDs stored) asks no topic ID: it reads and
-    commits nothing. The first plan with a range asks it, and stops before anything is read."""
+    """Refilled to exactly the stored offsets, the new log has nothing to read and only its
+    topic ID tells. A new planner asks it at once; a running one asks an idle topic's ID every
+    IDLE_TOPIC_ID_SECONDS (not every plan), and every time a range of the topic is planned."""
     marks = [PartitionWatermarks("t", 0, 0, 3)]
     assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn)
     db.execute("UPDATE txn_offsets SET off = 3")
     assert planner(database_url, marks, {"t": "T1"}).plan(lambda: conn) == []  # idle
-    assert planner(database_url, marks, {"t": "T2"}).plan(lambda: conn) == []  # idle: not asked
     with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
-        planner(database_url, [PartitionWatermarks("t", 0, 0, 4)], {"t": "T2"}).plan(lambda: conn)
+        planner(database_url, marks, {"t": "T2"}).plan(lambda: conn)
+
+    ids = {"t": "T1"}
+    settings = JobSettings("j", ("t",), "fake:9092", database_url)
+    running = Planner(settings, lambda conf, topics: list(marks), lambda conf, topics: dict(ids))
+    assert running.plan(lambda: conn) == []  # asked: its first plan
+    ids["t"] = "T2"
+    started = time.monotonic()
+    with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
+        while time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 10:
+            assert running.plan(lambda: conn) == []  # idle, its ID not asked again yet
+            time.sleep(0.1)
+    assert time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 2
+    ids["t"] = "T1"
+    assert running.plan(lambda: conn) == []
+    marks[0] = PartitionWatermarks("t", 0, 0, 4)
+    ids["t"] = "T2"  # a range planned: asked at once
+    with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
+        running.plan(lambda: conn)
     assert rows(db, "SELECT off, topic_id FROM txn_offsets") == [(3, "T1")]
 
 

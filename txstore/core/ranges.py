@@ -239,24 +239,37 @@ def log_start_wanted(
     return [key for key, end in ends.items() if committed.get(key) != end]
 
 
+IDLE_TOPIC_ID_SECONDS = 5.0
+"""How often an idle topic's Kafka topic ID is asked again (:func:`topic_ids_wanted`)."""
+
+
 def topic_ids_wanted(
     committed: Mapping[TopicPartition, int],
     watermarks: Iterable[PartitionWatermarks],
     history: Mapping[TopicPartition, PartitionHistory],
+    checked: Mapping[str, float] | None = None,
+    now: float = 0.0,
+    every: float = IDLE_TOPIC_ID_SECONDS,
 ) -> tuple[str, ...]:
     """The topics whose Kafka topic ID a plan asks for, in order.
 
-    A topic ID tells a recreated topic whose log is no shorter than the stored offsets; it
-    matters only where a range is planned (a committed offset below the log end: the ID is
+    A topic ID tells a recreated topic whose log is no shorter than the stored offsets. It is
+    always asked where a range is planned (a committed offset other than the log end: the ID is
     compared before anything is read) and where a row has no ID stored yet (it is stored now, so
-    that a recreation before the partition's first message is still told later). A topic whose
-    every partition is at its log end with its ID stored plans nothing: not asking it spares
-    DescribeTopics (about 13 ms at 1,024 partitions on Apache Kafka) on every idle plan, and a
-    recreation there is told by the next plan that has a range to read, before it reads.
+    that a recreation before the partition's first message is still told). A topic whose every
+    partition is at its log end, with its IDs stored, plans nothing; it is asked again when its
+    ID was last asked (``checked``, a clock's reading per topic) ``every`` seconds or more before
+    ``now``, or never. So an idle plan mostly spares DescribeTopics (about 13 ms at 1,024
+    partitions on Apache Kafka), and a topic recreated at exactly its stored log end, whose new
+    messages would otherwise wait uncounted and untold, still stops the job within ``every``
+    seconds of idle plans, or at once when a range of it is planned.
     """
+    checked = checked or {}
     wanted = {w.topic for w in watermarks if committed.get(w.key) != w.high}
     wanted |= {topic for (topic, _), past in history.items() if past.topic_id is None}
     wanted |= {key[0] for key in committed if key not in history}
+    idle = {w.topic for w in watermarks} - wanted
+    wanted |= {t for t in idle if t not in checked or now - checked[t] >= every}
     return tuple(sorted(wanted))
 
 

@@ -176,3 +176,26 @@ def test_a_micro_batch_replayed_by_a_restart_is_checked_against_the_recreated_to
         real_streaming.run_available_now(topic, checkpoint, **counted)
     assert re.search(recreated_pattern(topic), str(e.value)), str(e.value)
     assert snapshot(real_streaming.db) == before
+
+
+def test_a_topic_recreated_at_exactly_its_stored_log_end_stops_the_next_query_before_reading(
+    real_streaming: Counting, tmp_path: Path
+) -> None:
+    """Refilled to exactly the stored offsets, the new log has nothing past them to read; only its
+    topic ID tells (its 200 messages would otherwise wait, uncounted and untold): a query asks an
+    idle topic's ID at its first plan, then every few seconds (the running query's case is
+    tests/spark/stream/test_stream_guards.py)."""
+    topic = real_streaming.new_topic(1, prefix="ssame")
+    checkpoint = tmp_path / "chk"
+    real_streaming.produce(topic, {0: 200})
+    real_streaming.run_available_now(topic, checkpoint)
+    first_id = stored_topic_id(real_streaming.db, topic)
+    before = snapshot(real_streaming.db)
+
+    real_streaming.kafka.recreate_topic(topic, 1)
+    real_streaming.produce(topic, {0: 200})  # the same log end: nothing to read
+    with pytest.raises(QueryFailed) as e:
+        real_streaming.run_available_now(topic, checkpoint)
+    assert re.search(recreated_pattern(topic), str(e.value)), str(e.value)
+    assert first_id is not None and first_id in str(e.value)
+    assert snapshot(real_streaming.db) == before

@@ -128,6 +128,7 @@ from txstore.core.ranges import (
     limit_ranges,
     plan_ranges,
     split_ranges,
+    topic_ids_wanted,
     topic_missing_now,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
@@ -532,6 +533,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         # The planning methods' Kafka admin client, kept across micro-batches (as a job keeps its).
         self._kafka: Watermarks | None = None
         self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
+        self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
         self._subscribed = False  # the job's subscription recorded (txn_subscriptions), once a reader
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
@@ -732,14 +734,26 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         )
 
     def _topic_ids(
-        self, conn: psycopg.Connection, history: Mapping[TopicPartition, PartitionHistory]
+        self,
+        conn: psycopg.Connection,
+        history: Mapping[TopicPartition, PartitionHistory],
+        starts: Mapping[TopicPartition, int],
+        watermarks: Sequence[PartitionWatermarks],
     ) -> dict[str, str]:
         """Kafka's topic IDs where it reports them, through one client for the query's life (a broker
         without them is asked once: :class:`~txstore.kafka.topic_ids.TopicIds`), stored in the job's
-        rows that have none yet (``history``), so a later recreation is seen (as ``count_topic``)."""
+        rows that have none yet (``history``), so a later recreation is seen (as ``count_topic``).
+        Only the topics :func:`~txstore.core.ranges.topic_ids_wanted` names for ``starts`` and
+        ``watermarks`` are asked: an idle micro-batch's topics, whose IDs are stored, every few
+        seconds, not every micro-batch."""
+        wanted = topic_ids_wanted(starts, watermarks, history, self._ids_checked, time.monotonic())
+        if not wanted:
+            return {}
         if self._ids is None:
             self._ids = TopicIds()
-        ids = self._ids(self.options.read.kafka_conf, self._topics)
+        ids = self._ids(self.options.read.kafka_conf, wanted)
+        asked = time.monotonic()
+        self._ids_checked.update({t: asked for t in wanted})
         unknown = {
             t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in history.items())
         }
@@ -797,7 +811,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         state = self._job_state(conn)
         watermarks = self._watermarks()
         committed, history = self._start_rows(conn, self._start_decisions(state[0], watermarks), state)
-        self._topic_ids(conn, history)
+        self._topic_ids(conn, history, committed, watermarks)
         return committed
 
     def getDefaultReadLimit(self) -> Any:
@@ -850,7 +864,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         committed.update(entering)
         if not self.options.read.fail_on_data_loss:  # aged-out starts: the batch reads from the log start
             committed.update({r.key: r.until_offset for r in aged_out(committed, watermarks)})
-        topic_ids = self._topic_ids(conn, history)
+        topic_ids = self._topic_ids(conn, history, committed, watermarks)
         try:  # aged out, out of log, gone, another topic ID: one line
             ranges = plan_ranges(job, committed, watermarks, history, topic_ids)
         except (OffsetOutOfLog, TopicRecreated) as e:
@@ -893,12 +907,13 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             committed, history = self._job_state(conn)
             check_alignment(job, planned, {r.key: committed.get(r.key) for r in planned})
         # The log is still the one the batch was planned on (a restart replays a batch planned before).
-        topic_ids = self._topic_ids(conn, history)
         starts = {r.key: r.from_offset for r in planned}
         if not self.options.read.fail_on_data_loss:  # a range wholly aged out since: recorded, empty
             starts.update({r.key: r.until_offset for r in aged_out(starts, now)})
+        finishing = [w for w in now if w.key in finish]
+        topic_ids = self._topic_ids(conn, history, starts, finishing)
         try:
-            plan_ranges(job, starts, [w for w in now if w.key in finish], history, topic_ids)
+            plan_ranges(job, starts, finishing, history, topic_ids)
         except (OffsetOutOfLog, TopicRecreated) as e:
             raise for_a_stream(e) from None
         watermarks = {w.key: w for w in now}
