@@ -9,6 +9,9 @@ For each partition count: a topic on one Apache Kafka node
 the job's rows) is not timed. Then, measured by their wall clock:
 
 - **idle batches**: no new message, so planning alone (no Spark job);
+- **idle stream plans**: a ``readStream.format("txstore")`` source of the same topic (its own
+  job, started at ``latest``), its ``latestOffset`` called as Spark calls it each trigger
+  while there is nothing new (the stream's idle micro-batch: Spark runs none);
 - **warm batches**: ``--messages-per-partition`` new messages in every partition, then one
   batch, reported per range (the batch's wall time over its ranges);
 - ``txstore status`` for the job, as an operator runs it (its own process).
@@ -40,6 +43,7 @@ from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.reader import close_idle_consumers
 from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.stream.stream_source import stream_reader
 
 IDLE_RATIO_TARGET = 4.0
 WARM_MS_PER_RANGE_TARGET = 1.0
@@ -78,19 +82,24 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], counts: Sequence[int]) ->
         runs = [r[str(n)] for r in rounds]
         per[str(n)] = {
             "idle_batch_ms": spread([r["idle_ms"] for r in runs]),
+            "stream_idle_plan_ms": spread([r["stream_idle_ms"] for r in runs]),
             "warm_ms_per_range": spread([r["warm_ms_per_range"] for r in runs]),
             "status_seconds": spread([r["status_seconds"] for r in runs]),
             "load_1min": spread([r["load_1min"] for r in runs], 1),
         }
     low, high = str(min(counts)), str(max(counts))
     idle_ratio = spread([r[high]["idle_ms"] / r[low]["idle_ms"] for r in rounds])
+    stream_ratio = spread([r[high]["stream_idle_ms"] / r[low]["stream_idle_ms"] for r in rounds])
     warm = per[high]["warm_ms_per_range"]["median"]
     status = per[high]["status_seconds"]["median"]
     return {
         "by_partitions": per,
         f"idle_{high}_over_{low}": idle_ratio,
+        f"stream_idle_{high}_over_{low}": stream_ratio,
         "targets": {
             f"idle batch at {high} partitions <= {IDLE_RATIO_TARGET:g}x {low}": idle_ratio["median"]
+            <= IDLE_RATIO_TARGET,
+            f"idle stream plan at {high} partitions <= {IDLE_RATIO_TARGET:g}x {low}": stream_ratio["median"]
             <= IDLE_RATIO_TARGET,
             f"warm batch at {high} partitions <= {WARM_MS_PER_RANGE_TARGET:g} ms a range": warm
             <= WARM_MS_PER_RANGE_TARGET,
@@ -105,6 +114,7 @@ class Partitions:
 
     def __init__(self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int) -> None:
         from confluent_kafka import Producer
+        from pyspark.sql.types import LongType, StringType, StructField, StructType
 
         self.n = n
         self.per_partition = per_partition
@@ -118,6 +128,17 @@ class Partitions:
         self.job = TransactionalJob(spark, settings, count_messages)
         self.fill()
         self.batch(n * per_partition)  # its rows, and every path warm: not timed
+        self.stream = stream_reader(
+            {
+                "kafka.bootstrap.servers": self.bootstrap,
+                "subscribe": self.topic,
+                "startingOffsets": "latest",
+                "txstore.job": f"bench-partitions-stream-{n}",
+                "txstore.databaseUrl": database_url,
+            },
+            StructType([StructField("topic", StringType()), StructField("offset", LongType())]),
+        )
+        self.stream_start = self.stream.initialOffset()  # its rows: not timed
 
     def fill(self) -> None:
         for p in range(self.n):
@@ -160,12 +181,24 @@ class Partitions:
             raise RuntimeError(f"txstore status exited {done.returncode}: {done.stderr.strip()[-300:]}")
         return seconds
 
+    def stream_idle(self) -> float:
+        """One idle stream plan: ``latestOffset`` from the log ends, which must answer them."""
+        started = time.monotonic()
+        end = self.stream.latestOffset(self.stream_start, None)
+        seconds = time.monotonic() - started
+        if end != self.stream_start:
+            raise RuntimeError(f"{self.topic}: an idle stream plan moved: {end} from {self.stream_start}")
+        return seconds
+
     def round(self, idle_batches: int) -> dict[str, Any]:
         idle = [self.batch(0) for _ in range(idle_batches)]
+        stream_idle = [self.stream_idle() for _ in range(idle_batches)]
         self.fill()
+        self.stream_start = self.stream.latestOffset(self.stream_start, None)  # past the new ones
         warm = self.batch(self.n * self.per_partition)
         return {
             "idle_ms": round(statistics.median(idle) * 1000, 2),
+            "stream_idle_ms": round(statistics.median(stream_idle) * 1000, 2),
             "warm_ms_per_range": round(warm * 1000 / self.n, 3),
             "warm_batch_ms": round(warm * 1000, 1),
             "status_seconds": round(self.status_seconds(), 3),
@@ -173,6 +206,7 @@ class Partitions:
         }
 
     def close(self) -> None:
+        self.stream.stop()
         self.job.close()
 
 
@@ -204,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             say(
                 f"round {r + 1}: "
                 + "; ".join(
-                    f"{n} partitions idle {m['idle_ms']:.1f} ms, warm {m['warm_ms_per_range']:.2f} ms a range, "
+                    f"{n} partitions idle {m['idle_ms']:.1f} ms (stream {m['stream_idle_ms']:.1f} ms), warm "
+                    f"{m['warm_ms_per_range']:.2f} ms a range, "
                     f"status {m['status_seconds']:.2f} s"
                     for n, m in measured.items()
                 )
@@ -214,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     for n, s in summary["by_partitions"].items():
         say(
             f"{n:>5} partitions: idle batch {s['idle_batch_ms']['median']} ms "
-            f"({s['idle_batch_ms']['lowest']}-{s['idle_batch_ms']['highest']}), warm "
+            f"({s['idle_batch_ms']['lowest']}-{s['idle_batch_ms']['highest']}), idle stream plan "
+            f"{s['stream_idle_plan_ms']['median']} ms ({s['stream_idle_plan_ms']['lowest']}-"
+            f"{s['stream_idle_plan_ms']['highest']}), warm "
             f"{s['warm_ms_per_range']['median']} ms a range ({s['warm_ms_per_range']['lowest']}-"
             f"{s['warm_ms_per_range']['highest']}), status {s['status_seconds']['median']} s, load "
             f"{s['load_1min']['lowest']}-{s['load_1min']['highest']}"
