@@ -607,6 +607,21 @@ def test_a_checkpoint_starting_where_the_job_never_would_is_refused_by_latest_of
     assert offsets(guard.db) == {}
 
 
+def test_a_checkpoint_at_the_log_ends_of_partitions_the_job_never_started_is_refused(guard: Guard) -> None:
+    """An idle micro-batch does not ask the log start of a partition at its log end, but only
+    where the job has a row: a partition it never started is decided from the real earliest
+    offset (0 here), so a checkpoint at the log ends, of another job, is still refused."""
+    guard.log(0, range(10))
+    guard.log(1, range(4))
+    reader = guard.source()
+    line = (
+        r"partition 0: the checkpoint starts this micro-batch at offset 10, but the job has no offset stored"
+    )
+    with pytest.raises(ForeignCheckpoint, match=line):
+        reader.latestOffset({"t": {"0": 10, "1": 4}}, None)
+    assert offsets(guard.db) == {}
+
+
 def test_a_partition_the_checkpoint_leaves_out_is_stored_at_its_start_by_latest_offset_a_named_one_by_partitions(
     guard: Guard,
 ) -> None:
