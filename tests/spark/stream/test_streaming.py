@@ -398,6 +398,29 @@ def test_sink_process_killed_after_its_commit_replays_the_batch_once(
     assert streaming.totals(topic, job=JOB) == {topic: 14}
 
 
+def test_sink_process_killed_after_a_new_checkpoints_first_commit_replays_batch_0_from_the_stored_offsets(
+    streaming: Counting, tmp_path: Path
+) -> None:
+    """Killed after PostgreSQL committed batch 0 of a new checkpoint: its offset log has batch 0's
+    end but no start, so Spark asks ``initialOffset()`` again, which is now the stored offsets.
+    The replay reads nothing (no "already committed" line: nothing is planned) and counts nothing
+    twice; batches after it go on from batch 0's end."""
+    topic = streaming.new_topic(2)
+    checkpoint = tmp_path / "chk"
+    streaming.produce(topic, {0: 5, 1: 2})
+    with pytest.raises(QueryFailed):
+        streaming.run_available_now(topic, checkpoint, failpoints="after-commit:exit")
+    streaming.assert_counted_exactly(topic, 7, job=JOB)  # committed before the process died
+    assert sorted(p.name for p in (checkpoint / "offsets").glob("[0-9]*")) == ["0"]
+    assert not list((checkpoint / "commits").glob("[0-9]*"))  # Spark replays batch 0
+    streaming.produce(topic, {1: 3})
+    again = streaming.run_available_now(topic, checkpoint)
+    rows = [(p["batchId"], p["numInputRows"]) for p in again.recentProgress]
+    assert rows[0] == (0, 0)  # batch 0 again: from the stored offsets to its logged end, empty
+    assert sum(n for _, n in rows) == 3  # then only what came after it
+    assert streaming.totals(topic, job=JOB) == {topic: 10}
+
+
 # -- a results table -------------------------------------------------------------------------------
 
 SALES = {
