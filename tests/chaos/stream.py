@@ -114,6 +114,24 @@ def checkpoint_caught_up(checkpoint: Path) -> bool:
     return last("commits") >= last("offsets")
 
 
+def stalled_batch(checkpoint: Path) -> int | None:
+    """The batch a query stalled in its sink is in: the last its offset log plans without a commit
+    (None if every planned batch is committed)."""
+
+    def ids(folder: str) -> set[int]:
+        return {int(p.name) for p in (checkpoint / folder).glob("[0-9]*") if p.name.isdigit()}
+
+    pending = ids("offsets") - ids("commits")
+    return max(pending, default=None)
+
+
+def _checkpoint_of(inst: Instance) -> Path:
+    """The checkpoint an instance was started on (its ``--checkpoint`` argument)."""
+    command = inst.process.args
+    args = [str(a) for a in command] if isinstance(command, list) else []
+    return Path(args[args.index("--checkpoint") + 1])
+
+
 def stream_kinds(kafka: str) -> tuple[str, ...]:
     return STREAM_FAULT_KINDS + (STREAM_REAL_KAFKA_KINDS if kafka == "real" else ())
 
@@ -323,6 +341,12 @@ class StreamTrial(Trial):
         while time.monotonic() < deadline:
             for inst in self._alive():
                 if inst.log().count(line) > seen.get(inst.number, 0):
+                    batch = stalled_batch(_checkpoint_of(inst))
+                    self.say(f"  instance {inst.number} killed after its commit of batch {batch}")
+                    if batch == 0:
+                        # Spark replays batch 0 from initialOffset() again, now the stored
+                        # offsets: an empty batch, not one the sink recognises as committed.
+                        self.result.events["killed-in-batch-0"] += 1
                     return self._kill_group(inst)
             time.sleep(0.02)
         return False
