@@ -167,6 +167,28 @@ def test_a_leadership_that_never_settles_fails_once_the_timeout_is_spent(
     assert 0.8 < time.monotonic() - started < 6
 
 
+@pytest.mark.parametrize("client", ["one-off", "kept"])
+def test_a_leadership_still_moving_at_the_timeout_is_named_as_such_not_as_a_broker_that_did_not_answer(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str], client: str
+) -> None:
+    """A topic just created (its leaders being elected) or a broker restarting: Kafka answers,
+    NOT_LEADER_FOR_PARTITION, until the timeout. The line says that and what to do, with the
+    topic, not "did not answer" (seen at 1,024 partitions on a freshly created topic)."""
+    topic = new_topic(1)
+    watermarks = fetch_watermarks if client == "one-off" else Watermarks()
+    kafka.push_request_errors(LIST_OFFSETS_API, *[KafkaError.NOT_LEADER_FOR_PARTITION] * 500)
+    try:
+        with pytest.raises(KafkaUnavailable) as refused:
+            watermarks(client_config(kafka.bootstrap_servers), [topic], timeout=1.0)
+    finally:
+        kafka.clear_request_errors(LIST_OFFSETS_API)
+    line = str(refused.value)
+    assert "did not answer" not in line and "\n" not in line
+    assert f"{topic}/0" in line and "leadership" in line and "after 1s" in line
+    assert "Not leader for partition" in line  # Kafka's own words, for a search
+    assert "run again" in line  # what to do
+
+
 class _AnsweringAdmin:
     """confluent-kafka's AdminClient.list_offsets as a restarted Apache Kafka answered it in a
     chaos trial (seed 131, broker killed mid-read): no error, offset -1001 (librdkafka's

@@ -285,6 +285,13 @@ class _Admin:
         refused = self.refusal(servers)
         if refused is not None:
             return refused
+        if isinstance(error, LeadershipUnsettled):
+            return KafkaUnavailable(
+                f"Kafka at {servers} answered {what}, but the leadership of {error.where} was still "
+                f"moving after {timeout:g}s ({error.error.str()}): a topic just created or a broker "
+                "restarting settles in seconds; run again, and if it persists check the topic's "
+                "leaders (kafka-topics.sh --describe)"
+            )
         reason = self.last_error() or _error_text(error)
         return KafkaUnavailable(
             f"Kafka at {servers} did not answer {what} within {timeout:g}s ({reason}); check "
@@ -554,6 +561,26 @@ _LEADERSHIP_MOVING = frozenset(
 LIST_OFFSETS_RETRY_SECONDS = 0.1
 
 
+class LeadershipUnsettled(TimeoutError):
+    """Kafka answered, but a partition's leadership was still moving (:data:`_LEADERSHIP_MOVING`)
+    when the timeout was spent: a topic just created whose leaders are being elected, or a
+    broker restarting. A :class:`TimeoutError`, so every caller's "did not answer" handling
+    catches it; :meth:`_Admin.unavailable` words it for what it is."""
+
+    def __init__(self, where: str, error: KafkaError) -> None:
+        super().__init__(f"{where}: {error.str()}")
+        self.where, self.error = where, error
+
+
+def _unsettled(where: str, error: KafkaException) -> KafkaException | LeadershipUnsettled:
+    """What to raise for ``error`` once it may not be asked again: a moving leadership as
+    :class:`LeadershipUnsettled` (naming ``where``), anything else as it is."""
+    first = error.args[0] if error.args else None
+    if isinstance(first, KafkaError) and first.code() in _LEADERSHIP_MOVING:
+        return LeadershipUnsettled(where, first)
+    return error
+
+
 @dataclass(frozen=True)
 class _OffsetsQuestion:
     """One ListOffsets question: these partitions at ``spec`` (earliest, latest or a time).
@@ -625,7 +652,7 @@ def _list_offsets_together(
                     offset = int(future.result(timeout=wait).offset)
                 except KafkaException as e:
                     if not _moving_within(e, deadline):
-                        raise
+                        raise _unsettled(f"{tp.topic}/{tp.partition}", e) from None
                     again.append(tp)
                     continue
                 if _settled(tp.topic, tp.partition, offset, questions[i].log_offsets, deadline):
@@ -702,7 +729,7 @@ def _consumer_lookup(
             if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
                 raise _ConsumerMetadataBehind(str(error.str())) from None
             if not _moving_within(e, deadline):
-                raise
+                raise _unsettled(_partitions_text(pending), e) from None
             time.sleep(LIST_OFFSETS_RETRY_SECONDS)
             continue
         again: list[tuple[str, int]] = []
@@ -713,7 +740,7 @@ def _consumer_lookup(
                 raise _ConsumerMetadataBehind(str(error.str()))
             if error is not None:
                 if not _moving_within(KafkaException(error), deadline):
-                    raise KafkaException(error)
+                    raise _unsettled(f"{answer.topic}/{answer.partition}", KafkaException(error))
                 again.append(key)
             elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
                 found[key] = int(answer.offset)
@@ -723,6 +750,12 @@ def _consumer_lookup(
             time.sleep(LIST_OFFSETS_RETRY_SECONDS)
         pending = again
     return found
+
+
+def _partitions_text(partitions: Sequence[tuple[str, int]], most: int = 3) -> str:
+    """``t/0, t/1, t/2 and 5 more``: the partitions a failed lookup asked, for a one-line error."""
+    named = ", ".join(f"{t}/{p}" for t, p in partitions[:most])
+    return named + (f" and {len(partitions) - most} more" if len(partitions) > most else "")
 
 
 def _moving_within(error: KafkaException, deadline: float) -> bool:
