@@ -24,7 +24,13 @@ from tests.helpers.cli import txstore as txstore_cli
 from tests.helpers.counting import BrokerDb, Counting, offsets
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
-from txstore.spark.stream.stream_source import batch_ranges, check_alignment, offsets_dict, offsets_map
+from txstore.spark.stream.stream_source import (
+    batch_ranges,
+    check_alignment,
+    check_batch_ends,
+    offsets_dict,
+    offsets_map,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -53,6 +59,21 @@ def test_alignment_commit_replay_or_one_line_mismatch() -> None:
     assert "\n" not in line
     for part in ("'j'", "'t'", "partition 0", "offset 12", "at 5", "checkpointLocation"):
         assert part in line
+
+
+def test_a_micro_batch_ending_a_partition_before_its_start_is_refused_in_one_line() -> None:
+    start, end = {("t", 0): 8, ("t", 1): 2}, {("t", 0): 5, ("t", 1): 2}
+    check_batch_ends("j", {("t", 0): 5}, end, {("t", 0): 5})  # in order: nothing to say
+    with pytest.raises(txstore.TxstoreError) as behind:  # a replayed batch 0 the job went past
+        check_batch_ends("j", start, end, {("t", 0): 8, ("t", 1): 2})
+    line = str(behind.value)
+    assert "\n" not in line and "checkpointLocation" in line
+    assert (
+        "'t' partition 0: txn_offsets stores offset 8 but the checkpoint ends this micro-batch at 5" in line
+    )
+    with pytest.raises(txstore.TxstoreError) as edited:  # not the stored offsets: a damaged checkpoint
+        check_batch_ends("j", start, end, {("t", 0): 3})
+    assert "starts this micro-batch at offset 8 and ends it at 5" in str(edited.value)
 
 
 def test_rows_of_messages_outside_the_micro_batch_are_refused_in_one_line() -> None:
@@ -140,6 +161,37 @@ def test_older_checkpoint_copy_stops_in_one_line_and_writes_nothing(
     assert expected in message, message
     assert "new checkpointLocation" in message
     assert streaming.totals(topic, job=JOB) == {topic: 16}
+    assert streaming.offsets(topic, job=JOB) == stored
+
+
+def test_a_checkpoints_unfinished_batch_0_that_the_job_went_past_stops_in_one_line_and_writes_nothing(
+    streaming: Counting, tmp_path: Path
+) -> None:
+    """Batch 0 of a checkpoint planned, then the query died before its commit; the job went on
+    without it (another checkpoint's query counted past batch 0's end). Restarted on the first
+    checkpoint, Spark replays batch 0 from ``initialOffset()`` again, now the stored offsets,
+    which lie past the batch's logged end: a micro-batch that ends before it starts. Stopped in
+    the checkpoint mismatch's one line, not an invalid range's traceback."""
+    topic = streaming.new_topic(2)
+    checkpoint, other = tmp_path / "chk", tmp_path / "other"
+    streaming.produce(topic, {0: 5, 1: 2})
+    with pytest.raises(QueryFailed):
+        streaming.run_available_now(topic, checkpoint, failpoints="before-commit:exit")
+    assert streaming.totals(topic, job=JOB).get(topic, 0) == 0  # died before its commit
+    streaming.produce(topic, {0: 3})
+    streaming.run_available_now(topic, other)
+    streaming.assert_counted_exactly(topic, 10, job=JOB)
+    stored = streaming.offsets(topic, job=JOB)
+    with pytest.raises(QueryFailed) as e:
+        streaming.run_available_now(topic, checkpoint)
+    message = str(e.value)
+    expected = (
+        f"job '{JOB}' topic '{topic}' partition 0: txn_offsets stores offset 8 but the checkpoint "
+        "ends this micro-batch at 5"
+    )
+    assert expected in message, message
+    assert "new checkpointLocation" in message and "invalid offset range" not in message
+    assert streaming.totals(topic, job=JOB) == {topic: 10}
     assert streaming.offsets(topic, job=JOB) == stored
 
 

@@ -319,6 +319,38 @@ def batch_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartitio
     return sorted(OffsetRange(t, p, start.get((t, p), until), until) for (t, p), until in end.items())
 
 
+def check_batch_ends(
+    job: str,
+    start: Mapping[TopicPartition, int],
+    end: Mapping[TopicPartition, int],
+    stored: Mapping[TopicPartition, int],
+) -> None:
+    """Raise :class:`CheckpointMismatch` where a micro-batch ends a partition before it starts it.
+
+    Spark gives a checkpoint's batch 0, replayed after a crash before its commit, the start
+    ``initialOffset()`` answers again: by then the ``stored`` offsets, which lie past the batch's
+    logged end when the job went on without it (another checkpoint's query counted further).
+    The checkpoint is behind the job. Any other such batch is a checkpoint edited or damaged."""
+    for (topic, partition), until in sorted(end.items()):
+        begin = start.get((topic, partition))
+        if begin is None or begin <= until:
+            continue
+        found = stored.get((topic, partition))
+        where = f"job {job!r} topic {topic!r} partition {partition}: "
+        if found is not None and found > until:
+            what = (
+                f"txn_offsets stores offset {found} but the checkpoint ends this micro-batch at "
+                f"{until} (committed offsets would be read again; the checkpoint is older than the "
+                "job's offsets: another query of the job went on since)"
+            )
+        else:
+            what = (
+                f"the checkpoint starts this micro-batch at offset {begin} and ends it at {until}, "
+                "before its start (the checkpoint was edited or damaged)"
+            )
+        raise CheckpointMismatch(where + what + "; nothing was written. To realign: " + realign_hint())
+
+
 def realign_hint() -> str:
     return (
         "restart the query with a new checkpointLocation (or delete this one: rm -r CHECKPOINT); "
@@ -884,8 +916,9 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         job = self.options.job
         conn = self._db()
         begin, finish = offsets_map(start), offsets_map(end)
-        planned = batch_ranges(begin, finish)
         committed, history = self._job_state(conn)
+        check_batch_ends(job, begin, finish, committed)
+        planned = batch_ranges(begin, finish)
         now = self._watermarks()
         topics = self._topics
         # A partition the job has no row for starts here only where the job would start it (a
