@@ -307,6 +307,7 @@ MODULES = (
             "losses_to_record",
             "check_checkpoint_assigned",
             "check_alignment",
+            "check_batch_ends",
             "TxstoreStreamReader.__init__",
             "TxstoreStreamReader._db",
             "TxstoreStreamReader._watermarks",

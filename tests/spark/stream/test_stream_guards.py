@@ -590,6 +590,30 @@ def test_a_checkpoint_that_starts_elsewhere_than_txn_offsets_stops_before_anythi
     assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 0, 0, 4)]
 
 
+def test_a_replayed_batch_0_the_job_went_past_stops_before_anything_is_planned(guard: Guard) -> None:
+    """Spark replays a checkpoint's batch 0 from ``initialOffset()``, the stored offsets: past the
+    batch's logged end once another query of the job counted further. One line, nothing planned."""
+    guard.log(0, range(10))
+    guard.log(1, range(10))
+    seed(guard.db, JOB, "t", {0: 2, 1: 8})
+    reader = guard.source()
+    replayed = ({"t": {"0": 2, "1": 8}}, {"t": {"0": 2, "1": 5}})  # partition 0 in order, 1 not
+    with pytest.raises(CheckpointMismatch) as e:
+        reader.partitions(*replayed)
+    line = one_line(e)
+    assert "partition 1: txn_offsets stores offset 8 but the checkpoint ends this micro-batch at 5" in line
+    assert "new checkpointLocation" in line
+    with pytest.raises(TxstoreError, match="no planned micro-batch"):
+        load_plan(guard.db, JOB)
+    for stored in (3, 5):  # not past the batch's end: not the stored start, an edited checkpoint
+        guard.db.execute("UPDATE txn_offsets SET off = %s WHERE job = %s AND part = 1", (stored, JOB))
+        with pytest.raises(CheckpointMismatch, match="starts this micro-batch at offset 8 and ends it at 5"):
+            reader.partitions(*replayed)
+    # a partition ending where it starts is an empty range, not a batch ending before its start
+    parts = reader.partitions({"t": {"0": 2, "1": 5}}, {"t": {"0": 2, "1": 6}})
+    assert [r for p in parts for r in p.ranges] == [OffsetRange("t", 1, 5, 6)]
+
+
 def test_a_checkpoint_starting_where_the_job_never_would_is_refused_by_latest_offset_and_partitions(
     guard: Guard,
 ) -> None:
