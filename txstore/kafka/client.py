@@ -572,13 +572,17 @@ class LeadershipUnsettled(TimeoutError):
         self.where, self.error = where, error
 
 
+def _moving_leadership(error: KafkaException) -> KafkaError | None:
+    """``error``'s Kafka error if it is a partition's leadership moving (:data:`_LEADERSHIP_MOVING`)."""
+    first = error.args[0] if error.args else None
+    return first if isinstance(first, KafkaError) and first.code() in _LEADERSHIP_MOVING else None
+
+
 def _unsettled(where: str, error: KafkaException) -> KafkaException | LeadershipUnsettled:
     """What to raise for ``error`` once it may not be asked again: a moving leadership as
     :class:`LeadershipUnsettled` (naming ``where``), anything else as it is."""
-    first = error.args[0] if error.args else None
-    if isinstance(first, KafkaError) and first.code() in _LEADERSHIP_MOVING:
-        return LeadershipUnsettled(where, first)
-    return error
+    moving = _moving_leadership(error)
+    return error if moving is None else LeadershipUnsettled(where, moving)
 
 
 @dataclass(frozen=True)
@@ -761,8 +765,7 @@ def _partitions_text(partitions: Sequence[tuple[str, int]], most: int = 3) -> st
 def _moving_within(error: KafkaException, deadline: float) -> bool:
     """Whether ``error`` is a partition's leadership moving, and may be asked again before
     ``deadline`` (else the caller raises it)."""
-    first = error.args[0] if error.args else None
-    return isinstance(first, KafkaError) and first.code() in _LEADERSHIP_MOVING and _ask_again(deadline)
+    return _moving_leadership(error) is not None and _ask_again(deadline)
 
 
 def _settled(topic: str, partition: int, offset: int, log_offset: bool, deadline: float) -> bool:
