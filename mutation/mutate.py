@@ -56,6 +56,11 @@ SPLIT = "tests/core/test_split_uneven.py"
 READER = "tests/kafka/test_reader_bounds.py"
 DB = "tests/postgres/test_guarantee_db.py"
 STREAM = "tests/spark/stream/test_stream_guards.py"
+STREAM_SOURCE_TESTS = (
+    "not (test_micro_batch_ or stream_option or count_messages_option or spans_merge or test_a_table_sink "
+    "or saved_plan or plan_s_ or receipts_of or retried_task_s_receipt)"
+)
+"""The stream guard tests of the source's modules (offsets, checkpoint checks, planning, reading tasks)."""
 # Tests named by what they exercise, for pytest -k.
 PLANNER = (
     "first_plan or plan_is_capped or plan_carries or stop_the_plan or changed_one_stops or starting_timestamp "
@@ -296,18 +301,29 @@ MODULES = (
         "option",
     ),
     Module(
-        "stream_source",
-        "txstore/spark/stream/stream_source.py",
+        "stream_offsets",
+        "txstore/spark/stream/stream_offsets.py",
+        ("micro_batch_tasks", "offsets_dict", "offsets_map", "batch_ranges"),
+        (STREAM,),
+        STREAM_SOURCE_TESTS,
+    ),
+    Module(
+        "stream_checkpoint",
+        "txstore/spark/stream/stream_checkpoint.py",
         (
-            "micro_batch_tasks",
-            "offsets_dict",
-            "offsets_map",
-            "batch_ranges",
             "past_recorded_losses",
             "losses_to_record",
             "check_checkpoint_assigned",
             "check_alignment",
             "check_batch_ends",
+        ),
+        (STREAM,),
+        STREAM_SOURCE_TESTS,
+    ),
+    Module(
+        "stream_source",
+        "txstore/spark/stream/stream_source.py",
+        (
             "TxstoreStreamReader.__init__",
             "TxstoreStreamReader._db",
             "TxstoreStreamReader._watermarks",
@@ -319,14 +335,16 @@ MODULES = (
             "TxstoreStreamReader.commit",
             "TxstoreStreamReader._follow_checkpoint",
             "TxstoreStreamReader._caught_up",
-            "TxstoreStreamReader.read",
-            "TxstoreStreamReader._record",
-            "TxstoreStreamReader._messages",
-            "TxstoreStreamReader._count",
         ),
         (STREAM,),
-        "not (test_micro_batch_ or stream_option or count_messages_option or spans_merge or test_a_table_sink "
-        "or saved_plan or plan_s_ or receipts_of or retried_task_s_receipt)",
+        STREAM_SOURCE_TESTS,
+    ),
+    Module(
+        "stream_tasks",
+        "txstore/spark/stream/stream_tasks.py",
+        ("ReadingTasks.read", "ReadingTasks._record", "ReadingTasks._messages", "ReadingTasks._count"),
+        (STREAM,),
+        STREAM_SOURCE_TESTS,
     ),
     Module(
         "stream_sink",

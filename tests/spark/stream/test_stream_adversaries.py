@@ -325,7 +325,7 @@ def test_the_stream_keeps_the_last_message_so_a_recreated_topic_refilled_past_it
 
 
 def test_the_stream_lock_line_tells_a_second_source_in_this_application_from_a_query_elsewhere() -> None:
-    from txstore.spark.stream.stream_source import driver_process, stream_locked_line
+    from txstore.spark.stream.stream_lock import driver_process, stream_locked_line
 
     me = f"txstore stream {driver_process()}"
     here = stream_locked_line("j", (me, "127.0.0.1"), me)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.streams import QueryFailed, counting_planner
-from txstore.spark.stream.stream_source import ForeignCheckpoint, check_checkpoint_starts
+from txstore.spark.stream.stream_checkpoint import ForeignCheckpoint, check_checkpoint_starts
 
 pytestmark = pytest.mark.spark
 

@@ -70,6 +70,15 @@ from txstore.postgres.stream_plans import (
     tasks_of,
 )
 from txstore.spark.source.datasource import plan_job_ranges, plan_read_ranges
+from txstore.spark.stream.stream_checkpoint import CheckpointMismatch, ForeignCheckpoint, check_alignment
+from txstore.spark.stream.stream_lock import StreamLocked
+from txstore.spark.stream.stream_offsets import (
+    StreamPartition,
+    batch_ranges,
+    micro_batch_tasks,
+    offsets_dict,
+    offsets_map,
+)
 from txstore.spark.stream.stream_options import parse_count_messages, parse_stream_options, parse_tasks
 from txstore.spark.stream.stream_sink import (
     TableRows,
@@ -80,19 +89,7 @@ from txstore.spark.stream.stream_sink import (
     parse_sink_options,
     stream_writer,
 )
-from txstore.spark.stream.stream_source import (
-    CheckpointMismatch,
-    ForeignCheckpoint,
-    StreamLocked,
-    StreamPartition,
-    TxstoreStreamReader,
-    batch_ranges,
-    check_alignment,
-    micro_batch_tasks,
-    offsets_dict,
-    offsets_map,
-    stream_reader,
-)
+from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reader
 
 JOB = "stream_guards"
 

@@ -24,9 +24,9 @@ from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.ranges.tasks import default_parallelism, is_connect
 from txstore.spark.source.datasource import RangesPartition
 from txstore.spark.source_format import registered_source
+from txstore.spark.stream.stream_offsets import micro_batch_tasks
 from txstore.spark.stream.stream_options import parse_stream_options
 from txstore.spark.stream.stream_sink import _count_topics
-from txstore.spark.stream.stream_source import micro_batch_tasks
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

@@ -23,14 +23,9 @@ from tests.conftest import produce_in_transactions, send
 from tests.helpers.cli import txstore as txstore_cli
 from tests.helpers.counting import BrokerDb, Counting, offsets
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, run_available_now, sink
+from txstore.spark.stream.stream_checkpoint import check_alignment, check_batch_ends
+from txstore.spark.stream.stream_offsets import batch_ranges, offsets_dict, offsets_map
 from txstore.spark.stream.stream_sink import RowsOutsideBatch, check_rows_in_batch
-from txstore.spark.stream.stream_source import (
-    batch_ranges,
-    check_alignment,
-    check_batch_ends,
-    offsets_dict,
-    offsets_map,
-)
 
 pytestmark = pytest.mark.spark
 

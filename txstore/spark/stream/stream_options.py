@@ -15,6 +15,8 @@ from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FailPoints
 from txstore.spark.source.datasource import ReadOptions, option_names, parse_read_options, shown
 
+GIVEN_BY = ".option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL on the driver)"
+"""Where the stream's database URL comes from, as its connection errors name it."""
 COUNT_MESSAGES_OPTION = "txstore.countmessages"
 TASKS_OPTION = "txstore.tasks"
 FAILPOINTS_OPTION = "txstore.failpoints"

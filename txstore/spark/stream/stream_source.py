@@ -45,24 +45,26 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   (earliest in a topic it reads; its row stored then), with an empty range first, so every
   range of a batch starts at an offset of its start. A start the checkpoint gives a
   partition without a row must be where the job would start it
-  (:func:`check_checkpoint_starts`: offsets name no job, so another job's checkpoint would
+  (:func:`~txstore.spark.stream.stream_checkpoint.check_checkpoint_starts`: offsets name no job, so another job's checkpoint would
   be trusted otherwise);
 - ``partitions(start, end)``: one range per partition with messages, ``[start, end)``, with
   the generation and the last counted message to verify from ``txn_offsets``. The start is
   compared with ``txn_offsets`` first: equal, or the whole batch already committed (a
-  replay after a crash), or the query stops with :class:`CheckpointMismatch`
-  before anything is read (a partition without a row: :func:`check_checkpoint_starts`);
+  replay after a crash), or the query stops with
+  :class:`~txstore.spark.stream.stream_checkpoint.CheckpointMismatch` before anything is read
+  (every check of the checkpoint's offsets: :mod:`~txstore.spark.stream.stream_checkpoint`);
   then the log with Kafka's (topic IDs, log ends), as the micro-batch may be a replay
   planned before a restart. The planned ranges are stored in
   ``txn_stream_plans`` (one row per job, :func:`~txstore.postgres.stream_plans.save_plan`),
   where the sink finds them. They become Spark's input partitions
-  (:class:`~txstore.spark.source.datasource.RangesPartition`, :func:`micro_batch_tasks`): a range
+  (:class:`~txstore.spark.stream.stream_offsets.StreamPartition`,
+  :func:`~txstore.spark.stream.stream_offsets.micro_batch_tasks`): a range
   each while there are no more ranges than ``txstore.tasks``, else ``txstore.tasks`` runs of
   neighbouring ranges. Each task of a Python source feeding a Python sink takes two Python
   workers, so a task per core, not per range, is what a micro-batch of many partitions pays.
   ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
   per task when the source was registered otherwise);
-- ``read(partition)`` (the first in a Python worker freezes its heap,
+- ``read(partition)`` (:mod:`~txstore.spark.stream.stream_tasks`; the first in a Python worker freezes its heap,
   :mod:`~txstore.spark.runtime.worker_heap`): the task's ranges in their planned order (a retried
   task gets the same pickled partition, so it reads the same messages), through the batch
   source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
@@ -73,14 +75,14 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
 The reader's planning connection holds the job's *stream lock* (exclusive,
 for the query's life) and the shared job lock (so ``txstore reset`` refuses
 while it runs): a second streaming query on the same job is refused with
-:class:`StreamLocked`.
+:class:`~txstore.spark.stream.stream_lock.StreamLocked` (:mod:`~txstore.spark.stream.stream_lock`).
 
 A query runs for days, and PostgreSQL restarts and fails over: a planning session that ended
 (the locks go with it) is replaced at the next planning call, connected again within bounds
 (:mod:`~txstore.postgres.reconnect`) and its locks taken again; a planning method the end cut
 short runs once more on the new session (each is safe to: reads, and idempotent writes), so a
 restart costs a pause, not the query. If another query of the job took the stream lock
-meanwhile, this one stops with :class:`StreamLocked`, before planning anything.
+meanwhile, this one stops with ``StreamLocked``, before planning anything.
 
 The lines the planning methods and the reading tasks raise come from code shared with the jobs;
 their advice is restated for a streaming query (:mod:`~txstore.spark.stream.stream_advice`: options and
@@ -93,11 +95,9 @@ import functools
 import logging
 import os
 import re
-import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import psycopg
@@ -116,7 +116,7 @@ from txstore.core.errors import (
 )
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
-from txstore.core.micro_batch import RangeRead, Receipt, StreamPlan
+from txstore.core.micro_batch import StreamPlan
 from txstore.core.patterns import PatternTopics, joining_starts, matching_topics, resolve_pattern
 from txstore.core.ranges import (
     OffsetRange,
@@ -124,7 +124,6 @@ from txstore.core.ranges import (
     PartitionWatermarks,
     TopicPartition,
     aged_out,
-    group_ranges,
     limit_ranges,
     plan_ranges,
     split_ranges,
@@ -134,12 +133,9 @@ from txstore.core.ranges import (
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.core.subscription import subscription_of
 from txstore.kafka.client import Watermarks
-from txstore.kafka.reader import RangeReader
-from txstore.kafka.together import read_together, together_candidates
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
-from txstore.postgres.db import FROZEN_PEER_BOUND_SECONDS, connect
-from txstore.postgres.kept import kept_connection
+from txstore.postgres.db import connect
 from txstore.postgres.locks import hold_job_lock
 from txstore.postgres.migrate import check_schema
 from txstore.postgres.reconnect import connect_retrying, session_lost
@@ -150,25 +146,43 @@ from txstore.postgres.stream_plans import (
     load_plan,
     load_reads,
     mark_committed,
-    record_read,
     save_plan,
     stream_privileges,
 )
-from txstore.spark.ranges.range_task import task_attempt, task_run
-from txstore.spark.runtime.worker_heap import freeze_once
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.source.datasource import (
-    RangesPartition,
     TxstoreReader,
-    partition_ranges,
     start_times,
 )
-from txstore.spark.stream.stream_advice import restated_rows, restating
+from txstore.spark.stream.stream_advice import restating
+from txstore.spark.stream.stream_checkpoint import (
+    CheckpointMismatch,
+    check_alignment,
+    check_batch_ends,
+    check_checkpoint_assigned,
+    check_checkpoint_starts,
+    for_a_stream,
+    losses_to_record,
+    past_recorded_losses,
+    start_reason,
+    would_start,
+)
+from txstore.spark.stream.stream_lock import take_stream_lock
+from txstore.spark.stream.stream_offsets import (
+    Offsets,
+    StreamPartition,
+    batch_ranges,
+    micro_batch_tasks,
+    offsets_dict,
+    offsets_map,
+)
 from txstore.spark.stream.stream_options import (
     COUNT_SCHEMA,
+    GIVEN_BY,
     StreamOptions,
     parse_stream_options,
 )
+from txstore.spark.stream.stream_tasks import ReadingTasks
 
 log = logging.getLogger("txstore")
 
@@ -180,34 +194,9 @@ try:  # PySpark 4.2+: Trigger.AvailableNow stops at the log ends seen when the q
 except ImportError:  # older: Spark reads everything available in one batch instead
     pass
 
-Offsets = dict[str, dict[str, int]]
-"""Spark's offset of this source: ``{topic: {partition (a string, as JSON has it): offset}}``."""
 
 _State = tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]
 """The job's rows: offsets and what is kept beside them (:func:`~txstore.postgres.store.committed_state`)."""
-
-_STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
-GIVEN_BY = ".option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL on the driver)"
-"""Where the stream's database URL comes from, as its connection errors name it."""
-
-# The sessions holding a job's stream lock (advisory locks are per database): pg_locks shows a
-# bigint advisory key as its high and low 32 bits (classid, objid) with objsubid 1.
-_STREAM_HOLDERS = f"""
-WITH k AS (SELECT {_STREAM_KEY} AS key)
-SELECT l.pid, coalesce(host(a.client_addr), 'local')
-FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid), k
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295
-ORDER BY l.pid
-"""
-
-
-def stream_lock_holders(conn: psycopg.Connection, job: str) -> list[tuple[int, str]]:
-    """The backend pids (and client addresses) of the sessions holding ``job``'s stream lock."""
-    rows = conn.execute(_STREAM_HOLDERS, (job,)).fetchall()
-    conn.rollback()
-    return [(int(pid), str(client)) for pid, client in rows]
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -253,298 +242,7 @@ def _again_on_a_new_session(method: _Method) -> _Method:
     return cast(_Method, planning)
 
 
-class StreamLocked(TxstoreError):
-    """Another streaming query of the same job holds its stream lock."""
-
-
-class CheckpointMismatch(TxstoreError):
-    """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
-
-
-def _reconnect(url: str) -> psycopg.Connection:
-    """A reading task's connection for its receipt: a server restarting is waited for, within
-    :mod:`~txstore.postgres.reconnect`'s bounds."""
-    return connect_retrying(url, given_by=GIVEN_BY)
-
-
-class StreamPartition(RangesPartition):
-    """One reading task of a micro-batch: its ranges, the plan's identity and the task's index in
-    it, which its receipt names (:func:`~txstore.postgres.stream_plans.record_read`)."""
-
-    def __init__(self, ranges: Sequence[OffsetRange], plan_id: str, index: int) -> None:
-        super().__init__(ranges)
-        self.plan_id = plan_id
-        self.index = index
-
-
-class ForeignCheckpoint(CheckpointMismatch):
-    """The checkpoint is not this job's: it starts a partition the job has no row for elsewhere
-    than the job would start it, or names a topic the query does not read."""
-
-
-def micro_batch_tasks(ranges: Sequence[OffsetRange], tasks: int | None) -> list[list[OffsetRange]]:
-    """A micro-batch's ranges (in order) as the Spark tasks that read them.
-
-    A task each while there are no more ranges than ``tasks`` (or ``tasks`` is None): the ranges
-    are read side by side. More ranges share ``tasks`` runs of neighbours of about equal work
-    (:func:`~txstore.core.ranges.group_ranges`), as the batch jobs share a task per core
-    (:func:`txstore.spark.ranges.tasks.task_groups`): each task of a Python source feeding a Python
-    sink costs two Python workers, which a task per range would pay for every partition.
-    """
-    if tasks is None or len(ranges) <= tasks:
-        return [[r] for r in ranges]
-    return group_ranges(ranges, tasks)
-
-
-def offsets_dict(offsets: Mapping[TopicPartition, int]) -> Offsets:
-    out: Offsets = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        out.setdefault(topic, {})[str(partition)] = int(offset)
-    return out
-
-
-def offsets_map(offsets: Mapping[str, Any] | None) -> dict[TopicPartition, int]:
-    return {
-        (str(topic), int(partition)): int(offset)
-        for topic, parts in (offsets or {}).items()
-        for partition, offset in parts.items()
-    }
-
-
-def batch_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> list[OffsetRange]:
-    """The ranges of a micro-batch from its start and end offsets, one per partition the end names.
-
-    A partition the start does not name starts at its end offset (it enters with an empty range).
-    """
-    return sorted(OffsetRange(t, p, start.get((t, p), until), until) for (t, p), until in end.items())
-
-
-def check_batch_ends(
-    job: str,
-    start: Mapping[TopicPartition, int],
-    end: Mapping[TopicPartition, int],
-    stored: Mapping[TopicPartition, int],
-) -> None:
-    """Raise :class:`CheckpointMismatch` where a micro-batch ends a partition before it starts it.
-
-    Spark gives a checkpoint's batch 0, replayed after a crash before its commit, the start
-    ``initialOffset()`` answers again: by then the ``stored`` offsets, which lie past the batch's
-    logged end when the job went on without it (another checkpoint's query counted further).
-    The checkpoint is behind the job. Any other such batch is a checkpoint edited or damaged."""
-    for (topic, partition), until in sorted(end.items()):
-        begin = start.get((topic, partition))
-        if begin is None or begin <= until:
-            continue
-        found = stored.get((topic, partition))
-        where = f"job {job!r} topic {topic!r} partition {partition}: "
-        if found is not None and found > until:
-            what = (
-                f"txn_offsets stores offset {found} but the checkpoint ends this micro-batch at "
-                f"{until} (committed offsets would be read again; the checkpoint is older than the "
-                "job's offsets: another query of the job went on since)"
-            )
-        else:
-            what = (
-                f"the checkpoint starts this micro-batch at offset {begin} and ends it at {until}, "
-                "before its start (the checkpoint was edited or damaged)"
-            )
-        raise CheckpointMismatch(where + what + "; nothing was written. To realign: " + realign_hint())
-
-
-def realign_hint() -> str:
-    return (
-        "restart the query with a new checkpointLocation (or delete this one: rm -r CHECKPOINT); "
-        "it then starts at the stored offsets"
-    )
-
-
-def past_recorded_losses(
-    ranges: Sequence[OffsetRange],
-    stored: Mapping[TopicPartition, int],
-    lost: Mapping[TopicPartition, Mapping[int, int]],
-) -> list[OffsetRange]:
-    """``failOnDataLoss`` false: each range past the losses recorded from its start (``lost``: per
-    partition, each recorded range's end by its start), chained and within the range, up to the
-    stored offset at most. A micro-batch whose aged-out start this source recorded before a crash
-    is replayed from its checkpoint's start: the recorded losses lead to the stored offset (or to
-    where the sink then committed from, for a replay of a committed micro-batch, which its tasks
-    read again), never into offsets Kafka no longer has. A start no recorded loss begins at is
-    left as it is (a mismatch stays one for :func:`check_alignment`)."""
-    moved = []
-    for r in ranges:
-        start, ends = r.from_offset, lost.get(r.key, {})
-        while start != stored.get(r.key) and start in ends and start < ends[start] <= r.until_offset:
-            start = ends[start]
-        moved.append(replace(r, from_offset=start))
-    return moved
-
-
-def losses_to_record(
-    ranges: Sequence[OffsetRange],
-    stored: Mapping[TopicPartition, int],
-    watermarks: Sequence[PartitionWatermarks],
-) -> list[OffsetRange]:
-    """``failOnDataLoss`` false: the offsets of the micro-batch Kafka no longer has, per range that
-    starts at its stored offset below the log start: ``[start, min(log start, end))``, never empty
-    (an empty range reads nothing and loses nothing)."""
-    lows = {w.key: w.low for w in watermarks}
-    return [
-        OffsetRange(r.topic, r.partition, r.from_offset, min(lows[r.key], r.until_offset))
-        for r in ranges
-        if r.key in lows and stored.get(r.key) == r.from_offset < min(lows[r.key], r.until_offset)
-    ]
-
-
-def check_alignment(
-    job: str, ranges: Sequence[OffsetRange], stored: Mapping[TopicPartition, int | None]
-) -> bool:
-    """Whether the batch is to be committed (True), or was committed whole before (False: a
-    replay); raise :class:`CheckpointMismatch` for anything else, naming the first partition."""
-    if all(stored.get(r.key) == r.from_offset for r in ranges):
-        return True
-    if all(stored.get(r.key) == r.until_offset for r in ranges):
-        return False
-    bad = next(r for r in ranges if stored.get(r.key) != r.from_offset)
-    found = stored.get(bad.key)
-    what = (
-        "committed offsets would be read again"
-        if found is not None and found > bad.from_offset
-        else "offsets would be skipped"
-    )
-    raise CheckpointMismatch(
-        f"job {job!r} topic {bad.topic!r} partition {bad.partition}: txn_offsets stores offset "
-        f"{found} but the checkpoint starts this micro-batch at {bad.from_offset} ({what}; the "
-        f"checkpoint is an older copy, or another query's); nothing was written. To realign: "
-        + realign_hint()
-    )
-
-
-def driver_process() -> str:
-    """``host:pid`` of the Spark driver's JVM this planner worker serves (its nearest ``java``
-    ancestor; the worker's parent where none is found): two sources in one application share it."""
-    pid = os.getppid()
-    for _ in range(8):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
-                break
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            pid = os.getppid()
-            break
-    else:
-        pid = os.getppid()
-    return f"{socket.gethostname()}:{pid}"
-
-
-def stream_lock_holder(conn: psycopg.Connection, job: str) -> tuple[str, str] | None:
-    """The application name and client address of the session holding the job's stream lock."""
-    row = conn.execute(
-        "SELECT a.application_name, coalesce(host(a.client_addr), 'local') FROM pg_locks l "
-        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-        f"AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = {_STREAM_KEY} LIMIT 1",
-        (job,),
-    ).fetchone()
-    conn.rollback()
-    return None if row is None else (str(row[0]), str(row[1]))
-
-
-def stream_locked_line(job: str, holder: tuple[str, str] | None, me: str) -> str:
-    """Why the job's stream lock is taken, in one line: a second source of the job in this Spark
-    application (a union or join of two sources of one job), or another query elsewhere."""
-    if holder is not None and holder[0] == me:
-        return (
-            f"job {job!r}: another readStream.format('txstore') of this job in this Spark application "
-            "holds the job's stream lock: a union or join of two sources of the same job in one "
-            "query (each would plan and commit the same offsets; read the job once and reuse the "
-            "DataFrame, or give each source its own txstore.job), or a second running query of "
-            "this job; nothing was read"
-        )
-    where = "" if holder is None else f" ({holder[0] or 'a session'} from {holder[1]})"
-    return (
-        f"job {job!r}: another streaming query of this job is running{where} (it holds the job's "
-        "stream lock); stop it first, or give this query another txstore.job"
-    )
-
-
-def check_checkpoint_assigned(
-    job: str, assignment: Mapping[str, tuple[int, ...]] | None, start: Mapping[TopicPartition, int], name: str
-) -> None:
-    """Raise :class:`CheckpointMismatch` if the checkpoint's ``start`` names a partition ``assign``
-    (shown as ``name``) no longer names: Spark keeps every partition a query read in its offsets,
-    so a query restarted with fewer assigned partitions cannot go on from its checkpoint."""
-    if assignment is None:
-        return
-    dropped = sorted(k for k in start if k not in assigned_keys(assignment))
-    if dropped:
-        t, p = dropped[0]
-        more = f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else ""
-        raise CheckpointMismatch(
-            f"job {job!r} topic {t!r} partition {p}{more}: the checkpoint reads this partition, but option "
-            f"{name} no longer assigns it (a query restarted with fewer assigned partitions); the job's "
-            "offset for it stays in txn_offsets; nothing was read. Assign it again, or restart the query "
-            "with a new checkpointLocation: it then starts at the job's offsets of the assigned partitions"
-        )
-
-
-def check_checkpoint_starts(
-    job: str,
-    topics: Sequence[str],
-    start: Mapping[TopicPartition, int],
-    stored: Mapping[TopicPartition, int],
-    would: Mapping[TopicPartition, tuple[int, str]],
-) -> None:
-    """Raise :class:`ForeignCheckpoint` unless the checkpoint's ``start`` could be this job's.
-
-    The offsets name no job or query, so another's (copied, or its directory given) would be
-    taken as this job's: every topic it names must be one the query reads, and every partition
-    the job has no row for in ``stored`` must start where the job would start it (``would``:
-    offset and why, per partition Kafka reports; its ``startingOffsets`` for a topic the job
-    never started, the log's earliest offset for a partition that enters later). Partitions
-    with a row are :func:`check_alignment`'s.
-    """
-    for topic in sorted({t for t, _ in start} - set(topics)):
-        raise ForeignCheckpoint(
-            f"job {job!r}: the checkpoint names topic {topic!r}, which this query does not read "
-            f"(it reads {', '.join(repr(t) for t in topics)}): the checkpoint is another query's; "
-            "nothing was read. Restart the query with a new checkpointLocation: it then starts at the "
-            "job's offsets in txn_offsets (startingOffsets where it has none)"
-        )
-    for key, offset in sorted(start.items()):
-        if key in stored:
-            continue
-        expected = would.get(key)
-        if expected is not None and expected[0] == offset:
-            continue
-        where = "Kafka reports no such partition" if expected is None else f"would start it at {expected[1]}"
-        raise ForeignCheckpoint(
-            f"job {job!r} topic {key[0]!r} partition {key[1]}: the checkpoint starts this micro-batch at "
-            f"offset {offset}, but the job has no offset stored for this partition and {where}: the "
-            "checkpoint is not this job's (another job's or query's, copied or pointed at); nothing was "
-            "read. Restart the query with a new checkpointLocation: it then starts where the job would"
-        )
-
-
-def start_reason(decision: StartDecision) -> str:
-    """Why a partition starts where it does, in the stream's option names."""
-    return decision.reason.replace("--starting-offsets", "startingOffsets")
-
-
-def would_start(decisions: Sequence[StartDecision]) -> dict[TopicPartition, tuple[int, str]]:
-    """:func:`check_checkpoint_starts`'s ``would``: offset and why, per partition."""
-    return {(d.topic, d.partition): (d.offset, start_reason(d)) for d in decisions}
-
-
-RESTART_AFTER_RESET = ", then restart the query with a new checkpointLocation"
-"""What a stream adds to the planner's lines that end in a ``txstore reset`` command: the reset
-moves ``txn_offsets``, and the checkpoint would start at the old offsets (refused)."""
-
-
-def for_a_stream(error: OffsetOutOfLog | TopicRecreated) -> TxstoreError:
-    """The planner's line for a log that is not the one the job read, with the stream's next step."""
-    return type(error)(f"{error}{RESTART_AFTER_RESET}")
-
-
-class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
+class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
     """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
 
     def __init__(self, options: StreamOptions, schema: Any) -> None:
@@ -605,7 +303,7 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
                 FailPoints.parse(self.options.failpoints).hit("before-stream-relock")
         try:
             check_schema(conn, url)
-            self._take_stream_lock(conn, lost)
+            take_stream_lock(conn, self.options.job, lost)
             hold_job_lock(conn, self.options.job)
         except BaseException:
             conn.close()
@@ -624,39 +322,6 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         if self._conn is not None:
             return session_lost(self._conn)
         return self._session is not None and isinstance(error, psycopg.OperationalError)
-
-    def _take_stream_lock(self, conn: psycopg.Connection, lost: int | None) -> None:
-        """Take the job's stream lock (session-level), or raise :class:`StreamLocked`.
-
-        ``lost``: the backend pid of this query's session that ended (None: the query's first). A
-        session whose client lost it can outlive it on the server for a while (a network that
-        stopped answering: up to :data:`~txstore.postgres.db.FROZEN_PEER_BOUND_SECONDS`), still
-        holding the lock; while that old session is the only holder, the lock is tried again
-        within that bound.
-        """
-        job = self.options.job
-        deadline = time.monotonic() + FROZEN_PEER_BOUND_SECONDS
-        me = f"txstore stream {driver_process()}"
-        while True:
-            with conn.transaction():
-                conn.execute("SELECT set_config('application_name', %s, false)", (me,))
-                row = conn.execute(f"SELECT pg_try_advisory_lock({_STREAM_KEY})", (job,)).fetchone()
-            if row and row[0]:
-                return
-            if lost is None:
-                raise StreamLocked(stream_locked_line(job, stream_lock_holder(conn, job), me))
-            holders = stream_lock_holders(conn, job)
-            if {pid for pid, _ in holders} <= {lost} and time.monotonic() < deadline:
-                time.sleep(1)  # our old session, not yet ended by the server (or just ended)
-                continue
-            named = ", ".join(f"PostgreSQL session {pid} from {client}" for pid, client in holders)
-            raise StreamLocked(
-                f"job {job!r}: this query lost its PostgreSQL session (pid {lost}) and, connected again, "
-                f"found another streaming query of this job holding the stream lock ({named or 'since gone'}); "
-                "this query stops before planning another micro-batch (what it committed stays, nothing "
-                "is counted twice). Keep the other query, or stop it and restart this one with a new "
-                "checkpointLocation (it then starts at the offsets in txn_offsets)"
-            )
 
     def stop(self) -> None:
         if self._conn is not None and not self._conn.closed:
@@ -1013,7 +678,8 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
         recorded in ``txn_lost_ranges`` now, the stored offsets moved past them in the same
         statement (:func:`~txstore.postgres.store.record_lost_ranges`, as a job's
         ``--fail-on-data-loss false``); the ranges then start at the stored offsets. A replay
-        passes over what an earlier attempt recorded (:func:`past_recorded_losses`), so the
+        passes over what an earlier attempt recorded
+        (:func:`~txstore.spark.stream.stream_checkpoint.past_recorded_losses`), so the
         checkpoint's start and ``txn_offsets`` still agree; the sink commits the rest."""
         job = self.options.job
         topics = sorted({r.topic for r in planned})
@@ -1079,90 +745,6 @@ class TxstoreStreamReader(DataSourceStreamReader, *_ReaderMixins):  # type: igno
             return False
         self._follow_checkpoint(conn, plan)
         return True
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        freeze_once()  # PySpark's collection after each task then skips the imports' objects
-        ranges = partition_ranges(partition)
-        if self.batch_reader is None:
-            return restated_rows(self._count(partition, ranges), self.options.job)
-        return restated_rows(self._messages(self.batch_reader, partition, ranges), self.options.job)
-
-    def _after_first_range(self) -> None:
-        if self.options.failpoints:  # tests only
-            FailPoints.parse(self.options.failpoints).hit("after-first-range", task_attempt())
-
-    def _record(self, partition: InputPartition, reads: Sequence[RangeRead]) -> None:
-        """The task's receipt (:mod:`txstore.core.micro_batch`): its ranges were read to their end,
-        in this query's micro-batch, as this Spark stage and partition."""
-        if not isinstance(partition, StreamPartition):
-            return
-        run = task_run()
-        receipt = Receipt(
-            partition.index, run.stage, run.partition, run.query_id, run.batch_id, tuple(reads), run.run_id
-        )
-        job = self.options.job
-        with (
-            stream_privileges(job, "recording a reading task's receipt"),
-            kept_connection(self.options.database_url, _reconnect) as conn,
-        ):
-            record_read(conn, job, partition.plan_id, receipt)
-
-    def _messages(
-        self, reader: TxstoreReader, partition: InputPartition, ranges: Sequence[OffsetRange]
-    ) -> Iterator[Any]:
-        """The messages of the task's ranges, one range after the other (the batch source's reader);
-        the receipt once the last range was read to its end."""
-        reads = []
-        for i, r in enumerate(ranges):
-            kafka = RangeReader(self.options.read.kafka_conf, r, pause_gc=False, job=self.options.job)
-            yield from reader.read_range(kafka)
-            reads.append(RangeRead(r, kafka.messages, kafka.last))
-            if i == 0:
-                self._after_first_range()
-        self._record(partition, reads)
-
-    def _count(self, partition: InputPartition, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
-        """``txstore.countMessages``: each range read whole and its messages counted; one row per
-        range (:data:`~txstore.spark.stream.stream_options.COUNT_SCHEMA`), all in one record batch.
-
-        As the per-range count path: no row per message is built or handed to Spark (the
-        reader's checks of the planned log are the same); a retried task reads its ranges again
-        and counts the same messages.
-        """
-        import pyarrow as pa
-
-        if not ranges:
-            return
-        reads = []
-        conf, job = self.options.read.kafka_conf, self.options.job
-        # Small ranges are counted on one consumer at once (txstore.kafka.together), the others alone.
-        together = read_together(conf, together_candidates(ranges), job, keep=False)
-        for i, r in enumerate(ranges):
-            kafka = together.get(r.key) or RangeReader(conf, r, job=job)  # gc paused throughout
-            for _ in kafka:
-                pass
-            reads.append(RangeRead(r, kafka.messages, kafka.last))
-            if i == 0:
-                self._after_first_range()
-        self._record(partition, reads)
-        yield pa.RecordBatch.from_pydict(
-            {
-                "topic": [r.topic for r in ranges],
-                "partition": [r.partition for r in ranges],
-                "txstore_from": [r.from_offset for r in ranges],
-                "txstore_until": [r.until_offset for r in ranges],
-                "txstore_messages": [read.messages for read in reads],
-            },
-            schema=pa.schema(
-                [
-                    pa.field("topic", pa.string()),
-                    pa.field("partition", pa.int32()),
-                    pa.field("txstore_from", pa.int64()),
-                    pa.field("txstore_until", pa.int64()),
-                    pa.field("txstore_messages", pa.int64()),
-                ]
-            ),
-        )
 
 
 def stream_reader(

@@ -1,0 +1,214 @@
+"""A micro-batch's offsets from Spark's checkpoint, against the job's rows in ``txn_offsets``.
+
+The checkpoint names no job and may be an older copy, another query's or edited: the truth is in
+PostgreSQL. Before anything is read, the stream source checks each micro-batch with these pure
+functions, each raising :class:`CheckpointMismatch` (or :class:`ForeignCheckpoint`) in one line
+that says how to realign:
+
+- :func:`check_batch_ends`: no partition ends before it starts (a replayed batch 0 the job went
+  past, or a damaged checkpoint);
+- :func:`check_checkpoint_assigned` and :func:`check_checkpoint_starts`: every partition the
+  checkpoint names is one the query reads, and one without a row starts where the job would
+  start it;
+- :func:`check_alignment`: the batch starts at the stored offsets (to be committed) or ends at
+  them (a replay of a committed batch), nothing else;
+- ``failOnDataLoss`` false: :func:`losses_to_record` and :func:`past_recorded_losses` keep the
+  checkpoint and ``txn_offsets`` agreeing across offsets Kafka no longer has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from txstore.core.assignment import assigned_keys
+from txstore.core.errors import OffsetOutOfLog, TopicRecreated, TxstoreError
+from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
+from txstore.core.starting import StartDecision
+
+
+class CheckpointMismatch(TxstoreError):
+    """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
+
+
+class ForeignCheckpoint(CheckpointMismatch):
+    """The checkpoint is not this job's: it starts a partition the job has no row for elsewhere
+    than the job would start it, or names a topic the query does not read."""
+
+
+def check_batch_ends(
+    job: str,
+    start: Mapping[TopicPartition, int],
+    end: Mapping[TopicPartition, int],
+    stored: Mapping[TopicPartition, int],
+) -> None:
+    """Raise :class:`CheckpointMismatch` where a micro-batch ends a partition before it starts it.
+
+    Spark gives a checkpoint's batch 0, replayed after a crash before its commit, the start
+    ``initialOffset()`` answers again: by then the ``stored`` offsets, which lie past the batch's
+    logged end when the job went on without it (another checkpoint's query counted further).
+    The checkpoint is behind the job. Any other such batch is a checkpoint edited or damaged."""
+    for (topic, partition), until in sorted(end.items()):
+        begin = start.get((topic, partition))
+        if begin is None or begin <= until:
+            continue
+        found = stored.get((topic, partition))
+        where = f"job {job!r} topic {topic!r} partition {partition}: "
+        if found is not None and found > until:
+            what = (
+                f"txn_offsets stores offset {found} but the checkpoint ends this micro-batch at "
+                f"{until} (committed offsets would be read again; the checkpoint is older than the "
+                "job's offsets: another query of the job went on since)"
+            )
+        else:
+            what = (
+                f"the checkpoint starts this micro-batch at offset {begin} and ends it at {until}, "
+                "before its start (the checkpoint was edited or damaged)"
+            )
+        raise CheckpointMismatch(where + what + "; nothing was written. To realign: " + realign_hint())
+
+
+def realign_hint() -> str:
+    return (
+        "restart the query with a new checkpointLocation (or delete this one: rm -r CHECKPOINT); "
+        "it then starts at the stored offsets"
+    )
+
+
+def past_recorded_losses(
+    ranges: Sequence[OffsetRange],
+    stored: Mapping[TopicPartition, int],
+    lost: Mapping[TopicPartition, Mapping[int, int]],
+) -> list[OffsetRange]:
+    """``failOnDataLoss`` false: each range past the losses recorded from its start (``lost``: per
+    partition, each recorded range's end by its start), chained and within the range, up to the
+    stored offset at most. A micro-batch whose aged-out start this source recorded before a crash
+    is replayed from its checkpoint's start: the recorded losses lead to the stored offset (or to
+    where the sink then committed from, for a replay of a committed micro-batch, which its tasks
+    read again), never into offsets Kafka no longer has. A start no recorded loss begins at is
+    left as it is (a mismatch stays one for :func:`check_alignment`)."""
+    moved = []
+    for r in ranges:
+        start, ends = r.from_offset, lost.get(r.key, {})
+        while start != stored.get(r.key) and start in ends and start < ends[start] <= r.until_offset:
+            start = ends[start]
+        moved.append(replace(r, from_offset=start))
+    return moved
+
+
+def losses_to_record(
+    ranges: Sequence[OffsetRange],
+    stored: Mapping[TopicPartition, int],
+    watermarks: Sequence[PartitionWatermarks],
+) -> list[OffsetRange]:
+    """``failOnDataLoss`` false: the offsets of the micro-batch Kafka no longer has, per range that
+    starts at its stored offset below the log start: ``[start, min(log start, end))``, never empty
+    (an empty range reads nothing and loses nothing)."""
+    lows = {w.key: w.low for w in watermarks}
+    return [
+        OffsetRange(r.topic, r.partition, r.from_offset, min(lows[r.key], r.until_offset))
+        for r in ranges
+        if r.key in lows and stored.get(r.key) == r.from_offset < min(lows[r.key], r.until_offset)
+    ]
+
+
+def check_alignment(
+    job: str, ranges: Sequence[OffsetRange], stored: Mapping[TopicPartition, int | None]
+) -> bool:
+    """Whether the batch is to be committed (True), or was committed whole before (False: a
+    replay); raise :class:`CheckpointMismatch` for anything else, naming the first partition."""
+    if all(stored.get(r.key) == r.from_offset for r in ranges):
+        return True
+    if all(stored.get(r.key) == r.until_offset for r in ranges):
+        return False
+    bad = next(r for r in ranges if stored.get(r.key) != r.from_offset)
+    found = stored.get(bad.key)
+    what = (
+        "committed offsets would be read again"
+        if found is not None and found > bad.from_offset
+        else "offsets would be skipped"
+    )
+    raise CheckpointMismatch(
+        f"job {job!r} topic {bad.topic!r} partition {bad.partition}: txn_offsets stores offset "
+        f"{found} but the checkpoint starts this micro-batch at {bad.from_offset} ({what}; the "
+        f"checkpoint is an older copy, or another query's); nothing was written. To realign: "
+        + realign_hint()
+    )
+
+
+def check_checkpoint_assigned(
+    job: str, assignment: Mapping[str, tuple[int, ...]] | None, start: Mapping[TopicPartition, int], name: str
+) -> None:
+    """Raise :class:`CheckpointMismatch` if the checkpoint's ``start`` names a partition ``assign``
+    (shown as ``name``) no longer names: Spark keeps every partition a query read in its offsets,
+    so a query restarted with fewer assigned partitions cannot go on from its checkpoint."""
+    if assignment is None:
+        return
+    dropped = sorted(k for k in start if k not in assigned_keys(assignment))
+    if dropped:
+        t, p = dropped[0]
+        more = f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else ""
+        raise CheckpointMismatch(
+            f"job {job!r} topic {t!r} partition {p}{more}: the checkpoint reads this partition, but option "
+            f"{name} no longer assigns it (a query restarted with fewer assigned partitions); the job's "
+            "offset for it stays in txn_offsets; nothing was read. Assign it again, or restart the query "
+            "with a new checkpointLocation: it then starts at the job's offsets of the assigned partitions"
+        )
+
+
+def check_checkpoint_starts(
+    job: str,
+    topics: Sequence[str],
+    start: Mapping[TopicPartition, int],
+    stored: Mapping[TopicPartition, int],
+    would: Mapping[TopicPartition, tuple[int, str]],
+) -> None:
+    """Raise :class:`ForeignCheckpoint` unless the checkpoint's ``start`` could be this job's.
+
+    The offsets name no job or query, so another's (copied, or its directory given) would be
+    taken as this job's: every topic it names must be one the query reads, and every partition
+    the job has no row for in ``stored`` must start where the job would start it (``would``:
+    offset and why, per partition Kafka reports; its ``startingOffsets`` for a topic the job
+    never started, the log's earliest offset for a partition that enters later). Partitions
+    with a row are :func:`check_alignment`'s.
+    """
+    for topic in sorted({t for t, _ in start} - set(topics)):
+        raise ForeignCheckpoint(
+            f"job {job!r}: the checkpoint names topic {topic!r}, which this query does not read "
+            f"(it reads {', '.join(repr(t) for t in topics)}): the checkpoint is another query's; "
+            "nothing was read. Restart the query with a new checkpointLocation: it then starts at the "
+            "job's offsets in txn_offsets (startingOffsets where it has none)"
+        )
+    for key, offset in sorted(start.items()):
+        if key in stored:
+            continue
+        expected = would.get(key)
+        if expected is not None and expected[0] == offset:
+            continue
+        where = "Kafka reports no such partition" if expected is None else f"would start it at {expected[1]}"
+        raise ForeignCheckpoint(
+            f"job {job!r} topic {key[0]!r} partition {key[1]}: the checkpoint starts this micro-batch at "
+            f"offset {offset}, but the job has no offset stored for this partition and {where}: the "
+            "checkpoint is not this job's (another job's or query's, copied or pointed at); nothing was "
+            "read. Restart the query with a new checkpointLocation: it then starts where the job would"
+        )
+
+
+def start_reason(decision: StartDecision) -> str:
+    """Why a partition starts where it does, in the stream's option names."""
+    return decision.reason.replace("--starting-offsets", "startingOffsets")
+
+
+def would_start(decisions: Sequence[StartDecision]) -> dict[TopicPartition, tuple[int, str]]:
+    """:func:`check_checkpoint_starts`'s ``would``: offset and why, per partition."""
+    return {(d.topic, d.partition): (d.offset, start_reason(d)) for d in decisions}
+
+
+RESTART_AFTER_RESET = ", then restart the query with a new checkpointLocation"
+"""What a stream adds to the planner's lines that end in a ``txstore reset`` command: the reset
+moves ``txn_offsets``, and the checkpoint would start at the old offsets (refused)."""
+
+
+def for_a_stream(error: OffsetOutOfLog | TopicRecreated) -> TxstoreError:
+    """The planner's line for a log that is not the one the job read, with the stream's next step."""
+    return type(error)(f"{error}{RESTART_AFTER_RESET}")
