@@ -71,7 +71,7 @@ from txstore.postgres.stream_plans import (
 )
 from txstore.spark.source.datasource import plan_job_ranges, plan_read_ranges
 from txstore.spark.stream.stream_checkpoint import CheckpointMismatch, ForeignCheckpoint, check_alignment
-from txstore.spark.stream.stream_lock import StreamLocked
+from txstore.spark.stream.stream_lock import StreamLocked, stream_lock_holder
 from txstore.spark.stream.stream_offsets import (
     StreamPartition,
     batch_ranges,
@@ -737,6 +737,28 @@ def test_a_micro_batch_s_ranges_are_a_task_each_up_to_the_tasks_option_then_runs
     assert micro_batch_tasks(planned, None) == [[r] for r in planned]
     assert micro_batch_tasks(planned, 2) == [planned[:2], planned[2:]]
     assert micro_batch_tasks(planned, 3) != [[r] for r in planned] and len(micro_batch_tasks(planned, 3)) == 3
+
+
+def test_a_job_of_the_same_name_streaming_into_another_database_is_neither_a_block_nor_named_as_the_holder(
+    database_url: str, empty_database_url: str, fake_kafka: FakeKafka, readers: list[TxstoreStreamReader]
+) -> None:
+    """Advisory locks are per database: two txstore databases on one server (staging and
+    production, say) may each run a query of a job of the same name. The holder a refusal names
+    is the one of this database, so its line says what to do here."""
+    with connect(empty_database_url, autocommit=True) as other:
+        other.execute("SELECT set_config('application_name', 'txstore stream elsewhere:1', false)")
+        other.execute("SELECT pg_advisory_lock(hashtextextended('txstore stream ' || %s, 0))", (JOB,))
+        with connect(database_url, autocommit=True) as here:
+            assert stream_lock_holder(here, JOB) is None
+        log(fake_kafka, 0, range(3))
+        first = source(readers, database_url)
+        first.initialOffset()  # the other database's lock does not stop this query
+        second = source(readers, database_url)
+        with pytest.raises(StreamLocked) as e:
+            second.initialOffset()
+        line = one_line(e)
+        assert "another readStream.format('txstore') of this job in this Spark application" in line
+        assert "elsewhere" not in line
 
 
 def test_a_second_query_of_the_job_is_refused_while_the_first_plans(

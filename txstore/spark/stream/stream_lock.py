@@ -26,11 +26,12 @@ from txstore.postgres.db import FROZEN_PEER_BOUND_SECONDS
 _STREAM_KEY = "hashtextextended('txstore stream ' || %s, 0)"
 
 
-# The sessions holding a job's stream lock (advisory locks are per database): pg_locks shows a
+# The sessions holding a job's stream lock, in this database only: advisory locks are per
+# database, and another database on the server may run a job of the same name. pg_locks shows a
 # bigint advisory key as its high and low 32 bits (classid, objid) with objsubid 1.
 _STREAM_HOLDERS = f"""
 WITH k AS (SELECT {_STREAM_KEY} AS key)
-SELECT l.pid, coalesce(host(a.client_addr), 'local')
+SELECT l.pid, coalesce(host(a.client_addr), 'local'), coalesce(a.application_name, '')
 FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid), k
 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -43,7 +44,7 @@ def stream_lock_holders(conn: psycopg.Connection, job: str) -> list[tuple[int, s
     """The backend pids (and client addresses) of the sessions holding ``job``'s stream lock."""
     rows = conn.execute(_STREAM_HOLDERS, (job,)).fetchall()
     conn.rollback()
-    return [(int(pid), str(client)) for pid, client in rows]
+    return [(int(pid), str(client)) for pid, client, _ in rows]
 
 
 class StreamLocked(TxstoreError):
@@ -68,15 +69,11 @@ def driver_process() -> str:
 
 
 def stream_lock_holder(conn: psycopg.Connection, job: str) -> tuple[str, str] | None:
-    """The application name and client address of the session holding the job's stream lock."""
-    row = conn.execute(
-        "SELECT a.application_name, coalesce(host(a.client_addr), 'local') FROM pg_locks l "
-        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-        f"AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = {_STREAM_KEY} LIMIT 1",
-        (job,),
-    ).fetchone()
+    """The application name and client address of the session holding the job's stream lock in
+    this database (None: nobody holds it now)."""
+    row = conn.execute(_STREAM_HOLDERS, (job,)).fetchone()
     conn.rollback()
-    return None if row is None else (str(row[0]), str(row[1]))
+    return None if row is None else (str(row[2]), str(row[1]))
 
 
 def stream_locked_line(job: str, holder: tuple[str, str] | None, me: str) -> str:
