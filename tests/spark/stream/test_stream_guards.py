@@ -26,7 +26,7 @@ import pytest
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from tests.helpers.fake_kafka import FakeKafka, FakeLog, install_with_admin, message
+from tests.helpers.fake_kafka import FakeAdminClient, FakeKafka, FakeLog, install_with_admin, message
 from tests.helpers.fast_db import module_database
 from tests.helpers.streams import COUNT_SCHEMA, ROWS_SCHEMA, source_options
 from tests.postgres.test_sink import seed
@@ -69,7 +69,7 @@ from txstore.postgres.stream_plans import (
     save_plan,
     tasks_of,
 )
-from txstore.spark.source.datasource import plan_job_ranges, plan_read_ranges
+from txstore.spark.source.datasource import partition_ranges, plan_job_ranges, plan_read_ranges
 from txstore.spark.stream.stream_checkpoint import CheckpointMismatch, ForeignCheckpoint, check_alignment
 from txstore.spark.stream.stream_lock import StreamLocked, stream_lock_holder
 from txstore.spark.stream.stream_offsets import (
@@ -1839,13 +1839,19 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
     first.commit(end)
     first.stop()
     grow(guard.fake.logs[("t", 0)], 5)
-    fewer = assigned([0])
-    expected = (
-        f"job '{JOB}' topic 't' partition 1 (and 1 more): the checkpoint reads this partition, but option assign no "
+    said = (
+        "the checkpoint reads this partition, but option assign no "
         "longer assigns it (a query restarted with fewer assigned partitions); the job's offset for it "
         "stays in txn_offsets; nothing was read. Assign it again, or restart the query with a new "
         "checkpointLocation: it then starts at the job's offsets of the assigned partitions"
     )
+    one_less = assigned([0, 1])  # one partition dropped: named alone, no "(and 0 more)"
+    with pytest.raises(CheckpointMismatch) as e:
+        one_less.latestOffset(end, None)
+    assert one_line(e) == f"job '{JOB}' topic 't' partition 2: " + said
+    one_less.stop()
+    fewer = assigned([0])
+    expected = f"job '{JOB}' topic 't' partition 1 (and 1 more): " + said
     with pytest.raises(CheckpointMismatch) as e:
         fewer.latestOffset(end, None)
     assert one_line(e) == expected
@@ -1857,3 +1863,70 @@ def test_a_query_restarted_with_fewer_assigned_partitions_is_told_so_not_that_it
     fresh = fewer.initialOffset()
     assert fresh == {"t": {"0": 3}}
     assert offsets(guard.db) == {0: 3, 1: 3, 2: 2}
+
+
+# -- the ways a query names its partitions: assign, subscribePattern ------------------------------
+
+
+def named_by(guard: Guard, **given: str) -> TxstoreStreamReader:
+    """A source of the job naming its partitions by ``given`` (``assign``, ``subscribePattern``)."""
+    reader = stream_reader(
+        {
+            "kafka.bootstrap.servers": "fake:9092",
+            "txstore.job": JOB,
+            "txstore.databaseUrl": guard.url,
+            **given,
+        },
+        ROWS_SCHEMA,
+    )
+    guard.readers.append(reader)
+    return reader
+
+
+def test_an_assigned_partition_kafka_does_not_have_stops_the_query_before_a_row_is_stored(
+    guard: Guard,
+) -> None:
+    guard.log(0, range(3))
+    reader = named_by(guard, assign=json.dumps({"t": [0, 3]}))
+    with pytest.raises(ConfigError) as e:
+        reader.initialOffset()
+    assert "option assign names 't' partition 3, which Kafka does not report" in one_line(e)
+    assert offsets(guard.db) == {}
+    with pytest.raises(ConfigError):  # asked again (Spark retries a failed start): refused again
+        reader.latestOffset({"t": {"0": 0}}, None)
+
+
+def test_a_query_records_how_it_names_its_partitions_for_txstore_status(guard: Guard) -> None:
+    guard.log(0, range(3))
+    guard.log(1, range(2))
+    named_by(guard, assign=json.dumps({"t": [1]})).initialOffset()
+    recorded = store.subscriptions(guard.db, JOB)[JOB]
+    assert (recorded.kind, recorded.assignment) == ("assign", (("t", (1,)),))
+    assert recorded.holds("t", 1) and not recorded.holds("t", 0)
+    assert offsets(guard.db) == {1: 0}
+
+
+def test_a_topic_the_pattern_matched_then_deleted_before_the_job_started_it_is_left_out_not_a_stop(
+    guard: Guard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka listed the topic, and its metadata a moment later says it is unknown (deleted in
+    between). The job has no row of it: the topic matches nothing now, and the rest is read."""
+    guard.log(0, range(3))
+    listed = FakeAdminClient.list_topics
+
+    def deleted_after_listing(self: FakeAdminClient, topic: str | None = None, timeout: float = -1) -> Any:
+        found = listed(self, topic, timeout)
+        if topic is None:
+            found.topics["t-gone"] = type("TopicMetadata", (), {"error": None, "partitions": {0: object()}})()
+        return found
+
+    monkeypatch.setattr(FakeAdminClient, "list_topics", deleted_after_listing)
+    reader = named_by(guard, subscribePattern="t.*")
+    start = reader.initialOffset()
+    assert start == {"t": {"0": 0}}
+    end = reader.latestOffset(start, None)
+    assert end == {"t": {"0": 3}}
+    assert [r for part in reader.partitions(start, end) for r in partition_ranges(part)] == [
+        OffsetRange("t", 0, 0, 3)
+    ]
+    assert store.job_topics(guard.db, JOB) == ["t"]
