@@ -125,7 +125,8 @@ MODULES = (
         "txstore/planning.py",
         ("Planner",),
         (GUARDS, DB),
-        f"{PLANNER} or plan_asks or another_instance or topic_id or lost_range",
+        f"{PLANNER} or plan_asks or another_instance or topic_id or lost_range or pattern_planner or planner_records "
+        "or recreated_topic_s_aged or even_an_idle_plan",
     ),
     Module(
         "reader",

@@ -171,7 +171,9 @@ def test_a_missing_topic_named_as_a_typo_or_if_counted_as_perhaps_being_recreate
     typo = UnknownTopic("topic 't' does not exist on Kafka at fake:9092; check --topic", "t", "fake:9092")
 
     def missing(conf: Any, topics: Sequence[str]) -> list[PartitionWatermarks]:
-        raise typo
+        if "t" in topics:  # as Kafka: asked no topic, it names none missing
+            raise typo
+        return [PartitionWatermarks(topic, 0, 0, 0) for topic in topics]
 
     with pytest.raises(UnknownTopic) as raised:
         Planner(JobSettings("j", ("t",), "fake:9092", database_url), missing).plan(lambda: conn)
@@ -224,6 +226,7 @@ def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_plan(
     assert running.plan(lambda: conn) == []  # asked: its first plan
     ids["t"] = "T2"
     started = time.monotonic()
+    assert running.plan(lambda: conn) == []  # idle: its ID was asked just now, not asked again
     with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
         while time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 10:
             assert running.plan(lambda: conn) == []  # idle, its ID not asked again yet
@@ -1117,6 +1120,9 @@ def test_the_producer_keeps_acks_all_and_idempotence_whatever_the_options() -> N
     assert conf["message.timeout.ms"] == 2_000 and conf["linger.ms"] == 50
     assert producer_config({}, 2)["topic.metadata.propagation.max.ms"] == 1_000
     assert producer_config({}, 2)["linger.ms"] == 5
+    # --publish-max-bytes: no record batch bigger than the topic takes; without it, librdkafka's own.
+    assert producer_config({}, 2, batch_bytes=900_000)["batch.size"] == 900_000
+    assert "batch.size" not in producer_config({}, 2)
 
 
 def test_a_producer_refused_for_its_topic_or_failing_fatally_is_replaced_and_one_refusing_a_message_is_not(
@@ -1297,3 +1303,144 @@ def test_the_idempotent_sink_cuts_chunks_by_the_bytes_of_keys_and_values(
     assert IdempotentSink(conn, "j").store(OffsetRange("t", 0, 0, 10), batches) == 10
     assert sizes == chunks
     assert [o for _, o, *_ in stored(db)] == list(range(10))
+
+
+# A planner's topic pattern and subscription (fast: fake watermarks and topic lists).
+
+
+def pattern_planner(
+    database_url: str,
+    marks: list[PartitionWatermarks],
+    listed: Callable[[], list[str]],
+    topic_ids: dict[str, str] | None = None,
+    **settings: Any,
+) -> Planner:
+    """A planner of ``--topic-pattern 't-.*'``: Kafka lists ``listed()``, and answers the
+    watermarks of ``marks`` (a listed topic without marks is unknown: deleted since listed)."""
+    s = JobSettings("j", (), "fake:9092", database_url, topic_pattern="t-.*", **settings)
+
+    def watermarks(conf: Any, topics: Sequence[str]) -> list[PartitionWatermarks]:
+        for topic in topics:
+            if not any(m.topic == topic for m in marks):
+                raise UnknownTopic(f"topic {topic!r} does not exist", topic, "fake:9092")
+        return [m for m in marks if m.topic in topics]
+
+    source = (lambda conf, topics: dict(topic_ids)) if topic_ids is not None else None
+    return Planner(s, watermarks, source, topic_names=lambda conf: listed())  # type: ignore[arg-type]
+
+
+def test_a_pattern_planner_leaves_out_a_topic_kafka_deleted_after_listing_it_and_plans_the_rest(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    marks = [PartitionWatermarks("t-a", 0, 0, 3)]
+    p = pattern_planner(database_url, marks, lambda: ["t-a", "t-gone", "other"])
+    assert p.plan(lambda: conn) == [OffsetRange("t-a", 0, 0, 3)]
+    assert p.topics == ("t-a",)
+    assert offsets(db) == {("t-a", 0): 0}
+
+
+def test_a_pattern_planner_says_what_it_matches_once_each_time_it_changes(
+    database_url: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    marks: list[PartitionWatermarks] = []
+    listed: list[str] = []
+    p = pattern_planner(database_url, marks, lambda: list(listed))
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        assert p.plan(lambda: conn) == []
+        assert p.plan(lambda: conn) == []
+        marks.append(PartitionWatermarks("t-a", 0, 0, 2))
+        listed.append("t-a")
+        p.plan(lambda: conn)
+        p.plan(lambda: conn)
+    said = [r.getMessage() for r in caplog.records if "--topic-pattern" in r.getMessage()]
+    assert said == [
+        "job j: --topic-pattern 't-.*' matches no topic on Kafka yet; nothing to read",
+        "job j: --topic-pattern 't-.*' matches 1 topic: t-a",
+    ]
+
+
+def test_a_pattern_planner_starts_a_topic_that_matches_later_and_a_new_partition_of_a_started_one_at_earliest(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """The first run's topics start at --starting-offsets (latest here); a topic that starts
+    matching later, and a partition added to a topic the job started, start at their earliest
+    offset: their messages came after the job began, and none may be skipped."""
+    marks = [PartitionWatermarks("t-a", 0, 0, 4)]
+    listed = ["t-a"]
+    p = pattern_planner(database_url, marks, lambda: list(listed), starting_offsets=StartingOffsets(LATEST))
+    assert p.plan(lambda: conn) == []
+    assert offsets(db) == {("t-a", 0): 4}
+    marks += [PartitionWatermarks("t-a", 1, 1, 3), PartitionWatermarks("t-b", 0, 2, 5)]
+    listed.append("t-b")
+    assert sorted(p.plan(lambda: conn)) == [OffsetRange("t-a", 1, 1, 3), OffsetRange("t-b", 0, 2, 5)]
+    assert offsets(db) == {("t-a", 0): 4, ("t-a", 1): 1, ("t-b", 0): 2}
+
+
+def test_a_pattern_planner_plans_the_topics_it_started_rows_for_and_a_topic_listed_meanwhile_next_time(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """A plan that stores start rows reads the job's rows again for the same topics: a topic Kafka
+    lists only after the plan's first look joins at the next plan, with its own start row."""
+    marks = [PartitionWatermarks("t-a", 0, 0, 2), PartitionWatermarks("t-b", 0, 0, 3)]
+    looks = iter([["t-a"], ["t-a", "t-b"], ["t-a", "t-b"]])
+    p = pattern_planner(database_url, marks, lambda: next(looks))
+    assert p.plan(lambda: conn) == [OffsetRange("t-a", 0, 0, 2)]
+    assert offsets(db) == {("t-a", 0): 0}
+    assert sorted(p.plan(lambda: conn)) == [OffsetRange("t-a", 0, 0, 2), OffsetRange("t-b", 0, 0, 3)]
+
+
+def test_a_planner_records_how_the_job_names_its_partitions(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    p = pattern_planner(database_url, [PartitionWatermarks("t-a", 0, 0, 1)], lambda: ["t-a"])
+    p.plan(lambda: conn)
+    recorded = store.subscriptions(db, "j")["j"]
+    assert (recorded.kind, recorded.pattern) == ("pattern", "t-.*")
+
+
+def test_a_recreated_topic_s_aged_out_offsets_are_no_lost_range_the_plan_stops_on_its_topic_id(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """--fail-on-data-loss false skips offsets Kafka aged out, recording them: not those of a
+    topic that was recreated (its offsets are another log's), which stops the plan instead."""
+    marks = [PartitionWatermarks("t", 0, 0, 3)]
+    assert planner(database_url, marks, {"t": "T1"}, fail_on_data_loss=False).plan(lambda: conn)
+    db.execute("UPDATE txn_offsets SET off = 2")
+    marks[0] = PartitionWatermarks("t", 0, 5, 8)  # offsets 2-4 gone, and the topic is another
+    with pytest.raises(TopicRecreated, match="the topic was deleted and recreated"):
+        planner(database_url, marks, {"t": "T2"}, fail_on_data_loss=False).plan(lambda: conn)
+    assert rows(db, "SELECT count(*) FROM txn_lost_ranges") == [(0,)]
+    assert offsets(db) == {("t", 0): 2}
+    # The same topic, aged out: skipped and recorded.
+    assert planner(database_url, marks, {"t": "T1"}, fail_on_data_loss=False).plan(lambda: conn) == [
+        OffsetRange("t", 0, 5, 8)
+    ]
+    assert rows(db, "SELECT from_off, until_off FROM txn_lost_ranges") == [(2, 5)]
+
+
+def test_set_aside_rows_say_why_a_message_too_large_on_its_own_and_a_topic_kafka_lacks(
+    monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """A message Kafka refuses as too large in a batch with others is sent again alone; refused
+    alone too, it is set aside with what to raise. A refusal for its topic says so."""
+    too_large = FakeProducer(outcome=lambda i: KafkaError.MSG_SIZE_TOO_LARGE if i in (0, 5) else None)
+    publisher(monkeypatch, too_large).publish_pending(committed)
+    assert len(too_large.produced) == 6  # five in a batch, the refused one again alone
+    reasons = rows(db, "SELECT failed_reason FROM txn_outbox WHERE job = 'j' AND failed_at IS NOT NULL")
+    assert len(reasons) == 1
+    assert reasons[0][0].startswith(
+        "the message is too large for Kafka topic 'out': on its own it is a record batch"
+    )
+    expected = outbox_module.set_aside_reason(KafkaError._UNKNOWN_TOPIC)
+    assert expected is not None
+    for refusals in (
+        {0: KafkaError._UNKNOWN_TOPIC},  # in the batch
+        {0: KafkaError.MSG_SIZE_TOO_LARGE, 5: KafkaError._UNKNOWN_TOPIC},  # sent alone: its topic gone
+    ):
+        db.execute(
+            "UPDATE txn_outbox SET sent_at = NULL, failed_at = NULL, failed_reason = NULL WHERE job = 'j'"
+        )
+        no_topic = FakeProducer(outcome=lambda i, given=dict(refusals): given.get(i))  # type: ignore[misc]
+        publisher(monkeypatch, no_topic).publish_pending(committed)
+        reasons = rows(db, "SELECT failed_reason FROM txn_outbox WHERE job = 'j' AND failed_at IS NOT NULL")
+        assert len(reasons) == 1 and reasons[0][0].startswith(expected + ": "), reasons

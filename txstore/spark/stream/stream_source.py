@@ -45,8 +45,8 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   (earliest in a topic it reads; its row stored then), with an empty range first, so every
   range of a batch starts at an offset of its start. A start the checkpoint gives a
   partition without a row must be where the job would start it
-  (:func:`~txstore.spark.stream.stream_checkpoint.check_checkpoint_starts`: offsets name no job, so another job's checkpoint would
-  be trusted otherwise);
+  (:func:`~txstore.spark.stream.stream_checkpoint.check_checkpoint_starts`: offsets name no
+  job, so another job's checkpoint would be trusted otherwise);
 - ``partitions(start, end)``: one range per partition with messages, ``[start, end)``, with
   the generation and the last counted message to verify from ``txn_offsets``. The start is
   compared with ``txn_offsets`` first: equal, or the whole batch already committed (a
@@ -64,8 +64,8 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   workers, so a task per core, not per range, is what a micro-batch of many partitions pays.
   ``txstore.tasks`` defaults to the parallelism :func:`txstore.register` measured (one range
   per task when the source was registered otherwise);
-- ``read(partition)`` (:mod:`~txstore.spark.stream.stream_tasks`; the first in a Python worker freezes its heap,
-  :mod:`~txstore.spark.runtime.worker_heap`): the task's ranges in their planned order (a retried
+- ``read(partition)`` (:mod:`~txstore.spark.stream.stream_tasks`; the first in a Python worker
+  freezes its heap, :mod:`~txstore.spark.runtime.worker_heap`): the task's ranges in their planned order (a retried
   task gets the same pickled partition, so it reads the same messages), through the batch
   source's Arrow reader; with ``txstore.countMessages`` (``true``), each range is read whole and the task yields one
   row per range, ``topic, partition, txstore_messages`` (:data:`~txstore.spark.stream.stream_options.COUNT_SCHEMA`): as the
