@@ -26,6 +26,12 @@ from txstore.core.errors import OffsetOutOfLog, TopicRecreated, TxstoreError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 from txstore.core.starting import StartDecision
 
+NOTHING_WRITTEN_REALIGN = (
+    "; nothing was written. To realign: restart the query with a new checkpointLocation (or delete "
+    "this one: rm -r CHECKPOINT); it then starts at the stored offsets"
+)
+"""How a micro-batch the checkpoint does not align with ``txn_offsets`` ends its line."""
+
 
 class CheckpointMismatch(TxstoreError):
     """The checkpoint's start offsets are not the ones ``txn_offsets`` stores (an older or foreign copy)."""
@@ -65,14 +71,7 @@ def check_batch_ends(
                 f"the checkpoint starts this micro-batch at offset {begin} and ends it at {until}, "
                 "before its start (the checkpoint was edited or damaged)"
             )
-        raise CheckpointMismatch(where + what + "; nothing was written. To realign: " + realign_hint())
-
-
-def realign_hint() -> str:
-    return (
-        "restart the query with a new checkpointLocation (or delete this one: rm -r CHECKPOINT); "
-        "it then starts at the stored offsets"
-    )
+        raise CheckpointMismatch(where + what + NOTHING_WRITTEN_REALIGN)
 
 
 def past_recorded_losses(
@@ -131,8 +130,7 @@ def check_alignment(
     raise CheckpointMismatch(
         f"job {job!r} topic {bad.topic!r} partition {bad.partition}: txn_offsets stores offset "
         f"{found} but the checkpoint starts this micro-batch at {bad.from_offset} ({what}; the "
-        f"checkpoint is an older copy, or another query's); nothing was written. To realign: "
-        + realign_hint()
+        f"checkpoint is an older copy, or another query's)" + NOTHING_WRITTEN_REALIGN
     )
 
 
