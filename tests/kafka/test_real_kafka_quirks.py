@@ -25,8 +25,10 @@ from txstore.core.errors import KafkaUnavailable
 from txstore.kafka.client import (
     _EARLIEST,
     _LATEST,
+    LOOKUP_CHUNK,
     Watermarks,
     _consumer_log_offsets,
+    _consumer_lookup,
     _list_offsets,
     _list_offsets_together,
     _OffsetsQuestion,
@@ -135,6 +137,45 @@ def test_the_kept_consumer_asks_the_log_start_only_of_partitions_not_at_their_co
     low, high = _consumer_log_offsets(idle, partitions, 5.0, dict(ends))  # type: ignore[arg-type]
     assert low == high == ends
     assert idle.asked == [[("t", 0, -1), ("t", 1, -1), ("t", 2, -1)]]  # one question, not two
+
+
+def test_the_kept_consumer_asks_a_long_list_in_chunks_and_again_only_what_a_chunk_left() -> None:
+    partitions = [("t", p) for p in range(5)]
+    consumer = _AnsweringConsumer(
+        [
+            {("t", 0): 10, ("t", 1): 11},  # first chunk
+            {("t", 2): 12, ("t", 3): -1001},  # second: partition 3 still loading
+            {("t", 4): 14},  # third
+            {("t", 3): 13},  # partition 3 asked again, alone
+        ]
+    )
+    deadline = time.monotonic() + 5.0
+    found = _consumer_lookup(consumer, partitions, -1, deadline, chunk=2)  # type: ignore[arg-type]
+    assert found == {("t", p): 10 + p for p in range(5)}
+    assert consumer.asked == [
+        [("t", 0, -1), ("t", 1, -1)],
+        [("t", 2, -1), ("t", 3, -1)],
+        [("t", 4, -1)],
+        [("t", 3, -1)],
+    ]
+
+
+def test_the_kept_consumer_answers_more_partitions_than_a_chunk_as_the_admin_client_does(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(LOOKUP_CHUNK + 44)
+    produce(
+        kafka.bootstrap_servers, topic, {0: 3, LOOKUP_CHUNK - 1: 2, LOOKUP_CHUNK: 5, LOOKUP_CHUNK + 43: 1}
+    )
+    conf = client_config(kafka.bootstrap_servers)
+    kept = Watermarks()
+    try:
+        assert kept(conf, [topic]) == fetch_watermarks(conf, [topic])
+        ends = {(w.topic, w.partition): w.high for w in kept(conf, [topic])}
+    finally:
+        kept.close()
+    assert len(ends) == LOOKUP_CHUNK + 44 and sum(ends.values()) == 11
+    assert ends[(topic, LOOKUP_CHUNK)] == 5
 
 
 @pytest.mark.parametrize("client", ["one-off", "kept"])

@@ -716,44 +716,71 @@ def _consumer_log_offsets(
     return low, high
 
 
+LOOKUP_CHUNK = 256
+"""Partitions asked in one offsets-for-times call of the kept consumer. librdkafka matches each
+answer to its question by a linear search of the list asked, so one call of n partitions costs
+about n squared: on Apache Kafka, 1,024 partitions took 6.8 ms in one call and 3.6 ms in four
+calls of 256 (one after another, on the same connection)."""
+
+
 def _consumer_lookup(
-    consumer: Consumer, partitions: Sequence[tuple[str, int]], timestamp: int, deadline: float
+    consumer: Consumer,
+    partitions: Sequence[tuple[str, int]],
+    timestamp: int,
+    deadline: float,
+    chunk: int = LOOKUP_CHUNK,
 ) -> dict[tuple[str, int], int]:
-    """One question (``timestamp``: the log start or end) of every partition, asked again
-    where leadership moves, until ``deadline``: :func:`_consumer_log_offsets`' rules."""
+    """One question (``timestamp``: the log start or end) of every partition, ``chunk``
+    partitions a call (:data:`LOOKUP_CHUNK`), asked again where leadership moves, until
+    ``deadline``: :func:`_consumer_log_offsets`' rules."""
     found: dict[tuple[str, int], int] = {}
     pending = list(partitions)
     while pending:
-        left = max(deadline - time.monotonic(), 0.001)
-        asked = [TopicPartition(topic, partition, timestamp) for topic, partition in pending]
-        try:
-            answered = consumer.offsets_for_times(asked, timeout=left)
-        except KafkaException as e:  # librdkafka fails the whole lookup on a partition's error
-            error = e.args[0] if e.args else None
-            if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
-                raise _ConsumerMetadataBehind(str(error.str())) from None
-            if not _moving_within(e, deadline):
-                raise _unsettled(_partitions_text(pending), e) from None
-            time.sleep(LIST_OFFSETS_RETRY_SECONDS)
-            continue
         again: list[tuple[str, int]] = []
-        for answer in answered:
-            key = (answer.topic, answer.partition)
-            error = answer.error
-            if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
-                raise _ConsumerMetadataBehind(str(error.str()))
-            if error is not None:
-                if not _moving_within(KafkaException(error), deadline):
-                    raise _unsettled(f"{answer.topic}/{answer.partition}", KafkaException(error))
-                again.append(key)
-            elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
-                found[key] = int(answer.offset)
-            else:
-                again.append(key)
+        for start in range(0, len(pending), chunk):
+            again += _lookup_once(consumer, pending[start : start + chunk], timestamp, deadline, found)
         if again:
             time.sleep(LIST_OFFSETS_RETRY_SECONDS)
         pending = again
     return found
+
+
+def _lookup_once(
+    consumer: Consumer,
+    partitions: Sequence[tuple[str, int]],
+    timestamp: int,
+    deadline: float,
+    found: dict[tuple[str, int], int],
+) -> list[tuple[str, int]]:
+    """One offsets-for-times call of ``partitions``: their settled answers added to ``found``,
+    the partitions to ask again returned (all of them when librdkafka failed the whole call on
+    one partition's moving leadership); any other error raised."""
+    left = max(deadline - time.monotonic(), 0.001)
+    asked = [TopicPartition(topic, partition, timestamp) for topic, partition in partitions]
+    try:
+        answered = consumer.offsets_for_times(asked, timeout=left)
+    except KafkaException as e:  # librdkafka fails the whole lookup on a partition's error
+        error = e.args[0] if e.args else None
+        if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
+            raise _ConsumerMetadataBehind(str(error.str())) from None
+        if not _moving_within(e, deadline):
+            raise _unsettled(_partitions_text(partitions), e) from None
+        return list(partitions)
+    again: list[tuple[str, int]] = []
+    for answer in answered:
+        key = (answer.topic, answer.partition)
+        error = answer.error
+        if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
+            raise _ConsumerMetadataBehind(str(error.str()))
+        if error is not None:
+            if not _moving_within(KafkaException(error), deadline):
+                raise _unsettled(f"{answer.topic}/{answer.partition}", KafkaException(error))
+            again.append(key)
+        elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
+            found[key] = int(answer.offset)
+        else:
+            again.append(key)
+    return again
 
 
 def _partitions_text(partitions: Sequence[tuple[str, int]], most: int = 3) -> str:
