@@ -28,8 +28,10 @@ from txstore.core.errors import (
     UnknownTopic,
     first_line,
 )
+from txstore.core.idle import IdlePlan, idle_plan, still_idle
 from txstore.core.patterns import PatternTopics, joining_starts, resolve_pattern
 from txstore.core.ranges import (
+    IDLE_TOPIC_ID_SECONDS,
     OffsetRange,
     PartitionHistory,
     PartitionWatermarks,
@@ -81,6 +83,8 @@ class Planner:
         """Per partition, the last plan's log end minus committed offset (before any cap)."""
         self._ids: dict[str, str | None] = {}  # Kafka's topic IDs asked this plan (None: none)
         self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
+        self._rows: list[store.OffsetRow] = []  # the job's rows as the last full plan read them
+        self._idle: IdlePlan | None = None  # the last plan, while it is idle (:mod:`txstore.core.idle`)
 
     def plan(self, connection: Callable[[], psycopg.Connection]) -> list[OffsetRange]:
         """Steps 1-4 on the driver's ``connection()``; PostgreSQL errors become one line
@@ -94,6 +98,10 @@ class Planner:
                     conn, s.job, subscription_of(s.topics, s.topic_pattern, s.assignment)
                 )
                 self._subscribed = True
+            if self._idle is not None:
+                if self._still_idle(conn, self._idle):
+                    return []  # the backlog is the last plan's: every partition at its end
+                self._idle = None
             committed, watermarks = self._state(conn)
             # Both steps, always: a batch may start new partitions and skip aged-out offsets at once.
             started = self._start_new_partitions(conn, committed, watermarks)
@@ -103,6 +111,17 @@ class Planner:
             self.backlog = {w.key: max(0, w.high - committed.get(w.key, w.high)) for w in watermarks}
             topic_ids = self._topic_ids(conn, committed, watermarks)
             ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
+            if not (started or skipped) and isinstance(self.watermarks, Watermarks):
+                self._idle = idle_plan(
+                    self.topics,
+                    self._rows,
+                    committed,
+                    watermarks,
+                    ranges,
+                    self._ids_checked,
+                    time.monotonic(),
+                    IDLE_TOPIC_ID_SECONDS,
+                )
             return limit_ranges(ranges, s.max_offsets_per_batch)
         except psycopg.errors.InsufficientPrivilege as e:
             raise PermissionDenied(
@@ -121,7 +140,8 @@ class Planner:
         # instance of the job commits in between.
         s = self.settings
         topics = self._resolve_topics(conn) if resolve else self.topics
-        committed, self.history = store.committed_state(conn, s.job, topics)
+        self._rows = store.offset_rows(conn, s.job, topics)
+        committed, self.history = store.state_of(self._rows)
         while True:
             try:
                 if isinstance(self.watermarks, Watermarks):  # the job's own: idle partitions asked less
@@ -142,6 +162,18 @@ class Planner:
         # --assign: only the assigned partitions are planned (a row no longer assigned is kept).
         watermarks, committed = assigned_only(s.assignment, watermarks, committed, "--assign")
         return committed, watermarks
+
+    def _still_idle(self, conn: psycopg.Connection, plan: IdlePlan) -> bool:
+        """Whether this plan is ``plan`` again (:func:`~txstore.core.idle.still_idle`): the job's
+        rows read first, then the log ends of its partitions (in that order, as :meth:`_state`
+        reads them), with no metadata request; nothing asked once it is due."""
+        if time.monotonic() >= plan.until or not isinstance(self.watermarks, Watermarks):
+            return False
+        rows = store.offset_rows(conn, self.settings.job, plan.topics)
+        if tuple(rows) != plan.rows:
+            return False
+        ends = self.watermarks.ends(self.settings.kafka_conf, list(plan.ends))
+        return still_idle(plan, rows, ends, time.monotonic())
 
     def _resolve_topics(self, conn: psycopg.Connection) -> tuple[str, ...]:
         """The topics to plan: the settings', or what the pattern matches on Kafka now together

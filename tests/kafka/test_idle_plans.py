@@ -13,14 +13,16 @@ import time
 
 import pytest
 from confluent_kafka import TopicPartition
+from confluent_kafka.admin import NewPartitions  # type: ignore[attr-defined]
 
 from tests.conftest import send
 from tests.helpers.counting import Counting
 from tests.helpers.recreated import snapshot, topic_id_changed_line
-from txstore.core.errors import TopicRecreated
+from txstore.core.errors import TopicRecreated, UnknownTopic
 from txstore.core.ranges import IDLE_TOPIC_ID_SECONDS
 from txstore.core.starting import parse_starting_offsets
-from txstore.kafka.client import Watermarks, client_config
+from txstore.job import TransactionalJob
+from txstore.kafka.client import ENDS_TIMEOUT_SECONDS, Watermarks, client_config
 from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.testing.real_kafka import RealKafkaCluster
 
@@ -121,3 +123,97 @@ def test_a_topic_recreated_with_the_same_messages_stops_an_idle_running_job_with
     assert str(raised.value) == topic_id_changed_line(topic, old_id, new_id)
     assert snapshot(real_counting.db) == before
     assert real_counting.totals(topic) == {topic: 3}
+
+
+# -- an idle plan taken as the last one (txstore.core.idle) ---------------------------------
+
+
+def _idle_plans(job: TransactionalJob, plans: int = 5) -> None:
+    for _ in range(plans):
+        assert job.run_batch().ranges == ()
+
+
+def test_an_idle_job_counts_a_new_message_at_its_very_next_plan(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    """The idle plans compare the log ends each time: one new message in any partition ends
+    them at once, and is counted exactly once, in the next batch."""
+    topic = real_counting.new_topic(3, prefix="idle-next")
+    real_counting.produce(topic, {0: 2, 1: 2, 2: 2})
+    with real_counting.job(topic) as job:
+        assert job.run_batch().messages == 6
+        _idle_plans(job)
+        for partition in (2, 0, 1):
+            real_counting.produce(topic, {partition: 1})
+            report = job.run_batch()
+            assert [(r.range.partition, r.messages) for r in report.ranges] == [(partition, 1)]
+            _idle_plans(job, 2)
+    real_counting.assert_counted_exactly(topic, 9)
+
+
+def test_a_row_changed_under_an_idle_job_is_planned_from_at_its_next_plan(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    """The idle plans read the job's rows each time and compare every column: a row moved back
+    by hand (as an operator's SQL would) is planned from at the next plan, not seconds later."""
+    topic = real_counting.new_topic(2, prefix="idle-row")
+    real_counting.produce(topic, {0: 4, 1: 3})
+    with real_counting.job(topic) as job:
+        assert job.run_batch().messages == 7
+        _idle_plans(job)
+        real_counting.db.execute(
+            "UPDATE txn_offsets SET off = 1, generation = generation + 1, last_off = NULL, "
+            "last_timestamp = NULL, last_digest = NULL WHERE job = 'count_topic' AND topic = %s AND part = 0",
+            (topic,),
+        )
+        real_counting.db.commit()
+        started = time.monotonic()
+        report = job.run_batch()
+    assert time.monotonic() - started < IDLE_TOPIC_ID_SECONDS
+    assert [(r.range.partition, r.range.from_offset, r.messages) for r in report.ranges] == [(0, 1, 3)]
+
+
+def test_a_partition_added_under_an_idle_job_is_counted_from_offset_zero_within_seconds(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    """An idle plan asks no metadata: a partition added meanwhile, whose messages are the only
+    new ones, is found when the idle topic's ID is due (IDLE_TOPIC_ID_SECONDS) and counted from
+    offset 0."""
+    topic = real_counting.new_topic(2, prefix="idle-grow")
+    real_counting.produce(topic, {0: 2, 1: 2})
+    with real_counting.job(topic) as job:
+        assert job.run_batch().messages == 4
+        _idle_plans(job)
+        futures = real_kafka.admin().create_partitions(
+            [NewPartitions(topic, 3)], request_timeout=ADMIN_TIMEOUT
+        )
+        futures[topic].result(ADMIN_TIMEOUT)
+        real_counting.produce(topic, {2: 5})
+        started = time.monotonic()
+        counted = 0
+        while counted < 5 and time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 30:
+            report = job.run_batch()
+            assert all((r.range.partition, r.range.from_offset) == (2, 0) for r in report.ranges)
+            counted += report.messages
+            time.sleep(0.2)
+        assert time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 10
+    real_counting.assert_counted_exactly(topic, 9)
+
+
+def test_a_topic_deleted_under_an_idle_job_stops_it_at_once_with_the_vanished_topic_line(
+    real_counting: Counting, real_kafka: RealKafkaCluster
+) -> None:
+    """The idle plan's log-end lookup fails on a deleted topic: the plan is then made the whole
+    way, whose metadata says the topic is gone (not that Kafka did not answer)."""
+    topic = real_counting.new_topic(2, prefix="idle-gone")
+    real_counting.produce(topic, {0: 2, 1: 1})
+    with real_counting.job(topic) as job:
+        assert job.run_batch().messages == 3
+        _idle_plans(job)
+        real_kafka.delete_topic(topic)
+        started = time.monotonic()
+        with pytest.raises(UnknownTopic) as raised:
+            job.run_batch()
+        assert time.monotonic() - started < ENDS_TIMEOUT_SECONDS + 5
+    assert "does not exist on Kafka at" in str(raised.value)
+    assert "though the job stored offsets for 2 of its partitions" in str(raised.value)

@@ -68,6 +68,9 @@ class ClientLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 CLIENT_LOGGER = ClientLog()
 """The ``logger`` setting of every Kafka client (:func:`client_config` puts it in)."""
 METADATA_TIMEOUT_SECONDS = 15.0
+ENDS_TIMEOUT_SECONDS = 2.0
+"""How long an idle plan's log-end lookup (:meth:`Watermarks.ends`) may take before the plan is
+made the whole way, which waits up to :data:`METADATA_TIMEOUT_SECONDS` and says what is wrong."""
 
 # Settings a user's --kafka-option must not change: they are what makes reads exact.
 _READER_FIXED = {
@@ -384,6 +387,26 @@ class Watermarks:
         except BaseException:
             self.close()
             raise
+
+    def ends(
+        self,
+        conf: Mapping[str, Any],
+        partitions: Sequence[tuple[str, int]],
+        timeout: float = ENDS_TIMEOUT_SECONDS,
+    ) -> dict[tuple[str, int], int] | None:
+        """The read-committed log ends of ``partitions`` alone, asked with the kept consumer and
+        no metadata request: what an idle plan compares (:mod:`txstore.core.idle`). None when
+        there is no kept consumer for ``conf`` or the lookup did not answer within ``timeout``
+        (a partition or topic gone, a broker down or slow): the caller then plans the whole
+        way, whose call says what is wrong."""
+        if self._consumer is None or self._conf != dict(conf):
+            return None
+        try:
+            return _consumer_lookup(
+                self._consumer, partitions, _LOG_END_TIMESTAMP, time.monotonic() + timeout
+            )
+        except (KafkaException, TimeoutError, _ConsumerMetadataBehind):
+            return None
 
     def topic_names(self, conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
         """:func:`fetch_topic_names` with the kept client."""

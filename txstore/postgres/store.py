@@ -85,14 +85,33 @@ def committed_state(
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]:
     """The job's stored next-offset per partition of ``topics``, and what is kept beside it
     (generation, topic ID, last message counted), in one statement."""
+    return state_of(offset_rows(conn, job, topics))
+
+
+OffsetRow = tuple[str, int, int, int, str | None, int | None, int | None, str | None]
+"""One row of :func:`offset_rows`: topic, partition, offset, generation, topic ID, and the last
+message counted (offset, timestamp, digest)."""
+
+
+def offset_rows(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> list[OffsetRow]:
+    """The job's rows of ``topics`` as stored, in one statement, ordered by topic and partition:
+    what :func:`committed_state` reads, and what an idle plan compares
+    (:mod:`txstore.core.idle`)."""
     with conn.cursor() as cur:
         cur.execute(
             "SELECT topic, part, off, generation, topic_id, last_off, last_timestamp, last_digest "
-            "FROM txn_offsets WHERE job = %s AND topic = ANY(%s)",
+            'FROM txn_offsets WHERE job = %s AND topic = ANY(%s) ORDER BY topic COLLATE "C", part',
             (job, list(topics)),
         )
-        rows = cur.fetchall()
+        rows: list[OffsetRow] = cur.fetchall()
     conn.commit()
+    return rows
+
+
+def state_of(
+    rows: Sequence[OffsetRow],
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]:
+    """:func:`offset_rows` as each partition's offset and history."""
     offsets = {(topic, part): off for topic, part, off, *_ in rows}
     history = {
         (topic, part): PartitionHistory(
