@@ -162,7 +162,9 @@ class FakeConsumer:
         reads those two timestamps (the planner's kept consumer asks nothing else)."""
         out = []
         for tp in partitions:
-            log = self.logs[(tp.topic, tp.partition)]
+            log = self.logs.get((tp.topic, tp.partition))
+            if log is None:  # a topic deleted: librdkafka fails the whole lookup on its partition
+                raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
             if tp.offset not in (-2, -1):
                 raise NotImplementedError(f"offsets_for_times at a time ({tp.offset}) in the fake")
             out.append(TopicPartition(tp.topic, tp.partition, log.low if tp.offset == -2 else log.high))

@@ -697,6 +697,67 @@ def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_query(guard:
     assert time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 2
 
 
+def _idle(reader: TxstoreStreamReader, end: Any, times: int = 3) -> None:
+    for _ in range(times):
+        assert reader.latestOffset(end, None) == end
+
+
+def test_an_idle_query_s_next_micro_batch_ends_past_a_new_message_at_once(guard: Guard) -> None:
+    """An idle micro-batch is taken as the last one only while the log ends are the same: a new
+    message ends it at the next ``latestOffset``, not when the idle topic's ID is due."""
+    partition, reader, _, end = guard.counted_first(4)
+    reader.commit(end)
+    _idle(reader, end)
+    grow(partition, 6)
+    assert reader.latestOffset(end, None) == {"t": {"0": 6}}
+
+
+def test_a_row_forgotten_under_an_idle_query_is_told_at_its_next_micro_batch(guard: Guard) -> None:
+    """An idle micro-batch compares the job's rows too: a partition's row deleted under the
+    running query (as ``txstore reset --forget`` or an operator's SQL would) makes the checkpoint
+    start a partition the job has no row for, told at once, not when a full plan is due."""
+    _, reader, _, end = guard.counted_first(4)
+    reader.commit(end)
+    _idle(reader, end)
+    guard.db.execute("DELETE FROM txn_offsets WHERE job = %s AND part = 0", (JOB,))
+    guard.db.commit()
+    with pytest.raises(
+        ForeignCheckpoint, match="partition 0: the checkpoint starts this micro-batch at offset 4"
+    ):
+        reader.latestOffset(end, None)
+
+
+def test_a_partition_added_under_an_idle_query_enters_within_seconds(guard: Guard) -> None:
+    """An idle micro-batch asks no metadata: a partition added meanwhile enters when the idle
+    topic's ID is due (IDLE_TOPIC_ID_SECONDS), where the job starts it, and is then read."""
+    _, reader, _, end = guard.counted_first(4)
+    reader.commit(end)
+    _idle(reader, end)
+    guard.log(1, range(3))
+    started = time.monotonic()
+    while (
+        later := reader.latestOffset(end, None)
+    ) == end and time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 5:
+        time.sleep(0.1)
+    assert time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 2
+    assert later == {"t": {"0": 4, "1": 0}}  # entered at its start (earliest), stored now
+    assert offsets(guard.db) == {0: 4, 1: 0}
+    assert reader.latestOffset(later, None) == {"t": {"0": 4, "1": 3}}
+
+
+def test_a_topic_deleted_under_an_idle_query_stops_it_at_once_with_the_vanished_topic_line(
+    guard: Guard,
+) -> None:
+    _, reader, _, end = guard.counted_first(4)
+    reader.commit(end)
+    _idle(reader, end)
+    del guard.fake.logs[("t", 0)]
+    with pytest.raises(
+        UnknownTopic, match=r"topic 't' does not exist on Kafka at .* now, though the job stored"
+    ):
+        reader.latestOffset(end, None)
+
+
 def test_alignment_is_commit_replay_or_a_mismatch_naming_the_first_partition_off() -> None:
     ranges = batch_ranges(offsets_map({"t": {"0": 5, "1": 7}}), offsets_map({"t": {"0": 9, "1": 8}}))
     assert [(r.partition, r.from_offset, r.until_offset) for r in ranges] == [(0, 5, 9), (1, 7, 8)]

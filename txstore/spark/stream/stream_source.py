@@ -116,9 +116,11 @@ from txstore.core.errors import (
 )
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
+from txstore.core.idle import IdlePlan, idle_plan, still_idle
 from txstore.core.micro_batch import StreamPlan
 from txstore.core.patterns import PatternTopics, joining_starts, matching_topics, resolve_pattern
 from txstore.core.ranges import (
+    IDLE_TOPIC_ID_SECONDS,
     OffsetRange,
     PartitionHistory,
     PartitionWatermarks,
@@ -264,6 +266,9 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         self._kafka: Watermarks | None = None
         self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
         self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
+        self._rows: list[store.OffsetRow] = []  # the job's rows as last read, of these topics:
+        self._row_topics: tuple[str, ...] = ()
+        self._idle: IdlePlan | None = None  # the last end, while idle (:mod:`txstore.core.idle`)
         self._subscribed = False  # the job's subscription recorded (txn_subscriptions), once a reader
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # PySpark 4.0: latestOffset() has no start
@@ -341,6 +346,8 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         state["_session"] = None
         state["_kafka"] = None
         state["_ids"] = None
+        state["_rows"] = []  # the planning methods' too: a task reads its own range's rows
+        state["_idle"] = None
         return state
 
     # -- offsets -----------------------------------------------------------------------------------
@@ -421,7 +428,8 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         topics: Sequence[str] = read.topics
         if read.pattern is not None:
             topics = matching_topics(re.compile(read.pattern), store.job_topics(conn, self.options.job))
-        committed, history = store.committed_state(conn, self.options.job, topics)
+        self._rows, self._row_topics = store.offset_rows(conn, self.options.job, topics), tuple(topics)
+        committed, history = store.state_of(self._rows)
         assignment = self.options.read.assignment
         if assignment is None:
             return committed, history
@@ -541,7 +549,13 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
             # first): the query's first start is then the initial offset.
             begin = self._last_end if self._last_end is not None else self._initial_offsets()
             max_offsets = self.options.max_offsets_per_trigger
+        if self._idle is not None:
+            if self._still_idle(conn, self._idle, begin):
+                self._last_end = dict(begin)
+                return offsets_dict(begin)
+            self._idle = None
         stored, history = self._job_state(conn)
+        rows, row_topics = self._rows, self._row_topics
         # A partition at its log end has nothing to read: its log start is not asked. Only where
         # the job has a row: one without is decided from the log's real earliest offset.
         now = self._watermarks(settled={k: v for k, v in begin.items() if k in stored})
@@ -573,7 +587,33 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         end = dict(committed)
         end.update({r.key: r.until_offset for r in limit_ranges(ranges, max_offsets)})
         self._last_end = end
+        if end == begin and not decisions:
+            self._idle = idle_plan(
+                row_topics,
+                rows,
+                begin,
+                now,
+                ranges,
+                self._ids_checked,
+                time.monotonic(),
+                IDLE_TOPIC_ID_SECONDS,
+            )
         return offsets_dict(end)
+
+    def _still_idle(
+        self, conn: psycopg.Connection, plan: IdlePlan, begin: Mapping[TopicPartition, int]
+    ) -> bool:
+        """Whether this micro-batch's end is ``plan``'s again (:func:`~txstore.core.idle.still_idle`):
+        the same start, then the job's rows read and the log ends asked with no metadata request
+        (in that order, as the full plan reads them); nothing asked once it is due. The checks of
+        the checkpoint against the rows are functions of these alone: they passed for them."""
+        if time.monotonic() >= plan.until or dict(begin) != plan.ends or self._kafka is None:
+            return False
+        rows = store.offset_rows(conn, self.options.job, plan.topics)
+        if tuple(rows) != plan.rows:
+            return False
+        ends = self._kafka.ends(self.options.read.kafka_conf, list(plan.ends))
+        return still_idle(plan, rows, ends, time.monotonic())
 
     @restating
     @_again_on_a_new_session
