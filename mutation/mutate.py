@@ -126,7 +126,14 @@ MODULES = (
         ("Planner",),
         (GUARDS, DB),
         f"{PLANNER} or plan_asks or another_instance or topic_id or lost_range or pattern_planner or planner_records "
-        "or recreated_topic_s_aged or even_an_idle_plan",
+        "or recreated_topic_s_aged or even_an_idle_plan or idle_plan",
+    ),
+    Module(
+        "idle",
+        "txstore/core/idle.py",
+        ("IdlePlan", "idle_plan", "next_is_idle", "still_idle"),
+        ("tests/core/test_idle_plan.py", DB, STREAM),
+        "idle",
     ),
     Module(
         "reader",

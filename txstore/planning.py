@@ -28,7 +28,7 @@ from txstore.core.errors import (
     UnknownTopic,
     first_line,
 )
-from txstore.core.idle import IdlePlan, idle_plan, still_idle
+from txstore.core.idle import IdlePlan, idle_plan, next_is_idle
 from txstore.core.patterns import PatternTopics, joining_starts, resolve_pattern
 from txstore.core.ranges import (
     IDLE_TOPIC_ID_SECONDS,
@@ -85,6 +85,7 @@ class Planner:
         self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
         self._rows: list[store.OffsetRow] = []  # the job's rows as the last full plan read them
         self._idle: IdlePlan | None = None  # the last plan, while it is idle (:mod:`txstore.core.idle`)
+        self._kept = watermarks if isinstance(watermarks, Watermarks) else None  # the job's own client
 
     def plan(self, connection: Callable[[], psycopg.Connection]) -> list[OffsetRange]:
         """Steps 1-4 on the driver's ``connection()``; PostgreSQL errors become one line
@@ -98,8 +99,8 @@ class Planner:
                     conn, s.job, subscription_of(s.topics, s.topic_pattern, s.assignment)
                 )
                 self._subscribed = True
-            if self._idle is not None:
-                if self._still_idle(conn, self._idle):
+            if self._idle is not None and self._kept is not None:
+                if self._still_idle(conn, self._idle, self._kept):
                     return []  # the backlog is the last plan's: every partition at its end
                 self._idle = None
             committed, watermarks = self._state(conn)
@@ -111,7 +112,7 @@ class Planner:
             self.backlog = {w.key: max(0, w.high - committed.get(w.key, w.high)) for w in watermarks}
             topic_ids = self._topic_ids(conn, committed, watermarks)
             ranges = plan_ranges(s.job, committed, watermarks, self.history, topic_ids)
-            if not (started or skipped) and isinstance(self.watermarks, Watermarks):
+            if self._kept is not None:  # rows and log ends as read last (after any start or skip)
                 self._idle = idle_plan(
                     self.topics,
                     self._rows,
@@ -144,8 +145,8 @@ class Planner:
         committed, self.history = store.state_of(self._rows)
         while True:
             try:
-                if isinstance(self.watermarks, Watermarks):  # the job's own: idle partitions asked less
-                    watermarks = self.watermarks(s.kafka_conf, topics, settled=committed)
+                if self._kept is not None:  # the job's own: idle partitions asked less
+                    watermarks = self._kept(s.kafka_conf, topics, settled=committed)
                 else:
                     watermarks = self.watermarks(s.kafka_conf, topics)
                 break
@@ -163,17 +164,16 @@ class Planner:
         watermarks, committed = assigned_only(s.assignment, watermarks, committed, "--assign")
         return committed, watermarks
 
-    def _still_idle(self, conn: psycopg.Connection, plan: IdlePlan) -> bool:
-        """Whether this plan is ``plan`` again (:func:`~txstore.core.idle.still_idle`): the job's
-        rows read first, then the log ends of its partitions (in that order, as :meth:`_state`
-        reads them), with no metadata request; nothing asked once it is due."""
-        if time.monotonic() >= plan.until or not isinstance(self.watermarks, Watermarks):
-            return False
-        rows = store.offset_rows(conn, self.settings.job, plan.topics)
-        if tuple(rows) != plan.rows:
-            return False
-        ends = self.watermarks.ends(self.settings.kafka_conf, list(plan.ends))
-        return still_idle(plan, rows, ends, time.monotonic())
+    def _still_idle(self, conn: psycopg.Connection, plan: IdlePlan, kafka: Watermarks) -> bool:
+        """Whether this plan is ``plan`` again (:func:`~txstore.core.idle.next_is_idle`): the
+        job's rows, then its partitions' log ends with the kept client and no metadata request."""
+        s = self.settings
+        return next_is_idle(
+            plan,
+            lambda: store.offset_rows(conn, s.job, plan.topics),
+            lambda: kafka.ends(s.kafka_conf, list(plan.ends)),
+            time.monotonic,
+        )
 
     def _resolve_topics(self, conn: psycopg.Connection) -> tuple[str, ...]:
         """The topics to plan: the settings', or what the pattern matches on Kafka now together

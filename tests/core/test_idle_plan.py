@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from txstore.core.idle import idle_plan, still_idle
+from dataclasses import FrozenInstanceError
+
+import pytest
+
+from txstore.core.idle import idle_plan, next_is_idle, still_idle
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 
 ROWS = [("t", 0, 5, 0, "id", 4, 1, "d"), ("t", 1, 7, 0, "id", 6, 1, "d")]
@@ -13,6 +17,8 @@ COMMITTED = {("t", 0): 5, ("t", 1): 7}
 def test_a_plan_is_kept_as_idle_only_when_every_partition_is_at_its_committed_end() -> None:
     kept = idle_plan(("t",), ROWS, COMMITTED, MARKS, [], {"t": 100.0}, 101.0, 5.0)
     assert kept is not None and kept.ends == COMMITTED and kept.rows == tuple(ROWS)
+    with pytest.raises(FrozenInstanceError):  # a kept plan is never changed, only replaced
+        kept.until = 0.0  # type: ignore[misc]
     behind = {("t", 0): 5, ("t", 1): 6}
     assert idle_plan(("t",), ROWS, behind, MARKS, [], {}, 101.0, 5.0) is None
     unstarted = {("t", 0): 5}  # partition 1 has no row yet: it is to be started
@@ -44,3 +50,27 @@ def test_the_next_plan_is_the_idle_one_only_with_the_same_rows_and_ends_before_i
     moved = [ROWS[0], ("t", 1, 7, 1, "id", None, None, None)]  # the same offset, a new generation
     assert not still_idle(kept, moved, COMMITTED, 101.0)
     assert not still_idle(kept, ROWS[:1], COMMITTED, 101.0)  # a row forgotten
+
+
+def test_the_next_plan_reads_the_rows_before_the_log_ends_and_nothing_once_due() -> None:
+    kept = idle_plan(("t",), ROWS, COMMITTED, MARKS, [], {}, 100.0, 5.0)
+    assert kept is not None
+    asked: list[str] = []
+
+    def rows(changed: bool = False) -> list[tuple[str, int, int, int, str, int, int, str]]:
+        asked.append("rows")
+        return ROWS[:1] if changed else list(ROWS)
+
+    def ends() -> dict[tuple[str, int], int]:
+        asked.append("ends")
+        return dict(COMMITTED)
+
+    assert next_is_idle(kept, rows, ends, lambda: 101.0)
+    assert asked == ["rows", "ends"]
+    asked.clear()
+    assert not next_is_idle(kept, lambda: rows(changed=True), ends, lambda: 101.0)
+    assert asked == ["rows"]  # a row changed: Kafka is not asked
+    asked.clear()
+    assert not next_is_idle(kept, rows, ends, lambda: 105.0)
+    assert asked == []  # due: nothing read, a full plan follows
+    assert not next_is_idle(kept, rows, lambda: None, lambda: 101.0)  # the ends not known

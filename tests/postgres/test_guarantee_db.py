@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from tests.helpers.fake_kafka import FakeProducer
+from tests.helpers.fake_kafka import FakeLog, FakeProducer, install_with_admin, message
 from tests.helpers.fast_db import module_database
 from tests.postgres.test_sink import seed
 from txstore import planning as planning_module
@@ -38,6 +38,7 @@ from txstore.core.ranges import IDLE_TOPIC_ID_SECONDS, OffsetRange, PartitionWat
 from txstore.core.results import TOPIC_TOTAL, by_key, by_key_and_window, by_window
 from txstore.core.starting import LATEST, StartDecision, StartingOffsets
 from txstore.kafka.bad_messages import BadOffset
+from txstore.kafka.client import Watermarks
 from txstore.planning import Planner
 from txstore.postgres import outbox as outbox_module
 from txstore.postgres import store
@@ -1444,3 +1445,76 @@ def test_set_aside_rows_say_why_a_message_too_large_on_its_own_and_a_topic_kafka
         publisher(monkeypatch, no_topic).publish_pending(committed)
         reasons = rows(db, "SELECT failed_reason FROM txn_outbox WHERE job = 'j' AND failed_at IS NOT NULL")
         assert len(reasons) == 1 and reasons[0][0].startswith(expected + ": "), reasons
+
+
+# -- an idle plan taken as the last one (txstore.core.idle), with the job's own Kafka client ----
+
+
+def kept_client_planner(database_url: str) -> Planner:
+    return Planner(JobSettings("j", ("t",), "fake:9092", database_url), Watermarks())
+
+
+def set_offset(db: psycopg.Connection, partition: int, offset: int) -> None:
+    db.execute("UPDATE txn_offsets SET off = %s WHERE job = 'j' AND part = %s", (offset, partition))
+    db.commit()
+
+
+def spans(ranges: Sequence[OffsetRange]) -> list[tuple[int, int, int]]:
+    return [(r.partition, r.from_offset, r.until_offset) for r in ranges]
+
+
+def test_an_idle_plan_ends_at_a_new_message_or_a_changed_row_at_once(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = install_with_admin(monkeypatch)
+    log = fake.add(FakeLog.of("t", 0, range(3)))
+    planner = kept_client_planner(database_url)
+    assert spans(planner.plan(lambda: conn)) == [(0, 0, 3)]
+    set_offset(db, 0, 3)  # as the batch's commit moves it
+    for _ in range(3):
+        assert planner.plan(lambda: conn) == []
+    log.messages[3] = message("t", 0, 3, b"v", b"k", 1_003)
+    log.high = 4
+    assert spans(planner.plan(lambda: conn)) == [(0, 3, 4)]  # the log end moved: at once
+    set_offset(db, 0, 4)
+    for _ in range(3):
+        assert planner.plan(lambda: conn) == []
+    set_offset(db, 0, 1)  # a row moved under the idle job: at once
+    assert spans(planner.plan(lambda: conn)) == [(0, 1, 4)]
+
+
+def test_an_idle_plan_asks_for_new_partitions_only_once_it_is_due(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No metadata request while idle: a partition added meanwhile is started (from offset 0) at
+    the first plan once the idle plan is due, not before."""
+    monkeypatch.setattr(planning_module, "IDLE_TOPIC_ID_SECONDS", 1.0)
+    fake = install_with_admin(monkeypatch)
+    fake.add(FakeLog.of("t", 0, range(2)))
+    planner = kept_client_planner(database_url)
+    assert spans(planner.plan(lambda: conn)) == [(0, 0, 2)]
+    set_offset(db, 0, 2)
+    assert planner.plan(lambda: conn) == []  # idle: kept until 1 s from now
+    started = time.monotonic()
+    fake.add(FakeLog.of("t", 1, range(5)))
+    assert planner.plan(lambda: conn) == []  # not asked yet
+    assert time.monotonic() - started < 0.5, "the check above needs the idle plan not yet due"
+    time.sleep(1.0)
+    assert spans(planner.plan(lambda: conn)) == [(1, 0, 5)]
+    assert rows(db, "SELECT part, off FROM txn_offsets WHERE job = 'j' ORDER BY part") == [(0, 2), (1, 0)]
+
+
+def test_a_topic_deleted_under_an_idle_plan_stops_it_at_once_with_the_vanished_topic_line(
+    database_url: str, conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = install_with_admin(monkeypatch)
+    fake.add(FakeLog.of("t", 0, range(2)))
+    planner = kept_client_planner(database_url)
+    assert spans(planner.plan(lambda: conn)) == [(0, 0, 2)]
+    set_offset(db, 0, 2)
+    assert planner.plan(lambda: conn) == planner.plan(lambda: conn) == []
+    del fake.logs[("t", 0)]
+    with pytest.raises(
+        UnknownTopic, match=r"topic 't' does not exist on Kafka at fake:9092 now, though the job"
+    ):
+        planner.plan(lambda: conn)

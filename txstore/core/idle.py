@@ -17,7 +17,7 @@ conditional offset update guards every range the full plan gives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,28 @@ def idle_plan(
         return None
     asked = min((checked.get(topic, now) for topic in topics), default=now)
     return IdlePlan(tuple(topics), tuple(rows), ends, min(asked, now) + every)
+
+
+def next_is_idle(
+    plan: IdlePlan,
+    rows: Callable[[], Sequence[tuple[Any, ...]]],
+    ends: Callable[[], Mapping[TopicPartition, int] | None],
+    clock: Callable[[], float],
+) -> bool:
+    """Whether the next plan is ``plan`` again, reading as a full plan reads:
+
+    1. nothing is read once ``plan`` is due (``clock``: a monotonic clock);
+    2. the job's rows (``rows()``) first: if any differs, Kafka is not asked;
+    3. then the log ends of ``plan``'s partitions (``ends()``, None if not known), after the
+       rows, so that a row another instance commits meanwhile is never above them;
+    4. :func:`still_idle` of the two.
+    """
+    if clock() >= plan.until:
+        return False
+    read = rows()
+    if tuple(read) != plan.rows:
+        return False
+    return still_idle(plan, read, ends(), clock())
 
 
 def still_idle(

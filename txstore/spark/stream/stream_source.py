@@ -116,7 +116,7 @@ from txstore.core.errors import (
 )
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
-from txstore.core.idle import IdlePlan, idle_plan, still_idle
+from txstore.core.idle import IdlePlan, idle_plan, next_is_idle
 from txstore.core.micro_batch import StreamPlan
 from txstore.core.patterns import PatternTopics, joining_starts, matching_topics, resolve_pattern
 from txstore.core.ranges import (
@@ -603,17 +603,19 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
     def _still_idle(
         self, conn: psycopg.Connection, plan: IdlePlan, begin: Mapping[TopicPartition, int]
     ) -> bool:
-        """Whether this micro-batch's end is ``plan``'s again (:func:`~txstore.core.idle.still_idle`):
-        the same start, then the job's rows read and the log ends asked with no metadata request
-        (in that order, as the full plan reads them); nothing asked once it is due. The checks of
-        the checkpoint against the rows are functions of these alone: they passed for them."""
-        if time.monotonic() >= plan.until or dict(begin) != plan.ends or self._kafka is None:
+        """Whether this micro-batch's end is ``plan``'s again: from the same start, then
+        :func:`~txstore.core.idle.next_is_idle` (the job's rows, then the log ends with the kept
+        client and no metadata request). The checks of the checkpoint against the rows are
+        functions of these alone: they passed for them."""
+        kafka = self._kafka
+        if kafka is None or dict(begin) != plan.ends:
             return False
-        rows = store.offset_rows(conn, self.options.job, plan.topics)
-        if tuple(rows) != plan.rows:
-            return False
-        ends = self._kafka.ends(self.options.read.kafka_conf, list(plan.ends))
-        return still_idle(plan, rows, ends, time.monotonic())
+        return next_is_idle(
+            plan,
+            lambda: store.offset_rows(conn, self.options.job, plan.topics),
+            lambda: kafka.ends(self.options.read.kafka_conf, list(plan.ends)),
+            time.monotonic,
+        )
 
     @restating
     @_again_on_a_new_session
