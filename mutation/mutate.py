@@ -338,6 +338,7 @@ MODULES = (
             "TxstoreStreamReader.initialOffset",
             "TxstoreStreamReader._initial_offsets",
             "TxstoreStreamReader.latestOffset",
+            "TxstoreStreamReader._still_idle",
             "TxstoreStreamReader.partitions",
             "TxstoreStreamReader._skip_lost",
             "TxstoreStreamReader.commit",

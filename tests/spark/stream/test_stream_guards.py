@@ -710,6 +710,8 @@ def test_an_idle_query_s_next_micro_batch_ends_past_a_new_message_at_once(guard:
     _idle(reader, end)
     grow(partition, 6)
     assert reader.latestOffset(end, None) == {"t": {"0": 6}}
+    _idle(reader, {"t": {"0": 6}})
+    assert reader.latestOffset(end, None) == {"t": {"0": 6}}  # from another start: planned anew
 
 
 def test_a_row_forgotten_under_an_idle_query_is_told_at_its_next_micro_batch(guard: Guard) -> None:
@@ -735,6 +737,7 @@ def test_a_partition_added_under_an_idle_query_enters_within_seconds(guard: Guar
     _idle(reader, end)
     guard.log(1, range(3))
     started = time.monotonic()
+    assert reader.latestOffset(end, None) == end  # not asked yet: the idle plan is not due
     while (
         later := reader.latestOffset(end, None)
     ) == end and time.monotonic() - started < IDLE_TOPIC_ID_SECONDS + 5:

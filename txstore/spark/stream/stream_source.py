@@ -587,17 +587,10 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         end = dict(committed)
         end.update({r.key: r.until_offset for r in limit_ranges(ranges, max_offsets)})
         self._last_end = end
-        if end == begin and not decisions:
-            self._idle = idle_plan(
-                row_topics,
-                rows,
-                begin,
-                now,
-                ranges,
-                self._ids_checked,
-                time.monotonic(),
-                IDLE_TOPIC_ID_SECONDS,
-            )
+        # Kept only if idle: every partition at its log end from ``begin`` (none entering).
+        self._idle = idle_plan(
+            row_topics, rows, begin, now, ranges, self._ids_checked, time.monotonic(), IDLE_TOPIC_ID_SECONDS
+        )
         return offsets_dict(end)
 
     def _still_idle(
