@@ -206,6 +206,8 @@ MODULES = (
         (
             "append_lag_sample",
             "committed_state",
+            "offset_rows",
+            "state_of",
             "record_topic_ids",
             "first_generation_sql",
             "create_start_rows",
@@ -333,7 +335,6 @@ MODULES = (
         "txstore/spark/stream/stream_source.py",
         (
             "TxstoreStreamReader.__init__",
-            "TxstoreStreamReader._db",
             "TxstoreStreamReader._watermarks",
             "TxstoreStreamReader.initialOffset",
             "TxstoreStreamReader._initial_offsets",
@@ -345,6 +346,13 @@ MODULES = (
             "TxstoreStreamReader._follow_checkpoint",
             "TxstoreStreamReader._caught_up",
         ),
+        (STREAM,),
+        STREAM_SOURCE_TESTS,
+    ),
+    Module(
+        "stream_session",
+        "txstore/spark/stream/stream_session.py",
+        ("PlanningSession._db",),
         (STREAM,),
         STREAM_SOURCE_TESTS,
     ),

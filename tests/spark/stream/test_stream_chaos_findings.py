@@ -3,7 +3,7 @@
 A running query's PostgreSQL sessions end under it when the server restarts or an administrator
 terminates them (the trials' ``pg-terminate`` and ``pg-unreachable``). The stored counts stayed
 exact in every trial, but the *query* stopped with ``psycopg.OperationalError``; since the
-source connects again and re-takes its locks (``TxstoreStreamReader._db``), it goes on.
+source connects again and re-takes its locks (``PlanningSession._db``, :mod:`txstore.spark.stream.stream_session`), it goes on.
 """
 
 from __future__ import annotations

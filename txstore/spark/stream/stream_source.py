@@ -81,8 +81,9 @@ A query runs for days, and PostgreSQL restarts and fails over: a planning sessio
 (the locks go with it) is replaced at the next planning call, connected again within bounds
 (:mod:`~txstore.postgres.reconnect`) and its locks taken again; a planning method the end cut
 short runs once more on the new session (each is safe to: reads, and idempotent writes), so a
-restart costs a pause, not the query. If another query of the job took the stream lock
-meanwhile, this one stops with ``StreamLocked``, before planning anything.
+restart costs a pause, not the query (:mod:`~txstore.spark.stream.stream_session`). If another
+query of the job took the stream lock meanwhile, this one stops with ``StreamLocked``, before
+planning anything.
 
 The lines the planning methods and the reading tasks raise come from code shared with the jobs;
 their advice is restated for a streaming query (:mod:`~txstore.spark.stream.stream_advice`: options and
@@ -91,14 +92,13 @@ restarts, not a job's flags).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -107,12 +107,10 @@ from txstore.core.assignment import assigned_keys, assigned_only
 from txstore.core.errors import (
     AlreadyCommitted,
     ConfigError,
-    DatabaseUnavailable,
     OffsetOutOfLog,
     TopicRecreated,
     TxstoreError,
     UnknownTopic,
-    first_line,
 )
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
@@ -137,10 +135,6 @@ from txstore.core.subscription import subscription_of
 from txstore.kafka.client import Watermarks
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
-from txstore.postgres.db import connect
-from txstore.postgres.locks import hold_job_lock
-from txstore.postgres.migrate import check_schema
-from txstore.postgres.reconnect import connect_retrying, session_lost
 from txstore.postgres.sink import TransactionalSink
 from txstore.postgres.stream_plans import (
     CHECKPOINT_LED,
@@ -149,7 +143,6 @@ from txstore.postgres.stream_plans import (
     load_reads,
     mark_committed,
     save_plan,
-    stream_privileges,
 )
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.source.datasource import (
@@ -169,7 +162,6 @@ from txstore.spark.stream.stream_checkpoint import (
     start_reason,
     would_start,
 )
-from txstore.spark.stream.stream_lock import take_stream_lock
 from txstore.spark.stream.stream_offsets import (
     Offsets,
     StreamPartition,
@@ -180,10 +172,10 @@ from txstore.spark.stream.stream_offsets import (
 )
 from txstore.spark.stream.stream_options import (
     COUNT_SCHEMA,
-    GIVEN_BY,
     StreamOptions,
     parse_stream_options,
 )
+from txstore.spark.stream.stream_session import PlanningSession, again_on_a_new_session
 from txstore.spark.stream.stream_tasks import ReadingTasks
 
 log = logging.getLogger("txstore")
@@ -201,50 +193,7 @@ _State = tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]
 """The job's rows: offsets and what is kept beside them (:func:`~txstore.postgres.store.committed_state`)."""
 
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def _again_on_a_new_session(method: _Method) -> _Method:
-    """A planning method that runs once more, on a new connection, if the planning session ended
-    under it (:meth:`TxstoreStreamReader._db` connects again and re-takes the locks).
-
-    Only for methods safe to run twice: they read, and their only writes are idempotent (the start
-    rows, ``ON CONFLICT DO NOTHING``; the plan, replaced whole). A second end of the session in
-    the same call stops the query in one line.
-    """
-
-    @functools.wraps(method)
-    def planning(self: TxstoreStreamReader, *args: Any, **kwargs: Any) -> Any:
-        with stream_privileges(self.options.job, f"planning the stream ({method.__name__})"):
-            return again(self, *args, **kwargs)
-
-    def again(self: TxstoreStreamReader, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except psycopg.Error as e:
-            if not self._session_ended(e):
-                raise
-            log.warning(
-                "job %s: %s: the PostgreSQL session ended (%s); planning again on a new connection",
-                self.options.job,
-                method.__name__,
-                first_line(e),
-            )
-        try:
-            return method(self, *args, **kwargs)
-        except psycopg.Error as e:
-            if not self._session_ended(e):
-                raise
-            raise DatabaseUnavailable(
-                f"job {self.options.job!r}: the PostgreSQL session ended twice during one {method.__name__} "
-                f"({first_line(e)}); the query stops, nothing of this micro-batch was written: restart it "
-                "once PostgreSQL is steady"
-            ) from None
-
-    return cast(_Method, planning)
-
-
-class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
+class TxstoreStreamReader(PlanningSession, ReadingTasks, DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
     """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
 
     def __init__(self, options: StreamOptions, schema: Any) -> None:
@@ -278,61 +227,8 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         self._topics: tuple[str, ...] = options.read.topics
         self._told: tuple[str, ...] | None = None  # the matched topics last logged
 
-    # -- the planning connection and its locks ------------------------------------------------------
-
-    def _db(self) -> psycopg.Connection:
-        """The planning connection, holding the job's stream lock and its shared job lock.
-
-        The query's first is opened at once (a wrong URL or a server down fails the query's start).
-        A session that ended since (a restart, a failover, ``pg_terminate_backend``) is replaced:
-        connected again within bounds (:func:`~txstore.postgres.reconnect.connect_retrying`), the
-        locks taken again, or the query stops in one line if another query of the job took the
-        stream lock meanwhile.
-        """
-        if self._conn is not None and not session_lost(self._conn):
-            return self._conn
-        url, lost = self.options.database_url, self._session
-        if self._conn is None:
-            conn = connect(url, given_by=GIVEN_BY)
-        else:
-            self._conn.close()
-            self._conn = None
-            log.warning(
-                "job %s: the stream's planning session with PostgreSQL (pid %s) ended (server restarted, "
-                "failed over, or the session was terminated); connecting again",
-                self.options.job,
-                lost,
-            )
-            conn = connect_retrying(url, given_by=GIVEN_BY)
-            if self.options.failpoints:  # tests only
-                FailPoints.parse(self.options.failpoints).hit("before-stream-relock")
-        try:
-            check_schema(conn, url)
-            take_stream_lock(conn, self.options.job, lost)
-            hold_job_lock(conn, self.options.job)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn, self._session = conn, conn.info.backend_pid
-        if lost is not None:
-            log.warning(
-                "job %s: connected to PostgreSQL again; the stream's locks are held again", self.options.job
-            )
-        return conn
-
-    def _session_ended(self, error: psycopg.Error) -> bool:
-        """Whether ``error`` came of the planning session's end: the connection is broken, or it
-        dropped while :meth:`_db` connected again (then there is no connection and ``error`` is an
-        OperationalError)."""
-        if self._conn is not None:
-            return session_lost(self._conn)
-        return self._session is not None and isinstance(error, psycopg.OperationalError)
-
     def stop(self) -> None:
-        if self._conn is not None and not self._conn.closed:
-            self._conn.close()
-        self._conn = None
-        self._session = None
+        self._close_session()
         if self._kafka is not None:
             self._kafka.close()
         self._kafka = None
@@ -506,7 +402,7 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         return self._job_state(conn)
 
     @restating
-    @_again_on_a_new_session
+    @again_on_a_new_session
     def initialOffset(self) -> Offsets:
         offsets = self._initial_offsets()
         self._last_end = offsets
@@ -527,12 +423,12 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     @restating
-    @_again_on_a_new_session
+    @again_on_a_new_session
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {w.key: w.high for w in self._watermarks()}
 
     @restating
-    @_again_on_a_new_session
+    @again_on_a_new_session
     def latestOffset(self, start: Mapping[str, Any] | None = None, limit: Any = None) -> Offsets:
         """The next end: Kafka's log ends (capped by the limit), after the planner's checks.
 
@@ -611,7 +507,7 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         )
 
     @restating
-    @_again_on_a_new_session
+    @again_on_a_new_session
     def partitions(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> Sequence[InputPartition]:
         job = self.options.job
         conn = self._db()
@@ -674,7 +570,7 @@ class TxstoreStreamReader(ReadingTasks, DataSourceStreamReader, *_ReaderMixins):
         self._last_end = finish
         return [StreamPartition(run, plan_id, i) for i, run in enumerate(tasks)]
 
-    @_again_on_a_new_session
+    @again_on_a_new_session
     def commit(self, end: Mapping[str, Any]) -> None:
         """Spark's commit of a micro-batch its sink committed (Spark calls it while it starts the
         next one).
