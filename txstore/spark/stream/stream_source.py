@@ -215,7 +215,7 @@ class TxstoreStreamReader(PlanningSession, ReadingTasks, DataSourceStreamReader,
         self._kafka: Watermarks | None = None
         self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
         self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
-        self._rows: list[store.OffsetRow] = []  # the job's rows as last read, of these topics:
+        self._rows: list[store.OffsetRow] = []  # the job's rows as last read, and their topics
         self._row_topics: tuple[str, ...] = ()
         self._idle: IdlePlan | None = None  # the last end, while idle (:mod:`txstore.core.idle`)
         self._subscribed = False  # the job's subscription recorded (txn_subscriptions), once a reader
