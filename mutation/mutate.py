@@ -131,7 +131,7 @@ MODULES = (
     Module(
         "idle",
         "txstore/core/idle.py",
-        ("IdlePlan", "idle_plan", "next_is_idle", "still_idle"),
+        ("IdlePlan", "idle_plan", "next_is_idle"),
         ("tests/core/test_idle_plan.py", DB, STREAM),
         "idle",
     ),

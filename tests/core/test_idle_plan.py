@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import FrozenInstanceError
+from typing import Any
 
 import pytest
 
-from txstore.core.idle import idle_plan, next_is_idle, still_idle
+from txstore.core.idle import IdlePlan, idle_plan, next_is_idle
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 
 ROWS = [("t", 0, 5, 0, "id", 4, 1, "d"), ("t", 1, 7, 0, "id", 6, 1, "d")]
@@ -39,17 +40,22 @@ def test_an_idle_plan_is_due_again_when_its_first_topic_id_is() -> None:
     assert unasked is not None and unasked.until == 106.0
 
 
+def idle_with(plan: IdlePlan, rows: Any, ends: Any, now: float) -> bool:
+    """:func:`next_is_idle` with these rows and ends read at ``now``."""
+    return next_is_idle(plan, lambda: rows, lambda: ends, lambda: now)
+
+
 def test_the_next_plan_is_the_idle_one_only_with_the_same_rows_and_ends_before_it_is_due() -> None:
     kept = idle_plan(("t",), ROWS, COMMITTED, MARKS, [], {}, 100.0, 5.0)
     assert kept is not None
-    assert still_idle(kept, list(ROWS), dict(COMMITTED), 104.9)
-    assert not still_idle(kept, ROWS, COMMITTED, 105.0)  # due: a full plan
-    assert not still_idle(kept, ROWS, {("t", 0): 5, ("t", 1): 8}, 101.0)  # a new message
-    assert not still_idle(kept, ROWS, {("t", 0): 5}, 101.0)  # a partition not answered
-    assert not still_idle(kept, ROWS, None, 101.0)  # the log ends not known
+    assert idle_with(kept, list(ROWS), dict(COMMITTED), 104.9)
+    assert not idle_with(kept, ROWS, COMMITTED, 105.0)  # due: a full plan
+    assert not idle_with(kept, ROWS, {("t", 0): 5, ("t", 1): 8}, 101.0)  # a new message
+    assert not idle_with(kept, ROWS, {("t", 0): 5}, 101.0)  # a partition not answered
+    assert not idle_with(kept, ROWS, None, 101.0)  # the log ends not known
     moved = [ROWS[0], ("t", 1, 7, 1, "id", None, None, None)]  # the same offset, a new generation
-    assert not still_idle(kept, moved, COMMITTED, 101.0)
-    assert not still_idle(kept, ROWS[:1], COMMITTED, 101.0)  # a row forgotten
+    assert not idle_with(kept, moved, COMMITTED, 101.0)
+    assert not idle_with(kept, ROWS[:1], COMMITTED, 101.0)  # a row forgotten
 
 
 def test_the_next_plan_reads_the_rows_before_the_log_ends_and_nothing_once_due() -> None:
@@ -74,3 +80,12 @@ def test_the_next_plan_reads_the_rows_before_the_log_ends_and_nothing_once_due()
     assert not next_is_idle(kept, rows, ends, lambda: 105.0)
     assert asked == []  # due: nothing read, a full plan follows
     assert not next_is_idle(kept, rows, lambda: None, lambda: 101.0)  # the ends not known
+
+
+def test_the_next_plan_is_not_the_idle_one_if_it_fell_due_while_the_log_ends_were_asked() -> None:
+    kept = idle_plan(("t",), ROWS, COMMITTED, MARKS, [], {}, 100.0, 5.0)
+    assert kept is not None
+    readings = iter([104.0, 105.0])  # before the rows; once the ends answered (at the due time)
+    assert not next_is_idle(kept, lambda: ROWS, lambda: COMMITTED, lambda: next(readings))
+    just_before = iter([104.0, 104.999])
+    assert next_is_idle(kept, lambda: ROWS, lambda: COMMITTED, lambda: next(just_before))

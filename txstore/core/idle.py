@@ -50,8 +50,8 @@ def idle_plan(
 ) -> IdlePlan | None:
     """The plan to keep after a full plan, or None if it was not idle.
 
-    Idle: no range planned, and every partition Kafka reported at its committed offset (so none
-    was started or skipped). A full plan is due again ``every`` seconds after the earliest time
+    Idle: no range planned, and every partition Kafka reported at its committed offset (so each
+    has a row). A full plan is due again ``every`` seconds after the earliest time
     one of ``topics`` had its topic ID asked (``checked``; ``now`` for a topic never asked), as
     :func:`~txstore.core.ranges.topic_ids_wanted` would ask it then.
     """
@@ -61,7 +61,7 @@ def idle_plan(
     if any(committed.get(key) != end for key, end in ends.items()):
         return None
     asked = min((checked.get(topic, now) for topic in topics), default=now)
-    return IdlePlan(tuple(topics), tuple(rows), ends, min(asked, now) + every)
+    return IdlePlan(tuple(topics), tuple(rows), ends, asked + every)
 
 
 def next_is_idle(
@@ -75,20 +75,13 @@ def next_is_idle(
     1. nothing is read once ``plan`` is due (``clock``: a monotonic clock);
     2. the job's rows (``rows()``) first: if any differs, Kafka is not asked;
     3. then the log ends of ``plan``'s partitions (``ends()``, None if not known), after the
-       rows, so that a row another instance commits meanwhile is never above them;
-    4. :func:`still_idle` of the two.
+       rows, so that a row another instance commits meanwhile is never above them: they must be
+       exactly ``plan``'s, and ``plan`` still not due once they answered (the lookup may have
+       taken its timeout).
     """
     if clock() >= plan.until:
         return False
-    read = rows()
-    if tuple(read) != plan.rows:
+    if tuple(rows()) != plan.rows:
         return False
-    return still_idle(plan, read, ends(), clock())
-
-
-def still_idle(
-    plan: IdlePlan, rows: Sequence[tuple[Any, ...]], ends: Mapping[TopicPartition, int] | None, now: float
-) -> bool:
-    """Whether the next plan is ``plan`` again: before it is due, with the job's rows and the log
-    ends (None: not known) exactly as it saw them."""
-    return now < plan.until and tuple(rows) == plan.rows and ends is not None and dict(ends) == plan.ends
+    found = ends()
+    return found is not None and dict(found) == plan.ends and clock() < plan.until
