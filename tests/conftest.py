@@ -26,7 +26,7 @@ from confluent_kafka import Producer
 from pytest_postgresql import factories
 
 from tests.helpers import pg_server
-from tests.helpers.kafka_transactions import transactional
+from tests.helpers.kafka_transactions import first_transaction
 from tests.helpers.topics import topic_name
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
@@ -263,12 +263,16 @@ def produce_in_transactions(
 ) -> None:
     """Committed transactions of ``per_transaction`` messages, spread round-robin over
     ``partitions``: each commit marker takes an offset, leaving holes in every partition."""
-    producer = transactional(bootstrap, f"tx-{topic}")
-    for _ in range(transactions):
-        producer.begin_transaction()
+
+    def one(producer: Producer) -> None:
         for i in range(per_transaction):
             producer.produce(topic, value=b"x", partition=i % partitions)
         producer.commit_transaction(10)
+
+    producer = first_transaction(bootstrap, f"tx-{topic}", one)
+    for _ in range(transactions - 1):
+        producer.begin_transaction()
+        one(producer)
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
-from tests.conftest import produce
+from tests.conftest import produce, produce_in_transactions
+from tests.helpers.counting import log_ends
+from tests.helpers.kafka_transactions import REDRAWS, TX_TIMEOUT, first_transaction, in_transaction
+from txstore.core.ranges import OffsetRange
 from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.reader import RangeReader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 
@@ -91,7 +97,7 @@ _DOWN_WHILE_SPAWNING = """
 import subprocess, sys, threading, time
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.testing.mock_kafka import {cls}
-from tests.conftest import produce
+from tests.conftest import produce, produce_in_transactions
 
 with {cls}() as kafka:
     stop, spawned = threading.Event(), [0]
@@ -148,3 +154,70 @@ def test_a_call_the_broker_process_does_not_answer_fails_within_its_timeout_and_
         assert time.monotonic() - started < 10
         with pytest.raises(RuntimeError, match=r"exited \(-9\) (before|during) create_topic"):
             kafka.create_topic("never")
+
+
+ADD_PARTITIONS_TO_TXN_API = 24
+
+
+def test_transactions_refused_for_a_producer_id_drawn_twice_are_written_once_by_another_producer(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """The mock draws producer IDs at random and refuses a transaction whose ID an earlier producer
+    drew (a CI run met it after a thousand producers): the refusal is injected here, as the mock
+    answers it, and the messages are written once, by another producer."""
+    topic = new_topic(1)
+    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, KafkaError.INVALID_PRODUCER_ID_MAPPING)
+    try:
+        produce_in_transactions(
+            kafka.bootstrap_servers, topic, transactions=2, per_transaction=3, partitions=1
+        )
+    finally:
+        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
+    assert log_ends(kafka, topic) == {0: 8}  # 0-2, marker, 4-6, marker
+    assert offsets_in(kafka, OffsetRange(topic, 0, 0, 8)) == [0, 1, 2, 4, 5, 6]
+
+
+def test_an_open_first_transaction_refused_for_a_producer_id_drawn_twice_is_opened_by_another_producer(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, KafkaError.INVALID_PRODUCER_ID_MAPPING)
+    try:
+        producer = first_transaction(kafka, f"twice-{topic}", lambda p: in_transaction(p, topic, {0: 3}))
+    finally:
+        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
+    producer.commit_transaction(TX_TIMEOUT)
+    assert offsets_in(kafka, OffsetRange(topic, 0, 0, 4)) == [0, 1, 2]
+
+
+def test_a_first_transaction_refused_for_another_reason_raises_that_reason(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    try:
+        with pytest.raises(KafkaException) as raised:
+            first_transaction(kafka, f"denied-{topic}", lambda p: in_transaction(p, topic, {0: 1}))
+    finally:
+        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
+    assert raised.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def offsets_in(kafka: MockKafkaCluster, r: OffsetRange) -> list[int]:
+    reader = RangeReader(client_config(kafka.bootstrap_servers), r)
+    return [m.offset() for batch in reader for m in batch]
+
+
+def test_a_producer_id_drawn_twice_in_every_try_raises_the_refusal(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    refusals = [KafkaError.INVALID_PRODUCER_ID_MAPPING] * REDRAWS
+    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, *refusals)
+    try:
+        with pytest.raises(KafkaException) as raised:
+            first_transaction(kafka, f"unlucky-{topic}", lambda p: in_transaction(p, topic, {0: 1}))
+    finally:
+        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
+    assert raised.value.args[0].code() == KafkaError.INVALID_PRODUCER_ID_MAPPING
+    assert log_ends(kafka, topic) == {0: 0}

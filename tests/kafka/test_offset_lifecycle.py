@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import produce
 from tests.helpers.counting import Counting, log_ends
-from tests.helpers.kafka_transactions import TX_TIMEOUT, in_transaction, transactional
+from tests.helpers.kafka_transactions import TX_TIMEOUT, first_transaction, in_transaction
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import DataLoss, OffsetOutOfLog
 from txstore.kafka.client import client_config, fetch_watermarks
@@ -217,9 +217,7 @@ def test_the_test_broker_has_no_last_stable_offset_below_an_open_transaction(
     end-to-end test (--starting-timestamp on a topic with an open transaction)."""
     topic = new_topic(1)
     produce(kafka.bootstrap_servers, topic, {0: 3})
-    producer = transactional(kafka, f"open-{topic}")
-    producer.begin_transaction()
-    in_transaction(producer, topic, {0: 4}, b"open")
+    producer = first_transaction(kafka, f"open-{topic}", lambda p: in_transaction(p, topic, {0: 4}, b"open"))
     try:
         assert log_ends(kafka, topic) == {0: 7}  # read-committed end, yet past the open transaction
     finally:
