@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from tests.conftest import produce, produce_in_transactions
+from tests.conftest import produce, produce_in_transactions, send
 from tests.helpers.counting import log_ends
 from tests.helpers.kafka_transactions import REDRAWS, TX_TIMEOUT, first_transaction, in_transaction
 from txstore.core.ranges import OffsetRange
@@ -97,7 +97,7 @@ _DOWN_WHILE_SPAWNING = """
 import subprocess, sys, threading, time
 from txstore.kafka.client import client_config, fetch_watermarks
 from txstore.testing.mock_kafka import {cls}
-from tests.conftest import produce, produce_in_transactions
+from tests.conftest import produce, produce_in_transactions, send
 
 with {cls}() as kafka:
     stop, spawned = threading.Event(), [0]
@@ -156,6 +156,7 @@ def test_a_call_the_broker_process_does_not_answer_fails_within_its_timeout_and_
             kafka.create_topic("never")
 
 
+PRODUCE_API = 0
 ADD_PARTITIONS_TO_TXN_API = 24
 
 
@@ -175,6 +176,21 @@ def test_transactions_refused_for_a_producer_id_drawn_twice_are_written_once_by_
         kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
     assert log_ends(kafka, topic) == {0: 8}  # 0-2, marker, 4-6, marker
     assert offsets_in(kafka, OffsetRange(topic, 0, 0, 8)) == [0, 1, 2, 4, 5, 6]
+
+
+def test_messages_refused_for_an_idempotent_producer_id_drawn_twice_are_sent_once_by_another_producer(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """An idempotent producer that drew an earlier transactional producer's ID has every message
+    refused by the mock, unwritten (injected here as the mock answers it)."""
+    topic = new_topic(1)
+    kafka.push_request_errors(PRODUCE_API, KafkaError.INVALID_PRODUCER_ID_MAPPING)
+    try:
+        assert send(kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 3) == 3
+    finally:
+        kafka.clear_request_errors(PRODUCE_API)
+    assert offsets_in(kafka, OffsetRange(topic, 0, 0, 3)) == [0, 1, 2]
+    assert log_ends(kafka, topic) == {0: 3}
 
 
 def test_an_open_first_transaction_refused_for_a_producer_id_drawn_twice_is_opened_by_another_producer(
