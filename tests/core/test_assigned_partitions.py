@@ -100,8 +100,15 @@ def test_an_assigned_partition_kafka_does_not_have_is_refused_unless_the_job_com
     with pytest.raises(ConfigError) as caught:
         plan_read_ranges(read, WATERMARKS)
     assert str(caught.value) == (
-        "option assign names 't' partition 7, which Kafka does not report ('t' has 4 partitions, "
+        "option assign names 't' partition 7, which Kafka does not report ('t' has 4 partitions; "
         "numbered from 0); assign partitions the topic has"
+    )
+    two = parse_read_options({**SERVERS, "assign": '{"u": [0, 1], "t": [9]}'}, {})
+    with pytest.raises(ConfigError) as caught:
+        plan_read_ranges(two, WATERMARKS)
+    assert str(caught.value) == (
+        "option assign names 't' partition 9, 'u' partition 1, which Kafka does not report "
+        "('t' has 4 partitions, 'u' has 1 partition; numbered from 0); assign partitions the topics have"
     )
     # Committed and gone: the planner's vanished-partition line tells it (not this one).
     kept, committed = assigned_only({"t": (1, 7)}, WATERMARKS, {("t", 7): 5, ("t", 0): 3})

@@ -100,10 +100,12 @@ def assigned_only(
     absent = sorted(k for k in assigned - reported if k not in committed)
     if absent:
         have = {t: sorted(p for tt, p in reported if tt == t) for t, _ in absent}
-        counts = ", ".join(f"{t!r} has {len(ps)}" for t, ps in sorted(have.items()))
+        counts = ", ".join(
+            f"{t!r} has {len(ps)} partition{'' if len(ps) == 1 else 's'}" for t, ps in sorted(have.items())
+        )
         raise ConfigError(
-            f"{where} names {_names(absent)}, which Kafka does not report ({counts} partitions, "
-            "numbered from 0); assign partitions the topic has"
+            f"{where} names {_names(absent)}, which Kafka does not report ({counts}; numbered from 0); "
+            f"assign partitions the topic{'s' if len(have) > 1 else ''} {'have' if len(have) > 1 else 'has'}"
         )
     kept = [w for w in watermarks if w.key in assigned]
     return kept, {k: o for k, o in committed.items() if k in assigned}
