@@ -56,6 +56,13 @@ SPLIT = "tests/core/test_split_uneven.py"
 READER = "tests/kafka/test_reader_bounds.py"
 DB = "tests/postgres/test_guarantee_db.py"
 STREAM = "tests/spark/stream/test_stream_guards.py"
+STREAM_SINK_TESTS = (
+    "not (test_micro_batch or option or spans_merge or saved_plan or receipt or identity or alignment "
+    "or tasks_option or starts_at or capped or available_now or second_query or gone or only_catches "
+    "or catching_up or another_sinks or moved_in_part or refuses_a_database or generation "
+    "or counting_source_takes)"
+)
+"""The stream guard tests of the sink's modules (the writing tasks, the writer and its commit)."""
 STREAM_SOURCE_TESTS = (
     "not (test_micro_batch_ or stream_option or count_messages_option or spans_merge or test_a_table_sink "
     "or saved_plan or plan_s_ or receipts_of or retried_task_s_receipt)"
@@ -364,16 +371,18 @@ MODULES = (
         STREAM_SOURCE_TESTS,
     ),
     Module(
+        "stream_write_tasks",
+        "txstore/spark/stream/stream_write_tasks.py",
+        ("_batch_spans", "_row_spans", "_task_spans", "deliver", "table_rows"),
+        (STREAM,),
+        STREAM_SINK_TESTS,
+    ),
+    Module(
         "stream_sink",
         "txstore/spark/stream/stream_sink.py",
         (
-            "_batch_spans",
-            "_row_spans",
-            "_task_spans",
-            "_deliver",
             "_unplaceable",
             "check_table_query",
-            "_table_rows",
             "check_rows_in_batch",
             "TxstoreStreamWriter.__init__",
             "TxstoreStreamWriter.write",
@@ -381,10 +390,7 @@ MODULES = (
             "TxstoreStreamWriter._commit_table",
         ),
         (STREAM,),
-        "not (test_micro_batch or option or spans_merge or saved_plan or receipt or identity or alignment "
-        "or tasks_option or starts_at or capped or available_now or second_query or gone or only_catches "
-        "or catching_up or another_sinks or moved_in_part or refuses_a_database or generation "
-        "or counting_source_takes)",
+        STREAM_SINK_TESTS,
     ),
 )
 

@@ -151,7 +151,7 @@ def test_spans_merge_across_tasks_and_name_the_first_shared_offset() -> None:
 def test_a_write_task_turns_arrow_rows_into_spans_per_partition_with_repeats_kept() -> None:
     import pyarrow as pa
 
-    from txstore.spark.stream.stream_sink import _batch_spans, _task_spans
+    from txstore.spark.stream.stream_write_tasks import _batch_spans, _task_spans
 
     batch = pa.RecordBatch.from_pydict(
         {

@@ -80,16 +80,10 @@ from txstore.spark.stream.stream_offsets import (
     offsets_map,
 )
 from txstore.spark.stream.stream_options import parse_count_messages, parse_stream_options, parse_tasks
-from txstore.spark.stream.stream_sink import (
-    TableRows,
-    TopicCounts,
-    _batch_spans,
-    _row_spans,
-    check_rows_in_batch,
-    parse_sink_options,
-    stream_writer,
-)
+from txstore.spark.stream.stream_sink import check_rows_in_batch, stream_writer
+from txstore.spark.stream.stream_sink_options import parse_sink_options
 from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reader
+from txstore.spark.stream.stream_write_tasks import TableRows, TopicCounts, _batch_spans, _row_spans
 
 JOB = "stream_guards"
 

@@ -20,13 +20,14 @@ from tests.conftest import produce
 from tests.helpers.counting import BrokerDb, Counting
 from tests.helpers.streams import CLASSIC_AND_CONNECT, JOB, QueryFailed, counting_planner, run_available_now
 from txstore.core.errors import ConfigError
+from txstore.core.micro_batch import spans_from_array
 from txstore.core.ranges import OffsetRange, group_ranges
 from txstore.spark.ranges.tasks import default_parallelism, is_connect
 from txstore.spark.source.datasource import RangesPartition
 from txstore.spark.source_format import registered_source
 from txstore.spark.stream.stream_offsets import micro_batch_tasks
 from txstore.spark.stream.stream_options import parse_stream_options
-from txstore.spark.stream.stream_sink import _count_topics
+from txstore.spark.stream.stream_write_tasks import deliver
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -97,16 +98,38 @@ def test_the_sink_adds_a_task_s_counted_rows_per_topic_or_counts_its_message_row
 
     counted = [
         pa.RecordBatch.from_pydict(
-            {"topic": ["a", "b", "a"], "partition": [0, 0, 1], "txstore_messages": [3, 4, 5]}
+            {
+                "topic": ["a", "b", "a"],
+                "partition": [0, 0, 1],
+                "txstore_from": [0, 0, 0],
+                "txstore_until": [3, 4, 5],
+                "txstore_messages": [3, 4, 5],
+            }
         ),
-        pa.RecordBatch.from_pydict({"topic": ["b"], "partition": [1], "txstore_messages": [0]}),
+        pa.RecordBatch.from_pydict(
+            {
+                "topic": ["b"],
+                "partition": [1],
+                "txstore_from": [7],
+                "txstore_until": [7],
+                "txstore_messages": [0],
+            }
+        ),
     ]
-    assert _count_topics(iter(counted), counted=True) == {"a": 8, "b": 4}
+    summed = deliver(iter(counted), counted=True)
+    assert summed.counts == {"a": 8, "b": 4}
+    assert summed.counted == [("a", 0, 0, 3, 3), ("b", 0, 0, 4, 4), ("a", 1, 0, 5, 5), ("b", 1, 7, 7, 0)]
     rows = [
-        pa.RecordBatch.from_pydict({"topic": ["a", "b", "a"]}),
-        pa.RecordBatch.from_pydict({"topic": ["b"]}),
+        pa.RecordBatch.from_pydict({"topic": ["a", "b", "a"], "partition": [0, 0, 0], "offset": [5, 9, 6]}),
+        pa.RecordBatch.from_pydict({"topic": ["b"], "partition": [0], "offset": [10]}),
     ]
-    assert _count_topics(iter(rows)) == {"a": 2, "b": 2}
+    each = deliver(iter(rows), counted=False)
+    assert each.counts == {"a": 2, "b": 2}
+    assert {k: spans_from_array(v) for k, v in each.spans.items()} == {
+        ("a", 0): [(5, 7)],
+        ("b", 0): [(9, 11)],
+    }
+    assert each.unplaced == 0
 
 
 def test_register_hands_its_parallelism_to_the_source_as_the_default() -> None:

@@ -4,6 +4,8 @@ Owns the stream source, which plans each micro-batch with the core's rules and h
 ranges to the sink through PostgreSQL (:mod:`~txstore.spark.stream.stream_source`), its options
 (:mod:`~txstore.spark.stream.stream_options`), the exactly-once sink, which commits a
 micro-batch's results and offsets in one transaction (:mod:`~txstore.spark.stream.stream_sink`),
+with its options (:mod:`~txstore.spark.stream.stream_sink_options`) and writing tasks
+(:mod:`~txstore.spark.stream.stream_write_tasks`),
 the sink's rows PostgreSQL refuses, named by their message
 (:mod:`~txstore.spark.stream.stream_bad_rows`), and the shared code's advice restated for a
 stream (:mod:`~txstore.spark.stream.stream_advice`).
