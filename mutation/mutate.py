@@ -342,7 +342,6 @@ MODULES = (
         "txstore/spark/stream/stream_source.py",
         (
             "TxstoreStreamReader.__init__",
-            "TxstoreStreamReader._watermarks",
             "TxstoreStreamReader.initialOffset",
             "TxstoreStreamReader._initial_offsets",
             "TxstoreStreamReader.latestOffset",
@@ -352,6 +351,20 @@ MODULES = (
             "TxstoreStreamReader.commit",
             "TxstoreStreamReader._follow_checkpoint",
             "TxstoreStreamReader._caught_up",
+        ),
+        (STREAM,),
+        STREAM_SOURCE_TESTS,
+    ),
+    Module(
+        "stream_partitions",
+        "txstore/spark/stream/stream_partitions.py",
+        (
+            "QueryPartitions._watermarks",
+            "QueryPartitions._resolve_topics",
+            "QueryPartitions._job_state",
+            "QueryPartitions._topic_ids",
+            "QueryPartitions._start_decisions",
+            "QueryPartitions._start_rows",
         ),
         (STREAM,),
         STREAM_SOURCE_TESTS,

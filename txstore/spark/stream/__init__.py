@@ -2,7 +2,8 @@
 
 Owns the stream source, which plans each micro-batch with the core's rules and hands its
 ranges to the sink through PostgreSQL (:mod:`~txstore.spark.stream.stream_source`), its options
-(:mod:`~txstore.spark.stream.stream_options`), the exactly-once sink, which commits a
+(:mod:`~txstore.spark.stream.stream_options`), its partitions, their log offsets and the job's rows
+(:mod:`~txstore.spark.stream.stream_partitions`), the exactly-once sink, which commits a
 micro-batch's results and offsets in one transaction (:mod:`~txstore.spark.stream.stream_sink`),
 with its options (:mod:`~txstore.spark.stream.stream_sink_options`) and writing tasks
 (:mod:`~txstore.spark.stream.stream_write_tasks`),

@@ -72,6 +72,10 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   per-range count path, no row per message crosses into Spark, and the sink adds the counts
   (Spark's ``numInputRows`` then counts ranges, not messages).
 
+Which partitions the query reads (``subscribe``, ``subscribePattern``, ``assign``), Kafka's log
+offsets and topic IDs for them, the job's rows, and where a partition without a row starts:
+:mod:`~txstore.spark.stream.stream_partitions`.
+
 The reader's planning connection holds the job's *stream lock* (exclusive,
 for the query's life) and the shared job lock (so ``txstore reset`` refuses
 while it runs): a second streaming query on the same job is refused with
@@ -94,7 +98,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -103,35 +106,28 @@ from typing import Any
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from txstore.core.assignment import assigned_keys, assigned_only
 from txstore.core.errors import (
     AlreadyCommitted,
     ConfigError,
     OffsetOutOfLog,
     TopicRecreated,
     TxstoreError,
-    UnknownTopic,
 )
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.idle import IdlePlan, idle_plan, next_is_idle
 from txstore.core.micro_batch import StreamPlan
-from txstore.core.patterns import PatternTopics, joining_starts, matching_topics, resolve_pattern
+from txstore.core.patterns import PatternTopics
 from txstore.core.ranges import (
     IDLE_TOPIC_ID_SECONDS,
     OffsetRange,
-    PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
     aged_out,
     limit_ranges,
     plan_ranges,
     split_ranges,
-    topic_ids_wanted,
-    topic_missing_now,
 )
-from txstore.core.starting import StartDecision, resolve_starting_offsets
-from txstore.core.subscription import subscription_of
 from txstore.kafka.client import Watermarks
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
@@ -147,7 +143,6 @@ from txstore.postgres.stream_plans import (
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.source.datasource import (
     TxstoreReader,
-    start_times,
 )
 from txstore.spark.stream.stream_advice import restating
 from txstore.spark.stream.stream_checkpoint import (
@@ -159,7 +154,6 @@ from txstore.spark.stream.stream_checkpoint import (
     for_a_stream,
     losses_to_record,
     past_recorded_losses,
-    start_reason,
     would_start,
 )
 from txstore.spark.stream.stream_offsets import (
@@ -175,7 +169,8 @@ from txstore.spark.stream.stream_options import (
     StreamOptions,
     parse_stream_options,
 )
-from txstore.spark.stream.stream_session import PlanningSession, again_on_a_new_session
+from txstore.spark.stream.stream_partitions import QueryPartitions
+from txstore.spark.stream.stream_session import again_on_a_new_session
 from txstore.spark.stream.stream_tasks import ReadingTasks
 
 log = logging.getLogger("txstore")
@@ -189,11 +184,7 @@ except ImportError:  # older: Spark reads everything available in one batch inst
     pass
 
 
-_State = tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionHistory]]
-"""The job's rows: offsets and what is kept beside them (:func:`~txstore.postgres.store.committed_state`)."""
-
-
-class TxstoreStreamReader(PlanningSession, ReadingTasks, DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
+class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
     """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
 
     def __init__(self, options: StreamOptions, schema: Any) -> None:
@@ -245,161 +236,6 @@ class TxstoreStreamReader(PlanningSession, ReadingTasks, DataSourceStreamReader,
         state["_rows"] = []  # the planning methods' too: a task reads its own range's rows
         state["_idle"] = None
         return state
-
-    # -- offsets -----------------------------------------------------------------------------------
-
-    def _watermarks(self, settled: Mapping[TopicPartition, int] | None = None) -> list[PartitionWatermarks]:
-        """Kafka's log offsets, through one admin client for the query's life (a new client a call
-        took 2-67 ms against the test broker, a kept one under 1 ms; it is replaced after a
-        failed call). ``settled``: offsets a micro-batch starts at, of partitions the job has rows
-        for; one at its log end is not asked its log start (:class:`Watermarks`)."""
-        if self._kafka is None:
-            self._kafka = Watermarks()
-        topics = self._resolve_topics(self._kafka)
-        while True:
-            try:
-                reported = self._kafka(self.options.read.kafka_conf, topics, settled=settled)
-                break
-            except UnknownTopic as e:
-                # A topic the job stored offsets for existed: gone now, it is no typo (as count_topic).
-                stored = sum(1 for t, _ in store.committed_offsets(self._db(), self.options.job, [e.topic]))
-                if stored:
-                    raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
-                if self._resolved is None or e.topic not in topics:
-                    raise
-                # Matched a moment ago, deleted since, never started: it matches nothing now.
-                topics = tuple(t for t in topics if t != e.topic)
-                self._topics = topics
-        assignment = self.options.read.assignment
-        if assignment is None:
-            return reported
-        if not self._assignment_checked:  # once a query: an assigned partition Kafka does not have
-            rows = store.committed_offsets(self._db(), self.options.job, self.options.read.topics)
-            assigned_only(assignment, reported, rows, f"option {self.options.read.name('assign')}")
-            self._assignment_checked = True
-        assigned = assigned_keys(assignment)
-        return [w for w in reported if w.key in assigned]
-
-    def _resolve_topics(self, kafka: Watermarks) -> tuple[str, ...]:
-        """The topics to plan: ``subscribe``'s, or what ``subscribePattern`` matches on Kafka now
-        with the matching topics the job has offsets for (one that vanished is then found missing
-        and stops the query as a vanished topic does)."""
-        read = self.options.read
-        if read.pattern is None:
-            return read.topics
-        stored = store.job_topics(self._db(), self.options.job)  # the job's rows first, Kafka's after
-        self._resolved = resolve_pattern(re.compile(read.pattern), kafka.topic_names(read.kafka_conf), stored)
-        self._topics = self._resolved.topics
-        matched = self._resolved.matched
-        if matched != self._told:
-            name = read.name("subscribePattern")
-            if matched:
-                log.info(
-                    "job %s: option %s %r matches %s",
-                    self.options.job,
-                    name,
-                    read.pattern,
-                    ", ".join(matched),
-                )
-            else:
-                log.info(
-                    "job %s: option %s %r matches no topic on Kafka yet; nothing to read",
-                    self.options.job,
-                    name,
-                    read.pattern,
-                )
-            self._told = matched
-        return self._topics
-
-    def _job_state(self, conn: psycopg.Connection) -> _State:
-        """The job's rows for the query's topics: with ``assign``, of the assigned partitions only
-        (a row of a partition no longer assigned is kept, not planned); with ``subscribePattern``,
-        of the job's topics the pattern matches."""
-        read = self.options.read
-        if not self._subscribed:
-            store.record_subscription(
-                conn, self.options.job, subscription_of(read.topics, read.pattern, read.assignment)
-            )
-            self._subscribed = True
-        topics: Sequence[str] = read.topics
-        if read.pattern is not None:
-            topics = matching_topics(re.compile(read.pattern), store.job_topics(conn, self.options.job))
-        self._rows, self._row_topics = store.offset_rows(conn, self.options.job, topics), tuple(topics)
-        committed, history = store.state_of(self._rows)
-        assignment = self.options.read.assignment
-        if assignment is None:
-            return committed, history
-        assigned = assigned_keys(assignment)
-        return (
-            {k: v for k, v in committed.items() if k in assigned},
-            {k: v for k, v in history.items() if k in assigned},
-        )
-
-    def _topic_ids(
-        self,
-        conn: psycopg.Connection,
-        history: Mapping[TopicPartition, PartitionHistory],
-        starts: Mapping[TopicPartition, int],
-        watermarks: Sequence[PartitionWatermarks],
-    ) -> dict[str, str]:
-        """Kafka's topic IDs where it reports them, through one client for the query's life (a broker
-        without them is asked once: :class:`~txstore.kafka.topic_ids.TopicIds`), stored in the job's
-        rows that have none yet (``history``), so a later recreation is seen (as ``count_topic``).
-        Only the topics :func:`~txstore.core.ranges.topic_ids_wanted` names for ``starts`` and
-        ``watermarks`` are asked: an idle micro-batch's topics, whose IDs are stored, every few
-        seconds, not every micro-batch."""
-        wanted = topic_ids_wanted(starts, watermarks, history, self._ids_checked, time.monotonic())
-        if not wanted:
-            return {}
-        if self._ids is None:
-            self._ids = TopicIds()
-        ids = self._ids(self.options.read.kafka_conf, wanted)
-        asked = time.monotonic()
-        self._ids_checked.update({t: asked for t in wanted})
-        unknown = {
-            t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in history.items())
-        }
-        if unknown:
-            store.record_topic_ids(conn, self.options.job, unknown)
-        return ids
-
-    def _start_decisions(
-        self, stored: Mapping[TopicPartition, int], watermarks: Sequence[PartitionWatermarks]
-    ) -> list[StartDecision]:
-        """Where the job starts each partition Kafka reports that it has no row for: its
-        ``startingOffsets`` in a topic it never started, the log's earliest offset in one it did."""
-        new = [w for w in watermarks if w.key not in stored]
-        if not new:  # every micro-batch: no new partition, nothing to decide (nor to check)
-            return []
-        started = {t for t, _ in stored}
-        joining: list[StartDecision] = []
-        if self._resolved is not None:  # a topic that starts matching later joins at earliest
-            joining = joining_starts(self._resolved, new, self.options.read.name("subscribePattern"))
-            joined = {(d.topic, d.partition) for d in joining}
-            new = [w for w in new if w.key not in joined]
-            started |= {d.topic for d in joining}
-        # startingTimestamp / startingOffsetsByTimestamp: Kafka's offsets-for-times, for a first start
-        by_time = start_times(self.options.read, [w.key for w in new], started)
-        read = self.options.read
-        return joining + resolve_starting_offsets(
-            read.starting, new, [w.key for w in watermarks], started, by_time, read.subscribed_by
-        )
-
-    def _start_rows(
-        self, conn: psycopg.Connection, decisions: Sequence[StartDecision], state: _State
-    ) -> _State:
-        """Store the decisions as the job's rows when they are taken (as the batch planner does, so
-        a checkpoint's start is always compared with a row); the job's rows, read again if any were
-        to be created (a row another instance created first wins), else ``state``."""
-        if not decisions:
-            return state
-        job = self.options.job
-        created = store.create_start_rows(conn, job, decisions)
-        worker_info_to_stderr()
-        for d in decisions:
-            if (d.topic, d.partition) in created:
-                log.info("job %s: %s/%d starts at %s", job, d.topic, d.partition, start_reason(d))
-        return self._job_state(conn)
 
     @restating
     @again_on_a_new_session
