@@ -1964,6 +1964,110 @@ def test_a_query_records_how_it_names_its_partitions_for_txstore_status(guard: G
     assert offsets(guard.db) == {1: 0}
 
 
+def test_an_assigned_query_starts_and_plans_only_its_partitions_beside_the_job_s_other_rows(
+    guard: Guard,
+) -> None:
+    for p, n in enumerate((3, 5, 7)):
+        guard.log(p, range(n))
+    everything = guard.source()
+    everything.initialOffset()  # the job's rows of all three partitions
+    everything.stop()
+    guard.db.execute("UPDATE txn_offsets SET off = part WHERE job = %s", (JOB,))
+    guard.db.commit()
+    reader = named_by(guard, assign=json.dumps({"t": [1, 2]}))
+    start = reader.initialOffset()
+    assert start == {"t": {"1": 1, "2": 2}}
+    end = reader.latestOffset(start, None)
+    assert end == {"t": {"1": 5, "2": 7}}
+    assert [r for part in reader.partitions(start, end) for r in partition_ranges(part)] == [
+        OffsetRange("t", 1, 1, 5),
+        OffsetRange("t", 2, 2, 7),
+    ]
+    assert offsets(guard.db) == {0: 0, 1: 1, 2: 2}  # partition 0's row left alone
+
+
+def test_an_assigned_query_stops_at_its_topic_recreated_since_its_rows_were_stored(guard: Guard) -> None:
+    guard.fake.topic_ids["t"] = "id-one"
+    guard.log(0, range(3))
+    guard.log(1, range(4))
+    reader = named_by(guard, assign=json.dumps({"t": [1]}))
+    start = reader.initialOffset()
+    guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated, refilled
+    with pytest.raises(TopicRecreated, match=r"topic 't' partition 1: the topic was deleted and recreated"):
+        reader.latestOffset(start, None)
+
+
+def test_a_pattern_query_logs_the_topics_it_matches_when_they_change_only(
+    guard: Guard, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = named_by(guard, subscribePattern="t.*")
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        start = reader.initialOffset()
+        reader.latestOffset(start, None)
+        guard.log(0, range(3))
+        start = reader.latestOffset(start, None)
+        reader.latestOffset(start, None)
+        guard.fake.add(FakeLog.of("t2", 0, range(2)))
+        reader.latestOffset(start, None)
+    said = [r.getMessage() for r in caplog.records if "option subscribePattern" in r.getMessage()]
+    assert said == [
+        f"job {JOB}: option subscribePattern 't.*' matches no topic on Kafka yet; nothing to read",
+        f"job {JOB}: option subscribePattern 't.*' matches t",
+        f"job {JOB}: option subscribePattern 't.*' matches t, t2",
+    ]
+
+
+def test_a_partition_added_to_a_topic_a_pattern_query_started_enters_at_its_earliest_offset(
+    guard: Guard, caplog: pytest.LogCaptureFixture
+) -> None:
+    """startingOffsets is for a topic the job never started; a partition added to one it did is
+    read from its first message, as with subscribe."""
+    guard.log(0, range(3))
+    reader = named_by(guard, subscribePattern="t.*", startingOffsets="latest")
+    with caplog.at_level(logging.INFO, logger="txstore"):
+        start = reader.initialOffset()
+        assert start == {"t": {"0": 3}}
+        guard.log(1, range(4))  # a partition added, and written to
+        reader.latestOffset(start, None)
+    assert offsets(guard.db) == {0: 3, 1: 0}
+    said = [r.getMessage() for r in caplog.records if " starts at " in r.getMessage()]
+    assert [line.split(" starts at ")[0] for line in said] == [f"job {JOB}: t/0", f"job {JOB}: t/1"]
+
+
+def test_a_query_over_two_topics_stores_each_topic_s_id_in_its_rows(guard: Guard) -> None:
+    guard.fake.topic_ids.update({"t": "id-t", "u": "id-u"})
+    guard.log(0, range(2))
+    guard.fake.add(FakeLog.of("u", 0, range(3)))
+    named_by(guard, subscribe="t,u").initialOffset()
+    ids = "SELECT topic, part, topic_id FROM txn_offsets WHERE job = %s ORDER BY topic, part"
+    assert guard.db.execute(ids, (JOB,)).fetchall() == [("t", 0, "id-t"), ("u", 0, "id-u")]
+
+
+def test_an_idle_query_asks_its_topic_ids_once_in_a_while_not_every_micro_batch(
+    guard: Guard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[Any] = []
+    describe = FakeAdminClient.describe_topics
+
+    def counted(self: FakeAdminClient, topics: Any, request_timeout: float = -1) -> Any:
+        asked.append(topics)
+        return describe(self, topics, request_timeout)
+
+    monkeypatch.setattr(FakeAdminClient, "describe_topics", counted)
+    guard.fake.topic_ids["t"] = "id-one"
+    guard.log(0, range(4))
+    reader = guard.source()
+    sink = guard.writer()
+    _, end, parts = plan(reader)
+    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    reader.commit(end)
+    assert asked  # the start stored the topic's ID
+    asked.clear()
+    for _ in range(5):
+        assert reader.latestOffset(end, None) == end  # idle
+    assert asked == []  # asked again only IDLE_TOPIC_ID_SECONDS after the last time
+
+
 def test_a_topic_the_pattern_matched_then_deleted_before_the_job_started_it_is_left_out_not_a_stop(
     guard: Guard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
