@@ -103,6 +103,7 @@ MODULES = (
             "limit_ranges",
             "group_ranges",
             "split_ranges",
+            "topic_ids_to_store",
         ),
         (SPLIT, CORE, "tests/core/test_planning.py", "tests/spark/ranges/test_task_groups.py"),
     ),

@@ -40,6 +40,7 @@ from txstore.core.ranges import (
     limit_ranges,
     plan_ranges,
     recreated_topics,
+    topic_ids_to_store,
     topic_ids_wanted,
     topic_missing_now,
 )
@@ -221,11 +222,7 @@ class Planner:
         s = self.settings
         wanted = topic_ids_wanted(committed, watermarks, self.history, self._ids_checked, time.monotonic())
         ids = self._ids_of(wanted)
-        unknown = {
-            t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in self.history.items())
-        }
-        if unknown:
-            store.record_topic_ids(conn, s.job, unknown)
+        store.record_topic_ids(conn, s.job, topic_ids_to_store(ids, self.history))
         return ids
 
     def _ids_of(self, topics: Sequence[str]) -> dict[str, str]:

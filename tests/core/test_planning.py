@@ -25,6 +25,7 @@ from txstore.core.ranges import (
     plan_ranges,
     recreated_topics,
     split_ranges,
+    topic_ids_to_store,
     topic_ids_wanted,
 )
 from txstore.core.starting import (
@@ -375,3 +376,16 @@ def test_a_plan_asks_topic_ids_only_of_topics_with_a_range_or_a_row_without_one(
     assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"idle": 100.0}, 104.9, 5.0) == ()
     assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"idle": 100.0}, 105.0, 5.0) == ("idle",)
     assert topic_ids_wanted(idle_only, marks_now[:2], idle_history, {"other": 100.0}, 100.0) == ("idle",)
+
+
+def test_the_topic_ids_stored_are_those_of_topics_with_a_row_that_has_none() -> None:
+    history = {
+        ("a", 0): PartitionHistory(0, "A"),
+        ("b", 0): PartitionHistory(0, "B"),
+        ("b", 1): PartitionHistory(0, None),  # added later: its row has no ID yet
+        ("c", 0): PartitionHistory(0, None),
+    }
+    found = {"a": "A2", "b": "B", "c": "C", "d": "D"}  # d: no row (not started)
+    assert topic_ids_to_store(found, history) == {"b": "B", "c": "C"}
+    assert topic_ids_to_store({"a": "A"}, history) == {}
+    assert topic_ids_to_store(found, {}) == {}

@@ -273,6 +273,17 @@ def topic_ids_wanted(
     return tuple(sorted(wanted))
 
 
+def topic_ids_to_store(
+    ids: Mapping[str, str], history: Mapping[TopicPartition, PartitionHistory]
+) -> dict[str, str]:
+    """Of Kafka's topic ``ids``, those of topics some row of which (``history``) has no ID yet:
+    stored now, so that a recreation is seen later. A stored ID is never replaced (a different
+    one is a recreated topic, :func:`plan_ranges`'s to tell), and a topic without a row has
+    nowhere to store it."""
+    missing = {topic for (topic, _), past in history.items() if not past.topic_id}
+    return {t: i for t, i in ids.items() if t in missing}
+
+
 def aged_out(
     committed: Mapping[TopicPartition, int], watermarks: Iterable[PartitionWatermarks]
 ) -> list[OffsetRange]:

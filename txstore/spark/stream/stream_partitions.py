@@ -37,6 +37,7 @@ from txstore.core.ranges import (
     PartitionHistory,
     PartitionWatermarks,
     TopicPartition,
+    topic_ids_to_store,
     topic_ids_wanted,
     topic_missing_now,
 )
@@ -179,11 +180,7 @@ class QueryPartitions(PlanningSession):
         ids = self._ids(self.options.read.kafka_conf, wanted)
         asked = time.monotonic()
         self._ids_checked.update({t: asked for t in wanted})
-        unknown = {
-            t: i for t, i in ids.items() if any(k[0] == t and not h.topic_id for k, h in history.items())
-        }
-        if unknown:
-            store.record_topic_ids(conn, self.options.job, unknown)
+        store.record_topic_ids(conn, self.options.job, topic_ids_to_store(ids, history))
         return ids
 
     def _start_decisions(
