@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,22 @@ PRODUCE_API = 0
 ADD_PARTITIONS_TO_TXN_API = 24
 
 
+@contextlib.contextmanager
+def refusing(kafka: MockKafkaCluster, api: int, *errors: int) -> Iterator[None]:
+    """The mock answers the next ``api`` requests with ``errors``, one each (as it answers a
+    producer ID drawn twice, for INVALID_PRODUCER_ID_MAPPING)."""
+    kafka.push_request_errors(api, *errors)
+    try:
+        yield
+    finally:
+        kafka.clear_request_errors(api)
+
+
+def offsets_in(kafka: MockKafkaCluster, r: OffsetRange) -> list[int]:
+    reader = RangeReader(client_config(kafka.bootstrap_servers), r)
+    return [m.offset() for batch in reader for m in batch]
+
+
 def test_transactions_refused_for_a_producer_id_drawn_twice_are_written_once_by_another_producer(
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
@@ -167,13 +184,10 @@ def test_transactions_refused_for_a_producer_id_drawn_twice_are_written_once_by_
     drew (a CI run met it after a thousand producers): the refusal is injected here, as the mock
     answers it, and the messages are written once, by another producer."""
     topic = new_topic(1)
-    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, KafkaError.INVALID_PRODUCER_ID_MAPPING)
-    try:
+    with refusing(kafka, ADD_PARTITIONS_TO_TXN_API, KafkaError.INVALID_PRODUCER_ID_MAPPING):
         produce_in_transactions(
             kafka.bootstrap_servers, topic, transactions=2, per_transaction=3, partitions=1
         )
-    finally:
-        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
     assert log_ends(kafka, topic) == {0: 8}  # 0-2, marker, 4-6, marker
     assert offsets_in(kafka, OffsetRange(topic, 0, 0, 8)) == [0, 1, 2, 4, 5, 6]
 
@@ -184,11 +198,8 @@ def test_messages_refused_for_an_idempotent_producer_id_drawn_twice_are_sent_onc
     """An idempotent producer that drew an earlier transactional producer's ID has every message
     refused by the mock, unwritten (injected here as the mock answers it)."""
     topic = new_topic(1)
-    kafka.push_request_errors(PRODUCE_API, KafkaError.INVALID_PRODUCER_ID_MAPPING)
-    try:
+    with refusing(kafka, PRODUCE_API, KafkaError.INVALID_PRODUCER_ID_MAPPING):
         assert send(kafka.bootstrap_servers, topic, [(0, b"k", b"v", None)] * 3) == 3
-    finally:
-        kafka.clear_request_errors(PRODUCE_API)
     assert offsets_in(kafka, OffsetRange(topic, 0, 0, 3)) == [0, 1, 2]
     assert log_ends(kafka, topic) == {0: 3}
 
@@ -197,43 +208,25 @@ def test_an_open_first_transaction_refused_for_a_producer_id_drawn_twice_is_open
     kafka: MockKafkaCluster, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(1)
-    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, KafkaError.INVALID_PRODUCER_ID_MAPPING)
-    try:
+    with refusing(kafka, ADD_PARTITIONS_TO_TXN_API, KafkaError.INVALID_PRODUCER_ID_MAPPING):
         producer = first_transaction(kafka, f"twice-{topic}", lambda p: in_transaction(p, topic, {0: 3}))
-    finally:
-        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
     producer.commit_transaction(TX_TIMEOUT)
     assert offsets_in(kafka, OffsetRange(topic, 0, 0, 4)) == [0, 1, 2]
 
 
-def test_a_first_transaction_refused_for_another_reason_raises_that_reason(
-    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+@pytest.mark.parametrize(
+    ("refusals", "raised"),
+    [
+        ([KafkaError.TOPIC_AUTHORIZATION_FAILED], KafkaError.TOPIC_AUTHORIZATION_FAILED),
+        ([KafkaError.INVALID_PRODUCER_ID_MAPPING] * REDRAWS, KafkaError.INVALID_PRODUCER_ID_MAPPING),
+    ],
+    ids=["another-reason", "drawn-twice-every-try"],
+)
+def test_a_first_transaction_refused_for_another_reason_or_in_every_try_raises_the_refusal(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str], refusals: list[int], raised: int
 ) -> None:
     topic = new_topic(1)
-    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, KafkaError.TOPIC_AUTHORIZATION_FAILED)
-    try:
-        with pytest.raises(KafkaException) as raised:
-            first_transaction(kafka, f"denied-{topic}", lambda p: in_transaction(p, topic, {0: 1}))
-    finally:
-        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
-    assert raised.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-
-
-def offsets_in(kafka: MockKafkaCluster, r: OffsetRange) -> list[int]:
-    reader = RangeReader(client_config(kafka.bootstrap_servers), r)
-    return [m.offset() for batch in reader for m in batch]
-
-
-def test_a_producer_id_drawn_twice_in_every_try_raises_the_refusal(
-    kafka: MockKafkaCluster, new_topic: Callable[..., str]
-) -> None:
-    topic = new_topic(1)
-    refusals = [KafkaError.INVALID_PRODUCER_ID_MAPPING] * REDRAWS
-    kafka.push_request_errors(ADD_PARTITIONS_TO_TXN_API, *refusals)
-    try:
-        with pytest.raises(KafkaException) as raised:
-            first_transaction(kafka, f"unlucky-{topic}", lambda p: in_transaction(p, topic, {0: 1}))
-    finally:
-        kafka.clear_request_errors(ADD_PARTITIONS_TO_TXN_API)
-    assert raised.value.args[0].code() == KafkaError.INVALID_PRODUCER_ID_MAPPING
+    with refusing(kafka, ADD_PARTITIONS_TO_TXN_API, *refusals), pytest.raises(KafkaException) as caught:
+        first_transaction(kafka, f"refused-{topic}", lambda p: in_transaction(p, topic, {0: 1}))
+    assert caught.value.args[0].code() == raised
     assert log_ends(kafka, topic) == {0: 0}

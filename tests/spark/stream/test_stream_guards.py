@@ -675,11 +675,7 @@ def test_a_topic_recreated_with_the_same_offsets_stops_even_an_idle_query(guard:
     topic ID tells, and its messages would never be counted. An idle micro-batch asks an idle
     topic's ID every IDLE_TOPIC_ID_SECONDS, not every time: the query stops within that."""
     guard.fake.topic_ids["t"] = "id-one"
-    guard.log(0, range(4))
-    reader = guard.source()
-    sink = guard.writer()
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    _, reader, _, end = guard.counted_first(4)
     reader.commit(end)
     assert reader.latestOffset(end, None) == end  # idle
     guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated, refilled to the same offsets
@@ -2055,11 +2051,7 @@ def test_an_idle_query_asks_its_topic_ids_once_in_a_while_not_every_micro_batch(
 
     monkeypatch.setattr(FakeAdminClient, "describe_topics", counted)
     guard.fake.topic_ids["t"] = "id-one"
-    guard.log(0, range(4))
-    reader = guard.source()
-    sink = guard.writer()
-    _, end, parts = plan(reader)
-    sink.commit([sink.write(iter(task)) for task in read(reader, parts)], 0)
+    _, reader, _, end = guard.counted_first(4)
     reader.commit(end)
     assert asked  # the start stored the topic's ID
     asked.clear()
