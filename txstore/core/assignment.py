@@ -103,9 +103,10 @@ def assigned_only(
         counts = ", ".join(
             f"{t!r} has {len(ps)} partition{'' if len(ps) == 1 else 's'}" for t, ps in sorted(have.items())
         )
+        topics = "the topics have" if len(have) > 1 else "the topic has"
         raise ConfigError(
             f"{where} names {_names(absent)}, which Kafka does not report ({counts}; numbered from 0); "
-            f"assign partitions the topic{'s' if len(have) > 1 else ''} {'have' if len(have) > 1 else 'has'}"
+            f"assign partitions {topics}"
         )
     kept = [w for w in watermarks if w.key in assigned]
     return kept, {k: o for k, o in committed.items() if k in assigned}
