@@ -216,17 +216,27 @@ def produce(
     )
 
 
-Outgoing = tuple[int, "bytes | None", "bytes | None", "int | None"]
-"""``(partition, key, value, timestamp_ms or None for now)``."""
+Headers = list[tuple[str, "bytes | None"]]
+Outgoing = (
+    tuple[int, "bytes | None", "bytes | None", "int | None"]
+    | tuple[int, "bytes | None", "bytes | None", "int | None", "Headers | None"]
+)
+"""``(partition, key, value, timestamp_ms or None for now[, headers])``."""
 
 
 def produce_one(
     producer: Producer, topic: str, message: Outgoing, on_delivery: Callable[[Any, Any], Any]
 ) -> None:
     """Hand ``message`` to ``producer`` (a timestamp of None: now); ``on_delivery(err, msg)`` hears the outcome."""
-    partition, key, value, timestamp = message
+    partition, key, value, timestamp, *headers = message
     producer.produce(
-        topic, value=value, key=key, partition=partition, timestamp=timestamp or 0, on_delivery=on_delivery
+        topic,
+        value=value,
+        key=key,
+        partition=partition,
+        timestamp=timestamp or 0,
+        headers=headers[0] if headers else None,
+        on_delivery=on_delivery,
     )
 
 

@@ -95,18 +95,20 @@ def test_a_read_plans_only_the_assigned_partitions() -> None:
     assert sorted(r.key for r in planned) == sorted(w.key for w in WATERMARKS)  # a split: all, once
 
 
-def test_an_assigned_partition_kafka_does_not_have_is_refused_unless_the_job_committed_it() -> None:
-    read = parse_read_options({**SERVERS, "assign": '{"t": [1, 7]}'}, {})
+def planning_refusal(assign: str) -> str:
+    """The line planning a read with option assign ``assign`` over ``WATERMARKS`` is refused with."""
+    read = parse_read_options({**SERVERS, "assign": assign}, {})
     with pytest.raises(ConfigError) as caught:
         plan_read_ranges(read, WATERMARKS)
-    assert str(caught.value) == (
+    return str(caught.value)
+
+
+def test_an_assigned_partition_kafka_does_not_have_is_refused_unless_the_job_committed_it() -> None:
+    assert planning_refusal('{"t": [1, 7]}') == (
         "option assign names 't' partition 7, which Kafka does not report ('t' has 4 partitions; "
         "numbered from 0); assign partitions the topic has"
     )
-    two = parse_read_options({**SERVERS, "assign": '{"u": [0, 1], "t": [9]}'}, {})
-    with pytest.raises(ConfigError) as caught:
-        plan_read_ranges(two, WATERMARKS)
-    assert str(caught.value) == (
+    assert planning_refusal('{"u": [0, 1], "t": [9]}') == (
         "option assign names 't' partition 9, 'u' partition 1, which Kafka does not report "
         "('t' has 4 partitions, 'u' has 1 partition; numbered from 0); assign partitions the topics have"
     )

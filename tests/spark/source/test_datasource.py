@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 import txstore
-from tests.conftest import produce, produce_in_transactions
+from tests.conftest import Outgoing, produce, produce_in_transactions, send
 from tests.helpers.counting import Counting
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
@@ -22,9 +21,6 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark
 
-Outgoing = tuple[int, "bytes | None", "bytes | None", int, "list[tuple[str, bytes | None]] | None"]
-"""``(partition, key, value, timestamp_ms, headers)``."""
-
 
 @pytest.fixture(params=["classic", pytest.param("connect", marks=pytest.mark.connect)])
 def session(request: pytest.FixtureRequest) -> Any:
@@ -32,23 +28,6 @@ def session(request: pytest.FixtureRequest) -> Any:
     spark = request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")
     txstore.register(spark)
     return spark
-
-
-def send(bootstrap: str, topic: str, messages: Iterable[Outgoing]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    failed: list[Any] = []
-    for partition, key, value, timestamp, headers in messages:
-        producer.produce(
-            topic,
-            key=key,
-            value=value,
-            partition=partition,
-            timestamp=timestamp,
-            headers=headers,
-            on_delivery=lambda err, _msg: failed.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0
-    assert not failed, failed
 
 
 def read(spark: Any, topics: str, kafka: AnyKafka, **options: str) -> Any:
