@@ -84,7 +84,7 @@ class Planner:
         """Per partition, the last plan's log end minus committed offset (before any cap)."""
         self._ids: dict[str, str | None] = {}  # Kafka's topic IDs asked this plan (None: none)
         self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
-        self._rows: list[store.OffsetRow] = []  # the job's rows as the last full plan read them
+        self._rows_version = ""  # the job's rows' version as the last full plan read them
         self._idle: IdlePlan | None = None  # the last plan, while it is idle (:mod:`txstore.core.idle`)
         self._kept = watermarks if isinstance(watermarks, Watermarks) else None  # the job's own client
 
@@ -116,7 +116,7 @@ class Planner:
             if self._kept is not None:  # rows and log ends as read last (after any start or skip)
                 self._idle = idle_plan(
                     self.topics,
-                    self._rows,
+                    self._rows_version,
                     committed,
                     watermarks,
                     ranges,
@@ -142,8 +142,8 @@ class Planner:
         # instance of the job commits in between.
         s = self.settings
         topics = self._resolve_topics(conn) if resolve else self.topics
-        self._rows = store.offset_rows(conn, s.job, topics)
-        committed, self.history = store.state_of(self._rows)
+        rows, self._rows_version = store.versioned_rows(conn, s.job, topics)
+        committed, self.history = store.state_of(rows)
         while True:
             try:
                 if self._kept is not None:  # the job's own: idle partitions asked less
@@ -171,7 +171,7 @@ class Planner:
         s = self.settings
         return next_is_idle(
             plan,
-            lambda: store.offset_rows(conn, s.job, plan.topics),
+            lambda: store.rows_version(conn, s.job, plan.topics),
             lambda: kafka.ends(s.kafka_conf, list(plan.ends)),
             time.monotonic,
         )

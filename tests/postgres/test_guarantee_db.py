@@ -1483,6 +1483,48 @@ def test_an_idle_plan_ends_at_a_new_message_or_a_changed_row_at_once(
     assert spans(planner.plan(lambda: conn)) == [(0, 1, 4)]
 
 
+def test_the_rows_version_changes_with_every_write_to_the_jobs_rows_and_nothing_else(
+    conn: psycopg.Connection, db: psycopg.Connection
+) -> None:
+    """What an idle plan compares instead of the rows (txstore.core.idle): read with the rows in
+    one statement, or alone; any write to one of the job's rows of these topics changes it, even
+    of the same values; a refused conditional update, a row lock, another job's or another
+    topic's rows do not."""
+    assert store.rows_version(conn, "j", ["t"]) == "" and store.versioned_rows(conn, "j", ["t"]) == ([], "")
+    seed(db, "j", "t", {0: 5, 1: 7})
+    seed(db, "j", "u", {0: 1})
+    seed(db, "other", "t", {0: 3})
+    read, version = store.versioned_rows(conn, "j", ["t"])
+    assert read == store.offset_rows(conn, "j", ["t"]) and [r[:3] for r in read] == [("t", 0, 5), ("t", 1, 7)]
+    assert store.rows_version(conn, "j", ["t"]) == version and len(version.split(",")) == 2
+    unchanged = [
+        "UPDATE txn_offsets SET off = 9 WHERE job = 'j' AND topic = 't' AND part = 0 AND off = 4",
+        "SELECT off FROM txn_offsets WHERE job = 'j' FOR UPDATE",
+        "UPDATE txn_offsets SET off = 4 WHERE job = 'other'",
+        "UPDATE txn_offsets SET off = 2 WHERE job = 'j' AND topic = 'u'",
+    ]
+    for sql in unchanged:
+        db.execute(sql)
+        db.commit()
+        assert store.rows_version(conn, "j", ["t"]) == version, sql
+    seen = {version}
+    changes = [
+        "UPDATE txn_offsets SET off = 5 WHERE job = 'j' AND topic = 't' AND part = 0",  # the same value
+        "UPDATE txn_offsets SET off = 6 WHERE job = 'j' AND topic = 't' AND part = 1",
+        "UPDATE txn_offsets SET off = 7 WHERE job = 'j' AND topic = 't' AND part = 1",  # back again
+        "DELETE FROM txn_offsets WHERE job = 'j' AND topic = 't' AND part = 1",
+    ]
+    for sql in changes:
+        db.execute(sql)
+        db.commit()
+        now = store.rows_version(conn, "j", ["t"])
+        assert now not in seen and store.versioned_rows(conn, "j", ["t"])[1] == now, sql
+        seen.add(now)
+    seed(db, "j", "t", {1: 7})  # the same row as before it was deleted
+    assert store.rows_version(conn, "j", ["t"]) not in seen
+    assert store.rows_version(conn, "j", ["t", "u"]).count(",") == 2  # both topics' rows
+
+
 def test_an_idle_plan_asks_for_new_partitions_only_once_it_is_due(
     database_url: str, conn: psycopg.Connection, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:

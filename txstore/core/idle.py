@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 
@@ -28,19 +27,21 @@ from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 class IdlePlan:
     """The last full plan, which found every partition at its log end.
 
-    ``rows``: the job's rows as read for it; ``ends``: every partition's log end then (each its
-    committed offset); ``until``: when a full plan is due again (a monotonic clock's reading).
+    ``rows``: the version of the job's rows as read for it (any value that changes whenever a row
+    does: :func:`~txstore.postgres.store.rows_version`); ``ends``: every partition's log end then
+    (each its committed offset); ``until``: when a full plan is due again (a monotonic clock's
+    reading).
     """
 
     topics: tuple[str, ...]
-    rows: tuple[tuple[Any, ...], ...]
+    rows: str
     ends: Mapping[TopicPartition, int]
     until: float
 
 
 def idle_plan(
     topics: Sequence[str],
-    rows: Sequence[tuple[Any, ...]],
+    rows: str,
     committed: Mapping[TopicPartition, int],
     watermarks: Sequence[PartitionWatermarks],
     ranges: Sequence[OffsetRange],
@@ -61,19 +62,19 @@ def idle_plan(
     if any(committed.get(key) != end for key, end in ends.items()):
         return None
     asked = min((checked.get(topic, now) for topic in topics), default=now)
-    return IdlePlan(tuple(topics), tuple(rows), ends, asked + every)
+    return IdlePlan(tuple(topics), rows, ends, asked + every)
 
 
 def next_is_idle(
     plan: IdlePlan,
-    rows: Callable[[], Sequence[tuple[Any, ...]]],
+    rows: Callable[[], str],
     ends: Callable[[], Mapping[TopicPartition, int] | None],
     clock: Callable[[], float],
 ) -> bool:
     """Whether the next plan is ``plan`` again, reading as a full plan reads:
 
     1. nothing is read once ``plan`` is due (``clock``: a monotonic clock);
-    2. the job's rows (``rows()``) first: if any differs, Kafka is not asked;
+    2. the job's rows' version (``rows()``) first: if it differs, Kafka is not asked;
     3. then the log ends of ``plan``'s partitions (``ends()``, None if not known), after the
        rows, so that a row another instance commits meanwhile is never above them: they must be
        exactly ``plan``'s, and ``plan`` still not due once they answered (the lookup may have
@@ -81,7 +82,7 @@ def next_is_idle(
     """
     if clock() >= plan.until:
         return False
-    if tuple(rows()) != plan.rows:
+    if rows() != plan.rows:
         return False
     found = ends()
     return found is not None and dict(found) == plan.ends and clock() < plan.until

@@ -95,17 +95,46 @@ message counted (offset, timestamp, digest)."""
 
 def offset_rows(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> list[OffsetRow]:
     """The job's rows of ``topics`` as stored, in one statement, ordered by topic and partition:
-    what :func:`committed_state` reads, and what an idle plan compares
-    (:mod:`txstore.core.idle`)."""
+    what :func:`committed_state` reads."""
+    return versioned_rows(conn, job, topics)[0]
+
+
+_JOB_ROWS = "FROM txn_offsets WHERE job = %s AND topic = ANY(%s)"
+_ROW_ORDER = 'topic COLLATE "C", part'
+
+
+def versioned_rows(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> tuple[list[OffsetRow], str]:
+    """:func:`offset_rows` and, read in the same statement, their version (:func:`rows_version`):
+    what an idle plan keeps (:mod:`txstore.core.idle`)."""
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT topic, part, off, generation, topic_id, last_off, last_timestamp, last_digest "
-            'FROM txn_offsets WHERE job = %s AND topic = ANY(%s) ORDER BY topic COLLATE "C", part',
+            "SELECT topic, part, off, generation, topic_id, last_off, last_timestamp, last_digest, "
+            f"xmin::text {_JOB_ROWS} ORDER BY {_ROW_ORDER}",
             (job, list(topics)),
         )
-        rows: list[OffsetRow] = cur.fetchall()
+        found = cur.fetchall()
     conn.commit()
-    return rows
+    return [row[:8] for row in found], ",".join(row[8] for row in found)
+
+
+def rows_version(conn: psycopg.Connection, job: str, topics: Sequence[str]) -> str:
+    """The version of the job's rows of ``topics``: each row's ``xmin`` (the transaction that
+    wrote the row as it is now), in :func:`offset_rows`' order, in one short text.
+
+    Any change to the rows changes it: an update or an insert writes a row with its own
+    transaction's ID, a delete removes one. (A row written again with the same values changes it
+    too: an idle plan then plans again, which is always safe.) Comparing it costs one small
+    answer where comparing the rows costs all of them: at 1,024 partitions, 0.8 ms against
+    1.7 ms on this machine's PostgreSQL."""
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT coalesce(string_agg(xmin::text, ',' ORDER BY {_ROW_ORDER}), '') {_JOB_ROWS}",
+            (job, list(topics)),
+        )
+        found = cur.fetchone()
+    conn.commit()
+    assert found is not None  # an aggregate always answers one row
+    return str(found[0])
 
 
 def state_of(

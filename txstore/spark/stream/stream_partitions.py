@@ -64,7 +64,7 @@ class QueryPartitions(PlanningSession):
     _kafka: Watermarks | None  # the planning methods' Kafka client for log offsets
     _ids: TopicIds | None  # and for topic IDs
     _ids_checked: dict[str, float]  # per topic, when its ID was last asked (monotonic)
-    _rows: list[store.OffsetRow]  # the job's rows as last read, and their topics
+    _rows_version: str  # the job's rows' version as last read, and their topics
     _row_topics: tuple[str, ...]
     _subscribed: bool  # the job's subscription recorded (txn_subscriptions), once a reader
     _assignment_checked: bool  # assign: its partitions checked against Kafka's, once
@@ -148,8 +148,9 @@ class QueryPartitions(PlanningSession):
         topics: Sequence[str] = read.topics
         if read.pattern is not None:
             topics = matching_topics(re.compile(read.pattern), store.job_topics(conn, self.options.job))
-        self._rows, self._row_topics = store.offset_rows(conn, self.options.job, topics), tuple(topics)
-        committed, history = store.state_of(self._rows)
+        rows, self._rows_version = store.versioned_rows(conn, self.options.job, topics)
+        self._row_topics = tuple(topics)
+        committed, history = store.state_of(rows)
         assignment = self.options.read.assignment
         if assignment is None:
             return committed, history

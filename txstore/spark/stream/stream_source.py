@@ -206,7 +206,7 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
         self._kafka: Watermarks | None = None
         self._ids: TopicIds | None = None  # the planning methods' topic IDs, kept as _kafka is
         self._ids_checked: dict[str, float] = {}  # per topic, when its ID was last asked (monotonic)
-        self._rows: list[store.OffsetRow] = []  # the job's rows as last read, and their topics
+        self._rows_version = ""  # the job's rows' version as last read, and their topics
         self._row_topics: tuple[str, ...] = ()
         self._idle: IdlePlan | None = None  # the last end, while idle (:mod:`txstore.core.idle`)
         self._subscribed = False  # the job's subscription recorded (txn_subscriptions), once a reader
@@ -233,7 +233,7 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
         state["_session"] = None
         state["_kafka"] = None
         state["_ids"] = None
-        state["_rows"] = []  # the planning methods' too: a task reads its own range's rows
+        state["_rows_version"] = ""  # the planning methods' too: a task reads its own range's rows
         state["_idle"] = None
         return state
 
@@ -287,7 +287,7 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
                 return offsets_dict(begin)
             self._idle = None
         stored, history = self._job_state(conn)
-        rows, row_topics = self._rows, self._row_topics
+        rows, row_topics = self._rows_version, self._row_topics
         # A partition at its log end has nothing to read: its log start is not asked. Only where
         # the job has a row: one without is decided from the log's real earliest offset.
         now = self._watermarks(settled={k: v for k, v in begin.items() if k in stored})
@@ -337,7 +337,7 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
             return False
         return next_is_idle(
             plan,
-            lambda: store.offset_rows(conn, self.options.job, plan.topics),
+            lambda: store.rows_version(conn, self.options.job, plan.topics),
             lambda: kafka.ends(self.options.read.kafka_conf, list(plan.ends)),
             time.monotonic,
         )
