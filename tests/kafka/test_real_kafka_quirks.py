@@ -17,24 +17,29 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 
 from tests.conftest import produce
 from tests.helpers.fake_kafka import FakeLog, install_with_admin
 from txstore.core.errors import KafkaUnavailable
+from txstore.kafka import client as client_module
 from txstore.kafka.client import (
     _EARLIEST,
     _LATEST,
-    LOOKUP_CHUNK,
     Watermarks,
-    _consumer_log_offsets,
-    _consumer_lookup,
     _list_offsets,
     _list_offsets_together,
     _OffsetsQuestion,
     client_config,
     fetch_watermarks,
     offsets_for_timestamp,
+)
+from txstore.kafka.log_offsets import (
+    LOOKUP_CHUNK,
+    LOOKUP_CONSUMERS,
+    LookupConsumers,
+    consumer_lookup,
+    consumers_for,
 )
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -104,6 +109,11 @@ class _AnsweringConsumer:
         return [TopicPartition(tp.topic, tp.partition, answer[(tp.topic, tp.partition)]) for tp in partitions]
 
 
+def kept_by(consumer: _AnsweringConsumer) -> LookupConsumers:
+    """Kept consumers that are all ``consumer`` (a test's answers)."""
+    return LookupConsumers(lambda: consumer)  # type: ignore[arg-type,return-value]
+
+
 def test_the_kept_consumer_asks_a_log_offset_below_zero_again_and_never_takes_it_as_the_log() -> None:
     partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
     consumer = _AnsweringConsumer(
@@ -113,7 +123,7 @@ def test_the_kept_consumer_asks_a_log_offset_below_zero_again_and_never_takes_it
             {("t", 0): 0, ("t", 1): 0},  # log start
         ]
     )
-    low, high = _consumer_log_offsets(consumer, partitions, timeout=5.0)  # type: ignore[arg-type]
+    low, high = kept_by(consumer).log_offsets(partitions, timeout=5.0)
     assert low == {("t", 0): 0, ("t", 1): 0}
     assert high == {("t", 0): 12, ("t", 1): 7}
     # The end is timestamp -1 and the log start -2 in Kafka's ListOffsets; only partition 0 again.
@@ -121,7 +131,7 @@ def test_the_kept_consumer_asks_a_log_offset_below_zero_again_and_never_takes_it
     stuck = _AnsweringConsumer([{("t", 0): -1001}])
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
-        _consumer_log_offsets(stuck, [TopicPartition("t", 0)], timeout=1.0)  # type: ignore[arg-type]
+        kept_by(stuck).log_offsets([TopicPartition("t", 0)], timeout=1.0)
     assert 0.8 < time.monotonic() - started < 5
 
 
@@ -130,11 +140,11 @@ def test_the_kept_consumer_asks_the_log_start_only_of_partitions_not_at_their_co
     ends = {("t", 0): 5, ("t", 1): 7, ("t", 2): 4}
     busy = _AnsweringConsumer([ends, {("t", 1): 2, ("t", 2): 1}])
     settled = {("t", 0): 5, ("t", 1): 3}  # 0 at its end; 1 below it; 2 has no committed offset
-    low, high = _consumer_log_offsets(busy, partitions, 5.0, settled)  # type: ignore[arg-type]
+    low, high = kept_by(busy).log_offsets(partitions, 5.0, settled)
     assert high == ends and low == {("t", 0): 5, ("t", 1): 2, ("t", 2): 1}
     assert busy.asked == [[("t", 0, -1), ("t", 1, -1), ("t", 2, -1)], [("t", 1, -2), ("t", 2, -2)]]
     idle = _AnsweringConsumer([ends])
-    low, high = _consumer_log_offsets(idle, partitions, 5.0, dict(ends))  # type: ignore[arg-type]
+    low, high = kept_by(idle).log_offsets(partitions, 5.0, dict(ends))
     assert low == high == ends
     assert idle.asked == [[("t", 0, -1), ("t", 1, -1), ("t", 2, -1)]]  # one question, not two
 
@@ -150,7 +160,7 @@ def test_the_kept_consumer_asks_a_long_list_in_chunks_and_again_only_what_a_chun
         ]
     )
     deadline = time.monotonic() + 5.0
-    found = _consumer_lookup(consumer, partitions, -1, deadline, chunk=2)  # type: ignore[arg-type]
+    found = consumer_lookup([consumer], partitions, -1, deadline, chunk=2)  # type: ignore[list-item]
     assert found == {("t", p): 10 + p for p in range(5)}
     assert consumer.asked == [
         [("t", 0, -1), ("t", 1, -1)],
@@ -158,6 +168,75 @@ def test_the_kept_consumer_asks_a_long_list_in_chunks_and_again_only_what_a_chun
         [("t", 4, -1)],
         [("t", 3, -1)],
     ]
+
+
+def test_a_lookup_takes_one_kept_consumer_a_chunk_up_to_its_most() -> None:
+    assert [consumers_for(n, 256) for n in (0, 1, 256, 257, 512, 1024, 1025, 100_000)] == [
+        1,
+        1,
+        1,
+        2,
+        2,
+        4,
+        4,
+        4,
+    ]
+    assert LOOKUP_CONSUMERS == 4 and consumers_for(LOOKUP_CHUNK + 1) == 2
+
+
+def test_the_kept_consumers_ask_their_shares_of_chunks_side_by_side_and_again_only_what_each_left() -> None:
+    """Chunk i goes to consumer i modulo their number, each consumer's chunks one after another;
+    what a chunk left is shared again among the consumers; the answers are merged."""
+    partitions = [("t", p) for p in range(7)]
+    first = _AnsweringConsumer(
+        [{("t", 0): 10, ("t", 1): 11}, {("t", 4): 14, ("t", 5): -1001}, {("t", 5): 15}]
+    )
+    second = _AnsweringConsumer([{("t", 2): 12, ("t", 3): 13}, {("t", 6): 16}])
+    made = iter([first, second])
+    kept = LookupConsumers(lambda: next(made), chunk=2, most=2)  # type: ignore[arg-type,return-value]
+    try:
+        found = kept.lookup(partitions, -1, time.monotonic() + 5.0)
+    finally:
+        kept.close()
+    assert found == {("t", p): 10 + p for p in range(7)}
+    assert first.asked == [[("t", 0, -1), ("t", 1, -1)], [("t", 4, -1), ("t", 5, -1)], [("t", 5, -1)]]
+    assert second.asked == [[("t", 2, -1), ("t", 3, -1)], [("t", 6, -1)]]
+
+
+class _SlowConsumer(_AnsweringConsumer):
+    """Answers after ``seconds``; remembers when it answered and whether it was closed."""
+
+    def __init__(self, answers: list[dict[tuple[str, int], int]], seconds: float) -> None:
+        super().__init__(answers)
+        self.seconds, self.answered_at, self.closed = seconds, 0.0, False
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
+        time.sleep(self.seconds)
+        self.answered_at = time.monotonic()
+        return super().offsets_for_times(partitions, timeout)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _RefusingConsumer(_AnsweringConsumer):
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+
+def test_a_share_refused_is_raised_only_once_every_other_share_has_answered_and_close_stops_all() -> None:
+    """No consumer is still asking when its caller, told of the error, closes them all."""
+    refusing = _RefusingConsumer([])
+    slow = _SlowConsumer([{("t", 1): 1}], seconds=0.3)
+    made = iter([refusing, slow])
+    kept = LookupConsumers(lambda: next(made), chunk=1, most=2)  # type: ignore[arg-type,return-value]
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        kept.lookup([("t", 0), ("t", 1)], -1, time.monotonic() + 5.0)
+    raised_at = time.monotonic()
+    assert 0 < slow.answered_at <= raised_at
+    assert kept.started
+    kept.close()
+    assert slow.closed and not kept.started
 
 
 def test_the_kept_consumer_answers_more_partitions_than_a_chunk_as_the_admin_client_does(
@@ -334,13 +413,17 @@ def test_kept_watermarks_given_other_settings_ask_with_a_consumer_made_with_them
     asked again, whichever of the kept client's calls saw the new settings first."""
     fake = install_with_admin(monkeypatch)
     fake.add(FakeLog.of("t", 0, range(3)))
+    make = client_module.Consumer
+    made: list[Any] = []
+    monkeypatch.setattr(client_module, "Consumer", lambda conf: made.append(make(conf)) or made[-1])
     kept = Watermarks()
     first = {"bootstrap.servers": "one:9092"}
     second = {"bootstrap.servers": "two:9092"}
     assert [(w.low, w.high) for w in kept(first, ["t"])] == [(0, 3)]
-    made_first = kept._consumer
+    assert [c.conf["bootstrap.servers"] for c in made] == ["one:9092"]
     kept.topic_names(second)
-    assert made_first is not None and made_first.closed  # type: ignore[attr-defined]
+    assert made[0].closed
     assert [(w.low, w.high) for w in kept(second, ["t"])] == [(0, 3)]
-    assert kept._consumer is not None and kept._consumer.conf["bootstrap.servers"] == "two:9092"  # type: ignore[attr-defined]
+    assert [c.conf["bootstrap.servers"] for c in made] == ["one:9092", "two:9092"] and not made[1].closed
     kept.close()
+    assert made[1].closed

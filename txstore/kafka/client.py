@@ -5,7 +5,6 @@ Every call has a timeout. Reading a range is :mod:`txstore.kafka.reader`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -28,8 +27,18 @@ from txstore.core.errors import (
     KafkaUnavailable,
     UnknownTopic,
 )
-from txstore.core.ranges import PartitionWatermarks, log_start_wanted
+from txstore.core.ranges import PartitionWatermarks
 from txstore.kafka.certificates import certificate_refusal
+from txstore.kafka.log_offsets import (
+    LIST_OFFSETS_RETRY_SECONDS,
+    LOG_END_TIMESTAMP,
+    ConsumerMetadataBehind,
+    LeadershipUnsettled,
+    LookupConsumers,
+    answer_settled,
+    moving_within,
+    unsettled,
+)
 
 CLIENT_LOG = logging.getLogger("txstore.kafka.client")
 """Where librdkafka's own log lines go, from every client txstore creates, at DEBUG (shown with
@@ -353,7 +362,7 @@ class Watermarks:
 
     def __init__(self) -> None:
         self._admin: _Admin | None = None
-        self._consumer: Consumer | None = None
+        self._lookups: LookupConsumers | None = None
         self._conf: dict[str, Any] = {}
 
     def __call__(
@@ -368,17 +377,12 @@ class Watermarks:
         (:func:`~txstore.core.ranges.log_start_wanted`) and is reported as ``[end, end)``, all it
         has to read: an idle job asks one ListOffsets a plan, not two."""
         admin = self._admin_for(conf)
-        if self._consumer is None:
-            try:
-                self._consumer = Consumer(reader_config(self._conf))
-            except (KafkaException, ValueError, TypeError) as e:
-                raise ConfigError(
-                    f"Kafka client settings refused: {_error_text(e)}; check --kafka-option"
-                ) from None
+        if self._lookups is None:
+            self._lookups = LookupConsumers(self._new_consumer)
         try:
             try:
-                return _watermarks(admin, conf, topics, timeout, self._consumer, settled)
-            except _ConsumerMetadataBehind:
+                return _watermarks(admin, conf, topics, timeout, self._lookups, settled)
+            except ConsumerMetadataBehind:
                 # Partitions added (or a topic created) since the kept consumer last learned the
                 # topics: the admin client, whose metadata named them just now, answers this
                 # call; a new consumer learns them for the next.
@@ -399,13 +403,11 @@ class Watermarks:
         there is no kept consumer for ``conf`` or the lookup did not answer within ``timeout``
         (a partition or topic gone, a broker down or slow): the caller then plans the whole
         way, whose call says what is wrong."""
-        if self._consumer is None or self._conf != dict(conf):
+        if self._lookups is None or not self._lookups.started or self._conf != dict(conf):
             return None
         try:
-            return _consumer_lookup(
-                self._consumer, partitions, _LOG_END_TIMESTAMP, time.monotonic() + timeout
-            )
-        except (KafkaException, TimeoutError, _ConsumerMetadataBehind):
+            return self._lookups.lookup(partitions, LOG_END_TIMESTAMP, time.monotonic() + timeout)
+        except (KafkaException, TimeoutError, ConsumerMetadataBehind, ConfigError):
             return None
 
     def topic_names(self, conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
@@ -431,11 +433,19 @@ class Watermarks:
         self._admin = None  # librdkafka destroys the client with the last reference
         self._close_consumer()
 
+    def _new_consumer(self) -> Consumer:
+        """One more kept consumer for :class:`~txstore.kafka.log_offsets.LookupConsumers`."""
+        try:
+            return Consumer(reader_config(self._conf))
+        except (KafkaException, ValueError, TypeError) as e:
+            raise ConfigError(
+                f"Kafka client settings refused: {_error_text(e)}; check --kafka-option"
+            ) from None
+
     def _close_consumer(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
+        lookups, self._lookups = self._lookups, None
+        if lookups is not None:
+            lookups.close()
 
 
 def fetch_topic_names(conf: Mapping[str, Any], timeout: float = METADATA_TIMEOUT_SECONDS) -> list[str]:
@@ -463,18 +473,18 @@ def _watermarks(
     conf: Mapping[str, Any],
     topics: Sequence[str],
     timeout: float,
-    consumer: Consumer | None = None,
+    lookups: LookupConsumers | None = None,
     settled: Mapping[tuple[str, int], int] | None = None,
 ) -> list[PartitionWatermarks]:
     """The partitions of ``topics`` (one metadata request per topic) and their log start and end.
 
-    The log offsets are asked with a kept ``consumer`` where there is one (:class:`Watermarks`,
-    a running job): its offsets-for-times lookup takes a whole list in one call and answers
-    with one list, where the admin client makes a Python future per partition and question
-    (at 1,024 partitions, 41 ms against 80 ms for both questions on Apache Kafka). A one-off
-    call uses the admin client, whose connection the metadata request has just made. With
-    ``settled`` (the kept consumer only) the log ends are asked first, then the log starts of
-    the partitions :func:`~txstore.core.ranges.log_start_wanted` names.
+    The log offsets are asked with kept consumers where there are (``lookups``:
+    :class:`Watermarks`, a running job): their offsets-for-times lookup takes a whole list in
+    one call and answers with one list, where the admin client makes a Python future per
+    partition and question (at 1,024 partitions, 41 ms against 80 ms for both questions on
+    Apache Kafka). A one-off call uses the admin client, whose connection the metadata request
+    has just made. With ``settled`` (kept consumers only) the log ends are asked first, then
+    the log starts of the partitions :func:`~txstore.core.ranges.log_start_wanted` names.
     """
     servers = _servers(conf)
     partitions: list[TopicPartition] = []
@@ -503,8 +513,8 @@ def _watermarks(
         # Both questions in flight at once (a partition is asked once per request, so the log
         # start and end are two requests): the planning round trip is one wait, not two.
         # Read-committed end (the last stable offset): reading never waits on open transactions.
-        if consumer is not None:
-            low, high = _consumer_log_offsets(consumer, partitions, timeout, settled)
+        if lookups is not None:
+            low, high = lookups.log_offsets(partitions, timeout, settled)
         else:
             low, high = _list_offsets_together(
                 admin.client,
@@ -566,46 +576,6 @@ def offsets_for_times(
     for when, keys in sorted(by_time.items()):
         found.update(offsets_for_timestamp(conf, sorted(keys), when, timeout))
     return found
-
-
-# A partition's leadership is moving (a broker restarted, a leader elected): asked again, the
-# broker answers once it has taken up the leader epoch its metadata already names. Kafka's own
-# admin client retries these; librdkafka's fails the partition's future at once.
-_LEADERSHIP_MOVING = frozenset(
-    {
-        KafkaError.UNKNOWN_LEADER_EPOCH,
-        KafkaError.FENCED_LEADER_EPOCH,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.REPLICA_NOT_AVAILABLE,
-        KafkaError.OFFSET_NOT_AVAILABLE,
-    }
-)
-LIST_OFFSETS_RETRY_SECONDS = 0.1
-
-
-class LeadershipUnsettled(TimeoutError):
-    """Kafka answered, but a partition's leadership was still moving (:data:`_LEADERSHIP_MOVING`)
-    when the timeout was spent: a topic just created whose leaders are being elected, or a
-    broker restarting. A :class:`TimeoutError`, so every caller's "did not answer" handling
-    catches it; :meth:`_Admin.unavailable` words it for what it is."""
-
-    def __init__(self, where: str, error: KafkaError) -> None:
-        super().__init__(f"{where}: {error.str()}")
-        self.where, self.error = where, error
-
-
-def _moving_leadership(error: KafkaException) -> KafkaError | None:
-    """``error``'s Kafka error if it is a partition's leadership moving (:data:`_LEADERSHIP_MOVING`)."""
-    first = error.args[0] if error.args else None
-    return first if isinstance(first, KafkaError) and first.code() in _LEADERSHIP_MOVING else None
-
-
-def _unsettled(where: str, error: KafkaException) -> KafkaException | LeadershipUnsettled:
-    """What to raise for ``error`` once it may not be asked again: a moving leadership as
-    :class:`LeadershipUnsettled` (naming ``where``), anything else as it is."""
-    moving = _moving_leadership(error)
-    return error if moving is None else LeadershipUnsettled(where, moving)
 
 
 @dataclass(frozen=True)
@@ -678,11 +648,11 @@ def _list_offsets_together(
                     wait = max(deadline - time.monotonic(), 0.001)  # one deadline for all answers
                     offset = int(future.result(timeout=wait).offset)
                 except KafkaException as e:
-                    if not _moving_within(e, deadline):
-                        raise _unsettled(f"{tp.topic}/{tp.partition}", e) from None
+                    if not moving_within(e, deadline):
+                        raise unsettled(f"{tp.topic}/{tp.partition}", e) from None
                     again.append(tp)
                     continue
-                if _settled(tp.topic, tp.partition, offset, questions[i].log_offsets, deadline):
+                if answer_settled(tp.topic, tp.partition, offset, questions[i].log_offsets, deadline):
                     found[i][(tp.topic, tp.partition)] = offset
                 else:
                     again.append(tp)
@@ -690,151 +660,6 @@ def _list_offsets_together(
         if any(pending):
             time.sleep(LIST_OFFSETS_RETRY_SECONDS)
     return found
-
-
-class _ConsumerMetadataBehind(Exception):
-    """The kept consumer does not know a partition (or topic) the admin client's metadata has
-    just named: its own metadata is older than the partitions' creation."""
-
-
-# What librdkafka's lookup answers for a partition or topic its cached metadata does not have.
-_UNKNOWN_TO_CONSUMER = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
-
-# Kafka's ListOffsets reads these timestamps as the log start and the log end (for a
-# read-committed client, the last stable offset).
-_LOG_START_TIMESTAMP = -2
-_LOG_END_TIMESTAMP = -1
-
-
-def _consumer_log_offsets(
-    consumer: Consumer,
-    partitions: Sequence[TopicPartition],
-    timeout: float,
-    settled: Mapping[tuple[str, int], int] | None = None,
-) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
-    """Each partition's log start and read-committed log end, with ``consumer``'s
-    offsets-for-times lookup (one call a question, one request per leader).
-
-    The ends are asked first; then the starts, only of the partitions
-    :func:`~txstore.core.ranges.log_start_wanted` names for ``settled`` (None: every one).
-    A partition not asked its start is given its end as its start: it has nothing to read.
-
-    The consumer is a reader (:func:`reader_config`): its ListOffsets requests carry
-    ``isolation.level=read_committed``, so the end is the last stable offset, as
-    :func:`_list_offsets_together` asks it. The same rules as there: a partition whose
-    leadership is moving, or answered with an offset below 0 (no log offset: a restarted
-    broker loading its log), is asked again until ``timeout``; then the error is raised
-    (:class:`TimeoutError` for the offset). librdkafka fails the whole lookup on one
-    partition's moving leadership: then every pending partition is asked again. A partition
-    or topic the consumer's cached metadata does not have yet raises
-    :class:`_ConsumerMetadataBehind` (the caller asks the admin client instead).
-    """
-    deadline = time.monotonic() + timeout
-    everything = [(tp.topic, tp.partition) for tp in partitions]
-    high = _consumer_lookup(consumer, everything, _LOG_END_TIMESTAMP, deadline)
-    wanted = everything if settled is None else log_start_wanted(settled, high)
-    low = _consumer_lookup(consumer, wanted, _LOG_START_TIMESTAMP, deadline)
-    for key in everything:
-        low.setdefault(key, high[key])  # not asked: at its end, nothing to read
-    return low, high
-
-
-LOOKUP_CHUNK = 256
-"""Partitions asked in one offsets-for-times call of the kept consumer. librdkafka matches each
-answer to its question by a linear search of the list asked, so one call of n partitions costs
-about n squared: on Apache Kafka, 1,024 partitions took 6.8 ms in one call and 3.6 ms in four
-calls of 256 (one after another, on the same connection)."""
-
-
-def _consumer_lookup(
-    consumer: Consumer,
-    partitions: Sequence[tuple[str, int]],
-    timestamp: int,
-    deadline: float,
-    chunk: int = LOOKUP_CHUNK,
-) -> dict[tuple[str, int], int]:
-    """One question (``timestamp``: the log start or end) of every partition, ``chunk``
-    partitions a call (:data:`LOOKUP_CHUNK`), asked again where leadership moves, until
-    ``deadline``: :func:`_consumer_log_offsets`' rules."""
-    found: dict[tuple[str, int], int] = {}
-    pending = list(partitions)
-    while pending:
-        again: list[tuple[str, int]] = []
-        for start in range(0, len(pending), chunk):
-            again += _lookup_once(consumer, pending[start : start + chunk], timestamp, deadline, found)
-        if again:
-            time.sleep(LIST_OFFSETS_RETRY_SECONDS)
-        pending = again
-    return found
-
-
-def _lookup_once(
-    consumer: Consumer,
-    partitions: Sequence[tuple[str, int]],
-    timestamp: int,
-    deadline: float,
-    found: dict[tuple[str, int], int],
-) -> list[tuple[str, int]]:
-    """One offsets-for-times call of ``partitions``: their settled answers added to ``found``,
-    the partitions to ask again returned (all of them when librdkafka failed the whole call on
-    one partition's moving leadership); any other error raised."""
-    left = max(deadline - time.monotonic(), 0.001)
-    asked = [TopicPartition(topic, partition, timestamp) for topic, partition in partitions]
-    try:
-        answered = consumer.offsets_for_times(asked, timeout=left)
-    except KafkaException as e:  # librdkafka fails the whole lookup on a partition's error
-        error = e.args[0] if e.args else None
-        if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TO_CONSUMER:
-            raise _ConsumerMetadataBehind(str(error.str())) from None
-        if not _moving_within(e, deadline):
-            raise _unsettled(_partitions_text(partitions), e) from None
-        return list(partitions)
-    again: list[tuple[str, int]] = []
-    for answer in answered:
-        key = (answer.topic, answer.partition)
-        error = answer.error
-        if error is not None and error.code() in _UNKNOWN_TO_CONSUMER:
-            raise _ConsumerMetadataBehind(str(error.str()))
-        if error is not None:
-            if not _moving_within(KafkaException(error), deadline):
-                raise _unsettled(f"{answer.topic}/{answer.partition}", KafkaException(error))
-            again.append(key)
-        elif _settled(answer.topic, answer.partition, answer.offset, True, deadline):
-            found[key] = int(answer.offset)
-        else:
-            again.append(key)
-    return again
-
-
-def _partitions_text(partitions: Sequence[tuple[str, int]], most: int = 3) -> str:
-    """``t/0, t/1, t/2 and 5 more``: the partitions a failed lookup asked, for a one-line error."""
-    named = ", ".join(f"{t}/{p}" for t, p in partitions[:most])
-    return named + (f" and {len(partitions) - most} more" if len(partitions) > most else "")
-
-
-def _moving_within(error: KafkaException, deadline: float) -> bool:
-    """Whether ``error`` is a partition's leadership moving, and may be asked again before
-    ``deadline`` (else the caller raises it)."""
-    return _moving_leadership(error) is not None and _ask_again(deadline)
-
-
-def _settled(topic: str, partition: int, offset: int, log_offset: bool, deadline: float) -> bool:
-    """Whether a partition's answer ``offset`` is taken: False to ask again, where a log offset
-    (``log_offset``; a time lookup's -1 is an answer) is below 0, no offset of any log;
-    :class:`TimeoutError` once it may not be asked again before ``deadline``."""
-    if not log_offset or offset >= 0:
-        return True
-    if not _ask_again(deadline):
-        raise TimeoutError(
-            f"ListOffsets answered {topic}/{partition} with offset {offset}, no log offset, until the timeout"
-        )
-    return False
-
-
-def _ask_again(deadline: float) -> bool:
-    """Whether a partition's answer may be asked again: a retry's pause still ends before
-    ``deadline`` (else the caller raises, having waited as long as it may)."""
-    return time.monotonic() + LIST_OFFSETS_RETRY_SECONDS < deadline
 
 
 _EARLIEST = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
