@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from tests.postgres.test_sink import seed
 from txstore.core.errors import (
     ConfigError,
     DataLoss,
+    OffsetOutOfLog,
     ResultsTableInvalid,
     TopicRecreated,
     TxstoreError,
@@ -664,8 +666,16 @@ def test_a_replayed_micro_batch_is_checked_against_a_recreated_topic_s_id_before
     first.stop()
     guard.fake.topic_ids["t"] = "id-two"  # deleted and recreated while the query was down
     restarted = guard.source()
-    with pytest.raises(TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"):
+    with pytest.raises(
+        TopicRecreated, match=r"topic 't' partition 0: the topic was deleted and recreated"
+    ) as told:
         restarted.partitions(begin, end)  # the restart replays the batch: no latestOffset() first
+    # the reset, then the stream's step, once: "..., then restart the query with a new checkpointLocation"
+    assert re.search(
+        r"txstore reset --job .* --execute, then restart the query with a new checkpointLocation",
+        str(told.value),
+    )
+    assert str(told.value).count("checkpointLocation") == 1, told.value
     with pytest.raises(TxstoreError, match="no planned micro-batch"):
         load_plan(guard.db, JOB)
 
@@ -702,6 +712,25 @@ def test_an_idle_query_s_next_micro_batch_ends_past_a_new_message_at_once(guard:
     assert reader.latestOffset(end, None) == {"t": {"0": 6}}
     _idle(reader, {"t": {"0": 6}})
     assert reader.latestOffset(end, None) == {"t": {"0": 6}}  # from another start: planned anew
+
+
+def test_an_end_an_idle_query_gave_out_and_its_caller_changed_is_a_new_start_not_the_idle_one(
+    guard: Guard,
+) -> None:
+    """An idle micro-batch compares Spark's start with the end it gave out, as Spark gives it:
+    what it gives out is a copy, so a start made by changing that very object is planned as
+    the start it now is (here one past the log end: told, as from any other checkpoint)."""
+    _, reader, _, end = guard.counted_first(4)
+    reader.commit(end)
+    _idle(reader, end)
+    given = reader.latestOffset(end, None)
+    assert given == end
+    given["t"]["0"] = 6  # past the log end: the idle end would be given again, unchecked
+    with pytest.raises(
+        OffsetOutOfLog, match=r"partition 0: .*offset 6 is beyond the log-end offset 4"
+    ) as told:
+        reader.latestOffset(given, None)
+    assert str(told.value).count("checkpointLocation") == 1, told.value  # the stream's step, once
 
 
 def test_a_row_forgotten_under_an_idle_query_is_told_at_its_next_micro_batch(guard: Guard) -> None:

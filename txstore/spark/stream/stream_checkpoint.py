@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from txstore.core.assignment import assigned_keys
-from txstore.core.errors import OffsetOutOfLog, TopicRecreated, TxstoreError
+from txstore.core.errors import TxstoreError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 from txstore.core.starting import StartDecision
 
@@ -200,13 +200,3 @@ def start_reason(decision: StartDecision) -> str:
 def would_start(decisions: Sequence[StartDecision]) -> dict[TopicPartition, tuple[int, str]]:
     """:func:`check_checkpoint_starts`'s ``would``: offset and why, per partition."""
     return {(d.topic, d.partition): (d.offset, start_reason(d)) for d in decisions}
-
-
-RESTART_AFTER_RESET = ", then restart the query with a new checkpointLocation"
-"""What a stream adds to the planner's lines that end in a ``txstore reset`` command: the reset
-moves ``txn_offsets``, and the checkpoint would start at the old offsets (refused)."""
-
-
-def for_a_stream(error: OffsetOutOfLog | TopicRecreated) -> TxstoreError:
-    """The planner's line for a log that is not the one the job read, with the stream's next step."""
-    return type(error)(f"{error}{RESTART_AFTER_RESET}")
