@@ -54,7 +54,7 @@ from txstore.core.results import (
 )
 from txstore.core.windows import window_start, window_start_ms
 from txstore.count_topic import CountMessages
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader, close_idle_consumers, gc_paused
 
 HOUR_MS = 3_600_000

@@ -33,7 +33,7 @@ from bench.broker import BrokerProcess
 from bench.run import local_session
 from bench.workload import Workload, produce
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.spark.source.arrow import messages_to_record_batch
 from txstore.spark.source.datasource import RangePartition, TxstoreReader, parse_read_options

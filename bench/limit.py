@@ -12,7 +12,7 @@ all, in one of two ways:
 each with Python's cyclic garbage collector on (a plain loop) and paused
 (``_gc_paused``: the job pauses it while reading, so the limit must too).
 The limit is the fastest of the four, measured one right after the other.
-The readers use the job's own reader settings (``txstore.kafka.client.reader_config``),
+The readers use the job's own reader settings (``txstore.kafka.client_settings.reader_config``),
 so the comparison measures what the job adds on top of reading, not a
 difference in fetch tuning. The clock starts when every reader process is up
 (a barrier) and stops when the last one has counted its share; creating the
@@ -29,7 +29,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from txstore.kafka.client import client_config, reader_config
+from txstore.kafka.client_settings import client_config, reader_config
 
 READ_TIMEOUT_SECONDS = 600.0
 

@@ -62,7 +62,7 @@ from bench.spark_kafka_jars import SparkKafkaJars, spark_kafka_jars
 from bench.workload import check_all_there
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres import store
 from txstore.postgres.db import connect, redact

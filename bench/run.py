@@ -29,7 +29,7 @@ from bench.memory import PeakMemory
 from bench.workload import Workload, fit_value_bytes, plan_workload, produce
 from txstore.count_topic import count_messages
 from txstore.job import BatchReport, JobSettings, TransactionalJob
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect, redact
 from txstore.postgres.migrate import upgrade

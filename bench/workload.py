@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 
 BROKER_PARTITION_BYTES = 5 * 1024 * 1024  # what the test broker keeps per partition
 KEY_BYTES = 10  # b"user-12345"

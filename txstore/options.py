@@ -274,7 +274,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     from txstore.core.patterns import compile_topic_pattern
     from txstore.core.starting import parse_starting_offsets, parse_timestamp
     from txstore.job import JobSettings
-    from txstore.kafka.client import topic_name_problem
+    from txstore.kafka.client_settings import topic_name_problem
     from txstore.postgres.db import resolve_database_url
 
     if not args.bootstrap_servers:

@@ -15,7 +15,7 @@ from txstore.core.errors import ConfigError
 from txstore.core.patterns import compile_topic_pattern
 from txstore.core.starting import StartingOffsets
 from txstore.kafka.bad_messages import FAIL, ON_BAD_MESSAGE
-from txstore.kafka.client import client_config, fixed_option_problem, topic_name_problem
+from txstore.kafka.client_settings import client_config, fixed_option_problem, topic_name_problem
 from txstore.postgres.sink import PUBLISH_MAX_BYTES
 
 PER_RANGE = "per-range"

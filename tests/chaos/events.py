@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Producer
 
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.testing.mock_kafka import MockKafkaCluster
 

@@ -67,7 +67,8 @@ from tests.chaos.standalone import SPARK_HOME, StandaloneCluster
 from tests.chaos.transactions import TransactionalTraffic
 from tests.helpers.spark_connect import SparkConnectServer
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader, close_idle_consumers
 from txstore.postgres.migrate import upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster

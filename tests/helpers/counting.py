@@ -15,7 +15,8 @@ from tests.conftest import Outgoing, produce, send
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.postgres import store
 
 

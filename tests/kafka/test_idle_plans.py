@@ -22,7 +22,8 @@ from txstore.core.errors import TopicRecreated, UnknownTopic
 from txstore.core.ranges import IDLE_TOPIC_ID_SECONDS
 from txstore.core.starting import parse_starting_offsets
 from txstore.job import TransactionalJob
-from txstore.kafka.client import ENDS_TIMEOUT_SECONDS, Watermarks, client_config
+from txstore.kafka.client import ENDS_TIMEOUT_SECONDS, Watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.testing.real_kafka import RealKafkaCluster
 

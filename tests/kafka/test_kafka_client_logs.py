@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from txstore.core.errors import KafkaUnavailable
-from txstore.kafka.client import CLIENT_LOG, client_config, fetch_watermarks, reader_config
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import CLIENT_LOG, client_config, reader_config
 
 DOWN = "127.0.0.1:1"  # nothing listens: every connection attempt is refused
 

@@ -12,7 +12,8 @@ from tests.conftest import produce, produce_in_transactions
 from txstore.core.errors import DataLoss, KafkaReadError
 from txstore.core.ranges import OffsetRange
 from txstore.kafka import reader as reader_module
-from txstore.kafka.client import client_config, fetch_watermarks, reader_config
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config, reader_config
 from txstore.kafka.reader import CONSUMERS_KEPT, RangeReader, gc_paused, last_messages
 from txstore.testing.mock_kafka import MockKafkaCluster
 

@@ -18,7 +18,8 @@ from tests.conftest import produce, produce_in_transactions, send
 from tests.helpers.counting import log_ends
 from tests.helpers.kafka_transactions import REDRAWS, TX_TIMEOUT, first_transaction, in_transaction
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.testing.mock_kafka import MockKafkaCluster
 
@@ -96,7 +97,8 @@ def test_a_broker_with_a_round_trip_time_answers_that_late_and_then_at_once_agai
 # Run in a process of its own: on failure librdkafka aborts the process that owns the broker.
 _DOWN_WHILE_SPAWNING = """
 import subprocess, sys, threading, time
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.testing.mock_kafka import {cls}
 from tests.conftest import produce, produce_in_transactions, send
 

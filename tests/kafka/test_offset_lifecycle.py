@@ -13,7 +13,8 @@ from tests.helpers.counting import Counting, log_ends
 from tests.helpers.kafka_transactions import TX_TIMEOUT, first_transaction, in_transaction
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.errors import DataLoss, OffsetOutOfLog
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 pytestmark = pytest.mark.spark

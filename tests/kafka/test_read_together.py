@@ -16,7 +16,8 @@ from txstore.core.errors import DataLoss, KafkaReadError, TopicRecreated
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import OffsetRange
 from txstore.kafka import reader as reader_module
-from txstore.kafka.client import client_config, fetch_watermarks, reader_config
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config, reader_config
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.together import BufferedRange, check_same_logs, read_together, together_candidates
 from txstore.testing.mock_kafka import MockKafkaCluster

@@ -29,7 +29,8 @@ from tests.helpers.recreated import snapshot
 from txstore.core.errors import BatchFailed, DataLoss, OffsetOutOfLog, TopicRecreated
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import parse_starting_offsets
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.testing.real_kafka import RealKafkaCluster
 

@@ -30,10 +30,10 @@ from txstore.kafka.client import (
     _list_offsets,
     _list_offsets_together,
     _OffsetsQuestion,
-    client_config,
     fetch_watermarks,
     offsets_for_timestamp,
 )
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.log_offsets import (
     LOOKUP_CHUNK,
     LOOKUP_CONSUMERS,

@@ -27,7 +27,8 @@ from txstore.core.ranges import OffsetRange, PartitionHistory
 from txstore.core.starting import StartDecision
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.topic_ids import TopicIds, fetch_topic_ids
 from txstore.ops.reset import apply_reset, plan_job_reset

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from tests.conftest import REPO
 from tests.helpers.ops_roles import role_that_cannot_create_tables
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.postgres.db import redact
 from txstore.spark.ranges.tasks import TASKS_PER_CORE, default_parallelism, read_ranges
 from txstore.spark.source.source_columns import KAFKA_SOURCE_COLUMNS

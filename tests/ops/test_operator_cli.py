@@ -15,7 +15,7 @@ from tests.helpers.cli import offsets, txstore
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
 from txstore.core.starting import StartDecision
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import connect

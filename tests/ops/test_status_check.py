@@ -27,7 +27,7 @@ from txstore.core.health import ERR, OK, STALL, STOP, UNKNOWN, WARN, PartitionFa
 from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermarks
 from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.ops import status as ops
 from txstore.ops.reset import apply_reset
 from txstore.ops.reset_plan import ResetMove

@@ -22,7 +22,8 @@ from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
 from txstore.job import TransactionalJob
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import connect

@@ -168,7 +168,7 @@ def consumer_log_offsets(
     :func:`~txstore.core.ranges.log_start_wanted` names for ``settled`` (None: every one).
     A partition not asked its start is given its end as its start: it has nothing to read.
 
-    The consumers are readers (:func:`~txstore.kafka.client.reader_config`): their ListOffsets
+    The consumers are readers (:func:`~txstore.kafka.client_settings.reader_config`): their ListOffsets
     requests carry ``isolation.level=read_committed``, so the end is the last stable offset, as
     the admin client's lookup asks it. The same rules as there: a partition whose leadership is
     moving, or answered with an offset below 0 (no log offset: a restarted broker loading its

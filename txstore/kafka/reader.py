@@ -32,7 +32,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from txstore.core.errors import DataLoss, KafkaReadError, TopicRecreated
 from txstore.core.fingerprint import Fingerprint, fingerprint, recreated_error
 from txstore.core.ranges import OffsetRange, reset_command
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _servers, reader_config
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.client_settings import reader_config, servers_of
 
 READ_BATCH = 10_000
 IDLE_TIMEOUT_SECONDS = 30.0
@@ -257,7 +258,7 @@ class RangeReader:
             if not batch:
                 if time.monotonic() - last_progress > self.idle_timeout:
                     raise KafkaReadError(
-                        f"no data from Kafka at {_servers(self.conf)} for {self.idle_timeout:g}s while "
+                        f"no data from Kafka at {servers_of(self.conf)} for {self.idle_timeout:g}s while "
                         f"reading {r.topic!r} partition {r.partition} at offset {next_offset} "
                         f"(range {r.from_offset} -> {r.until_offset}); is the broker up, "
                         "or was the partition truncated?"
@@ -361,7 +362,7 @@ class RangeReader:
                 self._raise_for(consumer, error, anchor.offset)
             if time.monotonic() > deadline:
                 raise KafkaReadError(
-                    f"no data from Kafka at {_servers(self.conf)} for {self.idle_timeout:g}s while "
+                    f"no data from Kafka at {servers_of(self.conf)} for {self.idle_timeout:g}s while "
                     f"checking {r.topic!r} partition {r.partition} at offset {anchor.offset} after "
                     f"reading {r.from_offset} -> {r.until_offset}; is the broker up?"
                 )

@@ -46,7 +46,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from txstore.core.errors import KafkaReadError, TxstoreError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _servers, reader_config
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.client_settings import reader_config, servers_of
 from txstore.kafka.reader import (
     IDLE_TIMEOUT_SECONDS,
     POLL_SECONDS,
@@ -214,7 +215,7 @@ def _read(
                 waiting = next(iter(active.values()))
                 r = waiting.range
                 raise KafkaReadError(
-                    f"no data from Kafka at {_servers(conf)} for {idle:g}s while reading {r.topic!r} "
+                    f"no data from Kafka at {servers_of(conf)} for {idle:g}s while reading {r.topic!r} "
                     f"partition {r.partition} at offset {waiting.next_offset} (range {r.from_offset} -> "
                     f"{r.until_offset}, and {len(active) - 1} more ranges read together); is the "
                     "broker up, or was the partition truncated?"
@@ -341,7 +342,7 @@ def _check_anchors(
         if pending and time.monotonic() > deadline:
             topic, partition = next(iter(pending))
             raise KafkaReadError(
-                f"no data from Kafka at {_servers(conf)} for {idle:g}s while checking {topic!r} partition "
+                f"no data from Kafka at {servers_of(conf)} for {idle:g}s while checking {topic!r} partition "
                 f"{partition} (and {len(pending) - 1} more ranges read together) after reading them; "
                 "is the broker up?"
             )

@@ -18,7 +18,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPa
 from txstore.core.errors import KafkaReadError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin, _servers, reader_config
+from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin
+from txstore.kafka.client_settings import reader_config, servers_of
 from txstore.kafka.reader import RangeReader, _out_of_range, own_consumer
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
@@ -149,7 +150,7 @@ def messages_at_last_counted(
             if not batch and time.monotonic() - progress > timeout:
                 (t, p), o = next(iter(sorted(pending.items())))
                 raise KafkaReadError(
-                    f"no data from Kafka at {_servers(settings)} for {timeout:g}s while reading the last "
+                    f"no data from Kafka at {servers_of(settings)} for {timeout:g}s while reading the last "
                     f"counted messages of {len(pending)} partitions (first: {t!r} partition {p} at offset "
                     f"{o}); is the broker up?"
                 )
@@ -166,7 +167,7 @@ def messages_at_last_counted(
                 ):
                     raise KafkaReadError(
                         f"reading the last counted message of {key[0]!r} partition {key[1]} at offset "
-                        f"{pending[key]} from Kafka at {_servers(settings)}: {error.str()}"
+                        f"{pending[key]} from Kafka at {servers_of(settings)}: {error.str()}"
                     )
                 if error is None and m.offset() == pending[key]:
                     found[key] = fingerprint(m)

@@ -300,7 +300,8 @@ def _cannot_check(reason: str, as_json: bool) -> int:
 def _operate(args: argparse.Namespace) -> int:
     from txstore.core.errors import ConfigError
     from txstore.core.starting import parse_timestamp
-    from txstore.kafka.client import BOOTSTRAP_ENV, client_config, topic_name_problem
+    from txstore.kafka.client import BOOTSTRAP_ENV
+    from txstore.kafka.client_settings import client_config, topic_name_problem
     from txstore.ops import reset
     from txstore.ops import status as ops
     from txstore.ops.reset_plan import ResetTarget, blind_skip_problem, live_forget_problem

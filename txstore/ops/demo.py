@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from txstore.core.errors import ConfigError, DatabaseUnavailable, first_line
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka.client import CLIENT_LOGGER
+from txstore.kafka.client_settings import CLIENT_LOGGER
 from txstore.postgres import store
 from txstore.postgres.db import DATABASE_URL_ENV, connect, redact
 from txstore.postgres.migrate import upgrade

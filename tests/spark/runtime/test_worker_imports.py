@@ -28,7 +28,7 @@ from tests.helpers.counting import BrokerDb
 from tests.postgres.test_sink import seed
 from txstore.core.ranges import OffsetRange
 from txstore.count_topic import count_messages
-from txstore.kafka.client import client_config
+from txstore.kafka.client_settings import client_config
 from txstore.spark.ranges.range_task import RangeTask
 from txstore.spark.ranges.tasks import _EachGroup, _RangeBatches
 

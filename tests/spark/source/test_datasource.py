@@ -13,7 +13,8 @@ from tests.conftest import Outgoing, produce, produce_in_transactions, send
 from tests.helpers.counting import Counting
 from tests.helpers.real_kafka_fixture import AnyKafka
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import client_config, fetch_watermarks
+from txstore.kafka.client import fetch_watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.spark.ranges.tasks import spark_failure_reason
 from txstore.spark.source.source_columns import WITHOUT_HEADERS, kafka_source_schema

@@ -39,7 +39,8 @@ from txstore.core.ranges import (
     topic_missing_now,
 )
 from txstore.core.starting import StartingOffsets, resolve_starting_offsets
-from txstore.kafka.client import Watermarks, client_config
+from txstore.kafka.client import Watermarks
+from txstore.kafka.client_settings import client_config
 from txstore.postgres.locks import START_WAIT_SECONDS, JobLocked
 from txstore.spark.stream import stream_advice
 from txstore.spark.stream.stream_advice import data_loss_advice, for_stream, restate

@@ -39,7 +39,7 @@ over lower-cased, so an error line names an option as documented, :func:`option_
   the ``kafka.`` prefix stripped; the settings that make reads exact
   (:data:`READER_FIXED_SETTINGS`) are refused, and so are ``kafka.group.id`` and
   ``groupIdPrefix`` (the source joins and commits to no consumer group) and the Java client's
-  JKS and JAAS settings (:func:`~txstore.kafka.client.java_only_setting`), naming the PEM
+  JKS and JAAS settings (:func:`~txstore.kafka.client_settings.java_only_setting`), naming the PEM
   settings librdkafka takes instead;
 - ``txstore.job`` (with ``txstore.databaseUrl``, default the
   ``TXSTORE_DATABASE_URL`` environment variable of the process that plans
@@ -121,14 +121,8 @@ from txstore.core.starting import (
     resolve_starting_offsets,
     times_to_look_up,
 )
-from txstore.kafka.client import (
-    client_config,
-    fetch_topic_names,
-    fetch_watermarks,
-    java_only_problem,
-    offsets_for_times,
-    topic_name_problem,
-)
+from txstore.kafka.client import fetch_topic_names, fetch_watermarks, offsets_for_times
+from txstore.kafka.client_settings import client_config, java_only_problem, topic_name_problem
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.postgres import store
