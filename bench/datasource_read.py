@@ -36,7 +36,8 @@ from txstore.core.ranges import OffsetRange
 from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import RangeReader
 from txstore.spark.source.arrow import messages_to_record_batch
-from txstore.spark.source.datasource import RangePartition, TxstoreReader, parse_read_options
+from txstore.spark.source.datasource import RangePartition, TxstoreReader
+from txstore.spark.source.read_options import parse_read_options
 from txstore.spark.source.source_columns import kafka_source_schema
 from txstore.spark.source_format import TxstoreDataSource
 

@@ -128,7 +128,7 @@ def register(spark: Any) -> None:
     """Make ``spark.read.format("txstore")`` available in ``spark`` (classic or Spark Connect).
 
     Needs PySpark 4.0 or newer and pyarrow (from a clone: ``pip install -e '.[connect]'``);
-    see :mod:`txstore.spark.source.datasource` for the options. The session's parallelism (under Spark
+    see :mod:`txstore.spark.source.read_options` for the options. The session's parallelism (under Spark
     Connect measured with one tiny Spark job) becomes ``readStream.format("txstore")``'s default
     ``txstore.tasks`` (:mod:`txstore.spark.stream.stream_source`).
     """

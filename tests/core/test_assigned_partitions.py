@@ -21,7 +21,8 @@ from txstore.core.errors import ConfigError
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.core.starting import StartingOffsets
 from txstore.options import add_job_options, job_settings
-from txstore.spark.source.datasource import parse_read_options, plan_job_ranges, plan_read_ranges
+from txstore.spark.source.read_options import parse_read_options
+from txstore.spark.source.read_planning import plan_job_ranges, plan_read_ranges
 
 SERVERS = {"kafka.bootstrap.servers": "k:9092"}
 URL = "postgresql://u@127.0.0.1/db"

@@ -28,7 +28,8 @@ from txstore.core.starting import parse_starting_offsets
 from txstore.planning import Planner
 from txstore.postgres.db import connect
 from txstore.settings import JobSettings
-from txstore.spark.source.datasource import parse_read_options, plan
+from txstore.spark.source.read_options import parse_read_options
+from txstore.spark.source.read_planning import plan
 from txstore.spark.stream.stream_source import TxstoreStreamReader, stream_reader
 
 JOB = "unknown_start"

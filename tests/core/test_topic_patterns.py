@@ -44,7 +44,8 @@ from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.options import add_job_options, job_settings
 from txstore.postgres import store
-from txstore.spark.source.datasource import parse_read_options, plan
+from txstore.spark.source.read_options import parse_read_options
+from txstore.spark.source.read_planning import plan
 from txstore.spark.stream.stream_advice import NEW_CHECKPOINT, for_stream
 from txstore.spark.stream.stream_options import parse_stream_options
 from txstore.testing.mock_kafka import MockKafkaCluster

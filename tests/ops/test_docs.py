@@ -204,7 +204,7 @@ def test_docker_compose_runs_the_kafka_and_postgresql_versions_the_tests_use() -
 
 
 def test_the_options_page_has_a_row_for_every_option_of_spark_s_kafka_source() -> None:
-    from txstore.spark.source.datasource import NOT_TAKEN, SPARK_OPTION_NAMES
+    from txstore.spark.source.read_options import NOT_TAKEN, SPARK_OPTION_NAMES
 
     page = (ROOT / "docs" / "reference" / "spark-kafka-options.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)`[^|]* \| (.+)$", page, re.M)}

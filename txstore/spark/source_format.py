@@ -19,7 +19,9 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 
 from txstore.spark.ranges.tasks import default_parallelism
-from txstore.spark.source.datasource import FORMAT, TxstoreReader, check_explicit_offsets, parse_read_options
+from txstore.spark.source.datasource import FORMAT, TxstoreReader
+from txstore.spark.source.read_options import parse_read_options
+from txstore.spark.source.read_planning import check_explicit_offsets
 from txstore.spark.stream.stream_options import (
     COUNT_MESSAGES_OPTION,
     COUNT_SCHEMA,

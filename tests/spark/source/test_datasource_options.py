@@ -19,16 +19,15 @@ from txstore.spark.source.arrow import (
     coalesce,
     messages_to_record_batch,
 )
-from txstore.spark.source.datasource import (
+from txstore.spark.source.datasource import schema_columns
+from txstore.spark.source.read_options import (
     NOT_TAKEN,
     READER_FIXED_SETTINGS,
     SPARK_OPTION_NAMES,
     ReadOptions,
     parse_read_options,
-    plan_job_ranges,
-    plan_read_ranges,
-    schema_columns,
 )
+from txstore.spark.source.read_planning import plan_job_ranges, plan_read_ranges
 from txstore.spark.source.source_columns import kafka_source_schema
 
 BASE = {"kafka.bootstrap.servers": "k:9092", "subscribe": "a,b"}

@@ -29,7 +29,8 @@ from txstore.core.starting import (
     resolve_starting_offsets,
     times_to_look_up,
 )
-from txstore.spark.source.datasource import parse_read_options, plan_job_ranges, plan_read_ranges
+from txstore.spark.source.read_options import parse_read_options
+from txstore.spark.source.read_planning import plan_job_ranges, plan_read_ranges
 from txstore.testing.real_kafka import RealKafkaCluster
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

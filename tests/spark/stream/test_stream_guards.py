@@ -71,7 +71,8 @@ from txstore.postgres.stream_plans import (
     save_plan,
     tasks_of,
 )
-from txstore.spark.source.datasource import partition_ranges, plan_job_ranges, plan_read_ranges
+from txstore.spark.source.datasource import partition_ranges
+from txstore.spark.source.read_planning import plan_job_ranges, plan_read_ranges
 from txstore.spark.stream.stream_checkpoint import CheckpointMismatch, ForeignCheckpoint, check_alignment
 from txstore.spark.stream.stream_lock import StreamLocked, stream_lock_holder
 from txstore.spark.stream.stream_offsets import (

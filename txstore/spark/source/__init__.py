@@ -2,7 +2,8 @@
 
 Owns the columns of Spark's Kafka source (:mod:`~txstore.spark.source.source_columns`),
 consumed messages as Arrow record batches of them (:mod:`~txstore.spark.source.arrow`),
-``spark.read.format("txstore")``: its options, planning and reader
+``spark.read.format("txstore")``: its options (:mod:`~txstore.spark.source.read_options`), what a
+read plans (:mod:`~txstore.spark.source.read_planning`) and its reader
 (:mod:`~txstore.spark.source.datasource`), and what a DataFrame query needs of the source, asked
 of Spark without running it: its output fields (:mod:`~txstore.spark.source.probing`), the
 columns it uses (:mod:`~txstore.spark.source.used_columns`) and the counts the reading tasks can

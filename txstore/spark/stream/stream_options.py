@@ -1,6 +1,6 @@
 """The options of ``spark.readStream.format("txstore")``, parsed once, checked at ``load()``.
 
-The batch source's options (:func:`~txstore.spark.source.datasource.parse_read_options`) without
+The batch source's options (:func:`~txstore.spark.source.read_options.parse_read_options`) without
 ``endingOffsets``, plus the stream's own: ``maxOffsetsPerTrigger``,
 ``txstore.countMessages``, ``txstore.tasks`` and (tests) ``txstore.failpoints``. The source
 itself is :mod:`txstore.spark.stream.stream_source`.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from txstore.core.errors import ConfigError
 from txstore.core.failpoints import FailPoints
-from txstore.spark.source.datasource import ReadOptions, option_names, parse_read_options, shown
+from txstore.spark.source.read_options import ReadOptions, option_names, parse_read_options, shown
 
 GIVEN_BY = ".option('txstore.databaseUrl') (or TXSTORE_DATABASE_URL on the driver)"
 """Where the stream's database URL comes from, as its connection errors name it."""
@@ -45,7 +45,7 @@ class StreamOptions:
 def parse_stream_options(
     options: Mapping[str, str], environ: Mapping[str, str], default_tasks: int | None = None
 ) -> StreamOptions:
-    """The batch source's options (:func:`~txstore.spark.source.datasource.parse_read_options`) without
+    """The batch source's options (:func:`~txstore.spark.source.read_options.parse_read_options`) without
     ``endingOffsets`` (``minPartitions``: a micro-batch's big ranges are cut into pieces, each
     read by its own task, committed together), plus ``maxOffsetsPerTrigger``, ``txstore.countMessages``,
     ``txstore.tasks`` (else ``default_tasks``, what :func:`txstore.register` measured) and

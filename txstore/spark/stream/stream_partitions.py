@@ -47,7 +47,7 @@ from txstore.kafka.client import Watermarks
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
-from txstore.spark.source.datasource import start_times
+from txstore.spark.source.read_planning import start_times
 from txstore.spark.stream.stream_checkpoint import start_reason
 from txstore.spark.stream.stream_session import PlanningSession
 

@@ -139,9 +139,7 @@ from txstore.postgres.stream_plans import (
     save_plan,
 )
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
-from txstore.spark.source.datasource import (
-    TxstoreReader,
-)
+from txstore.spark.source.datasource import TxstoreReader
 from txstore.spark.stream.stream_advice import restating
 from txstore.spark.stream.stream_checkpoint import (
     CheckpointMismatch,
