@@ -231,6 +231,7 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
         state["_ids"] = None
         state["_rows_version"] = ""  # the planning methods' too: a task reads its own range's rows
         state["_idle"] = None
+        state["_idle_end"] = {}
         return state
 
     @restating
