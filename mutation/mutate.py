@@ -144,6 +144,24 @@ MODULES = (
         "idle",
     ),
     Module(
+        "log_offsets",
+        "txstore/kafka/log_offsets.py",
+        (
+            "moving_leadership",
+            "unsettled",
+            "consumers_for",
+            "LookupConsumers",
+            "consumer_log_offsets",
+            "consumer_lookup",
+            "_ask_share",
+            "_lookup_once",
+            "moving_within",
+            "answer_settled",
+            "ask_again",
+        ),
+        ("tests/kafka/test_real_kafka_quirks.py",),
+    ),
+    Module(
         "reader",
         "txstore/kafka/reader.py",
         (

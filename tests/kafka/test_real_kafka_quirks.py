@@ -10,6 +10,7 @@ answer within 15s". The mock answers the same errors on demand, every time.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -37,6 +38,7 @@ from txstore.kafka.client_settings import client_config
 from txstore.kafka.log_offsets import (
     LOOKUP_CHUNK,
     LOOKUP_CONSUMERS,
+    ConsumerMetadataBehind,
     LookupConsumers,
     consumer_lookup,
     consumers_for,
@@ -102,9 +104,11 @@ class _AnsweringConsumer:
     def __init__(self, answers: list[dict[tuple[str, int], int]]) -> None:
         self.answers = answers
         self.asked: list[list[tuple[str, int, int]]] = []
+        self.timeouts: list[float] = []  # each call's timeout
 
     def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
         self.asked.append([(tp.topic, tp.partition, tp.offset) for tp in partitions])
+        self.timeouts.append(timeout)
         answer = self.answers[min(len(self.asked) - 1, len(self.answers) - 1)]
         return [TopicPartition(tp.topic, tp.partition, answer[(tp.topic, tp.partition)]) for tp in partitions]
 
@@ -199,6 +203,7 @@ def test_the_kept_consumers_ask_their_shares_of_chunks_side_by_side_and_again_on
     finally:
         kept.close()
     assert found == {("t", p): 10 + p for p in range(7)}
+    assert all(0 < t <= 5.0 for t in first.timeouts + second.timeouts)  # each call within the deadline
     assert first.asked == [[("t", 0, -1), ("t", 1, -1)], [("t", 4, -1), ("t", 5, -1)], [("t", 5, -1)]]
     assert second.asked == [[("t", 2, -1), ("t", 3, -1)], [("t", 6, -1)]]
 
@@ -237,6 +242,35 @@ def test_a_share_refused_is_raised_only_once_every_other_share_has_answered_and_
     assert kept.started
     kept.close()
     assert slow.closed and not kept.started
+    assert not [t for t in threading.enumerate() if t.name.startswith("txstore-lookup")]  # stopped
+
+
+class _ErringConsumer(_AnsweringConsumer):
+    """Answers every partition with ``error``, or fails the whole call with it (``whole``)."""
+
+    def __init__(self, error: int, whole: bool) -> None:
+        super().__init__([])
+        self.error, self.whole = KafkaError(error), whole
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = 0) -> list[Any]:
+        if self.whole:
+            raise KafkaException(self.error)
+        return [
+            SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1, error=self.error)
+            for tp in partitions
+        ]
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["the-whole-call", "a-partition"])
+def test_a_partition_the_kept_consumer_does_not_know_is_told_apart_from_a_refusal(whole: bool) -> None:
+    """A partition (or topic) the consumer's metadata does not have yet: the caller asks the
+    admin client instead. Any other error is raised as it is."""
+    unknown = kept_by(_ErringConsumer(KafkaError._UNKNOWN_PARTITION, whole))
+    with pytest.raises(ConsumerMetadataBehind):
+        unknown.lookup([("t", 0)], -1, time.monotonic() + 5.0)
+    refused = kept_by(_ErringConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED, whole))
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        refused.lookup([("t", 0)], -1, time.monotonic() + 5.0)
 
 
 def test_the_kept_consumer_answers_more_partitions_than_a_chunk_as_the_admin_client_does(
