@@ -233,6 +233,8 @@ MODULES = (
             "append_lag_sample",
             "committed_state",
             "offset_rows",
+            "versioned_rows",
+            "rows_version",
             "state_of",
             "record_topic_ids",
             "first_generation_sql",

@@ -1497,6 +1497,7 @@ def test_the_rows_version_changes_with_every_write_to_the_jobs_rows_and_nothing_
     read, version = store.versioned_rows(conn, "j", ["t"])
     assert read == store.offset_rows(conn, "j", ["t"]) and [r[:3] for r in read] == [("t", 0, 5), ("t", 1, 7)]
     assert store.rows_version(conn, "j", ["t"]) == version and len(version.split(",")) == 2
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # no read left open
     unchanged = [
         "UPDATE txn_offsets SET off = 9 WHERE job = 'j' AND topic = 't' AND part = 0 AND off = 4",
         "SELECT off FROM txn_offsets WHERE job = 'j' FOR UPDATE",
