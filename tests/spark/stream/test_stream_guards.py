@@ -625,6 +625,46 @@ def test_a_checkpoint_starting_where_the_job_never_would_is_refused_by_latest_of
     assert offsets(guard.db) == {}
 
 
+def test_a_checkpoint_starting_outside_the_log_where_the_job_s_offset_is_inside_is_named_not_the_job_s_offset(
+    guard: Guard,
+) -> None:
+    """Another query's (or an older) checkpoint starts a partition past the log end or below the
+    log start, while the job's own offset is inside the log. Spark asks ``latestOffset`` before
+    ``partitions`` (whose alignment check names the checkpoint), so its line must already say
+    whose offset it is, and advise a new checkpoint: not a reset, which would count the job's
+    counted messages again (``--to-earliest``), nor skipping "aged out" messages the job counted."""
+    guard.log(0, range(4, 10), low=4)  # offsets 4-9: log start 4, log end 10
+    seed(guard.db, JOB, "t", {0: 6})
+    reader = guard.source()
+    for start, where in ((12, "beyond the log-end offset 10"), (2, "below the log-start offset 4")):
+        with pytest.raises(CheckpointMismatch) as e:
+            reader.latestOffset({"t": {"0": start}}, None)
+        line = one_line(e)
+        assert (
+            f"job '{JOB}' topic 't' partition 0: the checkpoint starts this micro-batch at offset {start}, "
+            f"{where}, but txn_offsets stores offset 6, inside the log" in line
+        ), line
+        assert "txstore reset" not in line and "failOnDataLoss" not in line, line
+        assert "new checkpointLocation" in line
+    # The job's own offset outside the log too: the planner's line names the stored offset.
+    guard.db.execute("UPDATE txn_offsets SET off = 11 WHERE job = %s", (JOB,))
+    with pytest.raises(OffsetOutOfLog, match="partition 0: stored offset 11 is beyond the log-end offset 10"):
+        reader.latestOffset({"t": {"0": 12}}, None)
+    guard.db.execute("UPDATE txn_offsets SET off = 1 WHERE job = %s", (JOB,))
+    with pytest.raises(DataLoss, match="partition 0: stored offset 1 is below the log-start offset 4; 3 "):
+        reader.latestOffset({"t": {"0": 2}}, None)
+    # ... unless the job skips what aged out (failOnDataLoss false): the checkpoint's start is then the fault.
+    reader.stop()
+    skipping = guard.source(failOnDataLoss="false")
+    with pytest.raises(CheckpointMismatch) as e:
+        skipping.latestOffset({"t": {"0": 12}}, None)
+    assert (
+        "the checkpoint starts this micro-batch at offset 12, beyond the log-end offset 10, but txn_offsets "
+        "stores offset 1 (the checkpoint is an older copy, or another query's)" in one_line(e)
+    )
+    assert offsets(guard.db) == {0: 1}
+
+
 def test_a_checkpoint_at_the_log_ends_of_partitions_the_job_never_started_is_refused(guard: Guard) -> None:
     """An idle micro-batch does not ask the log start of a partition at its log end, but only
     where the job has a row: a partition it never started is decided from the real earliest
@@ -728,7 +768,9 @@ def test_an_end_an_idle_query_gave_out_and_its_caller_changed_is_a_new_start_not
     assert given == end
     given["t"]["0"] = 6  # past the log end: the idle end would be given again, unchecked
     with pytest.raises(
-        OffsetOutOfLog, match=r"partition 0: .*offset 6 is beyond the log-end offset 4"
+        CheckpointMismatch,
+        match=r"partition 0: the checkpoint starts this micro-batch at offset 6, beyond the log-end "
+        r"offset 4, but txn_offsets stores offset 4, inside the log",
     ) as told:
         reader.latestOffset(given, None)
     assert str(told.value).count("checkpointLocation") == 1, told.value  # the stream's step, once

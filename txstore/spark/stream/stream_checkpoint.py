@@ -10,6 +10,8 @@ that says how to realign:
 - :func:`check_checkpoint_assigned` and :func:`check_checkpoint_starts`: every partition the
   checkpoint names is one the query reads, and one without a row starts where the job would
   start it;
+- :func:`check_checkpoint_in_log`: a start outside Kafka's log where the job's offset is inside
+  it is the checkpoint's, told as such (``latestOffset`` runs before the alignment check);
 - :func:`check_alignment`: the batch starts at the stored offsets (to be committed) or ends at
   them (a replay of a committed batch), nothing else;
 - ``failOnDataLoss`` false: :func:`losses_to_record` and :func:`past_recorded_losses` keep the
@@ -23,7 +25,7 @@ from dataclasses import replace
 
 from txstore.core.assignment import assigned_keys
 from txstore.core.errors import TxstoreError
-from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
+from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition, plan_ranges
 from txstore.core.starting import StartDecision
 
 NOTHING_WRITTEN_REALIGN = (
@@ -132,6 +134,48 @@ def check_alignment(
         f"{found} but the checkpoint starts this micro-batch at {bad.from_offset} ({what}; the "
         f"checkpoint is an older copy, or another query's)" + NOTHING_WRITTEN_REALIGN
     )
+
+
+def check_checkpoint_in_log(
+    job: str,
+    start: Mapping[TopicPartition, int],
+    stored: Mapping[TopicPartition, int],
+    watermarks: Sequence[PartitionWatermarks],
+    fail_on_data_loss: bool = True,
+) -> None:
+    """Raise where the checkpoint's ``start`` lies outside Kafka's log for a partition whose
+    ``stored`` offset is another.
+
+    ``latestOffset`` plans from Spark's start, before :func:`check_alignment` runs (in
+    ``partitions``): it may differ from the stored offset legitimately there (a checkpoint-led
+    job's offsets move at Spark's commit, after the next ``latestOffset``). Out of the log, the
+    planner's line would call the checkpoint's offset the *stored* one, with a reset for advice.
+    Steps, per partition whose start differs from its stored offset and lies outside
+    ``[low, high]``:
+
+    1. the stored offset one the job can go on from (inside the log, or below its start with
+       ``fail_on_data_loss`` false): :class:`CheckpointMismatch`, naming both offsets: the
+       checkpoint is an older copy or another query's, and a new checkpoint starts at the
+       stored offset (a reset would count the job's counted messages again, or skip messages
+       it never counted as "aged out");
+    2. else the planner's line for the stored offset (:func:`~txstore.core.ranges.plan_ranges`),
+       which is then the job's to fix.
+    """
+    for w in sorted(watermarks, key=lambda w: w.key):
+        begin, found = start.get(w.key), stored.get(w.key)
+        if begin is None or found is None or begin == found or w.low <= begin <= w.high:
+            continue
+        if found > w.high or (found < w.low and fail_on_data_loss):
+            plan_ranges(job, {w.key: found}, [w])
+        where = (
+            f"beyond the log-end offset {w.high}" if begin > w.high else f"below the log-start offset {w.low}"
+        )
+        inside = ", inside the log" if found >= w.low else ""
+        raise CheckpointMismatch(
+            f"job {job!r} topic {w.topic!r} partition {w.partition}: the checkpoint starts this micro-batch "
+            f"at offset {begin}, {where}, but txn_offsets stores offset {found}{inside} (the checkpoint "
+            "is an older copy, or another query's)" + NOTHING_WRITTEN_REALIGN
+        )
 
 
 def check_checkpoint_assigned(

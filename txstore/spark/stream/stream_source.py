@@ -146,6 +146,7 @@ from txstore.spark.stream.stream_checkpoint import (
     check_alignment,
     check_batch_ends,
     check_checkpoint_assigned,
+    check_checkpoint_in_log,
     check_checkpoint_starts,
     losses_to_record,
     past_recorded_losses,
@@ -305,8 +306,9 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
             if w.key not in committed:
                 entering[w.key] = stored.get(w.key, w.low)
         committed.update(entering)
-        if not self.options.read.fail_on_data_loss:  # aged-out starts: the batch reads from the log start
+        if not read.fail_on_data_loss:  # aged-out starts: the batch reads from the log start
             committed.update({r.key: r.until_offset for r in aged_out(committed, watermarks)})
+        check_checkpoint_in_log(job, committed, stored, now, read.fail_on_data_loss)
         topic_ids = self._topic_ids(conn, history, committed, watermarks)
         # Aged out, out of log, gone, another topic ID: one line (its reset step restated, @restating).
         ranges = plan_ranges(job, committed, watermarks, history, topic_ids)
