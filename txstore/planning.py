@@ -42,7 +42,7 @@ from txstore.core.ranges import (
     recreated_topics,
     topic_ids_to_store,
     topic_ids_wanted,
-    topic_missing_now,
+    without_vanished,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
 from txstore.core.subscription import subscription_of
@@ -152,15 +152,8 @@ class Planner:
                     watermarks = self.watermarks(s.kafka_conf, topics)
                 break
             except UnknownTopic as e:
-                # A topic the job stored offsets for existed: gone now, it is no typo.
                 stored = sum(1 for topic, _ in committed if topic == e.topic)
-                if stored:
-                    raise topic_missing_now(s.job, e.topic, e.servers, stored) from None
-                if s.pattern is None or e.topic not in topics:
-                    raise
-                # Matched a moment ago, deleted since, never started: it matches nothing now.
-                topics = tuple(t for t in topics if t != e.topic)
-                self.topics = topics
+                topics = self.topics = without_vanished(s.job, e, topics, stored, s.pattern is not None)
         # --assign: only the assigned partitions are planned (a row no longer assigned is kept).
         watermarks, committed = assigned_only(s.assignment, watermarks, committed, "--assign")
         return committed, watermarks

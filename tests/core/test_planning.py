@@ -12,6 +12,7 @@ from txstore.core.errors import (
     OffsetOutOfLog,
     OffsetOverlap,
     TopicRecreated,
+    UnknownTopic,
 )
 from txstore.core.failpoints import FailPoints, InjectedFailure
 from txstore.core.fingerprint import Fingerprint, digest
@@ -27,6 +28,8 @@ from txstore.core.ranges import (
     split_ranges,
     topic_ids_to_store,
     topic_ids_wanted,
+    topic_missing_now,
+    without_vanished,
 )
 from txstore.core.starting import (
     EARLIEST,
@@ -389,3 +392,24 @@ def test_the_topic_ids_stored_are_those_of_topics_with_a_row_that_has_none() -> 
     assert topic_ids_to_store(found, history) == {"b": "B", "c": "C"}
     assert topic_ids_to_store({"a": "A"}, history) == {}
     assert topic_ids_to_store(found, {}) == {}
+
+
+def test_an_unknown_topic_is_the_vanished_line_if_stored_kafka_s_if_unmatched_else_left_out() -> None:
+    """What a batch planner and a stream's planning do when Kafka reports a topic unknown."""
+    gone = UnknownTopic("topic 'b' does not exist on Kafka at k:9092; check --topic", "b", "k:9092")
+    # Offsets stored for it: it existed, no typo (whether a pattern matched it or not).
+    for pattern in (True, False):
+        with pytest.raises(UnknownTopic) as raised:
+            without_vanished("j", gone, ("a", "b"), 3, pattern)
+        assert str(raised.value) == str(topic_missing_now("j", "b", "k:9092", 3))
+        assert "stored offsets for 3 of its partitions" in str(raised.value)
+    # Never stored, no pattern: Kafka's own line (a typo, say).
+    with pytest.raises(UnknownTopic) as raised:
+        without_vanished("j", gone, ("a", "b"), 0, False)
+    assert raised.value is gone
+    # Never stored, a pattern, but not among the topics planned: not ours to drop.
+    with pytest.raises(UnknownTopic) as raised:
+        without_vanished("j", gone, ("a", "c"), 0, True)
+    assert raised.value is gone
+    # Matched a moment ago, deleted since, never started: left out, the others kept in order.
+    assert without_vanished("j", gone, ("a", "b", "c"), 0, True) == ("a", "c")

@@ -211,6 +211,25 @@ def topic_missing_now(job: str, topic: str, servers: str, stored_partitions: int
     )
 
 
+def without_vanished(
+    job: str, error: UnknownTopic, topics: tuple[str, ...], stored_partitions: int, pattern: bool
+) -> tuple[str, ...]:
+    """The topics to plan once Kafka reported ``error``'s topic unknown, or the line to stop with.
+
+    Steps:
+    1. the job stored offsets for ``stored_partitions`` of the topic's partitions: it existed,
+       so it is no typo (:func:`topic_missing_now`);
+    2. a topic no pattern matched (``pattern`` false, or not among ``topics``): ``error`` itself;
+    3. else a pattern matched it a moment ago and it was deleted since, never started: it
+       matches nothing now, so ``topics`` without it.
+    """
+    if stored_partitions:
+        raise topic_missing_now(job, error.topic, error.servers, stored_partitions) from None
+    if not pattern or error.topic not in topics:
+        raise error
+    return tuple(t for t in topics if t != error.topic)
+
+
 def recreated_topics(
     history: Mapping[TopicPartition, PartitionHistory], topic_ids: Mapping[str, str | None]
 ) -> set[str]:

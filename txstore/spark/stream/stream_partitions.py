@@ -39,7 +39,7 @@ from txstore.core.ranges import (
     TopicPartition,
     topic_ids_to_store,
     topic_ids_wanted,
-    topic_missing_now,
+    without_vanished,
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.core.subscription import subscription_of
@@ -85,15 +85,9 @@ class QueryPartitions(PlanningSession):
                 reported = self._kafka(self.options.read.kafka_conf, topics, settled=settled)
                 break
             except UnknownTopic as e:
-                # A topic the job stored offsets for existed: gone now, it is no typo (as count_topic).
-                stored = sum(1 for t, _ in store.committed_offsets(self._db(), self.options.job, [e.topic]))
-                if stored:
-                    raise topic_missing_now(self.options.job, e.topic, e.servers, stored) from None
-                if self._resolved is None or e.topic not in topics:
-                    raise
-                # Matched a moment ago, deleted since, never started: it matches nothing now.
-                topics = tuple(t for t in topics if t != e.topic)
-                self._topics = topics
+                job = self.options.job
+                stored = sum(1 for t, _ in store.committed_offsets(self._db(), job, [e.topic]))
+                topics = self._topics = without_vanished(job, e, topics, stored, self._resolved is not None)
         assignment = self.options.read.assignment
         if assignment is None:
             return reported
