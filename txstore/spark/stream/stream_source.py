@@ -72,6 +72,9 @@ required. Offsets are ``{topic: {partition: offset}}`` (exclusive ends, as in
   per-range count path, no row per message crosses into Spark, and the sink adds the counts
   (Spark's ``numInputRows`` then counts ranges, not messages).
 
+- ``commit(end)``: with a sink other than txstore's, ``txn_offsets`` follows Spark's checkpoint
+  (:mod:`~txstore.spark.stream.stream_follow`).
+
 Which partitions the query reads (``subscribe``, ``subscribePattern``, ``assign``), Kafka's log
 offsets and topic IDs for them, the job's rows, and where a partition without a row starts:
 :mod:`~txstore.spark.stream.stream_partitions`.
@@ -106,15 +109,8 @@ from typing import Any
 import psycopg
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from txstore.core.errors import (
-    AlreadyCommitted,
-    ConfigError,
-    TxstoreError,
-)
-from txstore.core.failpoints import FailPoints
-from txstore.core.fingerprint import Fingerprint
+from txstore.core.errors import ConfigError
 from txstore.core.idle import IdlePlan, idle_plan, next_is_idle
-from txstore.core.micro_batch import StreamPlan
 from txstore.core.patterns import PatternTopics
 from txstore.core.ranges import (
     IDLE_TOPIC_ID_SECONDS,
@@ -129,15 +125,7 @@ from txstore.core.ranges import (
 from txstore.kafka.client import Watermarks
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
-from txstore.postgres.sink import TransactionalSink
-from txstore.postgres.stream_plans import (
-    CHECKPOINT_LED,
-    SINK_COMMITTED,
-    load_plan,
-    load_reads,
-    mark_committed,
-    save_plan,
-)
+from txstore.postgres.stream_plans import save_plan
 from txstore.spark.runtime.worker_log import worker_info_to_stderr
 from txstore.spark.source.datasource import TxstoreReader
 from txstore.spark.stream.stream_advice import restating
@@ -152,6 +140,7 @@ from txstore.spark.stream.stream_checkpoint import (
     past_recorded_losses,
     would_start,
 )
+from txstore.spark.stream.stream_follow import FollowsCheckpoint
 from txstore.spark.stream.stream_offsets import (
     Offsets,
     StreamPartition,
@@ -180,7 +169,13 @@ except ImportError:  # older: Spark reads everything available in one batch inst
     pass
 
 
-class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader, *_ReaderMixins):  # type: ignore[misc]
+class TxstoreStreamReader(
+    QueryPartitions,
+    FollowsCheckpoint,
+    ReadingTasks,
+    DataSourceStreamReader,
+    *_ReaderMixins,  # type: ignore[misc]
+):
     """See the module docstring. Planning methods run in one long-lived Python worker of the driver."""
 
     def __init__(self, options: StreamOptions, schema: Any) -> None:
@@ -407,34 +402,6 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
         self._last_end = finish
         return [StreamPartition(run, plan_id, i) for i, run in enumerate(tasks)]
 
-    @again_on_a_new_session
-    def commit(self, end: Mapping[str, Any]) -> None:
-        """Spark's commit of a micro-batch its sink committed (Spark calls it while it starts the
-        next one).
-
-        With the txstore sink the offsets are in PostgreSQL already, with the results. With any
-        other sink (Spark's file sink, ``foreachBatch``, a console) nothing moved them: the source
-        moves them now, from the planned starts to the planned ends with the last messages'
-        fingerprints (:meth:`_follow_checkpoint`), so that ``txstore status``, lag and the next
-        micro-batch's check follow the query. The guarantee is then the sink's own (Spark's file
-        sink: exactly once through its log; ``foreachBatch``: at least once).
-        """
-        job = self.options.job
-        conn = self._db()
-        try:
-            plan = load_plan(conn, job)
-        except TxstoreError:
-            return  # nothing planned: nothing to move
-        if {r.key: r.until_offset for r in plan.ranges} != offsets_map(end) or not plan.reading:
-            return  # another micro-batch's end (a restart's first commit), or nothing read
-        stored = store.committed_offsets(conn, job, sorted({r.topic for r in plan.reading}))
-        if all(stored.get(r.key) == r.from_offset for r in plan.reading):
-            self._follow_checkpoint(conn, plan)
-        elif plan.committed_by != SINK_COMMITTED and all(
-            stored.get(r.key) == r.until_offset for r in plan.reading
-        ):
-            mark_committed(conn, job, plan.plan_id, SINK_COMMITTED)
-
     def _skip_lost(
         self,
         conn: psycopg.Connection,
@@ -470,49 +437,6 @@ class TxstoreStreamReader(QueryPartitions, ReadingTasks, DataSourceStreamReader,
             )
         committed, _ = self._job_state(conn)
         return past_recorded_losses(planned, committed, store.lost_ranges(conn, job, topics)), committed
-
-    def _follow_checkpoint(self, conn: psycopg.Connection, plan: StreamPlan) -> None:
-        """Move a micro-batch's offsets that a sink other than txstore's wrote (Spark committed it),
-        as one conditional update, and note the job as checkpoint-led."""
-        job = self.options.job
-        last: dict[TopicPartition, Fingerprint] = {}
-        latest: dict[TopicPartition, int] = {}  # the piece the last message is from (minPartitions)
-        for receipt in load_reads(conn, job, plan.plan_id):
-            for read in receipt.reads:
-                key = read.range.key
-                if read.last is not None and read.range.from_offset >= latest.get(key, -1):
-                    last[key], latest[key] = read.last, read.range.from_offset
-        try:
-            TransactionalSink(conn, job, FailPoints()).commit_batch(list(plan.reading), {}, last=last)
-        except AlreadyCommitted:
-            return
-        mark_committed(conn, job, plan.plan_id, CHECKPOINT_LED)
-        if plan.committed_by != CHECKPOINT_LED:
-            worker_info_to_stderr()
-            log.info(
-                "job %s: the query's sink is not txstore's: txn_offsets now follows Spark's checkpoint "
-                "(each micro-batch's offsets move when Spark commits it; the sink's own guarantee holds)",
-                job,
-            )
-
-    def _caught_up(self, conn: psycopg.Connection, planned: Sequence[OffsetRange]) -> bool:
-        """Whether the micro-batch starts where a checkpoint-led job's last micro-batch ended and
-        that one was moved now (Spark committed it, but stopped before the source's commit)."""
-        job = self.options.job
-        try:
-            plan = load_plan(conn, job)
-        except TxstoreError:
-            return False
-        if plan.committed_by != CHECKPOINT_LED or not plan.reading:
-            return False
-        ends = {r.key: r.until_offset for r in plan.ranges}
-        if any(ends.get(r.key, r.from_offset) != r.from_offset for r in planned):
-            return False
-        stored = store.committed_offsets(conn, job, sorted({r.topic for r in plan.reading}))
-        if not all(stored.get(r.key) == r.from_offset for r in plan.reading):
-            return False
-        self._follow_checkpoint(conn, plan)
-        return True
 
 
 def stream_reader(
