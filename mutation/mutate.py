@@ -354,6 +354,7 @@ MODULES = (
             "losses_to_record",
             "check_checkpoint_assigned",
             "check_checkpoint_in_log",
+            "check_idle_start",
             "check_alignment",
             "check_batch_ends",
         ),
@@ -378,7 +379,12 @@ MODULES = (
     Module(
         "stream_follow",
         "txstore/spark/stream/stream_follow.py",
-        ("FollowsCheckpoint.commit", "FollowsCheckpoint._follow_checkpoint", "FollowsCheckpoint._caught_up"),
+        (
+            "FollowsCheckpoint.commit",
+            "FollowsCheckpoint._awaiting_spark_commit",
+            "FollowsCheckpoint._follow_checkpoint",
+            "FollowsCheckpoint._caught_up",
+        ),
         (STREAM,),
         STREAM_SOURCE_TESTS,
     ),

@@ -665,6 +665,53 @@ def test_a_checkpoint_starting_outside_the_log_where_the_job_s_offset_is_inside_
     assert offsets(guard.db) == {0: 1}
 
 
+def test_a_checkpoint_ahead_of_the_job_at_the_log_end_stops_the_query_not_idles_it(guard: Guard) -> None:
+    """``txstore reset --to-earliest`` run with the query's old checkpoint kept (or another query's
+    checkpoint): the checkpoint starts at the log end, past the stored offset. Nothing is new,
+    so Spark would never ask ``partitions`` (whose alignment check would stop it): the query
+    would sit idle and the messages from the stored offset would never be read."""
+    guard.log(0, range(10))
+    guard.log(1, range(3))
+    seed(guard.db, JOB, "t", {0: 2, 1: 3})
+    reader = guard.source()
+    for _ in range(2):  # never taken as idle
+        with pytest.raises(CheckpointMismatch) as e:
+            reader.latestOffset({"t": {"0": 10, "1": 3}}, None)
+        line = one_line(e)
+        assert (
+            f"job '{JOB}' topic 't' partition 0: txn_offsets stores offset 2 but the checkpoint starts the "
+            "next micro-batch at 10, so the 8 messages from offset 2 would never be read" in line
+        ), line
+        assert "new checkpointLocation" in line
+    assert offsets(guard.db) == {0: 2, 1: 3}
+    # From the stored offsets it plans as ever.
+    assert reader.latestOffset({"t": {"0": 2, "1": 3}}, None) == {"t": {"0": 10, "1": 3}}
+
+
+def test_another_sinks_micro_batch_spark_has_not_committed_to_the_source_yet_leaves_the_query_idle(
+    guard: Guard,
+) -> None:
+    """With a sink other than txstore's the offsets move at Spark's commit, which Spark makes only
+    when it plans the next micro-batch: until then an idle query's start is the last planned
+    micro-batch's end, past the stored offsets, and that is no mismatch."""
+    reader, end = guard.read_first(6, 2)
+    assert offsets(guard.db) == {0: 0, 1: 0}
+    _idle(reader, end)
+    again = guard.source()  # a restart before Spark's commit reached the source: the same
+    reader.stop()
+    _idle(again, end)
+    again.commit(end)
+    assert offsets(guard.db) == {0: 6, 1: 2}
+    _idle(again, end)
+    # Moved back since (a reset to 4, the checkpoint kept): that plan no longer explains the start.
+    guard.db.execute("UPDATE txn_offsets SET off = 4 WHERE job = %s AND part = 0", (JOB,))
+    with pytest.raises(
+        CheckpointMismatch,
+        match="partition 0: txn_offsets stores offset 4 but the checkpoint starts the next",
+    ):
+        again.latestOffset(end, None)
+
+
 def test_a_checkpoint_at_the_log_ends_of_partitions_the_job_never_started_is_refused(guard: Guard) -> None:
     """An idle micro-batch does not ask the log start of a partition at its log end, but only
     where the job has a row: a partition it never started is decided from the real earliest
@@ -746,12 +793,15 @@ def _idle(reader: TxstoreStreamReader, end: Any, times: int = 3) -> None:
 def test_an_idle_query_s_next_micro_batch_ends_past_a_new_message_at_once(guard: Guard) -> None:
     """An idle micro-batch is taken as the last one only while the log ends are the same: a new
     message ends it at the next ``latestOffset``, not when the idle topic's ID is due."""
-    partition, reader, _, end = guard.counted_first(4)
+    partition, reader, sink, end = guard.counted_first(4)
     reader.commit(end)
     _idle(reader, end)
     grow(partition, 6)
-    assert reader.latestOffset(end, None) == {"t": {"0": 6}}
-    _idle(reader, {"t": {"0": 6}})
+    new_end = reader.latestOffset(end, None)
+    assert new_end == {"t": {"0": 6}}
+    sink.commit([sink.write(iter(task)) for task in read(reader, reader.partitions(end, new_end))], 1)
+    reader.commit(new_end)
+    _idle(reader, new_end)
     assert reader.latestOffset(end, None) == {"t": {"0": 6}}  # from another start: planned anew
 
 

@@ -14,6 +14,8 @@ that says how to realign:
   it is the checkpoint's, told as such (``latestOffset`` runs before the alignment check);
 - :func:`check_alignment`: the batch starts at the stored offsets (to be committed) or ends at
   them (a replay of a committed batch), nothing else;
+- :func:`check_idle_start`: a micro-batch that reads nothing (never checked by
+  :func:`check_alignment`) starts no partition past its stored offset;
 - ``failOnDataLoss`` false: :func:`losses_to_record` and :func:`past_recorded_losses` keep the
   checkpoint and ``txn_offsets`` agreeing across offsets Kafka no longer has.
 """
@@ -175,6 +177,39 @@ def check_checkpoint_in_log(
             f"job {job!r} topic {w.topic!r} partition {w.partition}: the checkpoint starts this micro-batch "
             f"at offset {begin}, {where}, but txn_offsets stores offset {found}{inside} (the checkpoint "
             "is an older copy, or another query's)" + NOTHING_WRITTEN_REALIGN
+        )
+
+
+def check_idle_start(
+    job: str,
+    start: Mapping[TopicPartition, int],
+    stored: Mapping[TopicPartition, int],
+    pending: Mapping[TopicPartition, tuple[int, int]],
+) -> None:
+    """Raise :class:`CheckpointMismatch` where a micro-batch that reads nothing starts a partition
+    past its stored offset, unless ``pending`` (the job's last planned micro-batch: start and end
+    per partition) goes from the stored offset to that start.
+
+    Spark plans no micro-batch that reads nothing, so ``partitions`` and :func:`check_alignment`
+    never see its start. A checkpoint ahead of the job (``txn_offsets`` moved back by
+    ``txstore reset`` while the old checkpoint was kept, or another query's checkpoint) would then
+    keep the query idle, its messages from the stored offset never read, until a new message
+    comes. The one start past the stored offset that is the job's: with a sink other than
+    txstore's, the offsets move at Spark's commit of a micro-batch
+    (:mod:`~txstore.spark.stream.stream_follow`), which Spark makes only when it plans the next
+    one, so an idle query starts at its last micro-batch's end until then. A start below the
+    stored offset reads nothing only where ``failOnDataLoss`` false skipped what aged out (the
+    losses recorded lead there): left to :func:`past_recorded_losses` and ``partitions``.
+    """
+    for key, begin in sorted(start.items()):
+        found = stored.get(key)
+        if found is None or begin <= found or pending.get(key) == (found, begin):
+            continue
+        raise CheckpointMismatch(
+            f"job {job!r} topic {key[0]!r} partition {key[1]}: txn_offsets stores offset {found} but the "
+            f"checkpoint starts the next micro-batch at {begin}, so the {begin - found} messages from offset "
+            f"{found} would never be read (txn_offsets was moved back after the checkpoint was written, by "
+            "txstore reset, or the checkpoint is another query's)" + NOTHING_WRITTEN_REALIGN
         )
 
 

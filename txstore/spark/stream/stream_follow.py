@@ -80,6 +80,16 @@ class FollowsCheckpoint(PlanningSession):
         ):
             mark_committed(conn, job, plan.plan_id, SINK_COMMITTED)
 
+    def _awaiting_spark_commit(self, conn: psycopg.Connection) -> dict[TopicPartition, tuple[int, int]]:
+        """The job's last planned micro-batch, start and end per partition (none: empty): with a
+        sink other than txstore's, its offsets move only when Spark commits it, at the planning of
+        the next micro-batch, so an idle query's start may be its end until then."""
+        try:
+            plan = load_plan(conn, self.options.job)
+        except TxstoreError:
+            return {}
+        return {r.key: (r.from_offset, r.until_offset) for r in plan.ranges}
+
     def _follow_checkpoint(self, conn: psycopg.Connection, plan: StreamPlan) -> None:
         """Move a micro-batch's offsets that a sink other than txstore's wrote (Spark committed it),
         as one conditional update, and note the job as checkpoint-led."""

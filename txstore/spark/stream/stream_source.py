@@ -136,6 +136,7 @@ from txstore.spark.stream.stream_checkpoint import (
     check_checkpoint_assigned,
     check_checkpoint_in_log,
     check_checkpoint_starts,
+    check_idle_start,
     losses_to_record,
     past_recorded_losses,
     would_start,
@@ -308,6 +309,8 @@ class TxstoreStreamReader(
         # Aged out, out of log, gone, another topic ID: one line (its reset step restated, @restating).
         ranges = plan_ranges(job, committed, watermarks, history, topic_ids)
         ranges = [r for r in ranges if r.key not in entering]
+        if not ranges and any(begin[k] > stored[k] for k in begin if k in stored):
+            check_idle_start(job, begin, stored, self._awaiting_spark_commit(conn))
         end = dict(committed)
         end.update({r.key: r.until_offset for r in limit_ranges(ranges, max_offsets)})
         self._last_end = end
