@@ -62,7 +62,8 @@ def test_a_start_without_a_row_must_be_where_the_job_would_start_it() -> None:
         check_checkpoint_starts("j", ["t"], {("other", 0): 4, ("t", 0): 0}, {}, would)
     line = str(e.value)
     assert line.startswith(
-        "job 'j': the checkpoint names topic 'other', which this query does not read (it reads 't')"
+        "job 'j': the checkpoint names topic 'other', which this query does not read (it reads 't'): the "
+        "checkpoint is another query's, or this query's from before that topic left its subscribe; "
     ), line
     assert "new checkpointLocation" in line
 

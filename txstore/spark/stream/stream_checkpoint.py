@@ -252,7 +252,8 @@ def check_checkpoint_starts(
     for topic in sorted({t for t, _ in start} - set(topics)):
         raise ForeignCheckpoint(
             f"job {job!r}: the checkpoint names topic {topic!r}, which this query does not read "
-            f"(it reads {', '.join(repr(t) for t in topics)}): the checkpoint is another query's; "
+            f"(it reads {', '.join(repr(t) for t in topics)}): the checkpoint is another query's, or this "
+            "query's from before that topic left its subscribe; "
             "nothing was read. Restart the query with a new checkpointLocation: it then starts at the "
             "job's offsets in txn_offsets (startingOffsets where it has none)"
         )
