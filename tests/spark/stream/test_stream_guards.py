@@ -73,7 +73,13 @@ from txstore.postgres.stream_plans import (
 )
 from txstore.spark.source.datasource import partition_ranges
 from txstore.spark.source.read_planning import plan_job_ranges, plan_read_ranges
-from txstore.spark.stream.stream_checkpoint import CheckpointMismatch, ForeignCheckpoint, check_alignment
+from txstore.spark.stream.stream_checkpoint import (
+    CheckpointMismatch,
+    ForeignCheckpoint,
+    check_alignment,
+    check_checkpoint_in_log,
+    check_idle_start,
+)
 from txstore.spark.stream.stream_lock import StreamLocked, stream_lock_holder
 from txstore.spark.stream.stream_offsets import (
     StreamPartition,
@@ -871,6 +877,57 @@ def test_a_topic_deleted_under_an_idle_query_stops_it_at_once_with_the_vanished_
         UnknownTopic, match=r"topic 't' does not exist on Kafka at .* now, though the job stored"
     ):
         reader.latestOffset(end, None)
+
+
+def test_a_start_outside_the_log_is_the_checkpoint_s_where_the_stored_offset_is_one_to_go_on_from() -> None:
+    marks = [PartitionWatermarks("t", p, 4, 10) for p in range(4)]
+    # Not the checkpoint's to answer for: no start, no row, the start the row's, a start in the log
+    # (its ends included); each partition checked, not only up to the first of these.
+    check_checkpoint_in_log(
+        "j", {("t", 1): 12, ("t", 2): 12, ("t", 3): 10}, {("t", 0): 6, ("t", 2): 12, ("t", 3): 6}, marks
+    )
+    check_checkpoint_in_log("j", {("t", 0): 4, ("t", 1): 10}, {("t", 0): 6, ("t", 1): 6}, marks)
+    for stored, inside in (
+        (10, ", inside the log"),
+        (4, ", inside the log"),
+        (3, ""),
+    ):  # the log's ends, below it
+        with pytest.raises(CheckpointMismatch) as e:
+            check_checkpoint_in_log(
+                "j",
+                {("t", 0): 6, ("t", 1): 12},
+                {("t", 0): 6, ("t", 1): stored},
+                marks,
+                fail_on_data_loss=False,
+            )
+        assert one_line(e).startswith(
+            "job 'j' topic 't' partition 1: the checkpoint starts this micro-batch at offset 12, beyond the "
+            f"log-end offset 10, but txn_offsets stores offset {stored}{inside} (the checkpoint is an older copy"
+        ), one_line(e)
+    with pytest.raises(
+        CheckpointMismatch,
+        match="offset 3, below the log-start offset 4, but txn_offsets stores offset 4, inside",
+    ):
+        check_checkpoint_in_log("j", {("t", 2): 3}, {("t", 2): 4}, marks)
+    # The stored offset outside the log too: the planner's line for it.
+    with pytest.raises(OffsetOutOfLog, match="partition 1: stored offset 11 is beyond the log-end offset 10"):
+        check_checkpoint_in_log("j", {("t", 1): 12}, {("t", 1): 11}, marks)
+    with pytest.raises(DataLoss, match="partition 1: stored offset 3 is below the log-start offset 4"):
+        check_checkpoint_in_log("j", {("t", 1): 12}, {("t", 1): 3}, marks)
+
+
+def test_an_idle_start_past_the_stored_offset_is_a_mismatch_unless_the_last_plan_leads_there() -> None:
+    stored = {("t", 0): 2, ("t", 1): 5, ("t", 2): 5}
+    # No row, behind the row (failOnDataLoss false's recorded losses lead there), at the row, or the
+    # last planned micro-batch's end from the row; each partition checked, not only the first.
+    check_idle_start("j", {("t", 3): 9, ("t", 0): 1, ("t", 1): 5, ("t", 2): 7}, stored, {("t", 2): (5, 7)})
+    for pending in ({}, {("t", 2): (4, 7)}, {("t", 2): (5, 6)}, {("t", 1): (5, 7)}):
+        with pytest.raises(CheckpointMismatch) as e:
+            check_idle_start("j", {("t", 0): 2, ("t", 1): 5, ("t", 2): 7}, stored, pending)
+        assert one_line(e).startswith(
+            "job 'j' topic 't' partition 2: txn_offsets stores offset 5 but the checkpoint starts the next "
+            "micro-batch at 7, so the 2 messages from offset 5 would never be read"
+        ), one_line(e)
 
 
 def test_alignment_is_commit_replay_or_a_mismatch_naming_the_first_partition_off() -> None:
