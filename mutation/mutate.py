@@ -211,8 +211,6 @@ MODULES = (
         "outbox",
         "txstore/postgres/outbox.py",
         (
-            "producer_config",
-            "set_aside_reason",
             "outbox_counts",
             "pending_count",
             "retry_set_aside",
@@ -224,6 +222,13 @@ MODULES = (
             "OutboxPublisher._produce",
             "OutboxPublisher._produce_one",
         ),
+        (GUARDS, DB),
+        PUBLISHER,
+    ),
+    Module(
+        "producers",
+        "txstore/kafka/producers.py",
+        ("producer_config", "set_aside_reason"),
         (GUARDS, DB),
         PUBLISHER,
     ),

@@ -57,6 +57,7 @@ from txstore.core.ranges import OffsetRange, PartitionWatermarks, TopicPartition
 from txstore.kafka.bad_messages import SKIP
 from txstore.kafka.client import Watermarks
 from txstore.kafka.mirror import GroupOffsetMirror
+from txstore.kafka.producers import close_producers
 from txstore.kafka.topic_ids import TopicIds
 from txstore.modes import Mode, bad_message
 from txstore.modes.dataframe import DataFrameMode
@@ -68,7 +69,7 @@ from txstore.planning import Planner
 from txstore.postgres import store
 from txstore.postgres.driverdb import DriverConnection
 from txstore.postgres.idempotent import MessageTransform
-from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
+from txstore.postgres.outbox import OutboxPublisher, pending_count
 from txstore.postgres.results.results_table import ResultsTable
 from txstore.query import check_arguments, prepare_query
 from txstore.report.batch_report import BatchReport, log_batch

@@ -6,7 +6,7 @@ from typing import Any
 
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.postgres.outbox import close_producers
+from txstore.kafka.producers import close_producers
 
 
 def publish_one_batch(spark: Any, settings: JobSettings) -> None:

@@ -34,8 +34,9 @@ from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.client_settings import client_config
+from txstore.kafka.producers import close_producers
 from txstore.postgres.db import connect
-from txstore.postgres.outbox import OutboxPublisher, close_producers, outbox_counts
+from txstore.postgres.outbox import OutboxPublisher, outbox_counts
 from txstore.postgres.sink import PUBLISH_MAX_BYTES, TransactionalSink
 from txstore.testing.real_kafka import ADMIN_TIMEOUT_SECONDS, RealKafkaCluster
 

@@ -13,7 +13,7 @@ from tests.conftest import REPO, produce
 from tests.ops.test_metrics import scrape
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.postgres.outbox import close_producers
+from txstore.kafka.producers import close_producers
 from txstore.testing.mock_kafka import MockKafkaCluster
 
 DASHBOARD = REPO / "ops" / "grafana" / "txstore.json"

@@ -23,8 +23,9 @@ from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.count_topic import CountMessages
 from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka.producers import close_producers
 from txstore.postgres.db import connect
-from txstore.postgres.outbox import OutboxPublisher, close_producers
+from txstore.postgres.outbox import OutboxPublisher
 from txstore.postgres.sink import TransactionalSink
 from txstore.report.logformat import JsonFormatter
 from txstore.testing.mock_kafka import MockKafkaCluster

@@ -39,6 +39,7 @@ from txstore.core.results import TOPIC_TOTAL, by_key, by_key_and_window, by_wind
 from txstore.core.starting import LATEST, StartDecision, StartingOffsets
 from txstore.kafka.bad_messages import BadOffset
 from txstore.kafka.client import Watermarks
+from txstore.kafka.producers import producer_config, set_aside_reason
 from txstore.planning import Planner
 from txstore.postgres import outbox as outbox_module
 from txstore.postgres import store
@@ -48,7 +49,6 @@ from txstore.postgres.outbox import (
     OutboxPublisher,
     outbox_counts,
     pending_count,
-    producer_config,
     retry_set_aside,
 )
 from txstore.postgres.sink import (
@@ -1130,7 +1130,7 @@ def test_a_producer_refused_for_its_topic_or_failing_fatally_is_replaced_and_one
     monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
 ) -> None:
     dropped: list[Any] = []
-    monkeypatch.setattr(outbox_module, "_drop_producer", dropped.append)
+    monkeypatch.setattr(outbox_module, "drop_producer", dropped.append)
     too_large = FakeProducer(outcome=lambda i: KafkaError.MSG_SIZE_TOO_LARGE if i == 0 else None)
     publisher(monkeypatch, too_large).publish_pending(committed)
     assert dropped == []
@@ -1153,7 +1153,7 @@ def test_a_producer_failing_outright_leaves_every_row_pending_with_the_error_in_
     monkeypatch: pytest.MonkeyPatch, committed: psycopg.Connection, db: psycopg.Connection
 ) -> None:
     dropped: list[Any] = []
-    monkeypatch.setattr(outbox_module, "_drop_producer", dropped.append)
+    monkeypatch.setattr(outbox_module, "drop_producer", dropped.append)
 
     class Broken(FakeProducer):
         def poll(self, timeout: float = 0) -> int:
@@ -1432,7 +1432,7 @@ def test_set_aside_rows_say_why_a_message_too_large_on_its_own_and_a_topic_kafka
     assert reasons[0][0].startswith(
         "the message is too large for Kafka topic 'out': on its own it is a record batch"
     )
-    expected = outbox_module.set_aside_reason(KafkaError._UNKNOWN_TOPIC)
+    expected = set_aside_reason(KafkaError._UNKNOWN_TOPIC)
     assert expected is not None
     for refusals in (
         {0: KafkaError._UNKNOWN_TOPIC},  # in the batch

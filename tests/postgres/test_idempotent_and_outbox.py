@@ -24,11 +24,12 @@ from txstore.count_topic import CountMessages
 from txstore.job import TransactionalJob
 from txstore.kafka.client import fetch_watermarks
 from txstore.kafka.client_settings import client_config
+from txstore.kafka.producers import close_producers
 from txstore.kafka.reader import RangeReader
 from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.idempotent import IdempotentSink
-from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count
+from txstore.postgres.outbox import OutboxPublisher, pending_count
 from txstore.postgres.sink import TransactionalSink
 from txstore.spark.ranges.range_task import ALREADY_COMMITTED, COMMITTED, RangeTask
 from txstore.testing.mock_kafka import MockKafkaCluster

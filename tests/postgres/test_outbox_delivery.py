@@ -25,8 +25,9 @@ from txstore.core.results import TOPIC_TOTAL, by_key
 from txstore.count_topic import CountMessages
 from txstore.job import TransactionalJob
 from txstore.kafka.client_settings import client_config
+from txstore.kafka.producers import close_producers, set_aside_reason
 from txstore.postgres.db import connect
-from txstore.postgres.outbox import OutboxPublisher, close_producers, pending_count, set_aside_reason
+from txstore.postgres.outbox import OutboxPublisher, pending_count
 from txstore.postgres.sink import PUBLISH_MAX_BYTES, TransactionalSink
 
 PRODUCE_API = 0

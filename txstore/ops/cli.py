@@ -339,7 +339,8 @@ def _operate(args: argparse.Namespace) -> int:
             print(ops.as_json(summaries) if args.json else ops.format_jobs(summaries))
             return 0
         if args.command == "publish":
-            from txstore.postgres.outbox import OutboxPublisher, close_producers, outbox_counts
+            from txstore.kafka.producers import close_producers
+            from txstore.postgres.outbox import OutboxPublisher, outbox_counts
 
             unknown = ops.unknown_job_problem(conn, args.job)
             if unknown:
