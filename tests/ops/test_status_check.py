@@ -28,7 +28,7 @@ from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermar
 from txstore.core.results import TOPIC_TOTAL
 from txstore.core.starting import StartDecision
 from txstore.kafka.client_settings import client_config
-from txstore.ops import status as ops
+from txstore.ops.health_facts import health_facts
 from txstore.ops.reset import apply_reset
 from txstore.ops.reset_plan import ResetMove
 from txstore.postgres import store
@@ -406,9 +406,7 @@ def test_a_running_job_idle_longer_than_stall_after_is_not_stall_when_new_messag
         job.run_batch()  # everything counted
         time.sleep(3.5)  # idle, with nothing new, for longer than --stall-after
         counting.produce(topic, {0: 4})
-        found, now = ops.health_facts(
-            counting.db, client_config(counting.kafka.bootstrap_servers), "count_topic"
-        )
+        found, now = health_facts(counting.db, client_config(counting.kafka.bootstrap_servers), "count_topic")
         [result] = [evaluate(f, now, stall_after) for f in found]
         assert (result.status, result.lag, result.running, result.reason) == (OK, 4, True, "")
         assert result.seconds_since_commit >= 3
@@ -481,7 +479,7 @@ def test_check_and_status_include_partitions_kafka_has_but_the_job_never_started
     # waited longer than --stall-after with none.
     with connect(database_url) as job_connection:
         hold_job_lock(job_connection, "j")
-        found, now = ops.health_facts(db, client_config(kafka.bootstrap_servers), "j")
+        found, now = health_facts(db, client_config(kafka.bootstrap_servers), "j")
         results = [evaluate(f, now, timedelta(minutes=5)) for f in found]
         assert [(r.partition, r.status, r.lag, r.running) for r in results] == [
             (0, OK, 0, True),

@@ -1,7 +1,7 @@
 """``txstore status --check``: each partition of a job judged the way Burrow judges a consumer.
 
 Pure: :func:`evaluate` turns what is known of one partition (:class:`PartitionFacts`,
-gathered by :func:`txstore.ops.status.health_facts`) into a :class:`PartitionHealth`, in this
+gathered by :func:`txstore.ops.health_facts.health_facts`) into a :class:`PartitionHealth`, in this
 order:
 
 1. ``UNKNOWN``: Kafka was not given or did not answer, so the lag cannot be known;

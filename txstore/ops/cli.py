@@ -409,9 +409,10 @@ def _check(conn: Any, kafka_conf: dict[str, Any] | None, args: argparse.Namespac
 
     from txstore.core import health
     from txstore.ops import status as ops
+    from txstore.ops.health_facts import health_facts
 
     stall_after = health.STALL_AFTER if args.stall_after is None else timedelta(seconds=args.stall_after)
-    facts, now = ops.health_facts(conn, kafka_conf, args.job, stall_after)
+    facts, now = health_facts(conn, kafka_conf, args.job, stall_after)
     results = [health.evaluate(f, now, stall_after) for f in facts]
     unknown = ops.unknown_job_problem(conn, args.job) if args.job is not None and not facts else None
     if args.json:
