@@ -206,8 +206,12 @@ class Partitions:
         }
 
     def close(self) -> None:
+        """Stop the stream's planning and the job, and close the producer while Kafka still runs
+        (left to the garbage collector, it kept reconnecting to the stopped cluster)."""
         self.stream.stop()
         self.job.close()
+        self.producer.flush(10)
+        self.producer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
