@@ -212,6 +212,7 @@ class TxstoreStreamReader(
         self._told: tuple[str, ...] | None = None  # the matched topics last logged
 
     def stop(self) -> None:
+        self._idle = None  # a stopped reader keeps no idle plan: its clients go below
         self._close_session()
         if self._kafka is not None:
             self._kafka.close()
