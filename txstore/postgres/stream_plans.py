@@ -154,15 +154,24 @@ def save_plan(
 
 def load_plan(conn: psycopg.Connection, job: str) -> StreamPlan:
     """The job's last planned micro-batch; none planned is one line."""
+    plan = last_plan(conn, job)
+    if plan is None:
+        raise TxstoreError(
+            f"job {job!r}: no planned micro-batch in txn_stream_plans; the sink commits only batches "
+            "read with readStream.format('txstore') and the same txstore.job"
+        )
+    return plan
+
+
+def last_plan(conn: psycopg.Connection, job: str) -> StreamPlan | None:
+    """The job's last planned micro-batch, or None if it has none (the source's commit and its
+    checks: nothing planned, nothing to move)."""
     row = conn.execute(
         "SELECT plan_id, ranges, tasks, committed_by FROM txn_stream_plans WHERE job = %s", (job,)
     ).fetchone()
     conn.rollback()
     if row is None:
-        raise TxstoreError(
-            f"job {job!r}: no planned micro-batch in txn_stream_plans; the sink commits only batches "
-            "read with readStream.format('txstore') and the same txstore.job"
-        )
+        return None
     plan_id, items, tasks, committed_by = row
     ranges = ranges_from_json(items)
     task_of = {(str(i["topic"]), int(i["partition"])): int(i["task"]) for i in items if "task" in i}

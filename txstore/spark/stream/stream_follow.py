@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from txstore.core.errors import AlreadyCommitted, TxstoreError
+from txstore.core.errors import AlreadyCommitted
 from txstore.core.failpoints import FailPoints
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.micro_batch import StreamPlan
@@ -38,7 +38,7 @@ from txstore.postgres.sink import TransactionalSink
 from txstore.postgres.stream_plans import (
     CHECKPOINT_LED,
     SINK_COMMITTED,
-    load_plan,
+    last_plan,
     load_reads,
     mark_committed,
 )
@@ -66,9 +66,8 @@ class FollowsCheckpoint(PlanningSession):
         """
         job = self.options.job
         conn = self._db()
-        try:
-            plan = load_plan(conn, job)
-        except TxstoreError:
+        plan = last_plan(conn, job)
+        if plan is None:
             return  # nothing planned: nothing to move
         if {r.key: r.until_offset for r in plan.ranges} != offsets_map(end) or not plan.reading:
             return  # another micro-batch's end (a restart's first commit), or nothing read
@@ -84,9 +83,8 @@ class FollowsCheckpoint(PlanningSession):
         """The job's last planned micro-batch, start and end per partition (none: empty): with a
         sink other than txstore's, its offsets move only when Spark commits it, at the planning of
         the next micro-batch, so an idle query's start may be its end until then."""
-        try:
-            plan = load_plan(conn, self.options.job)
-        except TxstoreError:
+        plan = last_plan(conn, self.options.job)
+        if plan is None:
             return {}
         return {r.key: (r.from_offset, r.until_offset) for r in plan.ranges}
 
@@ -118,11 +116,8 @@ class FollowsCheckpoint(PlanningSession):
         """Whether the micro-batch starts where a checkpoint-led job's last micro-batch ended and
         that one was moved now (Spark committed it, but stopped before the source's commit)."""
         job = self.options.job
-        try:
-            plan = load_plan(conn, job)
-        except TxstoreError:
-            return False
-        if plan.committed_by != CHECKPOINT_LED or not plan.reading:
+        plan = last_plan(conn, job)
+        if plan is None or plan.committed_by != CHECKPOINT_LED or not plan.reading:
             return False
         ends = {r.key: r.until_offset for r in plan.ranges}
         if any(ends.get(r.key, r.from_offset) != r.from_offset for r in planned):
