@@ -14,13 +14,20 @@ the job's rows) is not timed. Then, measured by their wall clock:
   while there is nothing new (the stream's idle micro-batch: Spark runs none);
 - **warm batches**: ``--messages-per-partition`` new messages in every partition, then one
   batch, reported per range (the batch's wall time over its ranges);
-- ``txstore status`` for the job, as an operator runs it (its own process).
+- ``txstore status`` for the job, as an operator runs it (its own process);
+- **warm stream micro-batches**: a running query, ``readStream.format("txstore")`` with
+  ``txstore.countMessages`` into ``writeStream.format("txstore")``, of a topic of its own with as
+  many partitions (so its micro-batches never overlap the batches above). Each round the same
+  new messages in every partition of that topic, then its micro-batch's ``triggerExecution``
+  (Spark's own clock: planning, reading, the sink's commit, the checkpoint's files) per range,
+  and ``txstore status`` for the query's job. It triggers every ``--trigger-seconds`` (a
+  running query's idle plans meanwhile are the stream idle plans measured above).
 
 The partition counts take turns within each round, so that the load on the machine falls on
 all of them alike; every median comes with its lowest and highest round and the 1-minute load
-when each ended. Issue 38's targets, checked at the largest count against the smallest: an
-idle batch at most 4x, a warm batch within 1 ms a range, ``txstore status`` under 1 s. Every
-batch's count is checked exactly.
+when each ended. Issue 38's targets, checked at the largest count against the smallest, for
+the job and for the stream: an idle batch at most 4x, a warm batch within 1 ms a range,
+``txstore status`` under 1 s. Every batch's and micro-batch's count is checked exactly.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -42,7 +50,10 @@ from bench.run import _count, _counts, bench_database, local_session, machine, s
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.reader import close_idle_consumers
+from txstore.postgres import store
+from txstore.postgres.db import connect
 from txstore.spark.ranges.range_task import COMMITTED
+from txstore.spark.source_format import register
 from txstore.spark.stream.stream_source import stream_reader
 
 IDLE_RATIO_TARGET = 4.0
@@ -58,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rounds", type=_count, default=5, help="rounds (default 5)")
     p.add_argument("--idle-batches", type=_count, default=10, help="idle batches a round (default 10)")
+    p.add_argument(
+        "--trigger-seconds", type=_count, default=2, help="the running query's trigger interval (default 2)"
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--database-url", default=None, help="an existing database (default: a throwaway one)")
     p.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
@@ -85,6 +99,8 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], counts: Sequence[int]) ->
             "stream_idle_plan_ms": spread([r["stream_idle_ms"] for r in runs]),
             "warm_ms_per_range": spread([r["warm_ms_per_range"] for r in runs]),
             "status_seconds": spread([r["status_seconds"] for r in runs]),
+            "stream_warm_ms_per_range": spread([r["stream_warm_ms_per_range"] for r in runs]),
+            "stream_status_seconds": spread([r["stream_status_seconds"] for r in runs]),
             "load_1min": spread([r["load_1min"] for r in runs], 1),
         }
     low, high = str(min(counts)), str(max(counts))
@@ -92,6 +108,8 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], counts: Sequence[int]) ->
     stream_ratio = spread([r[high]["stream_idle_ms"] / r[low]["stream_idle_ms"] for r in rounds])
     warm = per[high]["warm_ms_per_range"]["median"]
     status = per[high]["status_seconds"]["median"]
+    stream_warm = per[high]["stream_warm_ms_per_range"]["median"]
+    stream_status = per[high]["stream_status_seconds"]["median"]
     return {
         "by_partitions": per,
         f"idle_{high}_over_{low}": idle_ratio,
@@ -105,14 +123,106 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], counts: Sequence[int]) ->
             <= WARM_MS_PER_RANGE_TARGET,
             f"txstore status at {high} partitions < {STATUS_SECONDS_TARGET:g} s": status
             < STATUS_SECONDS_TARGET,
+            f"warm stream micro-batch at {high} partitions <= {WARM_MS_PER_RANGE_TARGET:g} ms a range": (
+                stream_warm <= WARM_MS_PER_RANGE_TARGET
+            ),
+            f"txstore status of the stream's job at {high} partitions < {STATUS_SECONDS_TARGET:g} s": (
+                stream_status < STATUS_SECONDS_TARGET
+            ),
         },
     }
+
+
+class RunningQuery:
+    """A running query of txstore's stream on a topic of ``n`` partitions of its own: the source
+    counting (``txstore.countMessages``) into txstore's sink."""
+
+    WAIT_SECONDS = 300.0
+
+    def __init__(
+        self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int, workdir: Path, every: int
+    ) -> None:
+        from confluent_kafka import Producer
+
+        self.n = n
+        self.per_partition = per_partition
+        self.database_url = database_url
+        self.bootstrap = kafka.bootstrap_servers
+        self.topic = f"bench-partitions-query-{n}-{os.getpid()}"
+        self.job_name = f"bench-partitions-query-{n}"
+        kafka.create_topic(self.topic, n)
+        self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        self.produced = 0
+        self.seen = -1  # the last micro-batch id looked at
+        self.produce()  # first, so that the new topic's partitions have their leaders
+        job = {"txstore.job": self.job_name, "txstore.databaseUrl": database_url}
+        self.query = (
+            spark.readStream.format("txstore")
+            .options(**job)
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("subscribe", self.topic)
+            .option("txstore.countMessages", "true")
+            .load()
+            .writeStream.format("txstore")
+            .options(**job)
+            .option("checkpointLocation", str(workdir / self.job_name))
+            .trigger(processingTime=f"{every} seconds")
+            .start()
+        )
+        try:
+            self.counted()  # its first micro-batch: the query's warm-up, not timed
+        except BaseException:
+            self.close()
+            raise
+
+    def micro_batch(self) -> dict[str, Any]:
+        """New messages in every partition, then the micro-batches that read them (one, unless a
+        trigger fell while they were produced), once the job's count in ``txn_data`` is exactly
+        what was produced: how many there were and their ``durationMs``, each step summed."""
+        self.produce()
+        return self.counted()
+
+    def produce(self) -> None:
+        for p in range(self.n):
+            for i in range(self.per_partition):
+                self.producer.produce(self.topic, b"v%d" % i, b"k%d" % i, partition=p)
+        if self.producer.flush(60) != 0:
+            raise RuntimeError(f"{self.topic}: messages not acknowledged within 60 s")
+        self.produced += self.n * self.per_partition
+
+    def counted(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.WAIT_SECONDS
+        while time.monotonic() < deadline:
+            if self.query.exception() is not None or not self.query.isActive:
+                raise RuntimeError(f"{self.topic}: the query stopped: {self.query.exception()}")
+            with connect(self.database_url) as conn:
+                total = store.topic_totals(conn, self.job_name, [self.topic]).get(self.topic, 0)
+            if total > self.produced:
+                raise RuntimeError(f"{self.topic}: txn_data counts {total}, only {self.produced} produced")
+            progress = [p for p in self.query.recentProgress if p["batchId"] > self.seen]
+            data = [p for p in progress if p["numInputRows"] > 0]
+            if total == self.produced and data and not self.query.status["isTriggerActive"]:
+                self.seen = max(p["batchId"] for p in progress)
+                steps = {k for p in data for k in p["durationMs"]}
+                return {
+                    "micro_batches": len(data),
+                    "ms": {k: sum(int(p["durationMs"].get(k, 0)) for p in data) for k in sorted(steps)},
+                }
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.topic}: the new messages were not counted in {self.WAIT_SECONDS:g} s")
+
+    def close(self) -> None:
+        self.query.stop()
+        self.producer.flush(10)
+        self.producer.close()
 
 
 class Partitions:
     """One topic of ``n`` partitions and its running job."""
 
-    def __init__(self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int) -> None:
+    def __init__(
+        self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int, query: RunningQuery
+    ) -> None:
         from confluent_kafka import Producer
         from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -120,6 +230,7 @@ class Partitions:
         self.per_partition = per_partition
         self.bootstrap = kafka.bootstrap_servers
         self.database_url = database_url
+        self.query = query
         self.topic = f"bench-partitions-{n}-{os.getpid()}"
         kafka.create_topic(self.topic, n)
         self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
@@ -161,14 +272,14 @@ class Partitions:
             )
         return seconds
 
-    def status_seconds(self) -> float:
+    def status_seconds(self, job: str) -> float:
         command = [
             sys.executable,
             "-m",
             "txstore.ops.cli",
             "status",
             "--job",
-            self.job_name,
+            job,
             "--database-url",
             self.database_url,
             "--bootstrap-servers",
@@ -190,18 +301,36 @@ class Partitions:
             raise RuntimeError(f"{self.topic}: an idle stream plan moved: {end} from {self.stream_start}")
         return seconds
 
+    def stream_past_new_messages(self) -> None:
+        """Take the idle-plan source past the messages just produced, as Spark would: plan the
+        micro-batch (``latestOffset``, then ``partitions``, which saves its plan), then commit it
+        (no txstore sink wrote it, so ``txn_offsets`` follows, and the next idle plans start at
+        the job's stored offsets: a start past them would be refused)."""
+        end = self.stream.latestOffset(self.stream_start, None)
+        self.stream.partitions(self.stream_start, end)
+        self.stream.commit(end)
+        self.stream_start = end
+
     def round(self, idle_batches: int) -> dict[str, Any]:
         idle = [self.batch(0) for _ in range(idle_batches)]
         stream_idle = [self.stream_idle() for _ in range(idle_batches)]
         self.fill()
-        self.stream_start = self.stream.latestOffset(self.stream_start, None)  # past the new ones
+        self.stream_past_new_messages()
         warm = self.batch(self.n * self.per_partition)
+        status = self.status_seconds(self.job_name)
+        stream = self.query.micro_batch()
+        stream_warm = float(stream["ms"]["triggerExecution"])
         return {
             "idle_ms": round(statistics.median(idle) * 1000, 2),
             "stream_idle_ms": round(statistics.median(stream_idle) * 1000, 2),
             "warm_ms_per_range": round(warm * 1000 / self.n, 3),
             "warm_batch_ms": round(warm * 1000, 1),
-            "status_seconds": round(self.status_seconds(), 3),
+            "status_seconds": round(status, 3),
+            "stream_warm_ms_per_range": round(stream_warm / self.n, 3),
+            "stream_warm_ms": round(stream_warm, 1),
+            "stream_micro_batches": stream["micro_batches"],
+            "stream_steps_ms": stream["ms"],
+            "stream_status_seconds": round(self.status_seconds(self.query.job_name), 3),
             "load_1min": round(os.getloadavg()[0], 2),
         }
 
@@ -214,7 +343,10 @@ class Partitions:
         self.producer.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) -> int:
+    """``python -m bench.partitions``. ``spark``: a running session to use (and leave running);
+    ``kafka``: a running Apache Kafka (:class:`~txstore.testing.real_kafka.RealKafkaCluster`) to
+    create the topics on (default: one started here)."""
     args = parser().parse_args(argv)
     counts = sorted(set(args.partitions))
     if len(counts) < 2:
@@ -227,14 +359,23 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict[str, dict[str, Any]]] = []
     with contextlib.ExitStack() as stack:
         database_url = stack.enter_context(bench_database(args.database_url))
-        kafka = stack.enter_context(RealKafkaCluster(kafka_jars()))
-        spark = local_session(args.master, "txstore bench partitions")
-        stack.callback(spark.stop)
+        if kafka is None:
+            kafka = stack.enter_context(RealKafkaCluster(kafka_jars()))
+        if spark is None:
+            spark = local_session(args.master, "txstore bench partitions")
+            stack.callback(spark.stop)
         stack.callback(close_idle_consumers)
         warm_up(spark)
-        topics = {n: Partitions(spark, kafka, database_url, n, args.messages_per_partition) for n in counts}
-        for t in topics.values():
-            stack.callback(t.close)
+        register(spark)
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-partitions-")))
+        topics: dict[int, Partitions] = {}
+        for n in counts:
+            query = RunningQuery(
+                spark, kafka, database_url, n, args.messages_per_partition, workdir, args.trigger_seconds
+            )
+            stack.callback(query.close)
+            topics[n] = Partitions(spark, kafka, database_url, n, args.messages_per_partition, query)
+            stack.callback(topics[n].close)
         for r in range(args.rounds):
             order = counts if r % 2 == 0 else counts[::-1]
             measured = {str(n): topics[n].round(args.idle_batches) for n in order}
@@ -243,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"round {r + 1}: "
                 + "; ".join(
                     f"{n} partitions idle {m['idle_ms']:.1f} ms (stream {m['stream_idle_ms']:.1f} ms), warm "
-                    f"{m['warm_ms_per_range']:.2f} ms a range, "
-                    f"status {m['status_seconds']:.2f} s"
+                    f"{m['warm_ms_per_range']:.2f} ms a range (stream {m['stream_warm_ms_per_range']:.2f}), "
+                    f"status {m['status_seconds']:.2f} s (stream's job {m['stream_status_seconds']:.2f} s)"
                     for n, m in measured.items()
                 )
                 + f" (load {os.getloadavg()[0]:.1f})"
@@ -257,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['stream_idle_plan_ms']['median']} ms ({s['stream_idle_plan_ms']['lowest']}-"
             f"{s['stream_idle_plan_ms']['highest']}), warm "
             f"{s['warm_ms_per_range']['median']} ms a range ({s['warm_ms_per_range']['lowest']}-"
-            f"{s['warm_ms_per_range']['highest']}), status {s['status_seconds']['median']} s, load "
+            f"{s['warm_ms_per_range']['highest']}), warm stream micro-batch "
+            f"{s['stream_warm_ms_per_range']['median']} ms a range ({s['stream_warm_ms_per_range']['lowest']}-"
+            f"{s['stream_warm_ms_per_range']['highest']}), status {s['status_seconds']['median']} s "
+            f"(the stream's job {s['stream_status_seconds']['median']} s), load "
             f"{s['load_1min']['lowest']}-{s['load_1min']['highest']}"
         )
     for target, held in summary["targets"].items():

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from bench.partitions import main as partitions_main
 from bench.run import main
 from bench.stream import PATHS, PER_RANGE
 from bench.stream import main as stream_main
@@ -205,6 +206,40 @@ def test_a_tiny_stream_benchmark_on_real_kafka_checks_and_times_every_path(
             assert line["throughput_vs_per_range"] > 0
             assert line["durations_ms_median"]["triggerExecution"] == line["batch_ms"]
     assert "per-range's throughput" in capsys.readouterr().out
+
+
+def test_a_tiny_partitions_benchmark_times_the_job_and_a_running_query_with_exact_counts(
+    spark: Any, real_kafka: RealKafkaCluster, database_url: str, tmp_path: Path
+) -> None:
+    """``python -m bench.partitions`` on the session's Apache Kafka: idle batches and idle plans of
+    the stream source called as Spark calls them, a warm batch, a running query's micro-batch and
+    ``txstore status`` for both jobs, each batch's and micro-batch's count checked exactly (a
+    count off, or a plan the source refuses, fails the run)."""
+    output = tmp_path / "partitions.json"
+    status = partitions_main(
+        [
+            "--partitions=2,3",
+            "--rounds=2",
+            "--idle-batches=2",
+            "--messages-per-partition=3",
+            "--trigger-seconds=1",
+            f"--output={output}",
+            f"--database-url={database_url}",
+        ],
+        spark=spark,
+        kafka=real_kafka,
+    )
+    assert status == 0
+    doc = json.loads(output.read_text())
+    assert len(doc["rounds"]) == 2
+    for measured in doc["rounds"]:
+        for n in ("2", "3"):
+            at = measured[n]
+            assert at["stream_micro_batches"] >= 1 and at["stream_steps_ms"]["triggerExecution"] > 0
+            assert at["stream_warm_ms_per_range"] > 0 and at["stream_status_seconds"] > 0
+            assert at["warm_ms_per_range"] > 0 and at["idle_ms"] > 0 and at["stream_idle_ms"] > 0
+    assert "warm stream micro-batch at 3 partitions <= 1 ms a range" in doc["summary"]["targets"]
+    assert not spark.streams.active, "the benchmark's query was left running"
 
 
 def test_the_stream_benchmark_refuses_a_workload_the_test_broker_cannot_hold(
