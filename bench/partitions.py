@@ -133,6 +133,15 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], counts: Sequence[int]) ->
     }
 
 
+def fill(producer: Any, topic: str, partitions: int, per_partition: int) -> None:
+    """``per_partition`` new messages in every partition of ``topic``, all acknowledged."""
+    for p in range(partitions):
+        for i in range(per_partition):
+            producer.produce(topic, b"v%d" % i, b"k%d" % i, partition=p)
+    if producer.flush(60) != 0:
+        raise RuntimeError(f"{topic}: messages not acknowledged within 60 s")
+
+
 class RunningQuery:
     """A running query of txstore's stream on a topic of ``n`` partitions of its own: the source
     counting (``txstore.countMessages``) into txstore's sink."""
@@ -183,11 +192,7 @@ class RunningQuery:
         return self.counted()
 
     def produce(self) -> None:
-        for p in range(self.n):
-            for i in range(self.per_partition):
-                self.producer.produce(self.topic, b"v%d" % i, b"k%d" % i, partition=p)
-        if self.producer.flush(60) != 0:
-            raise RuntimeError(f"{self.topic}: messages not acknowledged within 60 s")
+        fill(self.producer, self.topic, self.n, self.per_partition)
         self.produced += self.n * self.per_partition
 
     def counted(self) -> dict[str, Any]:
@@ -252,11 +257,7 @@ class Partitions:
         self.stream_start = self.stream.initialOffset()  # its rows: not timed
 
     def fill(self) -> None:
-        for p in range(self.n):
-            for i in range(self.per_partition):
-                self.producer.produce(self.topic, b"v%d" % i, b"k%d" % i, partition=p)
-        if self.producer.flush(60) != 0:
-            raise RuntimeError(f"{self.topic}: messages not acknowledged within 60 s")
+        fill(self.producer, self.topic, self.n, self.per_partition)
 
     def batch(self, expected: int) -> float:
         started = time.monotonic()
