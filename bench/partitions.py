@@ -196,17 +196,23 @@ class RunningQuery:
         self.produced += self.n * self.per_partition
 
     def counted(self) -> dict[str, Any]:
+        """Wait, without loading the machine while the micro-batch runs (only the query's small
+        last progress is polled), for a new micro-batch to end, then check ``txn_data``."""
         deadline = time.monotonic() + self.WAIT_SECONDS
         while time.monotonic() < deadline:
             if self.query.exception() is not None or not self.query.isActive:
                 raise RuntimeError(f"{self.topic}: the query stopped: {self.query.exception()}")
+            last = self.query.lastProgress
+            if last is None or last["batchId"] <= self.seen or self.query.status["isTriggerActive"]:
+                time.sleep(0.05)
+                continue
             with connect(self.database_url) as conn:
                 total = store.topic_totals(conn, self.job_name, [self.topic]).get(self.topic, 0)
             if total > self.produced:
                 raise RuntimeError(f"{self.topic}: txn_data counts {total}, only {self.produced} produced")
             progress = [p for p in self.query.recentProgress if p["batchId"] > self.seen]
             data = [p for p in progress if p["numInputRows"] > 0]
-            if total == self.produced and data and not self.query.status["isTriggerActive"]:
+            if total == self.produced and data:
                 self.seen = max(p["batchId"] for p in progress)
                 steps = {k for p in data for k in p["durationMs"]}
                 return {
