@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -149,7 +150,15 @@ class RunningQuery:
     WAIT_SECONDS = 300.0
 
     def __init__(
-        self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int, workdir: Path, every: int
+        self,
+        spark: Any,
+        kafka: Any,
+        database_url: str,
+        n: int,
+        per_partition: int,
+        workdir: Path,
+        every: int,
+        run: str,
     ) -> None:
         from confluent_kafka import Producer
 
@@ -157,28 +166,30 @@ class RunningQuery:
         self.per_partition = per_partition
         self.database_url = database_url
         self.bootstrap = kafka.bootstrap_servers
-        self.topic = f"bench-partitions-query-{n}-{os.getpid()}"
-        self.job_name = f"bench-partitions-query-{n}"
+        # The run's own job, like its topic: in a kept --database-url, another run's rows under
+        # the same job name would show in this job's ``txstore status``.
+        self.topic = self.job_name = f"bench-partitions-query-{n}-{run}"
         kafka.create_topic(self.topic, n)
         self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        self.query: Any = None
         self.produced = 0
         self.seen = -1  # the last micro-batch id looked at
-        self.produce()  # first, so that the new topic's partitions have their leaders
-        job = {"txstore.job": self.job_name, "txstore.databaseUrl": database_url}
-        self.query = (
-            spark.readStream.format("txstore")
-            .options(**job)
-            .option("kafka.bootstrap.servers", self.bootstrap)
-            .option("subscribe", self.topic)
-            .option("txstore.countMessages", "true")
-            .load()
-            .writeStream.format("txstore")
-            .options(**job)
-            .option("checkpointLocation", str(workdir / self.job_name))
-            .trigger(processingTime=f"{every} seconds")
-            .start()
-        )
         try:
+            self.produce()  # first, so that the new topic's partitions have their leaders
+            job = {"txstore.job": self.job_name, "txstore.databaseUrl": database_url}
+            self.query = (
+                spark.readStream.format("txstore")
+                .options(**job)
+                .option("kafka.bootstrap.servers", self.bootstrap)
+                .option("subscribe", self.topic)
+                .option("txstore.countMessages", "true")
+                .load()
+                .writeStream.format("txstore")
+                .options(**job)
+                .option("checkpointLocation", str(workdir / self.job_name))
+                .trigger(processingTime=f"{every} seconds")
+                .start()
+            )
             self.counted()  # its first micro-batch: the query's warm-up, not timed
         except BaseException:
             self.close()
@@ -223,16 +234,27 @@ class RunningQuery:
         raise RuntimeError(f"{self.topic}: the new messages were not counted in {self.WAIT_SECONDS:g} s")
 
     def close(self) -> None:
-        self.query.stop()
-        self.producer.flush(10)
-        self.producer.close()
+        """Stop the query, if it started, and close the producer (also when the query did not)."""
+        try:
+            if self.query is not None:
+                self.query.stop()
+        finally:
+            self.producer.flush(10)
+            self.producer.close()
 
 
 class Partitions:
     """One topic of ``n`` partitions and its running job."""
 
     def __init__(
-        self, spark: Any, kafka: Any, database_url: str, n: int, per_partition: int, query: RunningQuery
+        self,
+        spark: Any,
+        kafka: Any,
+        database_url: str,
+        n: int,
+        per_partition: int,
+        query: RunningQuery,
+        run: str,
     ) -> None:
         from confluent_kafka import Producer
         from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -242,25 +264,31 @@ class Partitions:
         self.bootstrap = kafka.bootstrap_servers
         self.database_url = database_url
         self.query = query
-        self.topic = f"bench-partitions-{n}-{os.getpid()}"
+        self.topic = self.job_name = f"bench-partitions-{n}-{run}"
+        self.stream_job = f"bench-partitions-stream-{n}-{run}"
         kafka.create_topic(self.topic, n)
         self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
-        self.job_name = f"bench-partitions-{n}"
-        settings = JobSettings(self.job_name, (self.topic,), self.bootstrap, database_url)
-        self.job = TransactionalJob(spark, settings, count_messages)
-        self.fill()
-        self.batch(n * per_partition)  # its rows, and every path warm: not timed
-        self.stream = stream_reader(
-            {
-                "kafka.bootstrap.servers": self.bootstrap,
-                "subscribe": self.topic,
-                "startingOffsets": "latest",
-                "txstore.job": f"bench-partitions-stream-{n}",
-                "txstore.databaseUrl": database_url,
-            },
-            StructType([StructField("topic", StringType()), StructField("offset", LongType())]),
-        )
-        self.stream_start = self.stream.initialOffset()  # its rows: not timed
+        self.job: Any = None
+        self.stream: Any = None
+        try:
+            settings = JobSettings(self.job_name, (self.topic,), self.bootstrap, database_url)
+            self.job = TransactionalJob(spark, settings, count_messages)
+            self.fill()
+            self.batch(n * per_partition)  # its rows, and every path warm: not timed
+            self.stream = stream_reader(
+                {
+                    "kafka.bootstrap.servers": self.bootstrap,
+                    "subscribe": self.topic,
+                    "startingOffsets": "latest",
+                    "txstore.job": self.stream_job,
+                    "txstore.databaseUrl": database_url,
+                },
+                StructType([StructField("topic", StringType()), StructField("offset", LongType())]),
+            )
+            self.stream_start = self.stream.initialOffset()  # its rows: not timed
+        except BaseException:
+            self.close()
+            raise
 
     def fill(self) -> None:
         fill(self.producer, self.topic, self.n, self.per_partition)
@@ -344,10 +372,16 @@ class Partitions:
     def close(self) -> None:
         """Stop the stream's planning and the job, and close the producer while Kafka still runs
         (left to the garbage collector, it kept reconnecting to the stopped cluster)."""
-        self.stream.stop()
-        self.job.close()
-        self.producer.flush(10)
-        self.producer.close()
+        try:
+            if self.stream is not None:
+                self.stream.stop()
+        finally:
+            try:
+                if self.job is not None:
+                    self.job.close()
+            finally:
+                self.producer.flush(10)
+                self.producer.close()
 
 
 def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) -> int:
@@ -375,14 +409,26 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
         warm_up(spark)
         register(spark)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-partitions-")))
+        run = f"{os.getpid()}-{secrets.token_hex(3)}"  # this run's topics and jobs
         topics: dict[int, Partitions] = {}
         for n in counts:
             query = RunningQuery(
-                spark, kafka, database_url, n, args.messages_per_partition, workdir, args.trigger_seconds
+                spark,
+                kafka,
+                database_url,
+                n,
+                args.messages_per_partition,
+                workdir,
+                args.trigger_seconds,
+                run,
             )
             stack.callback(query.close)
-            topics[n] = Partitions(spark, kafka, database_url, n, args.messages_per_partition, query)
+            topics[n] = Partitions(spark, kafka, database_url, n, args.messages_per_partition, query, run)
             stack.callback(topics[n].close)
+        jobs = {
+            str(n): {"job": p.job_name, "stream_plan": p.stream_job, "query": p.query.job_name}
+            for n, p in topics.items()
+        }
         for r in range(args.rounds):
             order = counts if r % 2 == 0 else counts[::-1]
             measured = {str(n): topics[n].round(args.idle_batches) for n in order}
@@ -423,6 +469,7 @@ def main(argv: list[str] | None = None, spark: Any = None, kafka: Any = None) ->
                 if k != "database_url"
             },
             "machine": machine(),
+            "jobs": jobs,
             "seconds": round(time.monotonic() - started_at, 1),
             "summary": summary,
             "rounds": rounds,

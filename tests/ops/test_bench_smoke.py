@@ -8,10 +8,14 @@ from typing import Any
 
 import pytest
 
+from bench.partitions import RunningQuery
 from bench.partitions import main as partitions_main
 from bench.run import main
 from bench.stream import PATHS, PER_RANGE
 from bench.stream import main as stream_main
+from txstore.postgres import store
+from txstore.postgres.db import connect
+from txstore.spark.source_format import register
 from txstore.testing.real_kafka import RealKafkaCluster
 
 pytestmark = pytest.mark.spark
@@ -214,8 +218,17 @@ def test_a_tiny_partitions_benchmark_times_the_job_and_a_running_query_with_exac
     """``python -m bench.partitions`` on the session's Apache Kafka: idle batches and idle plans of
     the stream source called as Spark calls them, a warm batch, a running query's micro-batch and
     ``txstore status`` for both jobs, each batch's and micro-batch's count checked exactly (a
-    count off, or a plan the source refuses, fails the run)."""
+    count off, or a plan the source refuses, fails the run). Its jobs are its own, like its topics:
+    a kept ``--database-url`` holding an earlier run's rows under the names a run used before
+    shows none of them in this run's ``txstore status``."""
     output = tmp_path / "partitions.json"
+    earlier = ("bench-partitions-2", "bench-partitions-stream-2", "bench-partitions-query-2")
+    with connect(database_url) as conn:
+        for job in earlier:
+            conn.execute(
+                "INSERT INTO txn_offsets (job, topic, part, off) VALUES (%s, 'an-earlier-run', 0, 7)",
+                (job,),
+            )
     status = partitions_main(
         [
             "--partitions=2,3",
@@ -239,7 +252,44 @@ def test_a_tiny_partitions_benchmark_times_the_job_and_a_running_query_with_exac
             assert at["stream_warm_ms_per_range"] > 0 and at["stream_status_seconds"] > 0
             assert at["warm_ms_per_range"] > 0 and at["idle_ms"] > 0 and at["stream_idle_ms"] > 0
     assert "warm stream micro-batch at 3 partitions <= 1 ms a range" in doc["summary"]["targets"]
+    with connect(database_url) as conn:
+        for n in ("2", "3"):
+            jobs = doc["jobs"][n]
+            assert not set(jobs.values()) & set(earlier)
+            assert store.job_topics(conn, jobs["job"]) == [jobs["job"]]  # the job's topic: its name
+            assert store.job_topics(conn, jobs["stream_plan"]) == [jobs["job"]]
+            assert store.job_topics(conn, jobs["query"]) == [jobs["query"]]
     assert not spark.streams.active, "the benchmark's query was left running"
+
+
+def test_a_running_query_that_cannot_start_closes_the_producer_it_opened(
+    spark: Any,
+    real_kafka: RealKafkaCluster,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The benchmark's query whose ``start()`` raises (its checkpoint would lie under a file)
+    leaves no producer open, reconnecting for the rest of the process."""
+    import confluent_kafka
+
+    opened: list[Any] = []
+
+    class Kept(confluent_kafka.Producer):  # type: ignore[misc]
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            opened.append(self)
+
+    monkeypatch.setattr(confluent_kafka, "Producer", Kept)
+    register(spark)
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    with pytest.raises(Exception, match="a-file"):
+        RunningQuery(spark, real_kafka, database_url, 2, 1, not_a_folder, 1, "cannot-start")
+    [producer] = opened
+    with pytest.raises(RuntimeError, match="closed"):
+        producer.flush(0)
+    assert not spark.streams.active
 
 
 def test_the_stream_benchmark_refuses_a_workload_the_test_broker_cannot_hold(
