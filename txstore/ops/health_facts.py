@@ -26,7 +26,7 @@ from txstore.core.ranges import OffsetRange, PartitionHistory, PartitionWatermar
 from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks
 from txstore.kafka.reader import RangeReader
 from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
-from txstore.ops.status import STATUS_KAFKA_TIMEOUT_SECONDS, not_started, pattern_matches
+from txstore.ops.status import STATUS_KAFKA_TIMEOUT_SECONDS, not_started, one_admin, pattern_matches
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
 
@@ -64,23 +64,27 @@ def health_facts(
     now = rows[0][-1] if rows else datetime.now(UTC)
     conn.commit()
     subs = store.subscriptions(conn, job)
-    matched, unlisted = pattern_matches(kafka_conf, subs)
+    admin = one_admin(kafka_conf)
+    matched, unlisted = pattern_matches(kafka_conf, subs, admin)
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows} | set(matched))}
     marks: dict[tuple[str, int], PartitionWatermarks] = {}
     topic_ids: dict[str, str] = {}
     problem = None if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
     problem = unlisted or problem
     if kafka_conf and problem is None:
+        answered: list[str] = []
         for topic in sorted({r[1] for r in rows} | {t for ts in matched.values() for t in ts}):
             try:
-                for partition in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
+                for partition in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS, admin()):
                     marks[partition.key] = partition
             except UnknownTopic:
                 continue
             except KafkaUnavailable as e:
                 problem = str(e)
                 break
-            topic_ids.update(fetch_topic_ids(kafka_conf, [topic]))
+            answered.append(topic)
+        else:  # one request; a topic deleted since its log offsets leaves all without IDs this once
+            topic_ids = fetch_topic_ids(kafka_conf, answered)
     facts = []
     lasts = {
         (r[0], r[1], r[2]): Fingerprint(r[7], r[8], r[9]) if r[7] is not None and r[9] is not None else None

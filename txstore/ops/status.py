@@ -8,8 +8,9 @@ that does not answer leaves the Kafka columns empty, never the command hanging.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +21,7 @@ from txstore.core.errors import KafkaUnavailable, UnknownTopic
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.results import plain_number
 from txstore.core.subscription import Subscription
-from txstore.kafka.client import fetch_topic_names, fetch_watermarks
+from txstore.kafka.client import Admin, admin_client, fetch_topic_names, fetch_watermarks
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
 
@@ -170,7 +171,8 @@ def status(
     ).fetchall()
     conn.commit()
     subs = store.subscriptions(conn, job)
-    matched, unlisted = pattern_matches(kafka_conf, subs)
+    admin = one_admin(kafka_conf)
+    matched, unlisted = pattern_matches(kafka_conf, subs, admin)
     marks: dict[tuple[str, int], PartitionWatermarks] = {}
     problem = None if kafka_conf else "Kafka not given (--bootstrap-servers): log offsets and lag unknown"
     gone: list[str] = []
@@ -180,7 +182,7 @@ def status(
     elif kafka_conf:
         for topic in sorted({r[1] for r in rows} | {t for ts in matched.values() for t in ts}):
             try:
-                for found in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS):
+                for found in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS, admin()):
                     marks[found.key] = found
             except UnknownTopic:  # only this topic's columns stay empty
                 gone.append(topic)
@@ -286,16 +288,25 @@ def not_started(
     )
 
 
+def one_admin(conf: Mapping[str, Any] | None) -> Callable[[], Admin | None]:
+    """The one Kafka admin client of a command asking about many topics, made when first asked
+    for (None without Kafka settings): a new client waits about 55 ms for its first answer."""
+    return functools.cache(lambda: admin_client(conf) if conf else None)
+
+
 def pattern_matches(
-    conf: Mapping[str, Any] | None, subs: Mapping[str, Subscription]
+    conf: Mapping[str, Any] | None,
+    subs: Mapping[str, Subscription],
+    admin: Callable[[], Admin | None] | None = None,
 ) -> tuple[dict[str, list[str]], str | None]:
     """Per pattern job, the topics on Kafka its pattern matches now (one metadata request, only
-    when a job subscribes by pattern), and why there are none if Kafka did not answer."""
+    when a job subscribes by pattern), and why there are none if Kafka did not answer.
+    ``admin``: the command's client (:func:`one_admin`)."""
     patterns = {j: sub for j, sub in subs.items() if sub.kind == "pattern"}
     if not conf or not patterns:
         return {}, None
     try:
-        names = fetch_topic_names(conf, STATUS_KAFKA_TIMEOUT_SECONDS)
+        names = fetch_topic_names(conf, STATUS_KAFKA_TIMEOUT_SECONDS, admin() if admin else None)
     except KafkaUnavailable as e:
         return {}, str(e)
     return {j: [t for t in names if sub.holds(t, 0)] for j, sub in sorted(patterns.items())}, None
