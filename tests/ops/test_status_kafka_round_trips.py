@@ -6,6 +6,7 @@ partitions)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,9 +16,11 @@ import pytest
 import txstore.kafka.client
 import txstore.kafka.reader
 from tests.conftest import produce, send
+from txstore.core.ranges import PartitionWatermarks
 from txstore.core.starting import StartDecision
 from txstore.kafka.client_settings import client_config
-from txstore.ops.health_facts import health_facts
+from txstore.kafka.topic_ids import messages_at_last_counted, read_message_at
+from txstore.ops.health_facts import first_unread_written, health_facts
 from txstore.ops.status import status
 from txstore.postgres import store
 from txstore.postgres.db import connect
@@ -117,3 +120,36 @@ def test_a_stalled_running_jobs_check_reads_every_partitions_first_unread_messag
     ]
     reads = [a for a in assignments if {tp.topic for tp in a} == {topic}]
     assert [sorted((tp.partition, tp.offset) for tp in a) for a in reads] == [[(0, 1), (1, 1), (3, 0)]]
+
+
+def test_reading_the_last_counted_and_first_unread_messages_waits_for_no_message_that_is_not_coming(
+    kafka: MockKafkaCluster, new_topic: Callable[..., str]
+) -> None:
+    """A caught-up job's last counted message is the last in its partition, and a stalled job's
+    first unread one may be too: each partition then gives one message and its end. Reading them
+    took a whole extra second (``consume`` asked for four events a partition and waited for them),
+    in every ``status --check`` of a caught-up job; now as long as reading from the middle of the log."""
+    topic = new_topic(8)
+    produce(kafka.bootstrap_servers, topic, dict.fromkeys(range(8), 3))
+    conf = client_config(kafka.bootstrap_servers)
+    marks = [PartitionWatermarks(topic, p, 0, 3) for p in range(8)]
+    at = {o: {p: read_message_at(conf, topic, p, o) for p in range(8)} for o in (0, 2)}
+
+    def timed(read: Callable[[], Any]) -> tuple[float, Any]:
+        started = time.monotonic()
+        found = read()
+        return time.monotonic() - started, found
+
+    middle, _ = timed(
+        lambda: messages_at_last_counted(conf, [(topic, m.partition, at[0][m.partition], m) for m in marks])
+    )
+    last, found = timed(
+        lambda: messages_at_last_counted(conf, [(topic, m.partition, at[2][m.partition], m) for m in marks])
+    )
+    assert found == {(topic, p): at[2][p] for p in range(8)}
+    assert last < middle + 0.5, (last, middle)
+
+    middle, _ = timed(lambda: first_unread_written(conf, [(topic, m.partition, 0, m) for m in marks]))
+    last, written = timed(lambda: first_unread_written(conf, [(topic, m.partition, 2, m) for m in marks]))
+    assert all(written[(topic, p)] is not None for p in range(8))
+    assert last < middle + 0.5, (last, middle)

@@ -146,7 +146,9 @@ def messages_at_last_counted(
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
         progress = time.monotonic()
         while pending:
-            batch = consumer.consume(min(len(pending) * 4, 10_000), min(1.0, timeout))
+            # as many as are pending: each gives at least one (its message, its end, an error), so
+            # a caught-up partition's one message and its end do not leave the call waiting its second
+            batch = consumer.consume(min(len(pending), 10_000), min(1.0, timeout))
             if not batch and time.monotonic() - progress > timeout:
                 (t, p), o = next(iter(sorted(pending.items())))
                 raise KafkaReadError(
