@@ -8,19 +8,18 @@ answers DescribeTopics), yields no ID, and a job asks such a broker only once.
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 from txstore.core.errors import KafkaReadError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
 from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin
-from txstore.kafka.client_settings import reader_config, servers_of
-from txstore.kafka.reader import RangeReader, _out_of_range, own_consumer
+from txstore.kafka.client_settings import servers_of
+from txstore.kafka.first_messages import first_messages
+from txstore.kafka.reader import RangeReader, _out_of_range
 
 TOPIC_ID_TIMEOUT_SECONDS = 3.0
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no ID for the topic
@@ -127,58 +126,33 @@ def messages_at_last_counted(
     at once, with one consumer: what ``status --check`` and ``reset`` compare on a thousand
     partitions (one read each took about 55 ms: a minute at 1,024).
 
-    Steps: assign every partition whose log still holds its last-counted offset at that offset;
-    consume until each has given its first message (the one at the offset, or a later one when
-    that offset is a transaction marker or was compacted away: None), reached its end (None), or
-    said it is out of range (None); a partition that has answered is paused. No answer from a
-    partition for ``timeout`` seconds raises :class:`KafkaReadError` in one line."""
+    Steps: read every partition whose log still holds its last-counted offset from that offset
+    (:func:`~txstore.kafka.first_messages.first_messages`, one assignment); judge what each gave
+    first: the message at the offset (a later one when that offset is a transaction marker or was
+    compacted away: None), its end (None), out of range (None). Another error, or no answer from a
+    partition for ``timeout`` seconds, raises :class:`KafkaReadError` in one line."""
     found: dict[tuple[str, int], Fingerprint | None] = {(t, p): None for t, p, _, _ in wanted}
     pending = {
         (t, p): last.offset
         for t, p, last, marks in wanted
         if last is not None and marks is not None and marks.low <= last.offset < marks.high
     }
-    if not pending:
-        return found
-    settings = reader_config(conf)
-    consumer = own_consumer(settings)  # not the pool's: paused partitions stay with it
-    try:
-        consumer.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
-        progress = time.monotonic()
-        while pending:
-            # as many as are pending: each gives at least one (its message, its end, an error), so
-            # a caught-up partition's one message and its end do not leave the call waiting its second
-            batch = consumer.consume(min(len(pending), 10_000), min(1.0, timeout))
-            if not batch and time.monotonic() - progress > timeout:
-                (t, p), o = next(iter(sorted(pending.items())))
-                raise KafkaReadError(
-                    f"no data from Kafka at {servers_of(settings)} for {timeout:g}s while reading the last "
-                    f"counted messages of {len(pending)} partitions (first: {t!r} partition {p} at offset "
-                    f"{o}); is the broker up?"
-                )
-            answered = []
-            for m in batch:
-                key = (str(m.topic()), int(m.partition() or 0))
-                if key not in pending:
-                    continue
-                error = m.error()
-                if (
-                    error is not None
-                    and error.code() != KafkaError._PARTITION_EOF
-                    and not _out_of_range(error)
-                ):
-                    raise KafkaReadError(
-                        f"reading the last counted message of {key[0]!r} partition {key[1]} at offset "
-                        f"{pending[key]} from Kafka at {servers_of(settings)}: {error.str()}"
-                    )
-                if error is None and m.offset() == pending[key]:
-                    found[key] = fingerprint(m)
-                del pending[key]
-                answered.append(TopicPartition(*key))
-            if answered:
-                progress = time.monotonic()
-                consumer.pause(answered)
-    finally:
-        with contextlib.suppress(KafkaException, RuntimeError):
-            consumer.close()
+    answers = first_messages(conf, pending, timeout)
+    silent = sorted(set(pending) - set(answers))
+    if silent:
+        t, p = silent[0]
+        raise KafkaReadError(
+            f"no data from Kafka at {servers_of(conf)} for {timeout:g}s while reading the last "
+            f"counted messages of {len(silent)} partitions (first: {t!r} partition {p} at offset "
+            f"{pending[(t, p)]}); is the broker up?"
+        )
+    for key, m in sorted(answers.items()):
+        error = m.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF and not _out_of_range(error):
+            raise KafkaReadError(
+                f"reading the last counted message of {key[0]!r} partition {key[1]} at offset "
+                f"{pending[key]} from Kafka at {servers_of(conf)}: {error.str()}"
+            )
+        if error is None and m.offset() == pending[key]:
+            found[key] = fingerprint(m)
     return found
