@@ -95,7 +95,8 @@ def test_a_stalled_running_jobs_check_reads_every_partitions_first_unread_messag
     written = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
     stamp = int(written.timestamp() * 1000)
     # partition p holds 3 messages, written p minutes apart from one partition to the next and a
-    # second apart within it; the job counted 1 of each of partitions 0-2 and 3 of partition 2.
+    # second apart within it; the job stores offset 1 in partitions 0 and 1, 3 (all counted) in
+    # partition 2, and has not started partition 3.
     send(
         kafka.bootstrap_servers,
         topic,
