@@ -157,15 +157,11 @@ def _error_text(error: BaseException) -> str:
 
 
 Admin = _Admin
-"""The admin client type, by the name other modules use (:func:`admin_client`)."""
-
-
-def admin_client(conf: Mapping[str, Any]) -> _Admin:
-    """One admin client for several calls of :func:`fetch_watermarks` and
-    :func:`fetch_topic_names` (their ``admin``), as a command asking topic by topic needs: a new
-    librdkafka client waits about 55 ms for its first answer (on one machine with Apache Kafka), so
-    ``txstore status`` with a client per topic took 1.4 s for a job of 20 topics."""
-    return _Admin(conf)
+"""The admin client type, by the name other modules use: one client for several calls of
+:func:`fetch_watermarks` and :func:`fetch_topic_names` (their ``admin``), as a command asking
+topic by topic needs. A new librdkafka client waits about 55 ms for its first answer (on one
+machine with Apache Kafka), so ``txstore status`` with a client per topic took 1.4 s for a job
+of 20 topics."""
 
 
 def _kept(admin: _Admin | None, conf: Mapping[str, Any]) -> _Admin:
@@ -188,7 +184,7 @@ def fetch_watermarks(
     partition count. Raises :class:`UnknownTopic` for a topic Kafka does not
     have (it is never created), :class:`KafkaUnavailable` (with the broker
     address and the broker's last error) on timeout. ``admin``: ask through this
-    client (:func:`admin_client`), else through a new one.
+    client (:data:`Admin`), else through a new one.
     """
     return _watermarks(_kept(admin, conf), conf, topics, timeout)
 

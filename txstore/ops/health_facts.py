@@ -19,14 +19,13 @@ from typing import Any
 import psycopg
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 
-from txstore.core.errors import KafkaUnavailable, UnknownTopic
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.health import PartitionFacts
 from txstore.core.ranges import PartitionHistory, PartitionWatermarks
-from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks
+from txstore.kafka.client import BOOTSTRAP_ENV
 from txstore.kafka.first_messages import first_messages
 from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
-from txstore.ops.status import STATUS_KAFKA_TIMEOUT_SECONDS, not_started, one_admin, pattern_matches
+from txstore.ops.status import STATUS_KAFKA_TIMEOUT_SECONDS, ask_kafka, not_started
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
 
@@ -64,27 +63,12 @@ def health_facts(
     now = rows[0][-1] if rows else datetime.now(UTC)
     conn.commit()
     subs = store.subscriptions(conn, job)
-    admin = one_admin(kafka_conf)
-    matched, unlisted = pattern_matches(kafka_conf, subs, admin)
+    kafka = ask_kafka(kafka_conf, subs, {r[1] for r in rows})
+    matched, marks = kafka.matched, kafka.marks
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows} | set(matched))}
-    marks: dict[tuple[str, int], PartitionWatermarks] = {}
-    topic_ids: dict[str, str] = {}
-    problem = None if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
-    problem = unlisted or problem
-    if kafka_conf and problem is None:
-        answered: list[str] = []
-        for topic in sorted({r[1] for r in rows} | {t for ts in matched.values() for t in ts}):
-            try:
-                for partition in fetch_watermarks(kafka_conf, [topic], STATUS_KAFKA_TIMEOUT_SECONDS, admin()):
-                    marks[partition.key] = partition
-            except UnknownTopic:
-                continue
-            except KafkaUnavailable as e:
-                problem = str(e)
-                break
-            answered.append(topic)
-        else:  # one request; a topic deleted since its log offsets leaves all without IDs this once
-            topic_ids = fetch_topic_ids(kafka_conf, answered)
+    problem = kafka.unavailable if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
+    # one request; a topic deleted since its log offsets leaves all without IDs this once
+    topic_ids = fetch_topic_ids(kafka_conf, kafka.answered) if kafka_conf and problem is None else {}
     facts = []
     lasts = {
         (r[0], r[1], r[2]): Fingerprint(r[7], r[8], r[9]) if r[7] is not None and r[9] is not None else None
