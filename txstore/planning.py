@@ -46,7 +46,8 @@ from txstore.core.ranges import (
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets, times_to_look_up
 from txstore.core.subscription import subscription_of
-from txstore.kafka.client import Watermarks, fetch_topic_names, offsets_for_times
+from txstore.kafka.client import Watermarks, fetch_topic_names
+from txstore.kafka.list_offsets import offsets_for_times
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
 from txstore.settings import JobSettings

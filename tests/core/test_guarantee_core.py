@@ -516,7 +516,7 @@ def _admin(monkeypatch: pytest.MonkeyPatch, client: _AdminClient) -> list[_Admin
         made.append(admin)
         return admin
 
-    monkeypatch.setattr(topic_ids_module, "_Admin", make)
+    monkeypatch.setattr(topic_ids_module, "Admin", make)
     return made
 
 

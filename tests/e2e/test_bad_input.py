@@ -26,7 +26,8 @@ from tests.helpers.local import free_port
 from tests.postgres.test_schema import tables
 from txstore.core.errors import ConfigError
 from txstore.job import JobSettings
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, fetch_watermarks
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.client import fetch_watermarks
 from txstore.kafka.client_settings import client_config
 from txstore.postgres.migrate import SCHEMA_REVISION, upgrade
 from txstore.testing.mock_kafka import MockKafkaCluster

@@ -336,11 +336,11 @@ class FakeAdminClient:
 
 
 def install_admin(monkeypatch: pytest.MonkeyPatch, fake: FakeKafka) -> None:
-    """The planner's admin clients and kept consumer (``txstore.kafka.client``) answer from
-    ``fake``'s logs."""
-    from txstore.kafka import client
+    """The planner's admin clients (``txstore.kafka.admin``) and kept consumer
+    (``txstore.kafka.client``) answer from ``fake``'s logs."""
+    from txstore.kafka import admin, client
 
-    monkeypatch.setattr(client, "AdminClient", lambda conf: FakeAdminClient(fake.logs, conf, fake.topic_ids))
+    monkeypatch.setattr(admin, "AdminClient", lambda conf: FakeAdminClient(fake.logs, conf, fake.topic_ids))
     # A running planner's kept consumer (Watermarks) asks the log offsets; not one of the readers
     # that FakeKafka.consumers counts.
     monkeypatch.setattr(client, "Consumer", lambda conf: FakeConsumer(fake.logs, conf))

@@ -149,7 +149,7 @@ def test_the_test_broker_cannot_answer_offsets_for_times(
     as a reminder to add the end-to-end test."""
     from confluent_kafka import Producer
 
-    from txstore.kafka.client import offsets_for_timestamp
+    from txstore.kafka.list_offsets import offsets_for_timestamp
 
     topic = new_topic(1)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})

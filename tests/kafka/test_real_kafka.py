@@ -30,8 +30,9 @@ from tests.helpers.recreated import snapshot, topic_id_changed_line
 from txstore.core.errors import TopicRecreated
 from txstore.core.starting import StartingOffsets, parse_starting_offsets, parse_timestamp
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka.client import Watermarks, offsets_for_timestamp
+from txstore.kafka.client import Watermarks
 from txstore.kafka.client_settings import client_config
+from txstore.kafka.list_offsets import offsets_for_timestamp
 from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.ops.reset import apply_reset, plan_job_reset
 from txstore.ops.reset_plan import ResetTarget

@@ -31,8 +31,8 @@ from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS
 from txstore.kafka.certificates import CHECK_TIMEOUT_SECONDS, certificate_refusal
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
 from txstore.postgres.db import connect
 from txstore.postgres.outbox import outbox_counts
 from txstore.postgres.sink import TransactionalSink

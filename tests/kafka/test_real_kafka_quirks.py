@@ -24,17 +24,16 @@ from tests.conftest import produce
 from tests.helpers.fake_kafka import FakeLog, install_with_admin
 from txstore.core.errors import KafkaUnavailable
 from txstore.kafka import client as client_module
-from txstore.kafka.client import (
-    _EARLIEST,
-    _LATEST,
-    Watermarks,
-    _list_offsets,
-    _list_offsets_together,
-    _OffsetsQuestion,
-    fetch_watermarks,
+from txstore.kafka.client import Watermarks, fetch_watermarks
+from txstore.kafka.client_settings import client_config
+from txstore.kafka.list_offsets import (
+    EARLIEST,
+    LATEST,
+    OffsetsQuestion,
+    list_offsets,
+    list_offsets_together,
     offsets_for_timestamp,
 )
-from txstore.kafka.client_settings import client_config
 from txstore.kafka.log_offsets import (
     LOOKUP_CHUNK,
     LOOKUP_CONSUMERS,
@@ -368,7 +367,7 @@ def test_an_invalid_offset_in_a_log_offsets_answer_is_asked_again_never_taken_as
     # -1001 (topic deleted and recreated ...)".
     partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
     admin = _AnsweringAdmin([{("t", 0): -1001, ("t", 1): 7}, {("t", 0): 12, ("t", 1): 7}])
-    assert _list_offsets(admin, partitions, _LATEST, timeout=5.0, log_offsets=True) == {
+    assert list_offsets(admin, partitions, LATEST, timeout=5.0, log_offsets=True) == {
         ("t", 0): 12,
         ("t", 1): 7,
     }
@@ -379,13 +378,13 @@ def test_an_invalid_log_offset_that_stays_fails_as_kafka_unavailable_once_the_ti
     admin = _AnsweringAdmin([{("t", 0): -1001}])
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
-        _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0, log_offsets=True)
+        list_offsets(admin, [TopicPartition("t", 0)], LATEST, timeout=1.0, log_offsets=True)
     assert 0.8 < time.monotonic() - started < 5
 
 
 def test_a_time_lookups_minus_one_stays_an_answer() -> None:
     admin = _AnsweringAdmin([{("t", 0): -1}])
-    assert _list_offsets(admin, [TopicPartition("t", 0)], _LATEST, timeout=1.0) == {("t", 0): -1}
+    assert list_offsets(admin, [TopicPartition("t", 0)], LATEST, timeout=1.0) == {("t", 0): -1}
     assert admin.calls == 1
 
 
@@ -425,11 +424,11 @@ def test_the_log_start_and_end_are_asked_at_once_and_only_a_questions_unsettled_
             {("t", 0): 12, ("t", 1): 99},  # partition 0 asked again
         ]
     )
-    low, high = _list_offsets_together(
+    low, high = list_offsets_together(
         admin,
         (
-            _OffsetsQuestion(partitions, _EARLIEST, log_offsets=True),
-            _OffsetsQuestion(partitions, _LATEST, committed=True, log_offsets=True),
+            OffsetsQuestion(partitions, EARLIEST, log_offsets=True),
+            OffsetsQuestion(partitions, LATEST, committed=True, log_offsets=True),
         ),
         timeout=5.0,
     )

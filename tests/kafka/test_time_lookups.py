@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from txstore.kafka.client import lookup_timestamp
+from txstore.kafka.list_offsets import lookup_timestamp
 
 
 def test_an_instant_before_1970_is_looked_up_as_the_epoch_not_as_a_kafka_sentinel() -> None:

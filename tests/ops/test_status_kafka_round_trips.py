@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import txstore.kafka.client
+import txstore.kafka.admin
 import txstore.kafka.reader
 from tests.conftest import produce, send
 from txstore.core.ranges import PartitionWatermarks
@@ -34,12 +34,12 @@ def admin_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     counted, not replaced)."""
     made: list[Any] = []
 
-    class Counted(txstore.kafka.client.AdminClient):  # type: ignore[misc]
+    class Counted(txstore.kafka.admin.AdminClient):  # type: ignore[misc]
         def __init__(self, conf: dict[str, Any]) -> None:
             super().__init__(conf)
             made.append(self)
 
-    monkeypatch.setattr(txstore.kafka.client, "AdminClient", Counted)
+    monkeypatch.setattr(txstore.kafka.admin, "AdminClient", Counted)
     return made
 
 

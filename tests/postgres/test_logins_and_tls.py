@@ -28,7 +28,7 @@ from tests.helpers.private_postgres import SUPERUSER_PASSWORD, private_postgres,
 from tests.postgres.test_schema import alembic
 from tests.spark.stream.test_stream_guards import age_out, grow, offsets, plan, read, source, total, writer
 from txstore.core.errors import STREAM_PRIVILEGE_HINT, BatchFailed, PermissionDenied
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS
 from txstore.postgres import store
 from txstore.postgres.db import redact
 from txstore.postgres.migrate import SCHEMA_REVISION, upgrade

@@ -29,7 +29,7 @@ from txstore.core.ranges import OffsetRange
 from txstore.core.results import TOPIC_TOTAL
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS
 from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import IDLE_TIMEOUT_SECONDS, RangeReader
 from txstore.postgres.db import (

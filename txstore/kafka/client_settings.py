@@ -5,7 +5,8 @@ the log adapter, the user's ``--kafka-option`` settings after :func:`fixed_optio
 refused those exact reads rely on, a consumer group's, and the Java client's that librdkafka does
 not take), :func:`reader_config` (a range reader's, read-committed, with its fixed settings), and
 :func:`topic_name_problem` (Kafka's topic-name rule). The clients themselves are
-:mod:`txstore.kafka.client` (admin calls, log offsets) and :mod:`txstore.kafka.reader`.
+:mod:`txstore.kafka.admin` (admin calls; log offsets: :mod:`txstore.kafka.client`) and
+:mod:`txstore.kafka.reader`.
 """
 
 from __future__ import annotations

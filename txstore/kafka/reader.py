@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from txstore.core.errors import DataLoss, KafkaReadError, TopicRecreated
 from txstore.core.fingerprint import Fingerprint, fingerprint, recreated_error
 from txstore.core.ranges import OffsetRange, reset_command
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS
 from txstore.kafka.client_settings import reader_config, servers_of
 
 READ_BATCH = 10_000

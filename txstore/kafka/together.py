@@ -46,7 +46,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from txstore.core.errors import KafkaReadError, TxstoreError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS
 from txstore.kafka.client_settings import reader_config, servers_of
 from txstore.kafka.reader import (
     IDLE_TIMEOUT_SECONDS,

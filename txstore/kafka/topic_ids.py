@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from txstore.core.errors import KafkaReadError
 from txstore.core.fingerprint import Fingerprint, fingerprint
 from txstore.core.ranges import OffsetRange, PartitionWatermarks
-from txstore.kafka.client import METADATA_TIMEOUT_SECONDS, _Admin
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS, Admin
 from txstore.kafka.client_settings import servers_of
 from txstore.kafka.first_messages import first_messages
 from txstore.kafka.reader import RangeReader, _out_of_range
@@ -31,7 +31,7 @@ def fetch_topic_ids(
     """Kafka's topic ID per topic, for the topics the broker reports one for (else empty)."""
     if not topics:
         return {}
-    return _topic_ids(_Admin(conf), topics, timeout) or {}
+    return _topic_ids(Admin(conf), topics, timeout) or {}
 
 
 class TopicIds:
@@ -41,7 +41,7 @@ class TopicIds:
     partitions, about 4 ms of building each partition's metadata)."""
 
     def __init__(self) -> None:
-        self._admin: _Admin | None = None
+        self._admin: Admin | None = None
         self._conf: dict[str, Any] = {}
         self._supported: bool | None = None  # None: not asked yet
 
@@ -52,7 +52,7 @@ class TopicIds:
             return {}
         if self._admin is None or self._conf != dict(conf):
             self._conf = dict(conf)
-            self._admin = _Admin(self._conf)
+            self._admin = Admin(self._conf)
         ids = _topic_ids(self._admin, topics, timeout, check_controller=not self._supported)
         if ids is None:
             if self._supported is None:
@@ -66,7 +66,7 @@ class TopicIds:
 
 
 def _topic_ids(
-    admin: _Admin, topics: Sequence[str], timeout: float, check_controller: bool = True
+    admin: Admin, topics: Sequence[str], timeout: float, check_controller: bool = True
 ) -> dict[str, str] | None:
     """Topic IDs from DescribeTopics, or None if the broker cannot answer it.
 

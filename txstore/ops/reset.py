@@ -17,7 +17,8 @@ import psycopg
 from txstore.core.errors import KafkaUnavailable, TxstoreError, UnknownTopic
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import PartitionWatermarks
-from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks, offsets_for_timestamp
+from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks
+from txstore.kafka.list_offsets import offsets_for_timestamp
 from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
 from txstore.ops.reset_plan import ResetMove, ResetTarget, plan_forget, plan_reset
 from txstore.postgres import store

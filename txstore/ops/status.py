@@ -21,7 +21,8 @@ from txstore.core.errors import KafkaUnavailable, UnknownTopic
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.results import plain_number
 from txstore.core.subscription import Subscription
-from txstore.kafka.client import Admin, fetch_topic_names, fetch_watermarks
+from txstore.kafka.admin import Admin
+from txstore.kafka.client import fetch_topic_names, fetch_watermarks
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
 

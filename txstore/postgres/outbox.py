@@ -46,7 +46,7 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from txstore.core.errors import KafkaUnavailable, PublishFailed
-from txstore.kafka.client import refusal
+from txstore.kafka.admin import refusal
 from txstore.kafka.producers import (
     SIZE_REFUSALS,
     TOPIC_REFUSALS,
@@ -372,7 +372,7 @@ class OutboxPublisher:
     def _flush(self, producer: Producer, errors: list[KafkaError], outcome: _Outcome) -> int:
         """Wait until every message is delivered or refused, up to the timeout; return how many
         are left. A login Kafka refuses, or a certificate this client does not trust, ends the
-        wait at once, in the line planning gives (:func:`txstore.kafka.client.refusal`): the
+        wait at once, in the line planning gives (:func:`txstore.kafka.admin.refusal`): the
         producer's messages are purged and the producer dropped, and ``outcome.refusal`` says why."""
         deadline = time.monotonic() + self.timeout
         while True:

@@ -129,7 +129,7 @@ def test_kafka_lines_name_the_streams_options(kafka: MockKafkaCluster) -> None:
     line = str(for_stream(missing))
     assert "check .option('subscribe', ...) (txstore never creates topics)" in line
     no_job_flags(line)
-    # The other Kafka lines, as txstore/kafka/client.py words them (checked to be its words below).
+    # The other Kafka lines, as txstore/kafka/admin.py words them (checked to be its words below).
     for text, expected in (
         (
             "Kafka at k:1 did not answer a metadata request within 5s (x); check --bootstrap-servers / "

@@ -36,7 +36,8 @@ from txstore.core.starting import (
     resolve_starting_offsets,
     times_to_look_up,
 )
-from txstore.kafka.client import fetch_topic_names, fetch_watermarks, offsets_for_times
+from txstore.kafka.client import fetch_topic_names, fetch_watermarks
+from txstore.kafka.list_offsets import offsets_for_times
 from txstore.kafka.topic_ids import fetch_topic_ids
 from txstore.postgres import store
 from txstore.postgres.db import connect
