@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mutation.mutate import EQUIVALENT, MODULES, equivalent_ids
+from mutation.modules import EQUIVALENT, MODULES
+from mutation.mutate import equivalent_ids
 from mutation.operators import find_mutants
 
 REPO = Path(__file__).resolve().parents[2]

@@ -54,7 +54,8 @@ def _ranges_run(listed_outcome: int) -> tuple[int, str]:
     import contextlib
     import io
 
-    from mutation.mutate import MODULES, REPO, Result, equivalent_ids, report
+    from mutation.modules import MODULES, REPO
+    from mutation.mutate import Result, equivalent_ids, report
     from mutation.operators import find_mutants
 
     module = next(m for m in MODULES if m.name == "ranges")
