@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.broker import BrokerProcess
-from bench.run import local_session
+from bench.common import local_session
 from bench.workload import Workload, produce
 from txstore.core.ranges import OffsetRange
 from txstore.kafka.client_settings import client_config

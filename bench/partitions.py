@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.run import _count, _counts, bench_database, local_session, machine, say, warm_up
+from bench.common import bench_database, local_session, machine, positive_count, positive_counts, say, warm_up
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
 from txstore.kafka.reader import close_idle_consumers
@@ -64,14 +64,21 @@ STATUS_SECONDS_TARGET = 1.0
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.partitions", description=__doc__.split("\n\n")[0])
-    p.add_argument("--partitions", type=_counts, default=[8, 1024], help="partition counts (default 8,1024)")
     p.add_argument(
-        "--messages-per-partition", type=_count, default=20, help="a warm batch's new messages (20)"
+        "--partitions", type=positive_counts, default=[8, 1024], help="partition counts (default 8,1024)"
     )
-    p.add_argument("--rounds", type=_count, default=5, help="rounds (default 5)")
-    p.add_argument("--idle-batches", type=_count, default=10, help="idle batches a round (default 10)")
     p.add_argument(
-        "--trigger-seconds", type=_count, default=2, help="the running query's trigger interval (default 2)"
+        "--messages-per-partition", type=positive_count, default=20, help="a warm batch's new messages (20)"
+    )
+    p.add_argument("--rounds", type=positive_count, default=5, help="rounds (default 5)")
+    p.add_argument(
+        "--idle-batches", type=positive_count, default=10, help="idle batches a round (default 10)"
+    )
+    p.add_argument(
+        "--trigger-seconds",
+        type=positive_count,
+        default=2,
+        help="the running query's trigger interval (default 2)",
     )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--database-url", default=None, help="an existing database (default: a throwaway one)")

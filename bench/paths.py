@@ -64,7 +64,7 @@ def topic_totals(frame: Any) -> Any:
 def connect_session(master: str, url: str | None) -> Iterator[tuple[Any, dict[str, float]]]:
     """A Spark Connect client session and its start-up times: a local server started here with
     ``master`` (stopped afterwards), or the one at ``url``."""
-    from bench.run import warm_up
+    from bench.common import warm_up
     from txstore.runner import spark_session
 
     with contextlib.ExitStack() as stack:

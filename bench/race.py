@@ -57,7 +57,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from bench.run import RESULTS, _count, bench_database, machine, say, warm_up
+from bench.common import RESULTS, bench_database, machine, positive_count, say, warm_up
 from bench.spark_kafka_jars import SparkKafkaJars, spark_kafka_jars
 from bench.workload import check_all_there
 from txstore.count_topic import CountMessages
@@ -104,11 +104,15 @@ def parser() -> argparse.ArgumentParser:
         description="Race Spark's own Kafka source (batch and AvailableNow stream) against txstore's "
         "per-range and DataFrame paths on a real Kafka broker, over the same messages.",
     )
-    p.add_argument("--messages", type=_count, default=1_000_000, help="messages produced (default 1e6)")
-    p.add_argument("--partitions", type=_count, default=8, help="topic partitions (default 8)")
-    p.add_argument("--keys", type=_count, default=100, help="distinct message keys (default 100)")
-    p.add_argument("--value-bytes", type=_count, default=20, help="message value size (default 20)")
-    p.add_argument("--rounds", type=_count, default=3, help="rounds of every side and result (default 3)")
+    p.add_argument(
+        "--messages", type=positive_count, default=1_000_000, help="messages produced (default 1e6)"
+    )
+    p.add_argument("--partitions", type=positive_count, default=8, help="topic partitions (default 8)")
+    p.add_argument("--keys", type=positive_count, default=100, help="distinct message keys (default 100)")
+    p.add_argument("--value-bytes", type=positive_count, default=20, help="message value size (default 20)")
+    p.add_argument(
+        "--rounds", type=positive_count, default=3, help="rounds of every side and result (default 3)"
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument(
         "--warm-up-messages",

@@ -11,12 +11,9 @@ import argparse
 import contextlib
 import logging
 import os
-import platform
-import secrets
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,45 +21,47 @@ from typing import Any
 from confluent_kafka import Producer
 
 from bench.broker import BrokerProcess
+from bench.common import (
+    RESULTS,
+    bench_database,
+    machine,
+    percentile,
+    positive_count,
+    positive_counts,
+    say,
+    spark_jobs,
+    start_spark,
+)
 from bench.limit import raw_read
 from bench.memory import PeakMemory
+from bench.targets import evaluate
 from bench.workload import Workload, fit_value_bytes, plan_workload, produce
 from txstore.count_topic import count_messages
 from txstore.job import BatchReport, JobSettings, TransactionalJob
 from txstore.kafka.client_settings import client_config
 from txstore.kafka.reader import close_idle_consumers
-from txstore.postgres.db import connect, redact
-from txstore.postgres.migrate import upgrade
+from txstore.postgres.db import redact
 from txstore.spark.ranges.range_task import COMMITTED
 
 log = logging.getLogger("bench")
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 # -- arguments -------------------------------------------------------------------
-def _count(text: str) -> int:
-    value = float(text)
-    if value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return int(value)
-
-
-def _counts(text: str) -> list[int]:
-    return [_count(part) for part in text.split(",") if part.strip()] if text.strip() else []
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description="Benchmark count_topic against the raw parallel Kafka read rate, in one run.",
     )
-    p.add_argument("--messages", type=_count, default=2_000_000, help="main workload size (default 2e6)")
-    p.add_argument("--partitions", type=_count, default=32, help="main workload partitions (default 32)")
+    p.add_argument(
+        "--messages", type=positive_count, default=2_000_000, help="main workload size (default 2e6)"
+    )
+    p.add_argument(
+        "--partitions", type=positive_count, default=32, help="main workload partitions (default 32)"
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument(
         "--value-bytes",
-        type=_count,
+        type=positive_count,
         default=100,
         help="largest message value to use; each workload uses the largest size up to this that "
         "fits the test broker's 5 MiB per partition (default 100)",
@@ -74,37 +73,47 @@ def parser() -> argparse.ArgumentParser:
         help="fraction of the test broker's 5 MiB per partition a workload may fill (default 0.8)",
     )
     p.add_argument(
-        "--repeats", type=_count, default=7, help="side-by-side pairs (limit, job) for the main workload"
+        "--repeats",
+        type=positive_count,
+        default=7,
+        help="side-by-side pairs (limit, job) for the main workload",
     )
-    p.add_argument("--producers", type=_count, default=2, help="processes producing the workload")
-    p.add_argument("--idle-batches", type=_count, default=20, help="idle batches to time (default 20)")
+    p.add_argument("--producers", type=positive_count, default=2, help="processes producing the workload")
+    p.add_argument(
+        "--idle-batches", type=positive_count, default=20, help="idle batches to time (default 20)"
+    )
     p.add_argument(
         "--trickle-partitions",
-        type=_counts,
+        type=positive_counts,
         default=[8, 64],
         help="partition counts for --interval batches with a trickle of messages (default 8,64)",
     )
     p.add_argument(
-        "--trickle-messages", type=_count, default=640, help="new messages per trickle batch (default 640)"
+        "--trickle-messages",
+        type=positive_count,
+        default=640,
+        help="new messages per trickle batch (default 640)",
     )
-    p.add_argument("--trickle-rounds", type=_count, default=10, help="trickle batches to time (default 10)")
+    p.add_argument(
+        "--trickle-rounds", type=positive_count, default=10, help="trickle batches to time (default 10)"
+    )
     p.add_argument("--interval", type=float, default=1.0, help="the --interval of trickle batches (s)")
     p.add_argument(
         "--sweep-partitions",
-        type=_counts,
+        type=positive_counts,
         default=[1, 8, 64],
         help="partition counts of the sweep (default 1,8,64; empty to skip the sweep)",
     )
     p.add_argument(
         "--sweep-messages",
-        type=_counts,
+        type=positive_counts,
         default=[100_000, 1_000_000, 10_000_000],
         help="message counts of the sweep (default 1e5,1e6,1e7); cells that cannot fit the "
         "test broker are skipped and listed",
     )
     p.add_argument(
         "--path-rounds",
-        type=_count,
+        type=positive_count,
         default=5,
         help="rounds of the paths comparison: per-range and DataFrame aggregate, classic and Connect, "
         "over the main workload (default 5)",
@@ -131,101 +140,6 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     return p
-
-
-# -- infrastructure --------------------------------------------------------------
-@contextlib.contextmanager
-def bench_database(url: str | None) -> Iterator[str]:
-    if url:
-        upgrade(url)
-        yield url
-        return
-    host = os.environ.get("PGHOST", "127.0.0.1")
-    port = os.environ.get("PGPORT", "5432")
-    user = os.environ.get("PGUSER", "postgres")
-    password = os.environ.get("PGPASSWORD", "")
-    auth = f"{user}:{password}" if password else user
-    # The pid alone is not unique: runs in other pid namespaces (CI, other work trees) share the
-    # machine's PostgreSQL, and a run whose pid matched dropped another run's database mid-run.
-    name = f"txstore_bench_{os.getpid()}_{secrets.token_hex(4)}"
-    admin = f"postgresql://{auth}@{host}:{port}/postgres"
-    with connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = f"postgresql://{auth}@{host}:{port}/{name}"
-        upgrade(url)
-        yield url
-    finally:
-        with connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def start_spark(master: str, spark: Any = None) -> tuple[Any, dict[str, float]]:
-    """A SparkSession like a job's, and its start-up cost: session, then first Python workers.
-
-    Both are paid once per job process, before its first batch, so no batch
-    measured here includes them; they are reported on their own. ``spark``:
-    use this running session instead (the smoke test shares its session).
-    """
-    started = time.monotonic()
-    # spark.sql.shuffle.partitions: as the Connect server's (bench/paths.py)
-    spark = spark or local_session(master, "txstore bench", {"spark.sql.shuffle.partitions": "2"})
-    session = time.monotonic()
-    warm_up(spark)
-    warm = time.monotonic()
-    return spark, {
-        "session_seconds": round(session - started, 3),
-        "python_workers_seconds": round(warm - session, 3),
-    }
-
-
-def local_session(master: str, app: str, conf: Mapping[str, str] | None = None) -> Any:
-    """A SparkSession as every benchmark builds it: no UI or progress bar, the driver on
-    127.0.0.1, its Python workers this Python, logs at ERROR; ``conf`` on top."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master(master)
-        .appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config(map=dict(conf or {}))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def warm_up(spark: Any) -> None:
-    """Run what a job's first batch would run first: a ``mapInArrow`` over ``spark.range`` (as
-    :mod:`txstore.spark.ranges.tasks` runs every task group) that starts the Python workers and imports
-    txstore there. Spark SQL's first such job also loads and compiles its own code: measured at
-    35 s on the busy machine, which an RDD warm-up (what the job ran before) did not pay."""
-    from txstore.spark.ranges.tasks import default_parallelism
-
-    cores = default_parallelism(spark)
-
-    def import_txstore(batches: Any) -> Any:  # nested: pickled by value, not by module name
-        __import__("txstore.spark.ranges.range_task")
-        yield from batches
-
-    spark.range(0, cores, 1, cores).mapInArrow(import_txstore, "id long").collect()
-
-
-def spark_jobs(spark: Any) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 # -- measurements ----------------------------------------------------------------
@@ -495,137 +409,6 @@ def batch_record(report: BatchReport, wall_ms: float, cores: int, spark_jobs: in
         },
         "commit_share": commit / wall_ms if wall_ms > 0 else 0.0,
         "spark_jobs": spark_jobs,
-    }
-
-
-# -- targets -----------------------------------------------------------------------
-def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target with the measured ratio beside it."""
-    targets: list[dict[str, Any]] = []
-
-    def add(name: str, measured: float | None, limit: float, passed: bool | None, note: str) -> None:
-        targets.append({"target": name, "measured": measured, "limit": limit, "passed": passed, "note": note})
-
-    main = results["main"]
-    add(
-        "throughput / raw parallel read rate",
-        main["ratio_median"],
-        0.8,
-        main["ratio_median"] >= 0.8,
-        f"median of {len(main['pairs'])} side-by-side pairs against the raw strategy fastest over all "
-        f"pairs ({main['limit_strategy']}), >= 0.8; against the fastest raw run in each pair: "
-        f"{main['ratio_median_vs_fastest_in_each_pair']:.2f}",
-    )
-    for name, limit, what in (
-        ("classic DataFrame / classic per-range", 0.8, "DataFrame aggregate path / per-range count path"),
-        (
-            "classic DataFrame, counted by Spark / classic per-range",
-            0.8,
-            "DataFrame aggregate path, push_down_counts=False / per-range count path",
-        ),
-        (
-            "classic DataFrame, all columns / classic per-range",
-            0.8,
-            "DataFrame aggregate path, all columns declared / per-range count path",
-        ),
-        ("Connect per-range / classic per-range", 0.8, "Connect / classic, per-range count path"),
-        ("Connect DataFrame / classic DataFrame", 0.8, "Connect / classic, DataFrame aggregate path"),
-    ):
-        found = results["paths"]["ratios"].get(name)
-        if found is not None:
-            add(
-                what,
-                found["median"],
-                limit,
-                found["median"] >= limit,
-                f"median over {results['paths']['rounds']} rounds of the ratio within a round, >= {limit} "
-                f"(rounds: {', '.join(f'{r:.2f}' for r in found['rounds'])})",
-            )
-    add(
-        "commit share of batch time",
-        main["commit_share_median"],
-        0.05,
-        main["commit_share_median"] <= 0.05,
-        "summed commit time / (parallel tasks x batch wall time), <= 0.05",
-    )
-    idle = main["idle"]
-    add(
-        "idle batch (ms)",
-        idle["p50_ms"],
-        50.0,
-        idle["p50_ms"] <= 50.0 and idle["spark_jobs_launched"] == 0,
-        f"median of {idle['batches']}, <= 50 ms and no Spark job "
-        f"(max {idle['max_ms']:.1f} ms, {idle['spark_jobs_launched']} Spark jobs)",
-    )
-    trickle = results["trickle"]
-    if trickle:
-        most = max(trickle.values(), key=lambda t: t["partitions"])
-        add(
-            f"trickle --interval batch, {most['partitions']} partitions (ms)",
-            most["p50_ms"],
-            1000.0,
-            most["p50_ms"] <= 1000.0,
-            f"median of {len(most['wall_ms'])}, <= 1000 ms (p90 {most['p90_ms']:.0f}, max {most['max_ms']:.0f})",
-        )
-    cells = {(c["workload"]["partitions"], c["workload"]["messages"]): c for c in results["sweep"]["cells"]}
-    for n in sorted({n for _, n in cells}):
-        if (8, n) in cells and (64, n) in cells:
-            ratio = cells[(64, n)]["job"]["wall_ms"] / cells[(8, n)]["job"]["wall_ms"]
-            add(f"64 / 8 partitions batch time, {n:,} messages", ratio, 1.5, ratio <= 1.5, "<= 1.5")
-    by_messages = sorted(
-        ((n, c) for (p, n), c in cells.items() if p == max(p for p, _ in cells)), key=lambda x: x[0]
-    )
-    if len(by_messages) >= 2:
-        # Linear: the time per message does not rise with the batch (fixed costs make
-        # it fall). Compared between the two largest batches, where fixed costs are
-        # small; the job/limit ratio shows the job keeping pace with plain reading.
-        (nb, cb), (nc, cc) = by_messages[-2:]
-        per_b = cb["job"]["wall_ms"] / nb * 1000
-        per_c = cc["job"]["wall_ms"] / nc * 1000
-        add(
-            f"time per message at {nc:,} / at {nb:,} messages",
-            per_c / per_b,
-            1.25,
-            per_c / per_b <= 1.25,
-            f"linear: <= 1.25 ({per_b:.2f} -> {per_c:.2f} us per message; job/limit ratio "
-            f"{cb['ratio']:.2f} -> {cc['ratio']:.2f})",
-        )
-        (n0, c0), (n1, c1) = by_messages[0], by_messages[-1]
-        for part in ("python_worker_max_mib", "python_driver_mib", "jvm_mib"):
-            m0, m1 = c0["job"]["memory"][part], c1["job"]["memory"][part]
-            ratio = m1 / m0 if m0 else None
-            add(
-                f"peak memory {part.removesuffix('_mib')}, {n0:,} -> {n1:,} messages",
-                ratio,
-                1.25,
-                None if ratio is None else ratio <= 1.25,
-                f"{m0:.0f} -> {m1:.0f} MiB, <= 1.25x",
-            )
-    if cells:
-        # Steady state: the largest batch, where a batch's fixed costs (planning, a Spark job,
-        # a task per core) are a small share of its time.
-        (p, n), biggest = max(cells.items(), key=lambda item: (item[0][1], item[0][0]))
-        add(
-            f"steady-state per-range count path / raw parallel read, {n:,} messages / {p} partitions",
-            biggest["ratio"],
-            1.0,
-            biggest["ratio"] >= 1.0,
-            "the sweep's largest batch against the fastest raw strategy in its pair, >= 1.0",
-        )
-    return targets
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-def machine() -> dict[str, Any]:
-    load = os.getloadavg()
-    return {
-        "cpus": os.cpu_count(),
-        "load_average_1_5_15": [round(x, 2) for x in load],
-        "python": platform.python_version(),
-        "platform": platform.platform(),
     }
 
 

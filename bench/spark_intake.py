@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master", default="local[2]")
     args = p.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from bench.run import start_spark
+    from bench.common import start_spark
 
     spark, _ = start_spark(args.master)
     try:

@@ -63,9 +63,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.broker import BrokerProcess
+from bench.common import bench_database, local_session, machine, positive_count, say, warm_up
 from bench.memory import PeakMemory
 from bench.race import produce as produce_fast
-from bench.run import _count, bench_database, local_session, machine, say, warm_up
 from bench.workload import Workload, fit_value_bytes, produce
 from txstore.core.starting import StartDecision
 from txstore.count_topic import count_messages
@@ -233,13 +233,17 @@ def parser() -> argparse.ArgumentParser:
         help="mock: the test broker (at most about 5 MiB per partition); real: Apache Kafka, started "
         "here (RealKafkaCluster; its jars fetched by Maven once) (default mock)",
     )
-    p.add_argument("--messages", type=_count, default=400_000, help="messages produced (default 400000)")
-    p.add_argument("--partitions", type=_count, default=4, help="partitions of the topic (default 4)")
-    p.add_argument("--value-bytes", type=_count, default=20, help="message value size (default 20)")
-    p.add_argument("--rounds", type=_count, default=3, help="measured rounds of every path (default 3)")
+    p.add_argument(
+        "--messages", type=positive_count, default=400_000, help="messages produced (default 400000)"
+    )
+    p.add_argument("--partitions", type=positive_count, default=4, help="partitions of the topic (default 4)")
+    p.add_argument("--value-bytes", type=positive_count, default=20, help="message value size (default 20)")
+    p.add_argument(
+        "--rounds", type=positive_count, default=3, help="measured rounds of every path (default 3)"
+    )
     p.add_argument(
         "--batch-messages",
-        type=_count,
+        type=positive_count,
         help="running mode: each path one job or query that counts the topic in batches of this many "
         "messages (the job's --max-offsets-per-batch, the query's maxOffsetsPerTrigger), its first "
         "batch its warm-up, the median of the others its time (default: the whole topic in one "
