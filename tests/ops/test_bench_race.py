@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.race import GRAIN_SIDES, GRAINS, SIDES, TX_PER_RANGE, TX_STREAM
+from bench.race_sides import GRAIN_SIDES, GRAINS, SIDES, TX_PER_RANGE, TX_STREAM
 from bench.spark_kafka_jars import spark_kafka_jars
 from tests.helpers.real_kafka_fixture import jars_or_skip
 from txstore.testing.real_kafka import kafka_jars
