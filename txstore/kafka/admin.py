@@ -29,7 +29,7 @@ class Admin:
 
     librdkafka retries a broker it cannot reach or talk to (refused, TLS or SASL
     handshake failed) until the call times out, and would print a line to stderr
-    for every attempt. Here its log lines go to :data:`CLIENT_LOG` (at DEBUG) and its errors
+    for every attempt. Here its log lines go to :data:`~txstore.kafka.client_settings.CLIENT_LOG` (at DEBUG) and its errors
     are kept, so a failed call becomes one line that says what the broker said.
     Metadata requests never create topics, whatever the broker allows.
 

@@ -42,7 +42,7 @@ def fetch_watermarks(
     partition count. Raises :class:`UnknownTopic` for a topic Kafka does not
     have (it is never created), :class:`KafkaUnavailable` (with the broker
     address and the broker's last error) on timeout. ``admin``: ask through this
-    client (:data:`Admin`), else through a new one.
+    client (:class:`~txstore.kafka.admin.Admin`), else through a new one.
     """
     return _watermarks(kept(admin, conf), conf, topics, timeout)
 

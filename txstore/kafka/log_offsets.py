@@ -12,7 +12,7 @@ a Python future per partition. The steps of a lookup (:func:`consumer_lookup`):
    connection's requests one at a time): the second and later consumers' shares on threads;
 3. a partition whose leadership is moving, or answered with an offset below 0, is asked again
    until the deadline (the rules below, which the admin client's lookups in
-   :mod:`txstore.kafka.client` follow too); any other error is raised.
+   :mod:`txstore.kafka.list_offsets` follow too); any other error is raised.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class LeadershipUnsettled(TimeoutError):
     """Kafka answered, but a partition's leadership was still moving (:data:`LEADERSHIP_MOVING`)
     when the timeout was spent: a topic just created whose leaders are being elected, or a
     broker restarting. A :class:`TimeoutError`, so every caller's "did not answer" handling
-    catches it; :meth:`_Admin.unavailable` words it for what it is."""
+    catches it; :meth:`txstore.kafka.admin.Admin.unavailable` words it for what it is."""
 
     def __init__(self, where: str, error: KafkaError) -> None:
         super().__init__(f"{where}: {error.str()}")
