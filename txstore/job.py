@@ -185,7 +185,7 @@ class TransactionalJob:
         self._topic_ids_source: TopicIds | None = None  # asked only with the job's own Kafka clients
         if watermarks is None:
             watermarks = self._own_watermarks = Watermarks()
-            self._topic_ids_source = TopicIds()
+            self._topic_ids_source = TopicIds(self._own_watermarks.admin_for)  # one client for both
         self.watermarks = watermarks
         self.planner = Planner(
             settings,

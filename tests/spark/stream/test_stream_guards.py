@@ -27,6 +27,7 @@ import pytest
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+import txstore.kafka.admin
 from tests.helpers.fake_kafka import FakeAdminClient, FakeKafka, FakeLog, install_with_admin, message
 from tests.helpers.fast_db import module_database
 from tests.helpers.streams import COUNT_SCHEMA, ROWS_SCHEMA, source_options
@@ -2216,6 +2217,30 @@ def test_a_query_over_two_topics_stores_each_topic_s_id_in_its_rows(guard: Guard
     named_by(guard, subscribe="t,u").initialOffset()
     ids = "SELECT topic, part, topic_id FROM txn_offsets WHERE job = %s ORDER BY topic, part"
     assert guard.db.execute(ids, (JOB,)).fetchall() == [("t", 0, "id-t"), ("u", 0, "id-u")]
+
+
+def test_a_query_asks_kafka_its_log_offsets_and_topic_ids_through_one_admin_client(
+    guard: Guard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new librdkafka client waits about 55 ms for its first answer: the query's start asked its
+    topic IDs through a client of their own, after the log offsets' one (issue 38)."""
+    made: list[FakeAdminClient] = []
+    make = txstore.kafka.admin.AdminClient
+
+    def counted(conf: dict[str, Any]) -> FakeAdminClient:
+        client = make(conf)
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(txstore.kafka.admin, "AdminClient", counted)
+    guard.fake.topic_ids["t"] = "id-t"
+    guard.log(0, range(2))
+    reader = named_by(guard, subscribe="t")
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, None) == {"t": {"0": 2}}
+    ids = "SELECT topic, part, topic_id FROM txn_offsets WHERE job = %s"
+    assert guard.db.execute(ids, (JOB,)).fetchall() == [("t", 0, "id-t")]
+    assert len(made) == 1
 
 
 def test_an_idle_query_asks_its_topic_ids_once_in_a_while_not_every_micro_batch(

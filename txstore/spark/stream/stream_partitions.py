@@ -171,7 +171,9 @@ class QueryPartitions(PlanningSession):
         if not wanted:
             return {}
         if self._ids is None:
-            self._ids = TopicIds()
+            if self._kafka is None:
+                self._kafka = Watermarks()
+            self._ids = TopicIds(self._kafka.admin_for)  # one admin client for both
         ids = self._ids(self.options.read.kafka_conf, wanted)
         asked = time.monotonic()
         self._ids_checked.update({t: asked for t in wanted})
