@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicCollection
 
 import txstore.kafka.admin
 import txstore.kafka.reader
@@ -26,6 +27,7 @@ from txstore.postgres import store
 from txstore.postgres.db import connect
 from txstore.postgres.locks import hold_job_lock
 from txstore.testing.mock_kafka import MockKafkaCluster
+from txstore.testing.real_kafka import RealKafkaCluster
 
 
 @pytest.fixture
@@ -66,8 +68,36 @@ def test_status_and_its_check_ask_every_topic_of_a_job_through_one_kafka_client(
         assert [(f.topic, f.partition, f.watermarks.high if f.watermarks else None) for f in facts] == [
             (t, p, n) for i, t in enumerate(topics) for p, n in ((0, i + 1), (1, 2 * i + 1))
         ]
-        # one for every topic's log offsets, one for their topic IDs (none on this broker)
-        assert len(admin_clients) == 3
+        # one more: the same client for every topic's log offsets and their topic IDs (none here)
+        assert len(admin_clients) == 2
+
+
+def test_check_asks_apache_kafka_the_log_offsets_and_topic_ids_of_a_job_through_one_client(
+    database_url: str,
+    real_kafka: RealKafkaCluster,
+    new_real_topic: Callable[..., str],
+    admin_clients: list[Any],
+) -> None:
+    """The mock broker has no topic IDs: on Apache Kafka the check gets each topic's real ID through
+    the client that asked the log offsets."""
+    topics = [new_real_topic(2, prefix=f"ids{i}") for i in range(2)]
+    for topic in topics:
+        produce(real_kafka.bootstrap_servers, topic, {0: 2, 1: 1})
+    with connect(database_url) as conn:
+        store.create_start_rows(
+            conn, "ids", [StartDecision(t, p, 0, "test") for t in topics for p in range(2)]
+        )
+        facts, _ = health_facts(
+            conn, client_config(real_kafka.bootstrap_servers), "ids", timedelta(minutes=5)
+        )
+    assert all(f.watermarks is not None for f in facts)  # Kafka answered
+    assert len(admin_clients) == 1
+    described = real_kafka.admin().describe_topics(TopicCollection(topics), request_timeout=10)
+    ids = {t: str(f.result(10).topic_id) for t, f in described.items()}
+    assert len(set(ids.values())) == 2
+    assert [(f.topic, f.partition, f.topic_id) for f in facts] == [
+        (t, p, ids[t]) for t in topics for p in range(2)
+    ]
 
 
 @pytest.fixture

@@ -26,12 +26,16 @@ _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: the broker has no 
 
 
 def fetch_topic_ids(
-    conf: Mapping[str, Any], topics: Sequence[str], timeout: float = TOPIC_ID_TIMEOUT_SECONDS
+    conf: Mapping[str, Any],
+    topics: Sequence[str],
+    timeout: float = TOPIC_ID_TIMEOUT_SECONDS,
+    admin: Admin | None = None,
 ) -> dict[str, str]:
-    """Kafka's topic ID per topic, for the topics the broker reports one for (else empty)."""
+    """Kafka's topic ID per topic, for the topics the broker reports one for (else empty).
+    ``admin``: a client the caller already asked through (else a new one)."""
     if not topics:
         return {}
-    return _topic_ids(Admin(conf), topics, timeout) or {}
+    return _topic_ids(admin if admin is not None else Admin(conf), topics, timeout) or {}
 
 
 class TopicIds:

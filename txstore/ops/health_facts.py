@@ -12,6 +12,7 @@ leaves the Kafka facts unknown, never the command hanging.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.health import PartitionFacts
 from txstore.core.ranges import PartitionHistory, PartitionWatermarks
+from txstore.kafka.admin import Admin
 from txstore.kafka.client import BOOTSTRAP_ENV
 from txstore.kafka.first_messages import first_messages
 from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
@@ -63,12 +65,15 @@ def health_facts(
     now = rows[0][-1] if rows else datetime.now(UTC)
     conn.commit()
     subs = store.subscriptions(conn, job)
-    kafka = ask_kafka(kafka_conf, subs, {r[1] for r in rows})
+    client = functools.cache(lambda: Admin(kafka_conf or {}))  # one for the check, made when first asked
+    kafka = ask_kafka(kafka_conf, subs, {r[1] for r in rows}, client)
     matched, marks = kafka.matched, kafka.marks
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows} | set(matched))}
     problem = kafka.unavailable if kafka_conf else f"Kafka not given (--bootstrap-servers or {BOOTSTRAP_ENV})"
     # one request; a topic deleted since its log offsets leaves all without IDs this once
-    topic_ids = fetch_topic_ids(kafka_conf, kafka.answered) if kafka_conf and problem is None else {}
+    topic_ids = (
+        fetch_topic_ids(kafka_conf, kafka.answered, admin=client()) if kafka_conf and problem is None else {}
+    )
     facts = []
     lasts = {
         (r[0], r[1], r[2]): Fingerprint(r[7], r[8], r[9]) if r[7] is not None and r[9] is not None else None

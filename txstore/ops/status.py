@@ -295,15 +295,19 @@ class KafkaView:
 
 
 def ask_kafka(
-    conf: Mapping[str, Any] | None, subs: Mapping[str, Subscription], stored: Iterable[str]
+    conf: Mapping[str, Any] | None,
+    subs: Mapping[str, Subscription],
+    stored: Iterable[str],
+    admin: Callable[[], Admin] | None = None,
 ) -> KafkaView:
     """Kafka's watermarks of the ``stored`` topics and of every topic a pattern job matches now,
     topic by topic on one client, so that one topic Kafka does not have leaves only its own
     partitions unknown; the first topic Kafka does not answer for stops the asking. Nothing is
-    asked without Kafka settings (``conf`` None)."""
+    asked without Kafka settings (``conf`` None). ``admin``: the command's client, made when
+    first called (else one of the call's own), for a command that asks Kafka more after."""
     if not conf:
         return KafkaView({}, {}, [], [], None)
-    client = functools.cache(lambda: Admin(conf))
+    client = admin if admin is not None else functools.cache(lambda: Admin(conf))
     matched, unlisted = _pattern_matches(conf, subs, client)
     if unlisted:
         return KafkaView(matched, {}, [], [], unlisted)
