@@ -7,8 +7,9 @@ planning rules are pure functions over frozen dataclasses; the asking is in :fun
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from txstore.core.assignment import assigned_only
@@ -36,6 +37,7 @@ from txstore.core.starting import (
     resolve_starting_offsets,
     times_to_look_up,
 )
+from txstore.kafka.admin import Admin
 from txstore.kafka.client import fetch_topic_names, fetch_watermarks
 from txstore.kafka.list_offsets import offsets_for_times
 from txstore.kafka.topic_ids import fetch_topic_ids
@@ -197,14 +199,18 @@ def job_topics(database_url: str, job: str) -> list[str]:
         return store.job_topics(conn, job)
 
 
-def resolve_read_topics(options: ReadOptions, stored_topics: Sequence[str] = ()) -> PatternTopics | None:
+def resolve_read_topics(
+    options: ReadOptions, stored_topics: Sequence[str] = (), admin: Callable[[], Admin] | None = None
+) -> PatternTopics | None:
     """``subscribePattern`` resolved against Kafka's topics now (with ``stored_topics``, the topics
     a ``txstore.job`` has offsets for); None without a pattern. A pattern that matches no topic
-    yet is one INFO line, not an error: there is nothing to read."""
+    yet is one INFO line, not an error: there is nothing to read. ``admin``: the plan's client
+    (:func:`plan`)."""
     if options.pattern is None:
         return None
     pattern = compile_topic_pattern(options.pattern, f"option {options.name('subscribePattern')}")
-    resolved = resolve_pattern(pattern, fetch_topic_names(options.kafka_conf), stored_topics)
+    names = fetch_topic_names(options.kafka_conf, admin=admin() if admin is not None else None)
+    resolved = resolve_pattern(pattern, names, stored_topics)
     if not resolved.matched:
         log.info(
             "option %s %r matches no topic on Kafka yet; nothing to read",
@@ -215,7 +221,10 @@ def resolve_read_topics(options: ReadOptions, stored_topics: Sequence[str] = ())
 
 
 def read_watermarks(
-    options: ReadOptions, topics: Sequence[str], stored: Mapping[TopicPartition, int] | None = None
+    options: ReadOptions,
+    topics: Sequence[str],
+    stored: Mapping[TopicPartition, int] | None = None,
+    admin: Callable[[], Admin] | None = None,
 ) -> list[PartitionWatermarks]:
     """:func:`fetch_watermarks` of ``topics``. With a pattern, a topic the job has offsets for that
     Kafka no longer has stops the read with the job's vanished-topic line; one that matched a
@@ -223,7 +232,7 @@ def read_watermarks(
     topics = list(topics)
     while True:
         try:
-            return fetch_watermarks(options.kafka_conf, topics)
+            return fetch_watermarks(options.kafka_conf, topics, admin=admin() if admin is not None else None)
         except UnknownTopic as e:
             held = sum(1 for t, _ in (stored or {}) if t == e.topic)
             if held and options.job is not None:
@@ -234,19 +243,22 @@ def read_watermarks(
 
 
 def plan(options: ReadOptions) -> list[OffsetRange]:
-    """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning."""
+    """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning.
+    Kafka's topics, log offsets and topic IDs are asked through one admin client, made when first
+    asked (a new client waits about 55 ms for its first answer)."""
+    admin = _one_admin(options)
     if options.job is not None:
         assert options.database_url is not None
         resolved = None
         topics: Sequence[str] = options.topics
         if options.pattern is not None:
-            resolved = resolve_read_topics(options, job_topics(options.database_url, options.job))
+            resolved = resolve_read_topics(options, job_topics(options.database_url, options.job), admin)
             assert resolved is not None
             topics = resolved.topics
         stored, history = job_committed_state(options.database_url, options.job, topics)
         where = f"option {options.name('assign')}"
         watermarks, committed = assigned_only(
-            options.assignment, read_watermarks(options, topics, stored), stored, where
+            options.assignment, read_watermarks(options, topics, stored, admin), stored, where
         )
         new = [w.key for w in watermarks if w.key not in committed]
         by_time = start_times(options, new, {t for t, _ in committed})
@@ -260,14 +272,21 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
             resolved,
             options.subscribed_by,
             history,
-            fetch_topic_ids(options.kafka_conf, topics),
+            fetch_topic_ids(options.kafka_conf, topics, admin=admin()),
         )
         return split_ranges(ranges, options.min_partitions)
-    return _plan_read(options)
+    return _plan_read(options, admin)
 
 
-def _plan_read(options: ReadOptions) -> list[OffsetRange]:
-    watermarks = read_watermarks(options, read_topics(options))
+def _one_admin(options: ReadOptions) -> Callable[[], Admin]:
+    """A plan's one admin client, made when first called."""
+    return functools.cache(lambda: Admin(options.kafka_conf))
+
+
+def _plan_read(options: ReadOptions, admin: Callable[[], Admin] | None = None) -> list[OffsetRange]:
+    if admin is None:
+        admin = _one_admin(options)
+    watermarks = read_watermarks(options, read_topics(options, admin), admin=admin)
     reported, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
     return plan_read_ranges(options, watermarks, start_times(options, [w.key for w in reported]))
 
@@ -281,10 +300,10 @@ def start_times(
     return offsets_for_times(options.kafka_conf, wanted) if wanted else {}
 
 
-def read_topics(options: ReadOptions) -> tuple[str, ...]:
+def read_topics(options: ReadOptions, admin: Callable[[], Admin] | None = None) -> tuple[str, ...]:
     """A read's topics (without ``txstore.job``): ``subscribe``'s or ``assign``'s, or what the
     pattern matches now."""
-    resolved = resolve_read_topics(options)
+    resolved = resolve_read_topics(options, admin=admin)
     return options.topics if resolved is None else resolved.matched
 
 
