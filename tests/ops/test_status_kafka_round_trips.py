@@ -1,8 +1,8 @@
-"""`txstore status` asks Kafka about many topics and partitions in few round trips: a job's topics
-through one client, not one per topic (a new librdkafka client waits about 55 ms for its first
-answer, so a job of 20 topics took 1.4 s where one of a single topic took 0.35 s); a stalled
-job's first unread messages through one assignment, not one per partition (45 s at 1,024
-partitions)."""
+"""`txstore status` (and ``reset``'s plan) asks Kafka about many topics and partitions in few
+round trips: a job's topics through one client, not one per topic (a new librdkafka client waits
+about 55 ms for its first answer, so a job of 20 topics took 1.4 s where one of a single topic
+took 0.35 s); a stalled job's first unread messages through one assignment, not one per
+partition (45 s at 1,024 partitions)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from txstore.core.starting import StartDecision
 from txstore.kafka.client_settings import client_config
 from txstore.kafka.topic_ids import messages_at_last_counted, read_message_at
 from txstore.ops.health_facts import first_unread_written, health_facts
+from txstore.ops.reset import plan_job_reset
+from txstore.ops.reset_plan import ResetTarget
 from txstore.ops.status import status
 from txstore.postgres import store
 from txstore.postgres.db import connect
@@ -97,6 +99,32 @@ def test_check_asks_apache_kafka_the_log_offsets_and_topic_ids_of_a_job_through_
     assert len(set(ids.values())) == 2
     assert [(f.topic, f.partition, f.topic_id) for f in facts] == [
         (t, p, ids[t]) for t in topics for p in range(2)
+    ]
+
+
+def test_a_reset_plan_asks_apache_kafka_the_topic_s_log_offsets_and_id_through_one_client(
+    database_url: str,
+    real_kafka: RealKafkaCluster,
+    new_real_topic: Callable[..., str],
+    admin_clients: list[Any],
+) -> None:
+    """The rows hold another topic ID than Kafka's: the plan starts a new generation with Kafka's
+    ID, asked through the client that asked the log offsets."""
+    topic = new_real_topic(2, prefix="reset-ids")
+    produce(real_kafka.bootstrap_servers, topic, {0: 2, 1: 1})
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "reset_ids", [StartDecision(topic, p, 0, "test") for p in range(2)])
+        store.record_topic_ids(conn, "reset_ids", {topic: "an-older-topic-id"})
+        conn.commit()
+        moves = plan_job_reset(
+            conn, client_config(real_kafka.bootstrap_servers), "reset_ids", topic, None, ResetTarget("latest")
+        )
+    assert len(admin_clients) == 1
+    described = real_kafka.admin().describe_topics(TopicCollection([topic]), request_timeout=10)
+    topic_id = str(described[topic].result(10).topic_id)
+    assert [(m.partition, m.old, m.new, m.new_generation, m.topic_id) for m in moves] == [
+        (0, 0, 2, 1, topic_id),
+        (1, 0, 1, 1, topic_id),
     ]
 
 

@@ -17,6 +17,7 @@ import psycopg
 from txstore.core.errors import KafkaUnavailable, TxstoreError, UnknownTopic
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.ranges import PartitionWatermarks
+from txstore.kafka.admin import Admin
 from txstore.kafka.client import BOOTSTRAP_ENV, fetch_watermarks
 from txstore.kafka.list_offsets import offsets_for_timestamp
 from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
@@ -52,8 +53,9 @@ def plan_job_reset(
         watermarks, problem = forget_watermarks(kafka_conf, topic)
         return plan_forget(job, topic, partitions, stored, watermarks, problem)
     if kafka_conf:
-        watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic])}
-        topic_id = fetch_topic_ids(kafka_conf, [topic]).get(topic)
+        admin = Admin(kafka_conf)  # one client for the log offsets and the topic ID
+        watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic], admin=admin)}
+        topic_id = fetch_topic_ids(kafka_conf, [topic], admin=admin).get(topic)
         chosen = partitions or sorted(watermarks)
         at_last = messages_at_last_counted(
             kafka_conf, [(topic, p, past[p].last if p in past else None, watermarks.get(p)) for p in chosen]
