@@ -55,14 +55,28 @@ def offsets_for_times(
     conf: Mapping[str, Any], wanted: Mapping[tuple[str, int], int], timeout: float = METADATA_TIMEOUT_SECONDS
 ) -> dict[tuple[str, int], int]:
     """:func:`offsets_for_timestamp` for partitions each with its own time
-    (``startingOffsetsByTimestamp``): one lookup per distinct time, -1 where no message is that late."""
+    (``startingOffsetsByTimestamp``), -1 where no message is that late: one question per
+    distinct time, all asked at once on one client (:func:`list_offsets_together`). Asked one
+    time after another, each on a client of its own, 8 partitions of 8 times took about 8 client
+    starts (about 55 ms each)."""
     by_time: dict[int, list[tuple[str, int]]] = {}
     for key, when in wanted.items():
         by_time.setdefault(when, []).append(key)
-    found: dict[tuple[str, int], int] = {}
-    for when, keys in sorted(by_time.items()):
-        found.update(offsets_for_timestamp(conf, sorted(keys), when, timeout))
-    return found
+    if not by_time:
+        return {}
+    questions = [
+        OffsetsQuestion(
+            [TopicPartition(t, p) for t, p in sorted(keys)],
+            OffsetSpec.for_timestamp(lookup_timestamp(when)),  # type: ignore[no-untyped-call]
+        )
+        for when, keys in sorted(by_time.items())
+    ]
+    admin = Admin(conf)
+    try:
+        answers = list_offsets_together(admin.client, questions, timeout)
+    except (KafkaException, TimeoutError) as e:
+        raise admin.unavailable(servers_of(conf), "the offsets-for-times lookup", timeout, e) from None
+    return {key: offset for answer in answers for key, offset in answer.items()}
 
 
 @dataclass(frozen=True)
