@@ -128,6 +128,38 @@ def test_a_reset_plan_asks_apache_kafka_the_topic_s_log_offsets_and_id_through_o
     ]
 
 
+def test_a_reset_to_a_datetime_asks_apache_kafka_all_it_needs_through_one_client(
+    database_url: str,
+    real_kafka: RealKafkaCluster,
+    new_real_topic: Callable[..., str],
+    admin_clients: list[Any],
+) -> None:
+    """The log offsets, the topic ID, the time lookup and, for a partition with no message that
+    late, the lookup of 1970 that tells "none that late" from "cannot look times up"."""
+    topic = new_real_topic(2, prefix="reset-time")
+    t0 = 1_767_225_600_000
+    send(real_kafka.bootstrap_servers, topic, [(0, b"k", b"v", t0 + s * 1000) for s in range(5)])
+    send(real_kafka.bootstrap_servers, topic, [(1, b"k", b"v", t0 + s * 1000) for s in range(2)])
+    with connect(database_url) as conn:
+        store.create_start_rows(conn, "reset_time", [StartDecision(topic, p, 5, "test") for p in range(2)])
+        conn.execute(
+            "UPDATE txn_offsets SET off = CASE part WHEN 0 THEN 5 ELSE 2 END WHERE job = 'reset_time'"
+        )
+        conn.commit()
+        moves = plan_job_reset(
+            conn,
+            client_config(real_kafka.bootstrap_servers),
+            "reset_time",
+            topic,
+            None,
+            ResetTarget("datetime", t0 + 3_000),
+        )
+    assert len(admin_clients) == 1
+    # partition 0: its first message at or after 3 s is offset 3; partition 1 has none that late
+    # (its last is at 1 s) and answers for 1970, so it moves to its end
+    assert [(m.partition, m.old, m.new, m.unanswered) for m in moves] == [(0, 5, 3, False), (1, 2, 2, False)]
+
+
 @pytest.fixture
 def assignments(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     """The partitions of every ``assign`` of the consumers txstore's reader makes from now on

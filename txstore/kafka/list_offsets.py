@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS, Admin
+from txstore.kafka.admin import METADATA_TIMEOUT_SECONDS, Admin, kept
 from txstore.kafka.client_settings import servers_of
 from txstore.kafka.log_offsets import LIST_OFFSETS_RETRY_SECONDS, answer_settled, moving_within, unsettled
 
@@ -33,17 +33,19 @@ def offsets_for_timestamp(
     partitions: Sequence[tuple[str, int]],
     timestamp_ms: int,
     timeout: float = METADATA_TIMEOUT_SECONDS,
+    admin: Admin | None = None,
 ) -> dict[tuple[str, int], int]:
     """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``.
 
     Kafka's offsets-for-times lookup; a partition with no such message gets -1.
     The lookup is read-uncommitted, so an answer can lie past the last stable
     offset: callers place it with :func:`txstore.core.starting.offset_for_time`,
-    which caps it (and -1) at the planner's read-committed end.
+    which caps it (and -1) at the planner's read-committed end. ``admin``: a client the
+    caller already asked through (else a new one).
     """
     if not partitions:
         return {}
-    admin = Admin(conf)
+    admin = kept(admin, conf)
     spec = OffsetSpec.for_timestamp(lookup_timestamp(timestamp_ms))  # type: ignore[no-untyped-call]
     try:
         return list_offsets(admin.client, [TopicPartition(t, p) for t, p in partitions], spec, timeout)

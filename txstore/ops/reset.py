@@ -53,7 +53,7 @@ def plan_job_reset(
         watermarks, problem = forget_watermarks(kafka_conf, topic)
         return plan_forget(job, topic, partitions, stored, watermarks, problem)
     if kafka_conf:
-        admin = Admin(kafka_conf)  # one client for the log offsets and the topic ID
+        admin = Admin(kafka_conf)  # one client for all the plan asks of Kafka's admin API
         watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic], admin=admin)}
         topic_id = fetch_topic_ids(kafka_conf, [topic], admin=admin).get(topic)
         chosen = partitions or sorted(watermarks)
@@ -63,9 +63,11 @@ def plan_job_reset(
         found.update({p: at_last[(topic, p)] for p in chosen})
         if target.kind == "datetime":
             assert target.value is not None
-            result = offsets_for_timestamp(kafka_conf, [(topic, p) for p in chosen], target.value)
+            result = offsets_for_timestamp(
+                kafka_conf, [(topic, p) for p in chosen], target.value, admin=admin
+            )
             time_offsets = {p: o for (_, p), o in result.items()}
-            unanswered = unanswered_time_lookups(kafka_conf, topic, time_offsets, watermarks)
+            unanswered = unanswered_time_lookups(kafka_conf, topic, time_offsets, watermarks, admin)
     return plan_reset(
         job,
         topic,
@@ -102,10 +104,12 @@ def unanswered_time_lookups(
     topic: str,
     time_offsets: Mapping[int, int],
     watermarks: Mapping[int, PartitionWatermarks],
+    admin: Admin | None = None,
 ) -> set[int]:
     """The partitions with messages whose offsets-for-times answer was -1 (no message at or after
     the time) and that answer -1 for 1970 too: Kafka cannot look times up there (messages
-    without timestamps, or a broker that does not implement it), so their -1 says nothing."""
+    without timestamps, or a broker that does not implement it), so their -1 says nothing.
+    ``admin``: the reset's client."""
     none_after = [
         p
         for p, o in time_offsets.items()
@@ -113,7 +117,7 @@ def unanswered_time_lookups(
     ]
     if not none_after:
         return set()
-    since_1970 = offsets_for_timestamp(kafka_conf, [(topic, p) for p in none_after], 0)
+    since_1970 = offsets_for_timestamp(kafka_conf, [(topic, p) for p in none_after], 0, admin=admin)
     return {p for p in none_after if since_1970.get((topic, p), -1) < 0}
 
 
