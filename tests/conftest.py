@@ -28,6 +28,7 @@ from pytest_postgresql import factories
 from tests.helpers import pg_server
 from tests.helpers.kafka_transactions import REDRAWS, first_transaction
 from tests.helpers.topics import topic_name
+from txstore.kafka import admin as kafka_admin
 from txstore.kafka.reader import close_idle_consumers
 from txstore.postgres.db import connect
 from txstore.postgres.migrate import upgrade
@@ -191,6 +192,21 @@ def send_one_by_one(bootstrap: str, topic: str, messages: Iterable[Outgoing]) ->
         produce_one(producer, topic, message, lambda err, _: failed.append(err) if err else None)
         assert producer.flush(10) == 0
     assert not failed, failed
+
+
+@pytest.fixture
+def admin_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every Kafka admin client txstore's Kafka adapter makes from now on (librdkafka's own class,
+    counted, not replaced)."""
+    made: list[Any] = []
+
+    class Counted(kafka_admin.AdminClient):  # type: ignore[misc]
+        def __init__(self, conf: dict[str, Any]) -> None:
+            super().__init__(conf)
+            made.append(self)
+
+    monkeypatch.setattr(kafka_admin, "AdminClient", Counted)
+    return made
 
 
 @pytest.fixture

@@ -42,7 +42,6 @@ from txstore.core.starting import LATEST, StartingOffsets
 from txstore.core.subscription import Subscription
 from txstore.count_topic import count_messages
 from txstore.job import JobSettings, TransactionalJob
-from txstore.kafka import admin as kafka_admin
 from txstore.options import add_job_options, job_settings
 from txstore.postgres import store
 from txstore.spark.source.read_options import parse_read_options
@@ -317,7 +316,7 @@ def test_the_count_topic_command_takes_topic_pattern_and_counts_a_topic_created_
 
 
 def test_a_batch_read_of_a_pattern_job_asks_kafka_through_one_client_and_tells_a_recreated_topic_by_its_id(
-    real_counting: Counting, monkeypatch: pytest.MonkeyPatch
+    real_counting: Counting, admin_clients: list[Any]
 ) -> None:
     """A read's plan asked Kafka's topics, log offsets and topic IDs each through a client of its
     own (a new one waits about 55 ms for its first answer); librdkafka's own class, counted."""
@@ -334,25 +333,18 @@ def test_a_batch_read_of_a_pattern_job_asks_kafka_through_one_client_and_tells_a
         "txstore.job": "one_client_read",
         "txstore.databaseUrl": real_counting.database_url,
     }
-    made: list[Any] = []
-
-    class Counted(kafka_admin.AdminClient):  # type: ignore[misc]
-        def __init__(self, conf: dict[str, Any]) -> None:
-            super().__init__(conf)
-            made.append(self)
-
-    monkeypatch.setattr(kafka_admin, "AdminClient", Counted)
+    admin_clients.clear()  # the job's own, before the read
     assert [
         (r.topic, r.partition, r.from_offset, r.until_offset) for r in plan(parse_read_options(job_read, {}))
     ] == [(topic, 0, 2, 5)]
-    assert len(made) == 1
+    assert len(admin_clients) == 1
 
     kafka.recreate_topic(topic, 2)
     produce(kafka.bootstrap_servers, topic, {0: 2, 1: 1})  # the same offsets as before: only the ID tells
     with pytest.raises(TopicRecreated) as raised:
         plan(parse_read_options(job_read, {}))
     assert "topic ID" in str(raised.value) and topic in str(raised.value)
-    assert len(made) == 2
+    assert len(admin_clients) == 2
 
 
 # -- format("txstore"): subscribePattern ------------------------------------------------------------

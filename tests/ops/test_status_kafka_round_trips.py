@@ -32,21 +32,6 @@ from txstore.testing.mock_kafka import MockKafkaCluster
 from txstore.testing.real_kafka import RealKafkaCluster
 
 
-@pytest.fixture
-def admin_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every Kafka admin client txstore's Kafka adapter makes from now on (librdkafka's own class,
-    counted, not replaced)."""
-    made: list[Any] = []
-
-    class Counted(txstore.kafka.admin.AdminClient):  # type: ignore[misc]
-        def __init__(self, conf: dict[str, Any]) -> None:
-            super().__init__(conf)
-            made.append(self)
-
-    monkeypatch.setattr(txstore.kafka.admin, "AdminClient", Counted)
-    return made
-
-
 def test_status_and_its_check_ask_every_topic_of_a_job_through_one_kafka_client(
     database_url: str, kafka: MockKafkaCluster, new_topic: Callable[..., str], admin_clients: list[Any]
 ) -> None:

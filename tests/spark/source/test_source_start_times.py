@@ -29,7 +29,6 @@ from txstore.core.starting import (
     resolve_starting_offsets,
     times_to_look_up,
 )
-from txstore.kafka import admin as kafka_admin
 from txstore.kafka.client_settings import client_config
 from txstore.kafka.list_offsets import offsets_for_times
 from txstore.spark.source.read_options import parse_read_options
@@ -172,19 +171,11 @@ def timed_topic(real_kafka: RealKafkaCluster, new_real_topic: Callable[..., str]
 
 
 def test_each_partition_s_own_time_is_looked_up_at_once_through_one_client(
-    real_kafka: RealKafkaCluster, timed_topic: str, monkeypatch: pytest.MonkeyPatch
+    real_kafka: RealKafkaCluster, timed_topic: str, admin_clients: list[Any]
 ) -> None:
     """``startingOffsetsByTimestamp`` gives each partition its own time: one question per time, all
     sent before any answer is awaited, on one admin client (a client a time, one after another,
     took a client's start, about 55 ms, per time). librdkafka's own class, counted."""
-    made: list[Any] = []
-
-    class Counted(kafka_admin.AdminClient):  # type: ignore[misc]
-        def __init__(self, conf: dict[str, Any]) -> None:
-            super().__init__(conf)
-            made.append(self)
-
-    monkeypatch.setattr(kafka_admin, "AdminClient", Counted)
     conf = client_config(real_kafka.bootstrap_servers)
     topic = timed_topic
     # partition 1's answer for 22 s is offset 0: its late message (30 s) is the first at or after
@@ -192,7 +183,7 @@ def test_each_partition_s_own_time_is_looked_up_at_once_through_one_client(
         (topic, 0): 7,
         (topic, 1): 0,
     }
-    assert len(made) == 1
+    assert len(admin_clients) == 1
     # partition 0 has no message that late (-1); partition 1's 31 s is past its last message too
     assert offsets_for_times(conf, {(topic, 0): T0 + 25_000, (topic, 1): T0 + 31_000}) == {
         (topic, 0): -1,
@@ -203,7 +194,7 @@ def test_each_partition_s_own_time_is_looked_up_at_once_through_one_client(
         (topic, 1): 0,
     }
     assert offsets_for_times(conf, {}) == {}
-    assert len(made) == 3
+    assert len(admin_clients) == 3
 
 
 def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:
