@@ -54,13 +54,17 @@ def offsets_for_timestamp(
 
 
 def offsets_for_times(
-    conf: Mapping[str, Any], wanted: Mapping[tuple[str, int], int], timeout: float = METADATA_TIMEOUT_SECONDS
+    conf: Mapping[str, Any],
+    wanted: Mapping[tuple[str, int], int],
+    timeout: float = METADATA_TIMEOUT_SECONDS,
+    admin: Admin | None = None,
 ) -> dict[tuple[str, int], int]:
     """:func:`offsets_for_timestamp` for partitions each with its own time
     (``startingOffsetsByTimestamp``), -1 where no message is that late: one question per
     distinct time, all asked at once on one client (:func:`list_offsets_together`). Asked one
-    time after another, each on a client of its own, 8 partitions of 8 times took about 8 client
-    starts (about 55 ms each)."""
+    time after another, each on a client of its own, 8 partitions of 8 times took a median 25 ms
+    (once 3 s) on Apache Kafka, and 6 ms at once (``docs/benchmark.md``). ``admin``: a client
+    the caller already asked through (else a new one)."""
     by_time: dict[int, list[tuple[str, int]]] = {}
     for key, when in wanted.items():
         by_time.setdefault(when, []).append(key)
@@ -73,7 +77,7 @@ def offsets_for_times(
         )
         for when, keys in sorted(by_time.items())
     ]
-    admin = Admin(conf)
+    admin = kept(admin, conf)
     try:
         answers = list_offsets_together(admin.client, questions, timeout)
     except (KafkaException, TimeoutError) as e:

@@ -53,7 +53,7 @@ def plan_job_reset(
         watermarks, problem = forget_watermarks(kafka_conf, topic)
         return plan_forget(job, topic, partitions, stored, watermarks, problem)
     if kafka_conf:
-        admin = Admin(kafka_conf)  # one client for all the plan asks of Kafka's admin API
+        admin = Admin(kafka_conf)  # one client for every admin request of the plan
         watermarks = {w.partition: w for w in fetch_watermarks(kafka_conf, [topic], admin=admin)}
         topic_id = fetch_topic_ids(kafka_conf, [topic], admin=admin).get(topic)
         chosen = partitions or sorted(watermarks)

@@ -32,7 +32,7 @@ from txstore.core.starting import (
 from txstore.kafka.client_settings import client_config
 from txstore.kafka.list_offsets import offsets_for_times
 from txstore.spark.source.read_options import parse_read_options
-from txstore.spark.source.read_planning import plan_job_ranges, plan_read_ranges
+from txstore.spark.source.read_planning import plan, plan_job_ranges, plan_read_ranges
 from txstore.testing.real_kafka import RealKafkaCluster
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -195,6 +195,24 @@ def test_each_partition_s_own_time_is_looked_up_at_once_through_one_client(
     }
     assert offsets_for_times(conf, {}) == {}
     assert len(admin_clients) == 3
+
+
+def test_a_read_by_timestamp_plans_through_one_client_each_partition_from_its_own_time(
+    real_kafka: RealKafkaCluster, timed_topic: str, admin_clients: list[Any]
+) -> None:
+    """The read's log offsets and its offsets for times, asked through one admin client."""
+    times = json.dumps({timed_topic: {"0": T0 + 6_500, "1": T0 + 22_000}})
+    read = parse_read_options(
+        {
+            "kafka.bootstrap.servers": real_kafka.bootstrap_servers,
+            "subscribe": timed_topic,
+            "startingOffsetsByTimestamp": times,
+        },
+        {},
+    )
+    ranges = plan(read)
+    assert len(admin_clients) == 1
+    assert [(r.partition, r.from_offset, r.until_offset) for r in ranges] == [(0, 7, 10), (1, 0, 6)]
 
 
 def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:

@@ -244,8 +244,8 @@ def read_watermarks(
 
 def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning.
-    Kafka's topics, log offsets and topic IDs are asked through one admin client, made when first
-    asked (a new client waits about 55 ms for its first answer)."""
+    Kafka's topics, log offsets, offsets for times and topic IDs are asked through one admin
+    client, made when first asked (a new client waits about 55 ms for its first answer)."""
     admin = _one_admin(options)
     if options.job is not None:
         assert options.database_url is not None
@@ -261,7 +261,7 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
             options.assignment, read_watermarks(options, topics, stored, admin), stored, where
         )
         new = [w.key for w in watermarks if w.key not in committed]
-        by_time = start_times(options, new, {t for t, _ in committed})
+        by_time = start_times(options, new, {t for t, _ in committed}, admin)
         ranges = plan_job_ranges(
             options.job,
             committed,
@@ -288,16 +288,21 @@ def _plan_read(options: ReadOptions, admin: Callable[[], Admin] | None = None) -
         admin = _one_admin(options)
     watermarks = read_watermarks(options, read_topics(options, admin), admin=admin)
     reported, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
-    return plan_read_ranges(options, watermarks, start_times(options, [w.key for w in reported]))
+    return plan_read_ranges(options, watermarks, start_times(options, [w.key for w in reported], admin=admin))
 
 
 def start_times(
-    options: ReadOptions, new: Sequence[TopicPartition], started: set[str] | None = None
+    options: ReadOptions,
+    new: Sequence[TopicPartition],
+    started: set[str] | None = None,
+    admin: Callable[[], Admin] | None = None,
 ) -> dict[TopicPartition, int]:
     """Kafka's offsets-for-times answers for the partitions ``new`` that start by time (none asked
-    without ``startingTimestamp`` or ``startingOffsetsByTimestamp``)."""
+    without ``startingTimestamp`` or ``startingOffsetsByTimestamp``). ``admin``: the plan's client."""
     wanted = times_to_look_up(options.starting, new, started or set())
-    return offsets_for_times(options.kafka_conf, wanted) if wanted else {}
+    if not wanted:
+        return {}
+    return offsets_for_times(options.kafka_conf, wanted, admin=admin() if admin is not None else None)
 
 
 def read_topics(options: ReadOptions, admin: Callable[[], Admin] | None = None) -> tuple[str, ...]:
