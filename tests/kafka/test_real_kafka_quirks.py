@@ -30,7 +30,6 @@ from txstore.kafka.list_offsets import (
     EARLIEST,
     LATEST,
     OffsetsQuestion,
-    list_offsets,
     list_offsets_together,
     offsets_for_timestamp,
 )
@@ -367,7 +366,7 @@ def test_an_invalid_offset_in_a_log_offsets_answer_is_asked_again_never_taken_as
     # -1001 (topic deleted and recreated ...)".
     partitions = [TopicPartition("t", 0), TopicPartition("t", 1)]
     admin = _AnsweringAdmin([{("t", 0): -1001, ("t", 1): 7}, {("t", 0): 12, ("t", 1): 7}])
-    assert list_offsets(admin, partitions, LATEST, timeout=5.0, log_offsets=True) == {
+    assert list_offsets_together(admin, [OffsetsQuestion(partitions, LATEST, log_offsets=True)], 5.0)[0] == {
         ("t", 0): 12,
         ("t", 1): 7,
     }
@@ -378,13 +377,17 @@ def test_an_invalid_log_offset_that_stays_fails_as_kafka_unavailable_once_the_ti
     admin = _AnsweringAdmin([{("t", 0): -1001}])
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"t/0.*-1001"):
-        list_offsets(admin, [TopicPartition("t", 0)], LATEST, timeout=1.0, log_offsets=True)
+        list_offsets_together(
+            admin, [OffsetsQuestion([TopicPartition("t", 0)], LATEST, log_offsets=True)], 1.0
+        )
     assert 0.8 < time.monotonic() - started < 5
 
 
 def test_a_time_lookups_minus_one_stays_an_answer() -> None:
     admin = _AnsweringAdmin([{("t", 0): -1}])
-    assert list_offsets(admin, [TopicPartition("t", 0)], LATEST, timeout=1.0) == {("t", 0): -1}
+    assert list_offsets_together(admin, [OffsetsQuestion([TopicPartition("t", 0)], LATEST)], 1.0)[0] == {
+        ("t", 0): -1
+    }
     assert admin.calls == 1
 
 

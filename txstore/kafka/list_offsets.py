@@ -43,14 +43,7 @@ def offsets_for_timestamp(
     which caps it (and -1) at the planner's read-committed end. ``admin``: a client the
     caller already asked through (else a new one).
     """
-    if not partitions:
-        return {}
-    admin = kept(admin, conf)
-    spec = OffsetSpec.for_timestamp(lookup_timestamp(timestamp_ms))  # type: ignore[no-untyped-call]
-    try:
-        return list_offsets(admin.client, [TopicPartition(t, p) for t, p in partitions], spec, timeout)
-    except (KafkaException, TimeoutError) as e:
-        raise admin.unavailable(servers_of(conf), "the offsets-for-times lookup", timeout, e) from None
+    return offsets_for_times(conf, dict.fromkeys(partitions, timestamp_ms), timeout, admin)
 
 
 def offsets_for_times(
@@ -98,19 +91,6 @@ class OffsetsQuestion:
     spec: Any
     committed: bool = False
     log_offsets: bool = False
-
-
-def list_offsets(
-    admin: AdminClient,
-    partitions: list[TopicPartition],
-    spec: Any,
-    timeout: float,
-    committed: bool = False,
-    log_offsets: bool = False,
-) -> dict[tuple[str, int], int]:
-    """One ListOffsets answer per partition (:func:`list_offsets_together` with one question)."""
-    question = OffsetsQuestion(partitions, spec, committed, log_offsets)
-    return list_offsets_together(admin, (question,), timeout)[0]
 
 
 def list_offsets_together(

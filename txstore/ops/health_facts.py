@@ -12,7 +12,6 @@ leaves the Kafka facts unknown, never the command hanging.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,7 +22,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 from txstore.core.fingerprint import Fingerprint
 from txstore.core.health import PartitionFacts
 from txstore.core.ranges import PartitionHistory, PartitionWatermarks
-from txstore.kafka.admin import Admin
+from txstore.kafka.admin import one_client
 from txstore.kafka.client import BOOTSTRAP_ENV
 from txstore.kafka.first_messages import first_messages
 from txstore.kafka.topic_ids import fetch_topic_ids, messages_at_last_counted
@@ -65,7 +64,7 @@ def health_facts(
     now = rows[0][-1] if rows else datetime.now(UTC)
     conn.commit()
     subs = store.subscriptions(conn, job)
-    client = functools.cache(lambda: Admin(kafka_conf or {}))  # one for the check, made when first asked
+    client = one_client(kafka_conf or {})  # the check's one client, made when first asked
     kafka = ask_kafka(kafka_conf, subs, {r[1] for r in rows}, client)
     matched, marks = kafka.matched, kafka.marks
     running = {j: job_running(conn, j) for j in sorted({r[0] for r in rows} | set(matched))}

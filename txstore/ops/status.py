@@ -8,7 +8,6 @@ that does not answer leaves the Kafka columns empty, never the command hanging.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from txstore.core.errors import KafkaUnavailable, UnknownTopic
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.results import plain_number
 from txstore.core.subscription import Subscription
-from txstore.kafka.admin import Admin
+from txstore.kafka.admin import Admin, one_client
 from txstore.kafka.client import fetch_topic_names, fetch_watermarks
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
@@ -307,7 +306,7 @@ def ask_kafka(
     first called (else one of the call's own), for a command that asks Kafka more after."""
     if not conf:
         return KafkaView({}, {}, [], [], None)
-    client = admin if admin is not None else functools.cache(lambda: Admin(conf))
+    client = admin if admin is not None else one_client(conf)
     matched, unlisted = _pattern_matches(conf, subs, client)
     if unlisted:
         return KafkaView(matched, {}, [], [], unlisted)

@@ -7,7 +7,6 @@ planning rules are pure functions over frozen dataclasses; the asking is in :fun
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -37,7 +36,7 @@ from txstore.core.starting import (
     resolve_starting_offsets,
     times_to_look_up,
 )
-from txstore.kafka.admin import Admin
+from txstore.kafka.admin import Admin, one_client
 from txstore.kafka.client import fetch_topic_names, fetch_watermarks
 from txstore.kafka.list_offsets import offsets_for_times
 from txstore.kafka.topic_ids import fetch_topic_ids
@@ -200,7 +199,7 @@ def job_topics(database_url: str, job: str) -> list[str]:
 
 
 def resolve_read_topics(
-    options: ReadOptions, stored_topics: Sequence[str] = (), admin: Callable[[], Admin] | None = None
+    options: ReadOptions, stored_topics: Sequence[str], admin: Callable[[], Admin]
 ) -> PatternTopics | None:
     """``subscribePattern`` resolved against Kafka's topics now (with ``stored_topics``, the topics
     a ``txstore.job`` has offsets for); None without a pattern. A pattern that matches no topic
@@ -209,8 +208,7 @@ def resolve_read_topics(
     if options.pattern is None:
         return None
     pattern = compile_topic_pattern(options.pattern, f"option {options.name('subscribePattern')}")
-    names = fetch_topic_names(options.kafka_conf, admin=admin() if admin is not None else None)
-    resolved = resolve_pattern(pattern, names, stored_topics)
+    resolved = resolve_pattern(pattern, fetch_topic_names(options.kafka_conf, admin=admin()), stored_topics)
     if not resolved.matched:
         log.info(
             "option %s %r matches no topic on Kafka yet; nothing to read",
@@ -223,8 +221,8 @@ def resolve_read_topics(
 def read_watermarks(
     options: ReadOptions,
     topics: Sequence[str],
-    stored: Mapping[TopicPartition, int] | None = None,
-    admin: Callable[[], Admin] | None = None,
+    stored: Mapping[TopicPartition, int] | None,
+    admin: Callable[[], Admin],
 ) -> list[PartitionWatermarks]:
     """:func:`fetch_watermarks` of ``topics``. With a pattern, a topic the job has offsets for that
     Kafka no longer has stops the read with the job's vanished-topic line; one that matched a
@@ -232,7 +230,7 @@ def read_watermarks(
     topics = list(topics)
     while True:
         try:
-            return fetch_watermarks(options.kafka_conf, topics, admin=admin() if admin is not None else None)
+            return fetch_watermarks(options.kafka_conf, topics, admin=admin())
         except UnknownTopic as e:
             held = sum(1 for t, _ in (stored or {}) if t == e.topic)
             if held and options.job is not None:
@@ -246,7 +244,7 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning.
     Kafka's topics, log offsets, offsets for times and topic IDs are asked through one admin
     client, made when first asked (a new client waits about 55 ms for its first answer)."""
-    admin = _one_admin(options)
+    admin = one_client(options.kafka_conf)
     if options.job is not None:
         assert options.database_url is not None
         resolved = None
@@ -278,15 +276,8 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     return _plan_read(options, admin)
 
 
-def _one_admin(options: ReadOptions) -> Callable[[], Admin]:
-    """A plan's one admin client, made when first called."""
-    return functools.cache(lambda: Admin(options.kafka_conf))
-
-
-def _plan_read(options: ReadOptions, admin: Callable[[], Admin] | None = None) -> list[OffsetRange]:
-    if admin is None:
-        admin = _one_admin(options)
-    watermarks = read_watermarks(options, read_topics(options, admin), admin=admin)
+def _plan_read(options: ReadOptions, admin: Callable[[], Admin]) -> list[OffsetRange]:
+    watermarks = read_watermarks(options, read_topics(options, admin), None, admin)
     reported, _ = assigned_only(options.assignment, watermarks, None, f"option {options.name('assign')}")
     return plan_read_ranges(options, watermarks, start_times(options, [w.key for w in reported], admin=admin))
 
@@ -305,10 +296,10 @@ def start_times(
     return offsets_for_times(options.kafka_conf, wanted, admin=admin() if admin is not None else None)
 
 
-def read_topics(options: ReadOptions, admin: Callable[[], Admin] | None = None) -> tuple[str, ...]:
+def read_topics(options: ReadOptions, admin: Callable[[], Admin]) -> tuple[str, ...]:
     """A read's topics (without ``txstore.job``): ``subscribe``'s or ``assign``'s, or what the
     pattern matches now."""
-    resolved = resolve_read_topics(options, admin=admin)
+    resolved = resolve_read_topics(options, (), admin)
     return options.topics if resolved is None else resolved.matched
 
 
@@ -322,4 +313,4 @@ def check_explicit_offsets(options: ReadOptions) -> None:
     explicit = any(o >= 0 for spec in (options.starting, options.ending) for o in spec.specific.values())
     by_time = options.starting.timestamp_ms is not None or bool(options.starting.timestamps)
     if (explicit or by_time) and options.job is None:
-        _plan_read(options)
+        _plan_read(options, one_client(options.kafka_conf))
