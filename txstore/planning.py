@@ -247,7 +247,7 @@ class Planner:
             new = [w for w in new if w.key not in joined]
             started |= {d.topic for d in joining}
         wanted = times_to_look_up(s.starting_offsets, [w.key for w in new], started)
-        by_time = offsets_for_times(s.kafka_conf, wanted) if wanted else None
+        by_time = self._offsets_for_times(wanted) if wanted else None
         decisions = joining + resolve_starting_offsets(
             s.starting_offsets, new, [w.key for w in watermarks], started, by_time, s.subscribed_by
         )
@@ -260,6 +260,12 @@ class Planner:
             else:
                 log.info("job %s: %s/%d was started by another instance", s.job, d.topic, d.partition)
         return True
+
+    def _offsets_for_times(self, wanted: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Kafka's offsets for times, through the job's own admin client where it has one (a new
+        client waits about 55 ms for its first answer)."""
+        admin = self._kept.admin_for(self.settings.kafka_conf) if self._kept is not None else None
+        return offsets_for_times(self.settings.kafka_conf, wanted, admin=admin)
 
     def _skip_lost(
         self,

@@ -266,7 +266,8 @@ def test_a_starting_timestamp_is_looked_up_only_for_the_topics_first_partitions(
 ) -> None:
     asked: list[list[tuple[str, int]]] = []
 
-    def lookup(conf: Any, wanted: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    def lookup(conf: Any, wanted: dict[tuple[str, int], int], admin: Any) -> dict[tuple[str, int], int]:
+        assert admin is None  # a planner without the job's own client asks through a new one
         assert set(wanted.values()) == {1}  # the one time asked for
         asked.append(sorted(wanted))
         return {k: 5 for k in wanted}

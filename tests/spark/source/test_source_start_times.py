@@ -19,7 +19,7 @@ import pytest
 import txstore
 from tests.conftest import send
 from tests.helpers.counting import offsets, totals
-from tests.helpers.streams import run_available_now
+from tests.helpers.streams import counting_planner, run_available_now
 from txstore.core.errors import ConfigError
 from txstore.core.ranges import PartitionWatermarks
 from txstore.core.starting import (
@@ -213,6 +213,29 @@ def test_a_read_by_timestamp_plans_through_one_client_each_partition_from_its_ow
     ranges = plan(read)
     assert len(admin_clients) == 1
     assert [(r.partition, r.from_offset, r.until_offset) for r in ranges] == [(0, 7, 10), (1, 0, 6)]
+
+
+def test_a_stream_s_first_start_at_a_time_asks_kafka_through_one_client(
+    real_kafka: RealKafkaCluster,
+    timed_topic: str,
+    database_url: str,
+    db: psycopg.Connection,
+    admin_clients: list[Any],
+) -> None:
+    """A query's first start at a time asked its offsets for times through a client of its own,
+    beside the one its log offsets and topic IDs share (issue 38). The source's planning methods,
+    called as Spark calls them; the starts are real Kafka's answers, stored as the job's rows."""
+    topic = timed_topic
+    job = f"one_client_{topic}"
+    times = json.dumps({topic: {"0": T0 + 6_500, "1": T0 + 22_000}})
+    reader = counting_planner(real_kafka, database_url, topic, job, startingOffsetsByTimestamp=times)
+    try:
+        start = reader.initialOffset()
+    finally:
+        reader.stop()
+    assert start == {topic: {"0": 7, "1": 0}}
+    assert len(admin_clients) == 1
+    assert offsets(db, topic, job=job) == {0: 7, 1: 0}
 
 
 def batch_read(spark: Any, bootstrap: str, topic: str, **given: str) -> Any:

@@ -43,6 +43,7 @@ from txstore.core.ranges import (
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.core.subscription import subscription_of
+from txstore.kafka.admin import Admin
 from txstore.kafka.client import Watermarks
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
@@ -97,6 +98,13 @@ class QueryPartitions(PlanningSession):
             self._assignment_checked = True
         assigned = assigned_keys(assignment)
         return [w for w in reported if w.key in assigned]
+
+    def _admin(self) -> Admin:
+        """The admin client the query's log offsets are asked through (:meth:`Watermarks.admin_for`):
+        its offsets for times wait for no new client's start (about 55 ms)."""
+        if self._kafka is None:
+            self._kafka = Watermarks()
+        return self._kafka.admin_for(self.options.read.kafka_conf)
 
     def _resolve_topics(self, kafka: Watermarks) -> tuple[str, ...]:
         """The topics to plan: ``subscribe``'s, or what ``subscribePattern`` matches on Kafka now
@@ -196,7 +204,7 @@ class QueryPartitions(PlanningSession):
             new = [w for w in new if w.key not in joined]
             started |= {d.topic for d in joining}
         # startingTimestamp / startingOffsetsByTimestamp: Kafka's offsets-for-times, for a first start
-        by_time = start_times(self.options.read, [w.key for w in new], started)
+        by_time = start_times(self.options.read, [w.key for w in new], started, self._admin)
         read = self.options.read
         return joining + resolve_starting_offsets(
             read.starting, new, [w.key for w in watermarks], started, by_time, read.subscribed_by
