@@ -263,7 +263,7 @@ class Planner:
 
     def _offsets_for_times(self, wanted: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Kafka's offsets for times, through the job's own admin client where it has one (a new
-        client waits about 55 ms for its first answer)."""
+        client waits for its first answer: :class:`~txstore.kafka.admin.Admin`)."""
         admin = self._kept.admin_for(self.settings.kafka_conf) if self._kept is not None else None
         return offsets_for_times(self.settings.kafka_conf, wanted, admin=admin)
 

@@ -319,7 +319,7 @@ def test_a_batch_read_of_a_pattern_job_asks_kafka_through_one_client_and_tells_a
     real_counting: Counting, admin_clients: list[Any]
 ) -> None:
     """A read's plan asked Kafka's topics, log offsets and topic IDs each through a client of its
-    own (a new one waits about 55 ms for its first answer); librdkafka's own class, counted."""
+    own (a new one waited about 55 ms for its first answer then); librdkafka's own class, counted."""
     kafka = real_counting.kafka
     base, pattern = family("pat-one-client")
     topic = f"{base}-t"

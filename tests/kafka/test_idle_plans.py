@@ -106,8 +106,9 @@ def test_an_idle_job_stores_the_topic_id_so_a_recreation_before_its_first_messag
 def test_a_job_asks_kafka_its_log_offsets_and_topic_ids_through_one_admin_client(
     real_counting: Counting, real_kafka: RealKafkaCluster, admin_clients: list[Any]
 ) -> None:
-    """A new librdkafka client waits about 55 ms for its first answer: a job's first plan asked
-    its topic IDs through a client of their own, after the log offsets' one (issue 38). The IDs
+    """A new librdkafka client waited about 55 ms for its first answer (15 ms since
+    RECONNECT_BACKOFF_MS): a job's first plan asked its topic IDs through a client of their own,
+    after the log offsets' one (issue 38). The IDs
     are real Kafka's and stored as before."""
     topic = real_counting.new_topic(2, prefix="one-client")
     real_counting.produce(topic, {0: 3, 1: 2})
@@ -125,7 +126,7 @@ def test_a_job_started_at_a_time_asks_kafka_its_offsets_for_times_through_the_sa
     real_counting: Counting, real_kafka: RealKafkaCluster, admin_clients: list[Any]
 ) -> None:
     """A first start at a time (``--starting-timestamp``) asked Kafka's offsets for
-    times through a client of its own, a client's start (about 55 ms) more (issue 38). The starts
+    times through a client of its own, a client's first answer more (issue 38). The starts
     are real Kafka's answers: each partition from its first message at or after the time."""
     topic = real_counting.new_topic(2, prefix="one-client-time")
     send(

@@ -1,6 +1,6 @@
 """`txstore status` (and ``reset``'s plan) asks Kafka about many topics and partitions in few
-round trips: a job's topics through one client, not one per topic (a new librdkafka client waits
-about 55 ms for its first answer, so a job of 20 topics took 1.4 s where one of a single topic
+round trips: a job's topics through one client, not one per topic (a new librdkafka client waited
+about 55 ms for its first answer then, so a job of 20 topics took 1.4 s where one of a single topic
 took 0.35 s); a stalled job's first unread messages through one assignment, not one per
 partition (45 s at 1,024 partitions)."""
 

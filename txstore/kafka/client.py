@@ -117,8 +117,8 @@ class Watermarks:
     def admin_for(self, conf: Mapping[str, Any]) -> Admin:
         """The kept admin client, made anew (with the consumer) when the settings changed; its
         errors cleared, since only this call's errors explain its failure. A job's
-        :class:`~txstore.kafka.topic_ids.TopicIds` asks through it too: a new client waits about
-        55 ms for its first answer, a kept one about 2 ms."""
+        :class:`~txstore.kafka.topic_ids.TopicIds` asks through it too: a new client waits for its
+        first answer (:class:`~txstore.kafka.admin.Admin`), a kept one about 2 ms."""
         if self._admin is None or self._conf != dict(conf):
             self.close()  # the kept consumer too: it was made with the other settings
             self._conf = dict(conf)

@@ -47,8 +47,8 @@ class TopicIds:
     def __init__(self, admins: Callable[[Mapping[str, Any]], Admin] | None = None) -> None:
         """``admins``: the admin client to ask through, for the settings given, e.g. the job's
         :meth:`Watermarks.admin_for <txstore.kafka.client.Watermarks.admin_for>`, so that its
-        log offsets and topic IDs share one client (a query's start waited about 55 ms more for
-        a second client's first answer); by default a client of its own."""
+        log offsets and topic IDs share one client (a query's start waited for a second client's
+        first answer: :class:`~txstore.kafka.admin.Admin`); by default a client of its own."""
         self._admins = admins
         self._admin: Admin | None = None
         self._conf: dict[str, Any] = {}

@@ -279,7 +279,8 @@ def not_started(
 @dataclass(frozen=True)
 class KafkaView:
     """What Kafka says of a command's jobs' topics, asked on one admin client (a new client waits
-    about 55 ms for its first answer, so a client per topic made ``status`` of 50 topics 2.5 s)."""
+    for its first answer, :class:`~txstore.kafka.admin.Admin`: a client per topic made ``status``
+    of 50 topics 2.5 s)."""
 
     matched: dict[str, list[str]]
     """Per job subscribed by pattern, the topics its pattern matches now."""

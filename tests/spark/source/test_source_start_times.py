@@ -175,7 +175,7 @@ def test_each_partition_s_own_time_is_looked_up_at_once_through_one_client(
 ) -> None:
     """``startingOffsetsByTimestamp`` gives each partition its own time: one question per time, all
     sent before any answer is awaited, on one admin client (a client a time, one after another,
-    took a client's start, about 55 ms, per time). librdkafka's own class, counted."""
+    took a client's first answer, about 55 ms then, per time). librdkafka's own class, counted."""
     conf = client_config(real_kafka.bootstrap_servers)
     topic = timed_topic
     # partition 1's answer for 22 s is offset 0: its late message (30 s) is the first at or after

@@ -2222,8 +2222,9 @@ def test_a_query_over_two_topics_stores_each_topic_s_id_in_its_rows(guard: Guard
 def test_a_query_asks_kafka_its_log_offsets_and_topic_ids_through_one_admin_client(
     guard: Guard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new librdkafka client waits about 55 ms for its first answer: the query's start asked its
-    topic IDs through a client of their own, after the log offsets' one (issue 38)."""
+    """A new librdkafka client waited about 55 ms for its first answer (15 ms since
+    RECONNECT_BACKOFF_MS): the query's start asked its topic IDs through a client of their own,
+    after the log offsets' one (issue 38)."""
     made: list[FakeAdminClient] = []
     make = txstore.kafka.admin.AdminClient
 

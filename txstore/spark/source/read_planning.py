@@ -243,7 +243,8 @@ def read_watermarks(
 def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read: I/O (offsets first, then watermarks, as the job does), then pure planning.
     Kafka's topics, log offsets, offsets for times and topic IDs are asked through one admin
-    client, made when first asked (a new client waits about 55 ms for its first answer)."""
+    client, made when first asked (a new client waits for its first answer:
+    :class:`~txstore.kafka.admin.Admin`)."""
     admin = one_client(options.kafka_conf)
     if options.job is not None:
         assert options.database_url is not None

@@ -101,7 +101,7 @@ class QueryPartitions(PlanningSession):
 
     def _admin(self) -> Admin:
         """The admin client the query's log offsets are asked through (:meth:`Watermarks.admin_for`):
-        its offsets for times wait for no new client's start (about 55 ms)."""
+        its offsets for times wait for no new client's first answer (:class:`~txstore.kafka.admin.Admin`)."""
         if self._kafka is None:
             self._kafka = Watermarks()
         return self._kafka.admin_for(self.options.read.kafka_conf)
