@@ -43,7 +43,6 @@ from txstore.core.ranges import (
 )
 from txstore.core.starting import StartDecision, resolve_starting_offsets
 from txstore.core.subscription import subscription_of
-from txstore.kafka.admin import Admin
 from txstore.kafka.client import Watermarks
 from txstore.kafka.topic_ids import TopicIds
 from txstore.postgres import store
@@ -78,12 +77,11 @@ class QueryPartitions(PlanningSession):
         took 2-67 ms against the test broker, a kept one under 1 ms; it is replaced after a
         failed call). ``settled``: offsets a micro-batch starts at, of partitions the job has rows
         for; one at its log end is not asked its log start (:class:`Watermarks`)."""
-        if self._kafka is None:
-            self._kafka = Watermarks()
-        topics = self._resolve_topics(self._kafka)
+        kafka = self._kept()
+        topics = self._resolve_topics(kafka)
         while True:
             try:
-                reported = self._kafka(self.options.read.kafka_conf, topics, settled=settled)
+                reported = kafka(self.options.read.kafka_conf, topics, settled=settled)
                 break
             except UnknownTopic as e:
                 job = self.options.job
@@ -99,12 +97,13 @@ class QueryPartitions(PlanningSession):
         assigned = assigned_keys(assignment)
         return [w for w in reported if w.key in assigned]
 
-    def _admin(self) -> Admin:
-        """The admin client the query's log offsets are asked through (:meth:`Watermarks.admin_for`):
-        its offsets for times wait for no new client's first answer (:class:`~txstore.kafka.admin.Admin`)."""
+    def _kept(self) -> Watermarks:
+        """The query's Kafka client, made at its first use. Its admin client
+        (:meth:`Watermarks.admin_for`) asks the topic IDs and offsets for times too, so they wait
+        for no new client's first answer (:class:`~txstore.kafka.admin.Admin`)."""
         if self._kafka is None:
             self._kafka = Watermarks()
-        return self._kafka.admin_for(self.options.read.kafka_conf)
+        return self._kafka
 
     def _resolve_topics(self, kafka: Watermarks) -> tuple[str, ...]:
         """The topics to plan: ``subscribe``'s, or what ``subscribePattern`` matches on Kafka now
@@ -179,9 +178,7 @@ class QueryPartitions(PlanningSession):
         if not wanted:
             return {}
         if self._ids is None:
-            if self._kafka is None:
-                self._kafka = Watermarks()
-            self._ids = TopicIds(self._kafka.admin_for)  # one admin client for both
+            self._ids = TopicIds(self._kept().admin_for)  # one admin client for both
         ids = self._ids(self.options.read.kafka_conf, wanted)
         asked = time.monotonic()
         self._ids_checked.update({t: asked for t in wanted})
@@ -204,8 +201,10 @@ class QueryPartitions(PlanningSession):
             new = [w for w in new if w.key not in joined]
             started |= {d.topic for d in joining}
         # startingTimestamp / startingOffsetsByTimestamp: Kafka's offsets-for-times, for a first start
-        by_time = start_times(self.options.read, [w.key for w in new], started, self._admin)
         read = self.options.read
+        by_time = start_times(
+            read, [w.key for w in new], started, lambda: self._kept().admin_for(read.kafka_conf)
+        )
         return joining + resolve_starting_offsets(
             read.starting, new, [w.key for w in watermarks], started, by_time, read.subscribed_by
         )
