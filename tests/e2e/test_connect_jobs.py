@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 from collections import Counter
 from datetime import datetime, timezone
@@ -30,7 +31,17 @@ import pytest
 from tests.conftest import send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
 from tests.helpers.counting import BrokerDb
-from tests.helpers.job_processes import JOB, count_topic_args, job_env, run_job
+from tests.helpers.job_processes import (
+    JOB,
+    command_line,
+    count_topic_args,
+    descendants,
+    job_env,
+    kill_group,
+    run_job,
+    start_job,
+    wait_for,
+)
 from tests.helpers.recreated import NEW_TS, OLD_TS, fill, mismatch_line
 from tests.postgres.test_idempotent_and_outbox import read_topic, stored_messages
 from tests.postgres.test_sink import snapshot
@@ -210,6 +221,45 @@ def test_a_job_process_with_spark_remote_counts_exactly(
     )
     assert result.returncode == 0, result.stderr
     broker_db.assert_counted_exactly(topic, 175)
+
+
+def python_workers(server: Any) -> int:
+    """How many Python processes (PySpark's daemons and their workers) run under ``server``."""
+    return sum("pyspark" in command_line(pid) for pid in descendants(server.process.pid))
+
+
+@pytest.mark.connect
+def test_a_running_job_on_spark_connect_counts_each_batch_in_one_session_without_more_python_workers(
+    spark_connect_server: Any, broker_db: BrokerDb
+) -> None:
+    """A job with ``--interval`` and ``SPARK_REMOTE`` keeps one Connect session for all its
+    batches. Spark's Connect server (PySpark 4.3) keeps the Python workers of every session it
+    had until it stops (SPARK-54055): a job process per batch leaves some on the server each
+    run (docs/how-to/connect.md); a running job's later batches reuse the ones its first two
+    started."""
+    topic = broker_db.new_topic(3)
+    job = start_job(
+        *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"),
+        env=job_env(SPARK_REMOTE=spark_connect_server.url),
+    )
+    try:
+        produced, workers = 0, []
+        for _ in range(6):
+            broker_db.produce(topic, {0: 10, 1: 7, 2: 5})
+            produced += 22
+            counted = wait_for(
+                lambda total=produced: broker_db.totals(topic) == {topic: total} or job.poll() is not None,
+                120,
+            )
+            assert counted and job.poll() is None, (broker_db.totals(topic), produced, job.poll())
+            workers.append(python_workers(spark_connect_server))
+        assert workers[1] > 0 and max(workers[2:]) <= workers[1], workers
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        assert job.returncode == 0, err
+    finally:
+        kill_group(job)
+    broker_db.assert_counted_exactly(topic, produced)
 
 
 THIN_CLIENT_PYTHON = os.environ.get("TXSTORE_THIN_CLIENT_PYTHON")
