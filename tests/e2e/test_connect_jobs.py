@@ -224,8 +224,8 @@ def test_a_job_process_with_spark_remote_counts_exactly(
 
 
 def python_workers(server: Any) -> int:
-    """How many Python processes (PySpark's daemons and their workers) run under ``server``."""
-    return sum("pyspark" in command_line(pid) for pid in descendants(server.process.pid))
+    """How many Python processes (PySpark's daemons and the workers they fork) run under ``server``."""
+    return sum("pyspark.daemon" in command_line(pid) for pid in descendants(server.process.pid))
 
 
 @pytest.mark.connect
