@@ -28,14 +28,13 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.procs import server_python_workers
 from tests.conftest import send
 from tests.e2e.test_aggregates import MINUTE, expected, keyed_messages, settings, stored
 from tests.helpers.counting import BrokerDb
 from tests.helpers.job_processes import (
     JOB,
-    command_line,
     count_topic_args,
-    descendants,
     job_env,
     kill_group,
     run_job,
@@ -223,11 +222,6 @@ def test_a_job_process_with_spark_remote_counts_exactly(
     broker_db.assert_counted_exactly(topic, 175)
 
 
-def python_workers(server: Any) -> int:
-    """How many Python processes (PySpark's daemons and the workers they fork) run under ``server``."""
-    return sum("pyspark.daemon" in command_line(pid) for pid in descendants(server.process.pid))
-
-
 @pytest.mark.connect
 def test_a_running_job_on_spark_connect_counts_each_batch_in_one_session_without_more_python_workers(
     spark_connect_server: Any, broker_db: BrokerDb
@@ -235,8 +229,8 @@ def test_a_running_job_on_spark_connect_counts_each_batch_in_one_session_without
     """A job with ``--interval`` and ``SPARK_REMOTE`` keeps one Connect session for all its
     batches. Spark's Connect server (PySpark 4.3) keeps the Python workers of every session it
     had until it stops (SPARK-54055): a job process per batch leaves some on the server each
-    run (docs/how-to/connect.md); a running job's later batches reuse the ones its first two
-    started."""
+    run (docs/how-to/connect.md); a running job's later batches reuse the workers its first two
+    started (those forked by the server's ``pyspark.daemon`` processes)."""
     topic = broker_db.new_topic(3)
     job = start_job(
         *count_topic_args(broker_db.kafka, broker_db.database_url, topic, "--interval", "0.5"),
@@ -252,7 +246,7 @@ def test_a_running_job_on_spark_connect_counts_each_batch_in_one_session_without
                 120,
             )
             assert counted and job.poll() is None, (broker_db.totals(topic), produced, job.poll())
-            workers.append(python_workers(spark_connect_server))
+            workers.append(len(server_python_workers(spark_connect_server.process.pid)))
         assert workers[1] > 0 and max(workers[2:]) <= workers[1], workers
         job.send_signal(signal.SIGTERM)
         _, err = job.communicate(timeout=60)
