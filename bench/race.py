@@ -208,12 +208,11 @@ class Race:
         if side == SPARK_STREAM:
             checkpoint = self.workdir / name
             try:
-                found = spark_stream(
+                return spark_stream(
                     self.spark, self.bootstrap, self.topic, grain, self.database_url, name, checkpoint
                 )
             finally:
                 shutil.rmtree(checkpoint, ignore_errors=True)
-            return found, {}
         if side == TX_STREAM:
             checkpoint = self.workdir / name
             try:

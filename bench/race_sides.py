@@ -4,6 +4,8 @@ guarantees (:data:`GUARANTEES`)."""
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +58,9 @@ def spark_batch(spark: Any, bootstrap: str, topic: str, grain: str) -> dict[str,
 
 def spark_stream(
     spark: Any, bootstrap: str, topic: str, grain: str, database_url: str, run: str, checkpoint: Path
-) -> dict[str, int]:
-    """``readStream`` + ``Trigger.AvailableNow`` + ``foreachBatch`` upserting counts into PostgreSQL."""
+) -> tuple[dict[str, int], dict[str, float]]:
+    """``readStream`` + ``Trigger.AvailableNow`` + ``foreachBatch`` upserting counts into PostgreSQL;
+    what it counted, and where its time went (:func:`query_phases`)."""
     column = "topic" if grain == TOTAL else "CAST(key AS STRING)"
 
     def write(batch: Any, batch_id: int) -> None:
@@ -71,6 +74,7 @@ def spark_stream(
                 )
             conn.commit()
 
+    started = time.time()
     query = (
         _kafka_reader(spark.readStream, bootstrap, topic)
         .load()
@@ -79,12 +83,42 @@ def spark_stream(
         .option("checkpointLocation", str(checkpoint))
         .start()
     )
+    returned = time.time()
     query.awaitTermination()
+    ended = time.time()
     if query.exception() is not None:
         raise RuntimeError(f"Spark stream failed: {query.exception()}")
     with connect(database_url) as conn:
         found = conn.execute(f"SELECT k, n FROM {STREAM_TABLE} WHERE run = %s", (run,)).fetchall()
-    return {k: int(n) for k, n in found}
+    return {k: int(n) for k, n in found}, query_phases(query.recentProgress, started, returned, ended)
+
+
+def query_phases(
+    progress: list[dict[str, Any]], started: float, returned: float, ended: float
+) -> dict[str, float]:
+    """Where a one-shot query's time went, in ms: ``start_ms`` (building it and ``start()``, from
+    ``started`` to ``returned``), ``to_first_trigger_ms`` (from ``start()`` returning to its first
+    micro-batch's start, Spark's ``timestamp``: the query's start before any data is asked; a
+    few ms below 0 if Spark starts it before ``start()`` has returned to Python),
+    ``after_last_trigger_ms`` (from its last micro-batch's end to ``awaitTermination`` returning,
+    ``ended``), and Spark's ``durationMs`` phases summed over its micro-batches (``progress``).
+    Times are the machine's clock (``time.time``), as Spark's timestamps are."""
+    phases: dict[str, float] = {}
+    for p in progress:
+        for phase, ms in p["durationMs"].items():
+            phases[f"{phase}_ms"] = phases.get(f"{phase}_ms", 0.0) + float(ms)
+    phases["micro_batches"] = float(len(progress))
+    phases["start_ms"] = (returned - started) * 1000
+    if progress:
+        first = datetime.fromisoformat(progress[0]["timestamp"]).timestamp()
+        last = progress[-1]
+        last_end = (
+            datetime.fromisoformat(last["timestamp"]).timestamp()
+            + last["durationMs"]["triggerExecution"] / 1000
+        )
+        phases["to_first_trigger_ms"] = (first - returned) * 1000
+        phases["after_last_trigger_ms"] = (ended - last_end) * 1000
+    return phases
 
 
 def topic_totals(frame: Any) -> Any:
@@ -131,7 +165,8 @@ def txstore_stream(
     spark: Any, bootstrap: str, topic: str, database_url: str, job: str, checkpoint: Path
 ) -> tuple[dict[str, int], dict[str, float]]:
     """A new txstore stream (source counting its ranges, txstore sink), ``Trigger.AvailableNow``
-    from earliest; its topic total, and Spark's ``durationMs`` phases summed over its micro-batches."""
+    from earliest; its topic total, and where its time went (:func:`query_phases`)."""
+    started = time.time()
     frame = (
         spark.readStream.format("txstore")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -150,14 +185,12 @@ def txstore_stream(
         .trigger(availableNow=True)
         .start()
     )
+    returned = time.time()
     query.awaitTermination(600)
+    ended = time.time()
     if query.isActive or query.exception() is not None:
         query.stop()
         raise RuntimeError(f"{job}: the txstore stream did not finish: {query.exception()}")
-    phases: dict[str, float] = {}
-    for progress in query.recentProgress:
-        for phase, ms in progress["durationMs"].items():
-            phases[f"{phase}_ms"] = phases.get(f"{phase}_ms", 0.0) + float(ms)
     with connect(database_url) as conn:
         found = {t: int(n) for t, n in store.topic_totals(conn, job, [topic]).items()}
-    return found, {**phases, "micro_batches": float(len(query.recentProgress))}
+    return found, query_phases(query.recentProgress, started, returned, ended)

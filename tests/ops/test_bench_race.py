@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.race_sides import GRAIN_SIDES, GRAINS, SIDES, TX_PER_RANGE, TX_STREAM
+from bench.race_sides import GRAIN_SIDES, GRAINS, SIDES, SPARK_STREAM, TX_PER_RANGE, TX_STREAM
 from bench.spark_kafka_jars import spark_kafka_jars
 from tests.helpers.real_kafka_fixture import jars_or_skip
 from txstore.testing.real_kafka import kafka_jars
@@ -70,5 +70,12 @@ def test_a_tiny_race_checks_and_times_every_side(database_url: str, tmp_path: Pa
     # where its time went: Spark's phases of its micro-batches.
     [stream] = doc["runs"]["total"][TX_STREAM]
     assert stream["micro_batches"] >= 1 and stream["addBatch_ms"] > 0
+    # Both streams also say how long they took to start, and the parts add up to no more than
+    # the side's own time (which also reads the counts back and deletes the checkpoint).
+    for side in (TX_STREAM, SPARK_STREAM):
+        [run] = doc["runs"]["total"][side]
+        parts = ("start_ms", "to_first_trigger_ms", "triggerExecution_ms", "after_last_trigger_ms")
+        assert run["start_ms"] > 0 and run["triggerExecution_ms"] > 0, run
+        assert 0 < sum(run[p] for p in parts) <= run["wall_ms"] + 5, run
     assert set(doc["guarantees"]) == set(SIDES)
     assert "txstore stream / txstore per-range" in done.stdout
