@@ -110,15 +110,17 @@ def query_phases(
     phases["micro_batches"] = float(len(progress))
     phases["start_ms"] = (returned - started) * 1000
     if progress:
-        first = datetime.fromisoformat(progress[0]["timestamp"]).timestamp()
+        first = _spark_time(progress[0]["timestamp"])
         last = progress[-1]
-        last_end = (
-            datetime.fromisoformat(last["timestamp"]).timestamp()
-            + last["durationMs"]["triggerExecution"] / 1000
-        )
+        last_end = _spark_time(last["timestamp"]) + last["durationMs"]["triggerExecution"] / 1000
         phases["to_first_trigger_ms"] = (first - returned) * 1000
         phases["after_last_trigger_ms"] = (ended - last_end) * 1000
     return phases
+
+
+def _spark_time(timestamp: str) -> float:
+    """A progress ``timestamp`` (UTC, ``...Z``; Python 3.10's ``fromisoformat`` takes no ``Z``)."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def topic_totals(frame: Any) -> Any:
