@@ -11,7 +11,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -38,7 +38,7 @@ from txstore.postgres.locks import hold_job_lock
 from txstore.postgres.sink import TransactionalSink
 from txstore.testing.mock_kafka import MockKafkaCluster
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 
 def facts(offset: int = 10, low: int = 0, high: int = 10, **more: Any) -> PartitionFacts:

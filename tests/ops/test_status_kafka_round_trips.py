@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -167,7 +167,7 @@ def test_a_stalled_running_jobs_check_reads_every_partitions_first_unread_messag
     last commit is older than ``--stall-after`` (and each partition it has not started): the
     first message at or after its offset, by its own timestamp; none where there is no lag."""
     topic = new_topic(4)
-    written = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    written = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
     stamp = int(written.timestamp() * 1000)
     # partition p holds 3 messages, written p minutes apart from one partition to the next and a
     # second apart within it; the job stores offset 1 in partitions 0 and 1, 3 (all counted) in

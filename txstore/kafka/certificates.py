@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from txstore.core.errors import KafkaUnavailable
@@ -177,7 +177,11 @@ def _seconds(certificate: Mapping[str, Any], field: str) -> float | None:
 def _when(certificate: Mapping[str, Any], field: str) -> str | None:
     """A certificate date as ``2025-02-01 00:00:00 UTC``."""
     seconds = _seconds(certificate, field)
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        None
+        if seconds is None
+        else datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    )
 
 
 def _expired(certificate: Mapping[str, Any]) -> str:

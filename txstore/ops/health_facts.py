@@ -13,7 +13,7 @@ leaves the Kafka facts unknown, never the command hanging.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -30,7 +30,7 @@ from txstore.ops.status import STATUS_KAFKA_TIMEOUT_SECONDS, ask_kafka, not_star
 from txstore.postgres import store
 from txstore.postgres.locks import job_running
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def health_facts(
@@ -61,7 +61,7 @@ def health_facts(
         "FROM txn_offsets WHERE %(job)s::text IS NULL OR job = %(job)s ORDER BY job, topic, part",
         {"job": job},
     ).fetchall()
-    now = rows[0][-1] if rows else datetime.now(UTC)
+    now = rows[0][-1] if rows else datetime.now(timezone.utc)
     conn.commit()
     subs = store.subscriptions(conn, job)
     client = one_client(kafka_conf or {})  # the check's one client, made when first asked

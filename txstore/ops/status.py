@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -35,7 +35,7 @@ COMMITTED = "(cardinality(o.lag_samples) > 0 OR o.last_off IS NOT NULL)"
 or a reset). Each commit records the backlog its range started from, or the last message it
 counted; a start row has neither, nor has a row a reset moved into a new generation (its
 generation never committed). ``updated_at`` alone cannot tell: a start row has it too."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
