@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -19,6 +19,7 @@ from txstore.core.errors import ConfigError
 from txstore.core.starting import format_timestamp, parse_timestamp
 from txstore.options import add_job_options, job_settings
 
+UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Every instant datetime can show in any of the zones below (a day inside years 1 and 9999).
 FIRST_MS = (datetime(1, 1, 2, tzinfo=UTC) - EPOCH) // timedelta(milliseconds=1)
@@ -73,6 +74,7 @@ def test_random_millisecond_instants_round_trip_exactly_in_any_zone_and_spelling
         ("2026-01-01T05:30:00+05:30", 1_767_225_600_000),
         ("2025-12-31T14:00:00-10:00", 1_767_225_600_000),
         ("2026-01-01T00:00:00.000000+00:00", 1_767_225_600_000),
+        ("2026-01-01T00:00:00z", 1_767_225_600_000),  # RFC 3339's z, which no Python reads itself
         ("1767225600000", 1_767_225_600_000),
     ],
 )
@@ -89,6 +91,13 @@ def test_edge_instants_before_1970_at_the_calendar_s_ends_and_with_offsets_are_e
         ("2004-03-15T07:55:47.472001Z", 1_079_337_347_473),
         ("2004-03-15T07:55:47.472999Z", 1_079_337_347_473),
         ("2004-03-15T13:25:47.4725+05:30", 1_079_337_347_473),
+        # Digits past the microsecond: after .472 by less than a microsecond is still after it
+        # (they used to be dropped, and the message at .472 counted); zeros there change nothing.
+        ("2004-03-15T07:55:47.4720000001Z", 1_079_337_347_473),
+        ("2004-03-15T07:55:47.472999999999Z", 1_079_337_347_473),
+        ("2004-03-15T07:55:47.4720000000Z", 1_079_337_347_472),
+        ("2004-03-15T07:55:47,4725Z", 1_079_337_347_473),
+        ("9999-12-31T23:59:59.9999990001Z", 253_402_300_800_000),
         ("1969-12-31T23:59:59.999500Z", 0),
         ("1969-12-31T23:59:59.998001Z", -1),
     ],

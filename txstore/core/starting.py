@@ -10,6 +10,7 @@ says which start where so the job can log it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -20,6 +21,8 @@ from txstore.core.ranges import PartitionWatermarks, TopicPartition
 EARLIEST = -2
 LATEST = -1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")
+"""The seconds' fraction of an ISO-8601 time, any number of digits, with ``.`` or ``,``."""
 
 
 @dataclass(frozen=True)
@@ -94,28 +97,45 @@ def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
     value = text.strip()
     if value.isdigit():
         return int(value)
+    # Read the same on every Python txstore runs on (3.10's fromisoformat takes neither a Z nor a
+    # fraction of other than 3 or 6 digits) and exactly: the fraction as whole microseconds, and
+    # whether any digit past them is not 0 (the instant is then just after those microseconds).
+    zone = value
+    if value[-1:] in ("Z", "z"):  # UTC, as format_timestamp writes it; RFC 3339 allows z too
+        zone = value[:-1] + "+00:00"
+    fraction = _FRACTION.search(zone)
+    past_micros = False
+    if fraction is not None:
+        digits = fraction.group(1)
+        past_micros = digits[6:].strip("0") != ""
+        zone = f"{zone[: fraction.start()]}.{digits[:6].ljust(6, '0')}{zone[fraction.end() :]}"
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = datetime.fromisoformat(zone)
     except ValueError:
         raise ConfigError(
             f"{flag} {text!r} is neither epoch milliseconds nor ISO-8601; e.g. 2026-01-01T00:00:00Z"
         ) from None
     if parsed.tzinfo is None:
         raise ConfigError(f"{flag} {text!r} has no time zone; add one, e.g. {value}Z or {value}+01:00")
-    return epoch_ms(parsed)
+    return epoch_ms(parsed, past_micros)
 
 
-def epoch_ms(moment: datetime) -> int:
-    """The first whole millisecond at or after ``moment`` (an aware datetime), since the epoch.
+def epoch_ms(moment: datetime, past_micros: bool = False) -> int:
+    """The first whole millisecond at or after ``moment`` (an aware datetime), since the epoch;
+    ``past_micros``: the instant is a little after ``moment``, within its microsecond (a time
+    given in finer digits), so the first millisecond after ``moment`` itself.
 
     Integers only: through float seconds (``moment.timestamp() * 1000``) many instants
     came out a millisecond early, e.g. 2004-03-15T07:55:47.472Z as 1079337347471, and a
     job started there would count a message from before the time asked for. Kafka's
     timestamps are whole milliseconds, so a time between two (microseconds given) starts
-    at the later one: the message at .472 is before .472001. Before 1970 is negative.
+    at the later one: the message at .472 is before .472001, and before .4720001. Before
+    1970 is negative.
     """
     delta = moment - _EPOCH
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if past_micros:
+        return micros // 1000 + 1
     return -(-micros // 1000)
 
 
