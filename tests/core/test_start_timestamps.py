@@ -132,3 +132,19 @@ def test_the_job_s_starting_timestamp_flag_gives_the_exact_millisecond() -> None
         ConfigError, match=r"^--starting-timestamp '2004-03-15T07:55:47.472' has no time zone"
     ):
         starting_ms("2004-03-15T07:55:47.472")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "²",  # str.isdigit() says yes, int() refuses
+        "١٢٣",  # Arabic-Indic digits
+        "2004-03-15T07:55:47.472000٠Z",  # an Arabic-Indic zero past the microsecond
+        "2004-03-15T07:55:47.٤٧٢Z",
+    ],
+)
+def test_a_time_in_other_digits_than_ascii_is_refused_in_one_line(text: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^--starting-timestamp .* is neither epoch milliseconds nor ISO-8601"
+    ):
+        parse_timestamp(text)

@@ -95,6 +95,9 @@ def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
     :func:`epoch_ms`.
     """
     value = text.strip()
+    neither = f"{flag} {text!r} is neither epoch milliseconds nor ISO-8601; e.g. 2026-01-01T00:00:00Z"
+    if not value.isascii():  # str.isdigit takes ², and 3.11's fromisoformat other scripts' digits
+        raise ConfigError(neither)
     if value.isdigit():
         return int(value)
     # Read the same on every Python txstore runs on (3.10's fromisoformat takes neither a Z nor a
@@ -112,9 +115,7 @@ def parse_timestamp(text: str, flag: str = "--starting-timestamp") -> int:
     try:
         parsed = datetime.fromisoformat(zone)
     except ValueError:
-        raise ConfigError(
-            f"{flag} {text!r} is neither epoch milliseconds nor ISO-8601; e.g. 2026-01-01T00:00:00Z"
-        ) from None
+        raise ConfigError(neither) from None
     if parsed.tzinfo is None:
         raise ConfigError(f"{flag} {text!r} has no time zone; add one, e.g. {value}Z or {value}+01:00")
     return epoch_ms(parsed, past_micros)
